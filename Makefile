@@ -1,0 +1,38 @@
+# tkaot: `make build` compiles the default shape set into prebuilt/sm90 (CPU + nvcc, no GPU);
+# `make test` runs the test suite; `make bench` runs the benchmarks on a GPU machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+STAMP := $(VENV)/.tkaot-installed
+
+.PHONY: venv build test test-gpu bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	# the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[build,test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+build: $(STAMP)
+	$(BIN)/tkaot-build build --shapeset default --arch sm90 --out prebuilt/sm90 -j $(JOBS)
+	$(BIN)/tkaot-build verify prebuilt/sm90
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,1 @@
+"""tkaot's ahead-of-time build pipeline: sweep -> compile -> manifest -> wheel."""

@@ -1,0 +1,129 @@
+"""Content-addressed build cache and the artifact directory (manifest + cubins).
+
+Every write goes to a temporary name first and is renamed into place, so a
+killed build never leaves half an artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from build_tools.compile import CompiledVariant, nvcc_version, tilelang_version
+from build_tools.ops import Variant
+from tkaot import __version__
+from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("TKAOT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tkaot", "build"
+    )
+    return Path(root)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class BuildCache:
+    """cache_key -> (launch spec, cubin). Entries are immutable once written."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else default_cache_dir()
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        d = self.root / key[:2]
+        return d / f"{key}.json", d / f"{key}.cubin"
+
+    def get(self, variant: Variant, arch: str, key: str, source_hash: str) -> CompiledVariant | None:
+        meta_path, cubin_path = self._paths(key)
+        try:
+            meta = json.loads(meta_path.read_text())
+            cubin = cubin_path.read_bytes()
+        except (OSError, ValueError):
+            return None
+        if sha256(cubin) != meta.get("cubin_sha256"):
+            return None  # a damaged entry is rebuilt, never used
+        return CompiledVariant(variant, arch, LaunchSpec.from_json(meta["launch"]), cubin, key, source_hash)
+
+    def put(self, compiled: CompiledVariant) -> None:
+        meta_path, cubin_path = self._paths(compiled.cache_key)
+        atomic_write(cubin_path, compiled.cubin)
+        meta = {"launch": compiled.spec.to_json(), "cubin_sha256": sha256(compiled.cubin)}
+        atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
+
+
+def variant_entry(compiled: CompiledVariant) -> dict:
+    return {
+        "kernel": compiled.variant.kernel,
+        "key": compiled.variant.key,
+        "static": {k: v for k, v in compiled.variant.static},
+        "launch": compiled.spec.to_json(),
+        "cubin": sha256(compiled.cubin),
+        "cache_key": compiled.cache_key,
+    }
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    path = Path(out_dir) / "manifest.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def write_artifacts(out_dir: Path, arch: str, compiled: list[CompiledVariant], *, merge: bool = True) -> dict:
+    """Write cubins and manifest.json into out_dir; keeps entries already there unless replaced."""
+    out_dir = Path(out_dir)
+    cubin_dir = out_dir / "cubins"
+    entries: dict[tuple[str, str], dict] = {}
+    kernels: dict[str, dict] = {}
+    old = read_manifest(out_dir) if merge else None
+    if old is not None:
+        if old.get("schema") != MANIFEST_SCHEMA or old.get("arch") != arch:
+            raise ValueError(f"{out_dir} holds a manifest for arch {old.get('arch')} schema {old.get('schema')}; use another --out")
+        for e in old["variants"]:
+            entries[(e["kernel"], e["key"])] = e
+        kernels.update(old.get("kernels", {}))
+    for c in compiled:
+        digest = sha256(c.cubin)
+        path = cubin_dir / f"{digest}.cubin"
+        if not path.exists() or sha256(path.read_bytes()) != digest:
+            atomic_write(path, c.cubin)
+        entries[(c.variant.kernel, c.variant.key)] = variant_entry(c)
+        kernels[c.variant.kernel] = {"source_sha256": c.source_sha256}
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "arch": arch,
+        "tkaot_version": __version__,
+        "provenance": {
+            "tilelang": tilelang_version(),
+            "nvcc": nvcc_version(),
+            "nvcc_flags": _flags(arch),
+        },
+        "kernels": dict(sorted(kernels.items())),
+        "variants": [entries[k] for k in sorted(entries)],
+    }
+    atomic_write(out_dir / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    return manifest
+
+
+def _flags(arch: str) -> list[str]:
+    from build_tools.compile import ARCHES, NVCC_FLAGS
+
+    return [*NVCC_FLAGS, "-gencode", ARCHES[arch][1]]

@@ -1,0 +1,217 @@
+"""Compile one Variant: lower with TileLang, nvcc to a cubin, read its LaunchSpec.
+
+Runs on a CPU-only machine: the target is explicit and lowering happens
+inside its context. The LaunchSpec is read from the lowered device module,
+so the parameter order is the generated kernel's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from build_tools.ops import Variant, load_kernel_module, source_sha256
+from tkaot._spec import Arg, LaunchSpec, Param
+
+ARCHES = {
+    # arch name -> (TileLang target arch, nvcc gencode)
+    "sm90": ("sm_90", "arch=compute_90a,code=sm_90a"),
+}
+NVCC_FLAGS = ("--cubin", "-O3", "-std=c++20", "-w")
+
+_SCALAR_TYPES = {"int32": "i32", "int64": "i64", "float32": "f32"}
+
+
+class BuildError(RuntimeError):
+    """A variant cannot be built; the message says which and why."""
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_version() -> str:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise BuildError("nvcc is not on PATH; install the CUDA toolkit (13.0) to build cubins")
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"V(\d+\.\d+\.\d+)", out)
+    return match.group(1) if match else out.strip().splitlines()[-1]
+
+
+@functools.lru_cache(maxsize=1)
+def tilelang_version() -> str:
+    from importlib.metadata import version
+
+    return version("tilelang")
+
+
+def nvcc_command(arch: str) -> list[str]:
+    from tilelang import env
+
+    _, gencode = ARCHES[arch]
+    return ["nvcc", *NVCC_FLAGS, "-gencode", gencode, "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
+
+
+def cache_key(variant: Variant, arch: str) -> str:
+    """Everything that decides the cubin's bytes, hashed."""
+    inputs = {
+        "kernel": variant.kernel,
+        "static": [[k, v] for k, v in variant.static],
+        "source": source_sha256(variant.kernel),
+        "arch": arch,
+        "tilelang": tilelang_version(),
+        "nvcc": nvcc_version(),
+        "flags": list(NVCC_FLAGS) + [ARCHES[arch][1]],
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CompiledVariant:
+    variant: Variant
+    arch: str
+    spec: LaunchSpec
+    cubin: bytes
+    cache_key: str
+    source_sha256: str
+
+
+def lower(variant: Variant, arch: str):
+    """Lower the variant's PrimFunc; returns (prim_func, device PrimFunc, CUDA source)."""
+    import tilelang
+    from tilelang import tvm
+
+    module = load_kernel_module(variant.kernel)
+    target = tvm.target.Target({"kind": "cuda", "arch": ARCHES[arch][0]})
+    with target:
+        prim_func = module.build(**variant.params)
+        artifact = tilelang.lower(prim_func, target=target)
+    device_funcs = list(artifact.device_mod.functions.items())
+    if len(device_funcs) != 1:
+        raise BuildError(f"{variant.kernel} [{variant.key}]: expected one device kernel, TileLang made {len(device_funcs)}")
+    return prim_func, device_funcs[0], artifact.kernel_source
+
+
+def expr_text(expr, names: set[str]) -> str:
+    """Render a TIR integer expression as text in the manifest grid grammar."""
+    from tilelang import tvm
+
+    tirx = tvm.tirx
+    binops = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.FloorMod: "%"}
+    for node_type, op in binops.items():
+        if isinstance(expr, node_type):
+            return f"({expr_text(expr.a, names)} {op} {expr_text(expr.b, names)})"
+    # Truncating division equals floor division on the non-negative dims here
+    if isinstance(expr, tirx.Div):
+        return f"({expr_text(expr.a, names)} // {expr_text(expr.b, names)})"
+    if isinstance(expr, tirx.Mod):
+        return f"({expr_text(expr.a, names)} % {expr_text(expr.b, names)})"
+    if isinstance(expr, (tirx.Min, tirx.Max)):
+        fn = "min" if isinstance(expr, tirx.Min) else "max"
+        return f"{fn}({expr_text(expr.a, names)}, {expr_text(expr.b, names)})"
+    if isinstance(expr, tirx.IntImm):
+        return str(int(expr.value))
+    if isinstance(expr, tirx.Cast):
+        return expr_text(expr.value, names)
+    if isinstance(expr, tirx.Var) and expr.name in names:
+        return expr.name
+    raise BuildError(f"grid expression {expr} uses {type(expr).__name__}, which the runtime cannot evaluate")
+
+
+def op_args(prim_func) -> tuple[Arg, ...]:
+    """The op-facing arguments: PrimFunc params in order, then dynamic dims in first-seen order."""
+    from tilelang import tvm
+
+    tirx = tvm.tirx
+    args: list[Arg] = []
+    dims: dict[str, None] = {}
+    for param in prim_func.params:
+        buffer = prim_func.buffer_map.get(param)
+        if buffer is None:
+            if param.dtype not in _SCALAR_TYPES:
+                raise BuildError(f"scalar parameter {param.name} has unsupported type {param.dtype}")
+            args.append(Arg(param.name, "scalar", _SCALAR_TYPES[param.dtype]))
+            continue
+        args.append(Arg(buffer.name, "tensor", "ptr"))
+        for dim in list(buffer.shape) + list(buffer.strides):
+            for var in tirx.analysis.undefined_vars(dim) if not isinstance(dim, tirx.IntImm) else []:
+                dims.setdefault(var.name)
+    names = {a.name for a in args}
+    for name in dims:
+        if name not in names:
+            args.append(Arg(name, "dim", "i32"))
+    return tuple(args)
+
+
+def launch_spec(variant: Variant, prim_func, device_func, kernel_source: str) -> LaunchSpec:
+    gvar, func = device_func
+    where = f"{variant.kernel} [{variant.key}]"
+    if "__grid_constant__" in kernel_source or "CUtensorMap" in kernel_source:
+        raise BuildError(f"{where}: the kernel takes a host-encoded TMA descriptor, which the runtime cannot fill yet")
+    args = op_args(prim_func)
+    by_name = {a.name: a for a in args}
+    params = []
+    for p in func.params:
+        ptype = "ptr" if p.dtype == "handle" else _SCALAR_TYPES.get(str(p.dtype))
+        if ptype is None or p.name not in by_name or by_name[p.name].type != ptype:
+            raise BuildError(
+                f"{where}: generated kernel parameter {p.name} ({p.dtype}) maps to no op argument "
+                "(a hidden scratch buffer or an unsupported type); the runtime cannot fill it"
+            )
+        params.append(Param(p.name, ptype))
+    extents = {str(k): v for k, v in func.attrs["thread_extent"].items()}
+    dims = {a.name for a in args if a.role == "dim"}
+    grid = tuple(expr_text(extents[t], dims) if t in extents else "1" for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z"))
+    block = []
+    for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
+        extent = extents.get(t, 1)
+        if not isinstance(extent, int) and not hasattr(extent, "value"):
+            raise BuildError(f"{where}: block dimension {t} = {extent} is not a constant")
+        block.append(int(extent if isinstance(extent, int) else extent.value))
+    smem = func.attrs.get("dyn_shared_memory_buf", 0) if func.attrs is not None else 0
+    if not isinstance(smem, int) and not hasattr(smem, "value"):
+        raise BuildError(f"{where}: dynamic shared memory {smem} depends on runtime values")
+    spec = LaunchSpec(
+        symbol=str(func.attrs.get("global_symbol", gvar.name_hint)),
+        params=tuple(params),
+        args=args,
+        grid=grid,
+        block=tuple(block),
+        smem=int(smem if isinstance(smem, int) else smem.value),
+    )
+    spec.check()
+    return spec
+
+
+def nvcc_compile(source: str, arch: str, where: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="tkaot-nvcc-") as tmp:
+        # The same file names in every build keep the cubin reproducible.
+        cu, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
+        cu.write_text(source)
+        cmd = [*nvcc_command(arch), "kernel.cu", "-o", "kernel.cubin"]
+        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"{where}: nvcc failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return cubin.read_bytes()
+
+
+def compile_variant(variant: Variant, arch: str = "sm90") -> CompiledVariant:
+    """Lower, compile and describe one variant. Pure: writes nothing outside a temp dir."""
+    if arch not in ARCHES:
+        raise BuildError(f"unknown arch {arch!r}; this build knows {sorted(ARCHES)}")
+    os.environ.setdefault("TILELANG_CLEANUP_TEMP_FILES", "1")
+    try:
+        prim_func, device_func, source = lower(variant, arch)
+    except BuildError:
+        raise
+    except Exception as exc:  # TileLang raises many types; name the variant
+        raise BuildError(f"{variant.kernel} [{variant.key}]: lowering failed: {type(exc).__name__}: {exc}") from exc
+    spec = launch_spec(variant, prim_func, device_func, source)
+    cubin = nvcc_compile(source, arch, f"{variant.kernel} [{variant.key}]")
+    return CompiledVariant(variant, arch, spec, cubin, cache_key(variant, arch), source_sha256(variant.kernel))

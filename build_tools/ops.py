@@ -1,0 +1,92 @@
+"""The catalogue of kernel source modules, and the frozen Variant they build.
+
+A `Variant` (kernel name + static key) is the one currency between
+kernels_src, the build and the manifest; the CLI only parses into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from kernels_src.axes import Axis
+
+# kernel name -> module path; one entry per kernels_src module
+KERNEL_MODULES = {
+    "rmsnorm": "kernels_src.norm.rmsnorm",
+}
+# the public tkaot ops each kernel serves (for `tkaot-build ops`)
+KERNEL_OPS = {
+    "rmsnorm": ("tkaot.quant.norm_forward",),
+}
+
+KERNELS_ROOT = Path(__file__).resolve().parent.parent / "kernels_src"
+
+
+def load_kernel_module(kernel: str) -> ModuleType:
+    try:
+        return importlib.import_module(KERNEL_MODULES[kernel])
+    except KeyError:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(KERNEL_MODULES)}") from None
+
+
+def kernel_axes(kernel: str) -> tuple[Axis, ...]:
+    # The axes live in the module; importing it pulls in TileLang, which the
+    # build has anyway.
+    return load_kernel_module(kernel).AXES
+
+
+def source_sha256(kernel: str) -> str:
+    """Hash of the kernel's source file and the shared helpers it may use."""
+    module = load_kernel_module(kernel)
+    files = [Path(module.__file__), KERNELS_ROOT / "axes.py"]
+    family_common = Path(module.__file__).parent / "common.py"
+    if family_common.exists():
+        files.append(family_common)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def format_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel specialised on all its static axes."""
+
+    kernel: str
+    static: tuple[tuple[str, object], ...]  # in the kernel's AXES order
+
+    @classmethod
+    def make(cls, kernel: str, values: dict) -> Variant:
+        axes = kernel_axes(kernel)
+        names = [a.name for a in axes]
+        unknown = set(values) - set(names)
+        if unknown:
+            raise ValueError(f"{kernel}: unknown static axes {sorted(unknown)}; axes are {names}")
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ValueError(f"{kernel}: missing static axes {missing}")
+        static = []
+        for axis in axes:
+            static.append((axis.name, axis.parse(values[axis.name])))
+        return cls(kernel, tuple(static))
+
+    @property
+    def key(self) -> str:
+        """Canonical text key, the same string the runtime builds."""
+        return ",".join(f"{k}={format_value(v)}" for k, v in self.static)
+
+    @property
+    def params(self) -> dict:
+        return dict(self.static)
+
+    def build_command(self) -> str:
+        sets = " ".join(f"--set {k}={format_value(v)}" for k, v in self.static)
+        return f"tkaot-build build --op {self.kernel} {sets}"

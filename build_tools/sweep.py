@@ -1,0 +1,106 @@
+"""Shape sets (TOML) -> the list of Variants to build.
+
+A shape set has one table per kernel; each key is a static axis and its value
+a list of values (or one value). The sweep is the cross product of each
+table; `[[kernel]]` arrays of tables give several products for one kernel.
+
+    [[rmsnorm]]
+    hidden = [512, 7168]
+    dtype = ["bfloat16", "float32"]
+    with_weight = [true, false]
+
+A top-level `include = ["other.toml", ...]` pulls in further sets (paths
+relative to the including file), so the default set is a union of files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+from build_tools.ops import KERNEL_MODULES, Variant, kernel_axes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SHAPESETS_DIR = Path(__file__).resolve().parent / "shapesets"
+
+
+def resolve_shapeset(name_or_file: str) -> Path:
+    path = Path(name_or_file)
+    if path.suffix == ".toml" and path.exists():
+        return path
+    named = SHAPESETS_DIR / f"{name_or_file}.toml"
+    if named.exists():
+        return named
+    known = sorted(p.stem for p in SHAPESETS_DIR.glob("*.toml"))
+    raise ValueError(f"no shape set {name_or_file!r}: not a .toml file, and the named sets are {known}")
+
+
+def expand_table(kernel: str, table: dict) -> list[Variant]:
+    axes = kernel_axes(kernel)
+    names = [a.name for a in axes]
+    unknown = set(table) - set(names)
+    if unknown:
+        raise ValueError(f"[{kernel}]: unknown axes {sorted(unknown)}; axes are {names}")
+    choices = []
+    for axis in axes:
+        if axis.name in table:
+            values = table[axis.name]
+            values = values if isinstance(values, list) else [values]
+        elif axis.choices is not None:
+            values = list(axis.choices)  # an unnamed finite axis sweeps every value
+        else:
+            raise ValueError(f"[{kernel}]: axis {axis.name!r} needs values ({axis.describe()})")
+        choices.append(values)
+    return [Variant.make(kernel, dict(zip(names, combo))) for combo in itertools.product(*choices)]
+
+
+def sweep(shapeset: dict) -> list[Variant]:
+    """All variants of a parsed shape set, deduplicated, in a stable order."""
+    variants: dict[tuple[str, str], Variant] = {}
+    for kernel, tables in shapeset.items():
+        if kernel not in KERNEL_MODULES:
+            raise ValueError(f"shape set names unknown kernel {kernel!r}; known: {sorted(KERNEL_MODULES)}")
+        for table in tables if isinstance(tables, list) else [tables]:
+            for v in expand_table(kernel, table):
+                variants.setdefault((v.kernel, v.key), v)
+    return [variants[k] for k in sorted(variants)]
+
+
+def read_shapeset(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, list]:
+    """Parse a shape set file and its includes into {kernel: [table, ...]}."""
+    path = path.resolve()
+    if path in _seen:
+        raise ValueError(f"shape set {path} includes itself")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    merged: dict[str, list] = {}
+    for inc in data.pop("include", []):
+        for kernel, tables in read_shapeset(path.parent / inc, (*_seen, path)).items():
+            merged.setdefault(kernel, []).extend(tables)
+    for kernel, tables in data.items():
+        merged.setdefault(kernel, []).extend(tables if isinstance(tables, list) else [tables])
+    return merged
+
+
+def load_shapeset(name_or_file: str) -> list[Variant]:
+    return sweep(read_shapeset(resolve_shapeset(name_or_file)))
+
+
+def shard(variants: list[Variant], spec: str | None) -> list[Variant]:
+    """Keep shard i of n ("i/n", 0-based) of the sweep."""
+    if not spec:
+        return variants
+    try:
+        i, n = (int(p) for p in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard wants i/n, got {spec!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= i < n")
+    return variants[i::n]

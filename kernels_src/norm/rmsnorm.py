@@ -1,0 +1,137 @@
+"""RMSNorm forward: out = round(x') * rstd * weight * out_scale, x' = round(x + residual).
+
+One row is spread over `row_threads` threads, each holding whole 16-byte
+vectors in registers, so the row is read once and written once. Rows are
+reduced with warp shuffles, then across warps through shared memory.
+Tokens and batch are dynamic; `eps` and `out_scale` are runtime scalars.
+"""
+
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+
+KERNEL = "rmsnorm"
+DTYPES = ("bfloat16", "float32")
+MAX_HIDDEN = 8192
+
+AXES = (
+    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 16 == 0, rule=f"a multiple of 16 in (0, {MAX_HIDDEN}]"),
+    Axis("dtype", str, choices=DTYPES),
+    Axis("with_weight", bool, choices=(False, True)),
+    Axis("with_residual", bool, choices=(False, True)),
+    Axis("with_rstd", bool, choices=(False, True)),
+)
+DYNAMIC_DIMS = ("num_tokens", "batch")
+
+NUM_THREADS = 128
+MAX_VECS_PER_THREAD = 8
+
+
+def _tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
+    """(elements per vector, threads per row, vectors per thread)."""
+    vec = 16 // (2 if dtype == "bfloat16" else 4)
+    num_vecs = hidden // vec
+    row_threads = 8
+    while row_threads < NUM_THREADS and -(-num_vecs // row_threads) > MAX_VECS_PER_THREAD // 2:
+        row_threads *= 2
+    return vec, row_threads, -(-num_vecs // row_threads)
+
+
+def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
+    vec, row_threads, vecs_per_thread = _tiling(hidden, dtype)
+    rows_per_block = NUM_THREADS // row_threads
+    lanes = min(row_threads, 32)
+    row_warps = row_threads // lanes
+    exact = hidden % (vec * row_threads) == 0  # every thread's vectors are in range
+
+    num_tokens = T.dynamic("num_tokens")
+    batch = T.dynamic("batch")
+    x_stride, x_bstride = T.dynamic("x_stride"), T.dynamic("x_batch_stride")
+    out_stride, out_bstride = T.dynamic("out_stride"), T.dynamic("out_batch_stride")
+    res_stride, res_bstride = T.dynamic("residual_stride"), T.dynamic("residual_batch_stride")
+    rout_stride, rout_bstride = T.dynamic("residual_out_stride"), T.dynamic("residual_out_batch_stride")
+    rows = (batch, num_tokens, hidden)
+
+    @T.prim_func
+    def rmsnorm(
+        x: T.StridedTensor[rows, (x_bstride, x_stride, 1), dtype],
+        weight: T.Tensor[(hidden,), dtype],
+        residual: T.StridedTensor[rows, (res_bstride, res_stride, 1), dtype],
+        out: T.StridedTensor[rows, (out_bstride, out_stride, 1), dtype],
+        residual_out: T.StridedTensor[rows, (rout_bstride, rout_stride, 1), dtype],
+        rstd: T.Tensor[(batch, num_tokens), T.float32],
+        eps: T.float32,
+        out_scale: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
+            # Callers guarantee 16-byte aligned rows, so every vector access is one 16-byte access
+            T.assume(x_stride % vec == 0)
+            T.assume(x_bstride % vec == 0)
+            T.assume(out_stride % vec == 0)
+            T.assume(out_bstride % vec == 0)
+            if with_residual:
+                T.assume(res_stride % vec == 0)
+                T.assume(res_bstride % vec == 0)
+                T.assume(rout_stride % vec == 0)
+                T.assume(rout_bstride % vec == 0)
+            tid = T.get_thread_binding()
+            lane = tid % row_threads
+            token = block * rows_per_block + tid // row_threads
+            x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
+            r_reg = T.alloc_local((vec,), dtype)
+            w_reg = T.alloc_local((vec,), dtype)
+            part = T.alloc_local((vec,), "float32")
+            acc = T.alloc_var("float32", init=0.0)
+            warp_sums = T.alloc_shared((rows_per_block, row_warps), "float32")
+
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                if token < num_tokens and (exact or col < hidden):
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x[b, token, col + j]
+                    if with_residual:
+                        for j in T.vectorized(vec):
+                            r_reg[j] = residual[b, token, col + j]
+                        for j in T.vectorized(vec):
+                            x_reg[v, j] = x_reg[v, j] + r_reg[j]
+                        for j in T.vectorized(vec):
+                            residual_out[b, token, col + j] = x_reg[v, j]
+                else:
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = T.cast(0, dtype)
+            for v in T.unroll(vecs_per_thread):
+                for j in T.vectorized(vec):
+                    part[j] = T.cast(x_reg[v, j], "float32") * T.cast(x_reg[v, j], "float32")
+                for j in T.unroll(vec):
+                    acc += part[j]
+
+            for i in T.unroll(lanes.bit_length() - 1):
+                acc += T.shfl_xor(acc, lanes >> (i + 1))
+            if row_warps > 1:
+                if lane % 32 == 0:
+                    warp_sums[tid // row_threads, lane // 32] = acc
+                T.sync_threads()
+                acc = 0.0
+                for w in T.unroll(row_warps):
+                    acc += warp_sums[tid // row_threads, w]
+            inv_rms = T.alloc_var("float32", init=T.rsqrt(acc / hidden + eps))
+            if with_rstd:
+                if lane == 0 and token < num_tokens:
+                    rstd[b, token] = inv_rms
+
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                if token < num_tokens and (exact or col < hidden):
+                    if with_weight:
+                        for j in T.vectorized(vec):
+                            w_reg[j] = weight[col + j]
+                        for j in T.vectorized(vec):
+                            out[b, token, col + j] = T.cast(
+                                T.cast(x_reg[v, j], "float32") * inv_rms * (T.cast(w_reg[j], "float32") * out_scale), dtype
+                            )
+                    else:
+                        for j in T.vectorized(vec):
+                            out[b, token, col + j] = T.cast(T.cast(x_reg[v, j], "float32") * inv_rms * out_scale, dtype)
+
+    return rmsnorm

@@ -1,0 +1,45 @@
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A seed derived from the test id, so every case draws its own inputs reproducibly."""
+    value = int(hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8], 16)
+    import torch
+
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory):
+    """One build cache for the CPU tests, so each variant is compiled once per session."""
+    path = tmp_path_factory.mktemp("tkaot-cache")
+    os.environ["TKAOT_CACHE_DIR"] = str(path)
+    return path

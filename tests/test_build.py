@@ -1,0 +1,150 @@
+"""The real build pipeline on a small set: TileLang lowering, nvcc, cache, manifest."""
+
+import json
+
+import pytest
+
+from build_tools.artifacts import BuildCache
+from build_tools.build import build_variants
+from build_tools.cli import cubin_arch
+from build_tools.compile import BuildError, compile_variant, expr_text
+from build_tools.ops import Variant
+from build_tools.sweep import load_shapeset, shard, sweep
+from tkaot._spec import LaunchSpec, check_grid_expr, compile_grid
+from tkaot.errors import ManifestError
+
+SMALL = [
+    Variant.make("rmsnorm", dict(hidden=512, dtype="bfloat16", with_weight=True, with_residual=True, with_rstd=True)),
+    Variant.make("rmsnorm", dict(hidden=7168, dtype="float32", with_weight=False, with_residual=False, with_rstd=False)),
+]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, build_cache):
+    out = tmp_path_factory.mktemp("art")
+    report = build_variants(SMALL, out, "sm90", jobs=1, cache=BuildCache(build_cache))
+    return out, report
+
+
+def test_build_writes_manifest_and_sm90a_cubins(built):
+    out, report = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["schema"] == 1 and manifest["arch"] == "sm90"
+    assert manifest["provenance"]["tilelang"] == "0.1.15"
+    assert "compute_90a" in " ".join(manifest["provenance"]["nvcc_flags"])
+    assert set(manifest["kernels"]) == {"rmsnorm"} and len(manifest["kernels"]["rmsnorm"]["source_sha256"]) == 64
+    assert [e["key"] for e in manifest["variants"]] == sorted(v.key for v in SMALL)
+    for e in manifest["variants"]:
+        cubin = (out / "cubins" / f"{e['cubin']}.cubin").read_bytes()
+        assert cubin_arch(cubin) == "sm_90a"
+        spec = LaunchSpec.from_json(e["launch"])
+        assert spec.symbol in cubin.decode("latin-1")
+        assert spec.block == (128, 1, 1)
+
+
+def test_launch_spec_follows_generated_kernel(built):
+    out, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = next(e for e in manifest["variants"] if "hidden=512" in e["key"])
+    spec = LaunchSpec.from_json(entry["launch"])
+    names = [p.name for p in spec.params]
+    # the generated kernel declares pointers first, then scalars; not the PrimFunc's order
+    assert names[0] == "out" and "x" in names and names.index("x") < names.index("eps")
+    assert {"eps": "f32", "num_tokens": "i32", "x": "ptr"}.items() <= {p.name: p.type for p in spec.params}.items()
+    assert spec.grid == ("((num_tokens + 7) // 8)", "batch", "1")  # 512 bf16: 16 threads a row, 8 rows a block
+    # a variant without weight or residual drops those pointers from the kernel
+    other = LaunchSpec.from_json(next(e for e in manifest["variants"] if "hidden=7168" in e["key"])["launch"])
+    assert "weight" not in [p.name for p in other.params] and "residual" not in [p.name for p in other.params]
+
+
+def test_second_build_is_cache_hit_and_byte_identical(built, tmp_path, build_cache):
+    out, first = built
+    assert first.built + first.cached == len(SMALL)
+    again = build_variants(SMALL, tmp_path, "sm90", jobs=1, cache=BuildCache(build_cache))
+    assert again.cached == len(SMALL) and again.built == 0
+    assert (tmp_path / "manifest.json").read_bytes() == (out / "manifest.json").read_bytes()
+    for cubin in (out / "cubins").iterdir():
+        assert (tmp_path / "cubins" / cubin.name).read_bytes() == cubin.read_bytes()
+
+
+def test_rebuild_without_cache_is_reproducible(built, tmp_path):
+    out, _ = built
+    fresh = compile_variant(SMALL[0])
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = next(e for e in manifest["variants"] if e["key"] == SMALL[0].key)
+    import hashlib
+
+    assert hashlib.sha256(fresh.cubin).hexdigest() == entry["cubin"]
+
+
+def test_damaged_cache_entry_is_rebuilt(tmp_path, build_cache):
+    cache = BuildCache(build_cache)
+    build_variants(SMALL[:1], tmp_path / "a", "sm90", cache=cache)
+    from build_tools.compile import cache_key
+
+    key = cache_key(SMALL[0], "sm90")
+    _, cubin_path = cache._paths(key)
+    cubin_path.write_bytes(b"garbage")
+    report = build_variants(SMALL[:1], tmp_path / "b", "sm90", cache=cache)
+    assert report.built == 1
+
+
+def test_manifest_round_trip(built):
+    out, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    for e in manifest["variants"]:
+        assert LaunchSpec.from_json(e["launch"]).to_json() == e["launch"]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["__import__('os').system('x')", "num_tokens.bit_length()", "num_tokens ** 2", "[1][0]", "lambda: 1", "1.5", "open", "unknown_dim"],
+)
+def test_grid_grammar_refuses_non_arithmetic(expr):
+    with pytest.raises(ManifestError):
+        check_grid_expr(expr, {"num_tokens", "batch"})
+
+
+def test_grid_grammar_accepts_arithmetic():
+    f = compile_grid(("((num_tokens + 3) // 4)", "min(batch, 65535)", "1"), ("num_tokens", "batch"), {"num_tokens", "batch"})
+    assert f(9, 2) == (3, 2, 1)
+
+
+def test_manifest_with_bad_grid_is_refused(built):
+    out, _ = built
+    launch = json.loads((out / "manifest.json").read_text())["variants"][0]["launch"]
+    launch["grid"][0] = "__import__('os').getpid()"
+    with pytest.raises(ManifestError):
+        LaunchSpec.from_json(launch)
+
+
+def test_unknown_axis_and_bad_value_are_refused():
+    with pytest.raises(ValueError, match="unknown static axes"):
+        Variant.make("rmsnorm", dict(hidden=512, dtype="bfloat16", with_weight=True, with_residual=True, with_rstd=True, bogus=1))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        Variant.make("rmsnorm", dict(hidden=100, dtype="bfloat16", with_weight=True, with_residual=True, with_rstd=True))
+    with pytest.raises(ValueError, match="choose one of"):
+        Variant.make("rmsnorm", dict(hidden=512, dtype="float16", with_weight=True, with_residual=True, with_rstd=True))
+
+
+def test_default_shapeset_and_sharding():
+    variants = load_shapeset("default")
+    hiddens = {v.params["hidden"] for v in variants if v.kernel == "rmsnorm"}
+    assert hiddens >= {512, 1536, 2048, 4096, 5120, 7168, 8192}
+    parts = [shard(variants, f"{i}/3") for i in range(3)]
+    assert sorted(sum(parts, []), key=lambda v: (v.kernel, v.key)) == variants
+    with pytest.raises(ValueError):
+        shard(variants, "3/3")
+
+
+def test_sweep_cross_product():
+    variants = sweep({"rmsnorm": [{"hidden": [512, 1024], "dtype": "float32", "with_rstd": False}]})
+    assert len(variants) == 2 * 1 * 2 * 2 * 1
+
+
+def test_expr_text_rejects_unknown_vars():
+    from tilelang import tvm
+
+    var = tvm.tirx.Var("secret", "int32")
+    with pytest.raises(BuildError):
+        expr_text(var, {"num_tokens"})

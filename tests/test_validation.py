@@ -1,0 +1,84 @@
+"""norm_forward refuses bad input with a clear exception before any launch (CPU: meta tensors stand in)."""
+
+import pytest
+import torch
+
+import tkaot
+from tkaot import quant
+from tkaot.errors import NoGPUError
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Treat meta tensors as CUDA tensors on device 0, so validation runs without a GPU."""
+
+    def check_cuda(op, name, t, device_index=None):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "meta":
+            raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
+        return 0
+
+    monkeypatch.setattr(quant, "check_cuda", check_cuda)
+    monkeypatch.setattr("tkaot._validate.check_cuda", check_cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_cpu_tensor_is_refused():
+    with pytest.raises(ValueError, match="x must be a CUDA tensor"):
+        tkaot.quant.norm_forward(torch.randn(4, 512), None, 1e-6)
+
+
+def test_non_tensor_is_refused():
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        tkaot.quant.norm_forward([1.0, 2.0], None, 1e-6)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: dict(x=meta(4, 512, dtype=torch.float16)), "bfloat16 or float32"),
+        (lambda: dict(x=meta(512)), "2-D"),
+        (lambda: dict(x=meta(2, 2, 4, 512)), "2-D"),
+        (lambda: dict(x=meta(4, 1024)[:, :512].t().contiguous().t()), "contiguous in its last dimension"),
+        (lambda: dict(x=meta(4, 516)[:, :512]), "multiples of 8"),
+        (lambda: dict(x=meta(4, 512), weight=meta(256)), "weight must be of shape"),
+        (lambda: dict(x=meta(4, 512), weight=meta(512, dtype=torch.float32)), "weight must be torch.bfloat16"),
+        (lambda: dict(x=meta(4, 512), residual=meta(4, 256)), "residual must be of shape"),
+        (lambda: dict(x=meta(4, 512), out=meta(4, 512, dtype=torch.float32)), "out must be torch.bfloat16"),
+        (lambda: dict(x=meta(4, 512), residual=meta(4, 512), residual_out=meta(3, 512)), "residual_out must be of shape"),
+        (lambda: dict(x=meta(70000, 1, 512)), "65535"),
+    ],
+)
+def test_bad_inputs_raise_before_launch(fake_cuda, make, match):
+    kwargs = make()
+    x = kwargs.pop("x")
+    weight = kwargs.pop("weight", None)
+    with pytest.raises(ValueError, match=match):
+        tkaot.quant.norm_forward(x, weight, 1e-6, **kwargs)
+
+
+def test_valid_input_without_gpu_reaches_the_registry_and_says_so(fake_cuda):
+    with pytest.raises(NoGPUError):
+        tkaot.quant.norm_forward(meta(4, 512), meta(512), 1e-6)
+
+
+def test_signature_matches_tile_kernels():
+    import inspect
+    import json
+    from pathlib import Path
+
+    api = json.loads((Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json").read_text()) if (
+        Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
+    ).exists() else None
+    params = list(inspect.signature(tkaot.quant.norm_forward).parameters)
+    expected = ["x", "weight", "eps", "residual", "out_scale", "out", "residual_out", "with_rstd"]
+    assert params == expected
+    if api is not None:
+        assert api["quant.norm_forward"]["params"] == expected
+    defaults = {k: v.default for k, v in inspect.signature(tkaot.quant.norm_forward).parameters.items()}
+    assert defaults["out_scale"] == 1.0 and defaults["with_rstd"] is False and defaults["residual"] is None

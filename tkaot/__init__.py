@@ -1,0 +1,44 @@
+"""tkaot: TileKernels' LLM kernels compiled ahead of time, launched without JIT.
+
+    import tkaot
+    out, rstd, residual_out = tkaot.quant.norm_forward(x, weight, 1e-6)
+
+Importing tkaot loads neither TileLang nor a compiler; kernels are read from
+prebuilt artifact sets the first time an op needs them (or by preload()).
+"""
+
+__version__ = "0.1.0"
+
+from tkaot import quant  # noqa: E402
+from tkaot.errors import (  # noqa: E402
+    ArtifactError,
+    CudaDriverError,
+    ManifestError,
+    NoGPUError,
+    TkaotError,
+    UnsupportedArchError,
+    VariantNotBuilt,
+)
+from tkaot.registry import REGISTRY  # noqa: E402
+
+
+def preload(device=None) -> int:
+    """Load every kernel of the device's artifact sets now, so no call stalls later.
+
+    Returns the number of kernels loaded.
+    """
+    index = device.index if hasattr(device, "index") else device
+    return REGISTRY.preload(index)
+
+
+__all__ = [
+    "ArtifactError",
+    "CudaDriverError",
+    "ManifestError",
+    "NoGPUError",
+    "TkaotError",
+    "UnsupportedArchError",
+    "VariantNotBuilt",
+    "preload",
+    "quant",
+]

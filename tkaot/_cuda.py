@@ -1,0 +1,120 @@
+"""CUDA driver bindings: cffi ABI mode over libcuda.so.1, only the calls tkaot uses.
+
+Every CUresult goes through `check`, which raises CudaDriverError with the
+driver's own error name and text. tkaot uses torch's context (the device's
+primary context) and torch's streams; it never creates a context of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cffi
+
+from tkaot.errors import CudaDriverError, NoGPUError
+
+ffi = cffi.FFI()
+ffi.cdef(
+    """
+    typedef int CUresult;
+    typedef int CUdevice;
+    typedef struct CUctx_st *CUcontext;
+    typedef struct CUmod_st *CUmodule;
+    typedef struct CUfunc_st *CUfunction;
+    CUresult cuInit(unsigned int flags);
+    CUresult cuGetErrorName(CUresult error, const char **pStr);
+    CUresult cuGetErrorString(CUresult error, const char **pStr);
+    CUresult cuDeviceGet(CUdevice *device, int ordinal);
+    CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+    CUresult cuCtxGetCurrent(CUcontext *pctx);
+    CUresult cuCtxSetCurrent(CUcontext ctx);
+    CUresult cuModuleLoadData(CUmodule *module, const void *image);
+    CUresult cuModuleUnload(CUmodule hmod);
+    CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+    CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value);
+    CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                            unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
+    """
+)
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_CONTEXT = 201
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def lib():
+    """The driver library, opened and initialised once."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                try:
+                    handle = ffi.dlopen("libcuda.so.1")
+                except OSError as exc:
+                    raise NoGPUError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from None
+                _check(handle, handle.cuInit(0), "cuInit")
+                _lib = handle
+    return _lib
+
+
+def _check(handle, result: int, call: str) -> None:
+    if result != CUDA_SUCCESS:
+        name, text = ffi.new("const char **"), ffi.new("const char **")
+        handle.cuGetErrorName(result, name)
+        handle.cuGetErrorString(result, text)
+        raise CudaDriverError(
+            call,
+            result,
+            ffi.string(name[0]).decode() if name[0] != ffi.NULL else "CUDA_ERROR_UNKNOWN",
+            ffi.string(text[0]).decode() if text[0] != ffi.NULL else "unknown error",
+        )
+
+
+def check(result: int, call: str) -> None:
+    if result != CUDA_SUCCESS:
+        _check(lib(), result, call)
+
+
+def ensure_context(device_index: int) -> None:
+    """Make the device's primary context (torch's) current on this thread if none is."""
+    cu = lib()
+    current = ffi.new("CUcontext *")
+    check(cu.cuCtxGetCurrent(current), "cuCtxGetCurrent")
+    if current[0] == ffi.NULL:
+        dev, ctx = ffi.new("CUdevice *"), ffi.new("CUcontext *")
+        check(cu.cuDeviceGet(dev, device_index), "cuDeviceGet")
+        check(cu.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+        check(cu.cuCtxSetCurrent(ctx[0]), "cuCtxSetCurrent")
+
+
+class Module:
+    """One loaded cubin in the current context; unloaded when collected."""
+
+    def __init__(self, image: bytes, device_index: int):
+        ensure_context(device_index)
+        cu = lib()
+        self._image = ffi.from_buffer(image)
+        handle = ffi.new("CUmodule *")
+        check(cu.cuModuleLoadData(handle, self._image), "cuModuleLoadData")
+        self.handle = handle[0]
+
+    def function(self, symbol: str, smem: int):
+        cu = lib()
+        fn = ffi.new("CUfunction *")
+        check(cu.cuModuleGetFunction(fn, self.handle, symbol.encode()), f"cuModuleGetFunction({symbol})")
+        if smem > DEFAULT_DYNAMIC_SMEM_LIMIT:
+            check(
+                cu.cuFuncSetAttribute(fn[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                f"cuFuncSetAttribute({symbol}, max dynamic shared memory {smem})",
+            )
+        return fn[0]
+
+    def __del__(self):
+        if getattr(self, "handle", None) is not None and _lib is not None:
+            _lib.cuModuleUnload(self.handle)  # nothing to raise to from a finalizer
+            self.handle = None

@@ -1,0 +1,126 @@
+"""Kernel: one prebuilt variant; Launcher: its hot launch path for one op's argument order.
+
+The launcher does per call only what must be done per call: evaluate the
+pre-compiled grid, pack the argument values into this thread's pre-allocated
+buffer with one struct.pack_into, and call cuLaunchKernel on the given stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from pathlib import Path
+
+from tkaot import _cuda
+from tkaot._spec import LaunchSpec, compile_grid
+from tkaot.errors import ArtifactError
+
+_PACK_CODES = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
+
+
+class Kernel:
+    """A built variant: where its cubin is, how to launch it, and its loaded functions per device."""
+
+    def __init__(self, kernel: str, key: str, spec: LaunchSpec, cubin_path: Path, cubin_sha256: str, origin: str):
+        self.kernel, self.key, self.spec = kernel, key, spec
+        self.cubin_path, self.cubin_sha256, self.origin = Path(cubin_path), cubin_sha256, origin
+        self._modules: dict[int, _cuda.Module] = {}
+        self.functions: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.kernel} [{self.key}] from {self.origin})"
+
+    def read_cubin(self) -> bytes:
+        try:
+            image = self.cubin_path.read_bytes()
+        except OSError as exc:
+            raise ArtifactError(f"{self}: cubin {self.cubin_path} cannot be read: {exc.strerror}") from None
+        digest = hashlib.sha256(image).hexdigest()
+        if digest != self.cubin_sha256:
+            raise ArtifactError(
+                f"{self}: cubin {self.cubin_path} is corrupt (sha256 {digest[:16]}…, manifest says {self.cubin_sha256[:16]}…); "
+                "reinstall the artifact set or rebuild it with tkaot-build"
+            )
+        return image
+
+    def load(self, device_index: int):
+        """Load the module on a device (once) and return its CUfunction."""
+        with self._lock:
+            fn = self.functions.get(device_index)
+            if fn is None:
+                module = _cuda.Module(self.read_cubin(), device_index)
+                fn = module.function(self.spec.symbol, self.spec.smem)
+                self._modules[device_index] = module
+                self.functions[device_index] = fn
+            return fn
+
+    def bind(self, arg_names: tuple[str, ...]) -> Launcher:
+        return Launcher(self, arg_names)
+
+
+class Launcher:
+    """Launches one Kernel with values given positionally in `arg_names` order."""
+
+    __slots__ = ("kernel", "arg_names", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls")
+
+    def __init__(self, kernel: Kernel, arg_names: tuple[str, ...]):
+        spec = kernel.spec
+        types = {a.name: a.type for a in spec.args}
+        unknown = [n for n in arg_names if n not in types]
+        if unknown:
+            raise ArtifactError(f"{kernel}: the manifest has no arguments {unknown}; the artifact set is from another tkaot version")
+        missing = [p.name for p in spec.params if p.name not in arg_names]
+        if missing:
+            raise ArtifactError(f"{kernel}: the kernel needs {missing}, which the op does not supply")
+        fmt = "=" + "".join(_PACK_CODES[types[n]] for n in arg_names)
+        offsets = {}
+        pos = 0
+        for name in arg_names:
+            offsets[name] = pos
+            pos += struct.calcsize("=" + _PACK_CODES[types[name]])
+        self.kernel, self.arg_names = kernel, arg_names
+        self._pack_into = struct.Struct(fmt).pack_into
+        self._size = pos
+        self._offsets = tuple(offsets[p.name] for p in spec.params)
+        dims = {a.name for a in spec.args if a.role == "dim"}
+        self._grid = compile_grid(spec.grid, arg_names, dims & set(arg_names))
+        self._block = spec.block
+        self._smem = spec.smem
+        self._functions = kernel.functions
+        self._tls = threading.local()
+
+    def _buffers(self):
+        storage = bytearray(self._size)
+        base = _cuda.ffi.cast("char *", _cuda.ffi.from_buffer(storage))
+        params = _cuda.ffi.new("void *[]", max(1, len(self._offsets)))
+        for i, off in enumerate(self._offsets):
+            params[i] = base + off
+        bufs = (storage, params, base)
+        self._tls.bufs = bufs
+        return bufs
+
+    def __call__(self, device_index: int, stream: int, *values) -> None:
+        gx, gy, gz = self._grid(*values)
+        if gx <= 0 or gy <= 0 or gz <= 0:
+            return  # nothing to do (empty batch)
+        try:
+            storage, params, _ = self._tls.bufs
+        except AttributeError:
+            storage, params, _ = self._buffers()
+        self._pack_into(storage, 0, *values)
+        fn = self._functions.get(device_index)
+        if fn is None:
+            fn = self.kernel.load(device_index)
+        bx, by, bz = self._block
+        result = _cuda._lib.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _cuda.ffi.NULL)
+        if result:
+            self._retry(result, device_index, (fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _cuda.ffi.NULL))
+
+    def _retry(self, result: int, device_index: int, launch_args: tuple) -> None:
+        if result == _cuda.CUDA_ERROR_INVALID_CONTEXT:
+            # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
+            _cuda.ensure_context(device_index)
+            result = _cuda._lib.cuLaunchKernel(*launch_args)
+        _cuda.check(result, f"cuLaunchKernel({self.kernel.kernel} [{self.kernel.key}])")

@@ -1,0 +1,135 @@
+"""LaunchSpec: how to launch one compiled variant, as stored in a manifest.
+
+Shared by the build (which writes it) and the runtime (which reads it). A
+manifest is data: grid expressions are text checked against an
+arithmetic-only grammar before they are turned into a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from tkaot.errors import ManifestError
+
+MANIFEST_SCHEMA = 1
+PARAM_TYPES = ("ptr", "i32", "i64", "f32")
+ARG_ROLES = ("tensor", "scalar", "dim")
+
+_ALLOWED_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
+_ALLOWED_CALLS = ("min", "max")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the generated kernel, in the kernel's own order."""
+
+    name: str
+    type: str  # one of PARAM_TYPES
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument the op supplies (PrimFunc order, then dynamic dims)."""
+
+    name: str
+    role: str  # one of ARG_ROLES
+    type: str  # one of PARAM_TYPES
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    symbol: str
+    params: tuple[Param, ...]
+    args: tuple[Arg, ...]
+    grid: tuple[str, str, str]
+    block: tuple[int, int, int]
+    smem: int
+
+    def to_json(self) -> dict:
+        return {
+            "symbol": self.symbol,
+            "params": [[p.name, p.type] for p in self.params],
+            "args": [[a.name, a.role, a.type] for a in self.args],
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "smem": self.smem,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> LaunchSpec:
+        try:
+            spec = cls(
+                symbol=str(data["symbol"]),
+                params=tuple(Param(str(n), str(t)) for n, t in data["params"]),
+                args=tuple(Arg(str(n), str(r), str(t)) for n, r, t in data["args"]),
+                grid=tuple(str(g) for g in data["grid"]),
+                block=tuple(int(b) for b in data["block"]),
+                smem=int(data["smem"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"malformed launch spec: {exc!r}") from None
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Raise ManifestError unless every field is well formed."""
+        if not self.symbol.isidentifier():
+            raise ManifestError(f"kernel symbol {self.symbol!r} is not an identifier")
+        if len(self.grid) != 3 or len(self.block) != 3:
+            raise ManifestError("grid and block must have three dimensions")
+        arg_types = {}
+        for a in self.args:
+            if not a.name.isidentifier() or a.role not in ARG_ROLES or a.type not in PARAM_TYPES:
+                raise ManifestError(f"bad argument {a}")
+            arg_types[a.name] = a.type
+        for p in self.params:
+            if p.type not in PARAM_TYPES:
+                raise ManifestError(f"parameter {p.name!r} has unknown type {p.type!r}")
+            if arg_types.get(p.name) != p.type:
+                raise ManifestError(f"kernel parameter {p.name!r} ({p.type}) is not supplied by any op argument")
+        dims = {a.name for a in self.args if a.role == "dim"}
+        for expr in self.grid:
+            check_grid_expr(expr, dims)
+        if not all(0 < b <= 1024 for b in self.block) or self.smem < 0:
+            raise ManifestError(f"bad block {self.block} or shared memory {self.smem}")
+
+
+def check_grid_expr(text: str, names: set[str]) -> ast.expr:
+    """Parse `text` and refuse anything but integer arithmetic over `names`."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ManifestError(f"grid expression {text!r} does not parse") from None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _ALLOWED_BINOPS):
+            visit(node.left)
+            visit(node.right)
+        elif isinstance(node, ast.Constant) and type(node.value) is int:
+            pass
+        elif isinstance(node, ast.Name) and node.id in names:
+            pass
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _ALLOWED_CALLS
+            and len(node.args) == 2
+            and not node.keywords
+        ):
+            visit(node.args[0])
+            visit(node.args[1])
+        else:
+            raise ManifestError(f"grid expression {text!r} is outside the arithmetic grammar at {ast.dump(node)[:80]}")
+
+    visit(tree.body)
+    return tree.body
+
+
+def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str]):
+    """Return f(*arg values) -> (gx, gy, gz), after checking each expression."""
+    for expr in grid:
+        check_grid_expr(expr, dims)
+    source = f"lambda {', '.join(arg_names)}: ({grid[0]}, {grid[1]}, {grid[2]})"
+    # Only names, integers, + - * // % and min/max survive the check above.
+    return eval(compile(source, "<grid>", "eval"), {"__builtins__": {}, "min": min, "max": max})
