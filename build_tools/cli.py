@@ -24,10 +24,10 @@ def main() -> None:
 @main.command()
 def ops() -> None:
     """List the kernels, the tkaot ops they serve, and their static axes."""
-    from build_tools.ops import KERNEL_MODULES, KERNEL_OPS, kernel_axes
+    from build_tools.ops import KERNEL_MODULES, kernel_axes, kernel_ops
 
     for kernel in sorted(KERNEL_MODULES):
-        click.echo(f"{kernel}  (serves {', '.join(KERNEL_OPS.get(kernel, ()))})")
+        click.echo(f"{kernel}  (serves {', '.join(kernel_ops(kernel))})")
         for axis in kernel_axes(kernel):
             click.echo(f"    {axis.name:<16} {axis.describe()}")
 

@@ -8,22 +8,39 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from kernels_src.axes import Axis
 
-# kernel name -> module path; one entry per kernels_src module
-KERNEL_MODULES = {
-    "rmsnorm": "kernels_src.norm.rmsnorm",
-}
-# the public tkaot ops each kernel serves (for `tkaot-build ops`)
-KERNEL_OPS = {
-    "rmsnorm": ("tkaot.quant.norm_forward",),
-}
-
 KERNELS_ROOT = Path(__file__).resolve().parent.parent / "kernels_src"
+_KERNEL_LINE = re.compile(r'^KERNEL = "([a-z0-9_]+)"$', re.MULTILINE)
+
+
+def _scan_kernel_modules() -> dict[str, str]:
+    """kernel name -> module path, for every kernels_src/<family>/<op>.py that declares KERNEL = "...".
+
+    Read as text, so listing kernels needs no TileLang import.
+    """
+    found: dict[str, str] = {}
+    for path in sorted(KERNELS_ROOT.glob("*/*.py")):
+        match = _KERNEL_LINE.search(path.read_text())
+        if match:
+            name = match.group(1)
+            if name in found:
+                raise RuntimeError(f"kernel name {name!r} is declared by both {found[name]} and {path}")
+            found[name] = f"kernels_src.{path.parent.name}.{path.stem}"
+    return found
+
+
+KERNEL_MODULES = _scan_kernel_modules()
+
+
+def kernel_ops(kernel: str) -> tuple[str, ...]:
+    """The public tkaot ops a kernel serves (its module's OPS)."""
+    return tuple(getattr(load_kernel_module(kernel), "OPS", ()))
 
 
 def load_kernel_module(kernel: str) -> ModuleType:

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, check_cuda, check_like, check_rows, fail
-from tkaot.registry import REGISTRY
-
-_current_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
 
 _NORM_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
-_NORM_ARGS = (
-    "x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale", "batch", "num_tokens",
-    "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-    "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
+_NORM = OpKernels(
+    "tkaot.quant.norm_forward",
+    "rmsnorm",
+    ("hidden", "dtype", "with_weight", "with_residual", "with_rstd"),
+    (
+        "x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale", "batch", "num_tokens",
+        "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
+        "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
+    ),
 )  # fmt: skip
-_norm_launchers: dict[tuple, object] = {}
-
-
-def _norm_launcher(hidden: int, dtype_name: str, with_weight: bool, with_residual: bool, with_rstd: bool, device_index: int):
-    b = lambda flag: "true" if flag else "false"
-    key = f"hidden={hidden},dtype={dtype_name},with_weight={b(with_weight)},with_residual={b(with_residual)},with_rstd={b(with_rstd)}"
-    launcher = REGISTRY.kernel("tkaot.quant.norm_forward", "rmsnorm", key, device_index).bind(_NORM_ARGS)
-    _norm_launchers[(hidden, dtype_name, with_weight, with_residual, with_rstd, device_index)] = launcher
-    return launcher
 
 
 def _row_strides(t: torch.Tensor) -> tuple[int, int]:
@@ -95,9 +89,7 @@ def norm_forward(
     rstd = torch.empty(shape[:-1], dtype=torch.float32, device=x.device) if with_rstd else None
 
     with_weight, with_residual = weight is not None, residual is not None
-    launcher = _norm_launchers.get((hidden, dtype_name, with_weight, with_residual, with_rstd, device))
-    if launcher is None:
-        launcher = _norm_launcher(hidden, dtype_name, with_weight, with_residual, with_rstd, device)
+    launcher = _NORM.get(device, hidden, dtype_name, with_weight, with_residual, with_rstd)
     x_bs, x_s = _row_strides(x)
     o_bs, o_s = _row_strides(out)
     if with_residual:
@@ -108,7 +100,7 @@ def norm_forward(
         r_bs = r_s = ro_bs = ro_s = r_ptr = ro_ptr = 0
     launcher(
         device,
-        _current_stream(device),
+        current_stream(device),
         x.data_ptr(),
         weight.data_ptr() if with_weight else 0,
         r_ptr,

@@ -12,6 +12,7 @@ import tilelang.language as T
 from kernels_src.axes import Axis
 
 KERNEL = "rmsnorm"
+OPS = ("tkaot.quant.norm_forward",)
 DTYPES = ("bfloat16", "float32")
 MAX_HIDDEN = 8192
 
