@@ -9,7 +9,7 @@ prebuilt artifact sets the first time an op needs them (or by preload()).
 
 __version__ = "0.1.0"
 
-from tkaot import quant  # noqa: E402
+from tkaot import quant, transform  # noqa: E402
 from tkaot.errors import (  # noqa: E402
     ArtifactError,
     CudaDriverError,
@@ -41,4 +41,5 @@ __all__ = [
     "VariantNotBuilt",
     "preload",
     "quant",
+    "transform",
 ]

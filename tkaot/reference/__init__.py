@@ -1,5 +1,6 @@
 """Pure-torch references of tkaot's ops: the meaning the kernels are tested against."""
 
 from tkaot.reference.norm import norm_forward
+from tkaot.reference.rope import apply_rotary
 
-__all__ = ["norm_forward"]
+__all__ = ["norm_forward", "apply_rotary"]
