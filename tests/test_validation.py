@@ -82,3 +82,13 @@ def test_signature_matches_tile_kernels():
         assert api["quant.norm_forward"]["params"] == expected
     defaults = {k: v.default for k, v in inspect.signature(tkaot.quant.norm_forward).parameters.items()}
     assert defaults["out_scale"] == 1.0 and defaults["with_rstd"] is False and defaults["residual"] is None
+
+
+def test_non_tensor_weight_is_refused(fake_cuda):
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
+        tkaot.quant.norm_forward(meta(4, 512), [1.0] * 512, 1e-6)
+
+
+def test_misaligned_weight_is_refused(fake_cuda):
+    with pytest.raises(ValueError, match="weight must be"):
+        tkaot.quant.norm_forward(meta(4, 512), meta(1024)[::2], 1e-6)

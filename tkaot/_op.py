@@ -24,14 +24,15 @@ class OpKernels:
 
     def __init__(self, op: str, kernel: str, axes: tuple[str, ...], args: tuple[str, ...]):
         self.op, self.kernel, self.axes, self.args = op, kernel, axes, args
-        self._cache: dict[tuple, Launcher] = {}
+        # (device, *values) -> Launcher; ops may also key it by their own hashable fast-path tuple
+        self.cache: dict[tuple, Launcher] = {}
 
     def key(self, values: tuple) -> str:
         return ",".join(f"{a}={_text(v)}" for a, v in zip(self.axes, values))
 
     def get(self, device: int, *values) -> Launcher:
-        launcher = self._cache.get((device, *values))
+        launcher = self.cache.get((device, *values))
         if launcher is None:
             launcher = REGISTRY.kernel(self.op, self.kernel, self.key(values), device).bind(self.args)
-            self._cache[(device, *values)] = launcher
+            self.cache[(device, *values)] = launcher
         return launcher

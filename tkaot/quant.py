@@ -7,7 +7,8 @@ import torch
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, check_cuda, check_like, check_rows, fail
 
-_NORM_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
+_NORM_VEC = {torch.bfloat16: 8, torch.float32: 4}  # elements per 16-byte vector
+_NORM_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _NORM = OpKernels(
     "tkaot.quant.norm_forward",
     "rmsnorm",
@@ -52,65 +53,70 @@ def norm_forward(
         (out, rstd of shape x.shape[:-1] or None, the normalised input: x + residual,
         or x itself without residual).
     """
-    op = "tkaot.quant.norm_forward"
-    device = check_cuda(op, "x", x)
-    spec = _NORM_DTYPES.get(x.dtype)
-    if spec is None:
-        fail(op, "x", "bfloat16 or float32", x.dtype)
-    dtype_name, vec = spec
-    shape = x.shape
-    ndim = len(shape)
+    op = _NORM.op
+    # The hot path reads each tensor property once; anything unusual is re-checked by the
+    # helpers in tkaot._validate, which raise the detailed error.
+    try:
+        device, dtype, xs, shape, x_ptr = x.get_device(), x.dtype, x.stride(), x.shape, x.data_ptr()
+    except AttributeError:
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}") from None
+    if device < 0:
+        check_cuda(op, "x", x)
+    vec = _NORM_VEC.get(dtype)
+    if vec is None:
+        fail(op, "x", "bfloat16 or float32", dtype)
+    ndim = len(xs)
     if ndim == 2:
-        batch, num_tokens, hidden = 1, shape[0], shape[1]
+        batch, (num_tokens, hidden), x_bs, x_s = 1, shape, 0, xs[0]
     elif ndim == 3:
-        batch, num_tokens, hidden = shape
+        (batch, num_tokens, hidden), (x_bs, x_s) = shape, xs[:2]
+        if batch > 65535:
+            fail(op, "x", "at most 65535 batches", f"shape {tuple(shape)}")
     else:
         fail(op, "x", "2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)", f"shape {tuple(shape)}")
-    if batch > 65535 or num_tokens > MAX_I32:
-        fail(op, "x", "at most 65535 batches and 2**31-1 tokens", f"shape {tuple(shape)}")
-    check_rows(op, "x", x, vec)
+    if xs[-1] != 1 or x_ptr % 16 or (x_s % vec and num_tokens > 1) or (x_bs % vec and batch > 1) or max(x_s, x_bs) > MAX_I32:
+        check_rows(op, "x", x, vec)
     if weight is not None:
-        check_like(op, "weight", weight, (hidden,), x.dtype, device)
-        if weight.stride(0) != 1 or weight.data_ptr() % 16:
-            fail(op, "weight", "contiguous and 16-byte aligned", f"stride {weight.stride()} address {weight.data_ptr():#x}")
+        if not isinstance(weight, torch.Tensor):
+            check_cuda(op, "weight", weight)
+        w_ptr = weight.data_ptr()
+        if weight.dtype is not dtype or weight.shape != (hidden,) or weight.stride() != (1,) or weight.get_device() != device or w_ptr % 16:
+            check_like(op, "weight", weight, (hidden,), dtype, device)
+            fail(op, "weight", "contiguous and 16-byte aligned", f"stride {weight.stride()} address {w_ptr:#x}")
+    else:
+        w_ptr = 0
     if out is None:
         out = torch.empty_like(x)
     else:
-        check_like(op, "out", out, shape, x.dtype, device)
+        check_like(op, "out", out, shape, dtype, device)
         check_rows(op, "out", out, vec)
+    o_bs, o_s = _row_strides(out)
     if residual is not None:
-        check_like(op, "residual", residual, shape, x.dtype, device)
+        check_like(op, "residual", residual, shape, dtype, device)
         check_rows(op, "residual", residual, vec)
         if residual_out is None:
             residual_out = torch.empty_like(x)
         else:
-            check_like(op, "residual_out", residual_out, shape, x.dtype, device)
+            check_like(op, "residual_out", residual_out, shape, dtype, device)
             check_rows(op, "residual_out", residual_out, vec)
-    rstd = torch.empty(shape[:-1], dtype=torch.float32, device=x.device) if with_rstd else None
-
-    with_weight, with_residual = weight is not None, residual is not None
-    launcher = _NORM.get(device, hidden, dtype_name, with_weight, with_residual, with_rstd)
-    x_bs, x_s = _row_strides(x)
-    o_bs, o_s = _row_strides(out)
-    if with_residual:
         r_bs, r_s = _row_strides(residual)
         ro_bs, ro_s = _row_strides(residual_out)
         r_ptr, ro_ptr = residual.data_ptr(), residual_out.data_ptr()
     else:
         r_bs = r_s = ro_bs = ro_s = r_ptr = ro_ptr = 0
+    if with_rstd:
+        rstd = torch.empty(shape[:-1], dtype=torch.float32, device=x.device)
+        rstd_ptr = rstd.data_ptr()
+    else:
+        rstd, rstd_ptr = None, 0
+
+    launcher = _NORM.cache.get((device, hidden, dtype, w_ptr != 0, r_ptr != 0, rstd_ptr != 0))
+    if launcher is None:
+        launcher = _NORM.get(device, hidden, _NORM_DTYPE_NAMES[dtype], weight is not None, residual is not None, with_rstd)
+        _NORM.cache[(device, hidden, dtype, weight is not None, residual is not None, with_rstd)] = launcher
     launcher(
-        device,
-        current_stream(device),
-        x.data_ptr(),
-        weight.data_ptr() if with_weight else 0,
-        r_ptr,
-        out.data_ptr(),
-        ro_ptr,
-        rstd.data_ptr() if with_rstd else 0,
-        eps,
-        out_scale,
-        batch,
-        num_tokens,
+        device, current_stream(device),
+        x_ptr, w_ptr, r_ptr, out.data_ptr(), ro_ptr, rstd_ptr, eps, out_scale, batch, num_tokens,
         x_bs, x_s, r_bs, r_s, o_bs, o_s, ro_bs, ro_s,
     )  # fmt: skip
-    return out, rstd, (residual_out if with_residual else x)
+    return out, rstd, (x if residual is None else residual_out)
