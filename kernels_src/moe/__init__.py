@@ -1,0 +1,1 @@
+"""MoE routing kernels: score, top-k select and weight the experts of each token."""

@@ -1,0 +1,119 @@
+"""Pieces shared by the MoE routing kernels: one warp per token, experts spread over lanes.
+
+Layout: with W experts per vector (4 when rows are 16-byte aligned, else 1),
+lane `l` holds, for chunk `c`, experts `c * 32 * W + l * W + j` (j < W), so
+every lane's values are in increasing expert order and one warp-wide load of
+a chunk is coalesced.
+"""
+
+import tilelang.language as T
+
+WARP = 32
+NONE = 0x7FFFFFFF  # "no expert": loses every tie against a real index
+
+
+def layout(num_experts: int) -> tuple[int, int]:
+    """(experts per vector, chunks per lane)."""
+    vec = 4 if num_experts % 4 == 0 else 1
+    return vec, -(-num_experts // (WARP * vec))
+
+
+@T.macro
+def sqrt_softplus(x):
+    # softplus with torch's threshold of 20, then sqrt; precise expf/log1pf/sqrtf
+    return T.sqrt(T.if_then_else(x > 20.0, x, T.log1p(T.exp(x))))
+
+
+@T.macro
+def warp_sum(x: T.Ref):
+    # butterfly 16, 8, 4, 2, 1: every lane ends with the same, fixed-order sum
+    for i in T.unroll(5):
+        x += T.shfl_xor(x, 16 >> i)
+
+
+@T.macro
+def warp_min(x: T.Ref):
+    for i in T.unroll(5):
+        x = T.min(x, T.shfl_xor(x, 16 >> i))
+
+
+@T.macro
+def warp_topk(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
+    """Lane k (< num_topk) gets the k-th largest of the warp's `vals`.
+
+    Ties go to the lower expert index, so the order is that of a stable
+    descending sort; -inf values are still ranked (after every finite one).
+    """
+    vec, chunks = layout(num_experts)
+    removed = T.alloc_var(T.uint32, init=0)
+    best = T.alloc_var(T.float32)
+    best_idx = T.alloc_var(T.int32)
+    other = T.alloc_var(T.float32)
+    other_idx = T.alloc_var(T.int32)
+    for k in T.unroll(num_topk):
+        best = -T.infinity(T.float32)
+        best_idx = NONE
+        for c in T.unroll(chunks):
+            for j in T.unroll(vec):
+                expert = c * WARP * vec + lane * vec + j
+                if expert < num_experts and ((removed >> T.Cast(T.uint32, c * vec + j)) & T.uint32(1)) == T.uint32(0):
+                    # values arrive in expert order: strict > keeps the first of equals
+                    if vals[c * vec + j] > best or best_idx == NONE:
+                        best = vals[c * vec + j]
+                        best_idx = expert
+        for i in T.unroll(5):
+            other = T.shfl_xor(best, 1 << i)
+            other_idx = T.shfl_xor(best_idx, 1 << i)
+            if other > best or (other == best and other_idx < best_idx):
+                best = other
+                best_idx = other_idx
+        if lane == k:
+            out_idx = best_idx  # noqa: F841 (a T.Ref: the caller's variable is written)
+        if (best_idx % (WARP * vec)) // vec == lane:
+            removed = removed | (T.uint32(1) << T.Cast(T.uint32, (best_idx // (WARP * vec)) * vec + best_idx % vec))
+
+
+@T.macro
+def load_row(vals, src, row, lane, num_experts: int):
+    """vals[c * vec + j] = src[row, expert] for this lane's experts; -inf where out of range."""
+    vec, chunks = layout(num_experts)
+    for c in T.unroll(chunks):
+        base = c * WARP * vec + lane * vec
+        if base < num_experts:
+            for j in T.vectorized(vec):
+                vals[c * vec + j] = src[row, base + j]
+        else:
+            for j in T.unroll(vec):
+                vals[c * vec + j] = -T.infinity(T.float32)
+
+
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+
+
+@T.macro
+def philox_first_two(k0: T.Ref, c2: T.Ref, r0: T.Ref, r1: T.Ref):
+    """The first two 32-bit outputs of Philox4x32-10 at counter (0, 0, c2, 0), key (k0, 0).
+
+    This is the stream a curand Philox4_32_10 state initialised with
+    (seed k0, subsequence c2, offset 0) produces, so results match TileKernels'.
+    k0 and c2 are uint32 variables, and are consumed.
+    """
+    c0 = T.alloc_var(T.uint32, init=0)
+    c1 = T.alloc_var(T.uint32, init=0)
+    c3 = T.alloc_var(T.uint32, init=0)
+    k1 = T.alloc_var(T.uint32, init=0)
+    p0 = T.alloc_var(T.uint64)
+    p1 = T.alloc_var(T.uint64)
+    for r in T.unroll(10):
+        p0 = T.Cast(T.uint64, c0) * T.uint64(PHILOX_M0)
+        p1 = T.Cast(T.uint64, c2) * T.uint64(PHILOX_M1)
+        c0 = T.Cast(T.uint32, p1 >> T.uint64(32)) ^ c1 ^ k0
+        c2 = T.Cast(T.uint32, p0 >> T.uint64(32)) ^ c3 ^ k1
+        c1 = T.Cast(T.uint32, p1)
+        c3 = T.Cast(T.uint32, p0)
+        if r < 9:
+            k0 = k0 + T.uint32(PHILOX_W0)
+            k1 = k1 + T.uint32(PHILOX_W1)
+    r0 = c0  # noqa: F841 (T.Ref outputs)
+    r1 = c1  # noqa: F841

@@ -1,0 +1,218 @@
+"""MoE top-k gate forward: scores = sqrt(softplus(logits)), stable top-k of scores + bias,
+weights = score / sum(top-k scores) * routed_scaling_factor, shared-expert slots, physical map.
+
+One warp routes one token. Each option (mask, bias, image bias, fixed routing,
+unmapped indices, physical map, forced-random tokens, scores output) is a bit
+of the runtime `flags`, so one cubin per (experts, top-k) serves every
+combination; the branches are uniform across a warp. The token's route is
+decided first, in priority order: masked > forced random > fixed > routed.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+from kernels_src.moe.common import WARP, layout, load_row, philox_first_two, sqrt_softplus, warp_min, warp_sum, warp_topk
+
+KERNEL = "moe_topk_gate"
+OPS = ("tkaot.moe.moe_topk_gate_forward",)
+
+AXES = (
+    Axis("num_experts", int, check=lambda e: 64 <= e <= 512 and e % 4 == 0, rule="a multiple of 4 in [64, 512]"),
+    Axis("num_topk", int, check=lambda k: 1 <= k <= WARP, rule=f"in [1, {WARP}]"),
+)
+DYNAMIC_DIMS = ("num_tokens",)
+
+# Bits of the runtime `flags` argument: which optional tensors were given.
+FLAG_MASK = 1
+FLAG_BIAS = 2
+FLAG_IMAGE = 4
+FLAG_FIX = 8
+FLAG_UNMAPPED = 16
+FLAG_PHYSICAL = 32
+FLAG_RANDOM = 64
+FLAG_SCORES = 128
+
+WARPS = 4  # tokens per block
+DUPLICATE_STRIDE = 23333  # spreads tokens over an expert's physical copies, as TileKernels does
+INT_MAX = 0x7FFFFFFF
+
+ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
+
+
+def build(num_experts: int, num_topk: int):
+    vec, chunks = layout(num_experts)
+    num_tokens = T.dynamic("num_tokens")
+    num_physical_topk = T.dynamic("num_physical_topk")
+    num_logical_experts = T.dynamic("num_logical_experts")
+    num_duplicates = T.dynamic("num_duplicates")
+    unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+
+    @T.prim_func
+    def moe_topk_gate(
+        logits: T.Tensor[(num_tokens, num_experts), T.float32],
+        bias: T.Tensor[(num_experts,), T.float32],
+        image_bias: T.Tensor[(num_experts,), T.float32],
+        image_token_mask: T.Tensor[(num_tokens,), T.bool],
+        mask: T.Tensor[(num_tokens,), T.bool],
+        fix_routing_mask: T.Tensor[(num_tokens,), T.bool],
+        force_random: T.Tensor[(num_tokens,), T.bool],
+        to_physical_map: T.Tensor[(num_logical_experts, num_duplicates), T.int32],
+        logical_count: T.Tensor[(num_logical_experts,), T.int32],
+        topk_idx: T.Tensor[(num_tokens, num_physical_topk), T.int64],
+        topk_weights: T.Tensor[(num_tokens, num_physical_topk), T.float32],
+        unmapped_topk_idx: T.StridedTensor[(num_tokens, num_topk), (unmapped_stride, 1), T.int64],
+        scores: T.Tensor[(num_tokens, num_experts), T.float32],
+        num_shared_experts: T.int32,
+        routed_scaling_factor: T.float32,
+        ep_rank: T.int32,
+        flags: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, WARPS), threads=WARPS * WARP) as block:
+            tid = T.get_thread_binding()
+            lane = tid % WARP
+            token = block * WARPS + tid // WARP
+            vals = T.alloc_local((chunks * vec,), T.float32)
+            shift = T.alloc_local((chunks * vec,), T.float32)
+            route = T.alloc_var(T.int32, init=ROUTED)
+            image = T.alloc_var(T.bool, init=False)
+            idx = T.alloc_var(T.int32, init=-1)
+            score = T.alloc_var(T.float32, init=0.0)
+            total = T.alloc_var(T.float32)
+            weight = T.alloc_var(T.float32, init=0.0)
+            out_idx = T.alloc_var(T.int64, init=-1)
+            r0 = T.alloc_var(T.uint32)
+            r1 = T.alloc_var(T.uint32)
+            pending = T.alloc_var(T.int32)
+            choice = T.alloc_var(T.int32)
+            low = T.alloc_var(T.int32)
+            low_lane = T.alloc_var(T.int32)
+            experts = T.alloc_var(T.int32)
+            count = T.alloc_var(T.int32)
+            if token < num_tokens:
+                # Which route this token takes (nested ifs: an absent tensor is never read)
+                if (flags & FLAG_MASK) != 0:
+                    if not mask[token]:
+                        route = MASKED
+                if route == ROUTED and (flags & FLAG_RANDOM) != 0:
+                    if force_random[token]:
+                        route = RANDOM
+                if route == ROUTED and (flags & FLAG_FIX) != 0:
+                    if fix_routing_mask[token]:
+                        route = FIXED
+
+                if route == MASKED:
+                    if lane < num_physical_topk:
+                        topk_idx[token, lane] = T.int64(-1)
+                        topk_weights[token, lane] = T.float32(0)
+                    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
+                        unmapped_topk_idx[token, lane] = T.int64(-1)
+                elif route == RANDOM:
+                    # Distinct random physical experts, uniform (0, 1] weights, from Philox
+                    # keyed by ep_rank at subsequence token * 32 + lane.
+                    key = T.alloc_var(T.uint32, init=T.Cast(T.uint32, ep_rank))
+                    counter = T.alloc_var(T.uint32, init=T.Cast(T.uint32, token * WARP + lane))
+                    philox_first_two(key, counter, r0, r1)
+                    weight = T.Cast(T.float32, r0) * T.float32(2.0**-32) + T.float32(2.0**-33)
+                    if (flags & FLAG_PHYSICAL) != 0:
+                        count = 0
+                        for i in T.serial(T.ceildiv(num_logical_experts, WARP)):
+                            if i * WARP + lane < num_logical_experts:
+                                count = count + logical_count[i * WARP + lane]
+                        warp_sum(count)
+                        experts = count
+                    else:
+                        experts = num_experts + num_shared_experts
+                    # Lane l draws from experts - l values; taking the drawn values in
+                    # increasing order, each later-lane value at or above the one just
+                    # taken steps up by one, which makes them distinct.
+                    if lane < num_physical_topk:
+                        pending = T.Cast(T.int32, r1 % T.Cast(T.uint32, experts - lane))
+                        choice = -1
+                    else:
+                        pending = INT_MAX
+                        choice = INT_MAX
+                    for _ in T.serial(num_physical_topk):
+                        low = pending
+                        warp_min(low)
+                        low_lane = T.if_then_else(pending == low, lane, INT_MAX)
+                        warp_min(low_lane)
+                        if choice == -1:
+                            if pending >= low and low_lane < lane:
+                                pending = pending + 1
+                            elif low_lane == lane:
+                                choice = pending
+                                pending = INT_MAX
+                    if lane < num_physical_topk:
+                        topk_idx[token, lane] = T.Cast(T.int64, choice)
+                        topk_weights[token, lane] = weight
+                    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
+                        unmapped_topk_idx[token, lane] = T.int64(-1)
+                else:
+                    # Scores, written out if asked, then the bias the ranking adds
+                    load_row(vals, logits, token, lane, num_experts)
+                    for c in T.unroll(chunks):
+                        if c * WARP * vec + lane * vec < num_experts:
+                            for j in T.unroll(vec):
+                                vals[c * vec + j] = sqrt_softplus(vals[c * vec + j])
+                            if (flags & FLAG_SCORES) != 0:
+                                for j in T.vectorized(vec):
+                                    scores[token, c * WARP * vec + lane * vec + j] = vals[c * vec + j]
+                    if (flags & FLAG_IMAGE) != 0:
+                        image = image_token_mask[token]
+                    if image or (flags & FLAG_BIAS) != 0:
+                        for c in T.unroll(chunks):
+                            base = c * WARP * vec + lane * vec
+                            if base < num_experts:
+                                if image:
+                                    for j in T.vectorized(vec):
+                                        shift[c * vec + j] = image_bias[base + j]
+                                else:
+                                    for j in T.vectorized(vec):
+                                        shift[c * vec + j] = bias[base + j]
+                                for j in T.unroll(vec):
+                                    vals[c * vec + j] = vals[c * vec + j] + shift[c * vec + j]
+
+                    if route == ROUTED:
+                        warp_topk(vals, lane, num_experts, num_topk, idx)
+                        out_idx = T.Cast(T.int64, idx)
+                    elif lane < num_topk:
+                        out_idx = unmapped_topk_idx[token, lane]
+
+                    # The chosen experts' unbiased scores, recomputed from the (cached) logits:
+                    # the same function of the same input, so the same bits as above.
+                    # A fixed index outside [0, num_experts) weighs 0.
+                    if lane < num_topk and out_idx >= 0 and out_idx < num_experts:
+                        score = sqrt_softplus(logits[token, out_idx])
+                    total = score
+                    warp_sum(total)
+                    total = total + T.float32(1e-20)
+
+                    if lane < num_topk:
+                        weight = score / total * routed_scaling_factor
+                        if (flags & FLAG_UNMAPPED) != 0:
+                            unmapped_topk_idx[token, lane] = out_idx
+                    elif lane < num_physical_topk:
+                        weight = T.float32(1)
+                        out_idx = T.Cast(T.int64, num_experts + lane - num_topk)
+                    if (flags & FLAG_PHYSICAL) != 0 and lane < num_physical_topk:
+                        if out_idx >= 0 and out_idx < T.Cast(T.int64, num_logical_experts):
+                            count = T.max(logical_count[out_idx], 1)
+                            out_idx = T.Cast(
+                                T.int64,
+                                to_physical_map[
+                                    out_idx,
+                                    (T.Cast(T.int64, ep_rank) + T.Cast(T.int64, token) * DUPLICATE_STRIDE) % T.Cast(T.int64, count),
+                                ],
+                            )
+                    if lane < num_physical_topk:
+                        topk_idx[token, lane] = out_idx
+                        topk_weights[token, lane] = weight
+
+                if route == MASKED or route == RANDOM:
+                    if (flags & FLAG_SCORES) != 0:
+                        for c in T.unroll(chunks):
+                            if c * WARP * vec + lane * vec < num_experts:
+                                for j in T.vectorized(vec):
+                                    scores[token, c * WARP * vec + lane * vec + j] = T.float32(0)
+
+    return moe_topk_gate

@@ -1,0 +1,50 @@
+"""Normalize top-k weights: denominator = 1e-20 + sum(w), normalized = w / denominator.
+
+One thread per token. The sum is folded in halves (16, 8, 4, 2, 1 apart, zero
+padded to 32), the order moe_topk_gate's warp sum uses, so a token's
+denominator here equals the one that kernel divides by.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+
+KERNEL = "normalize_weight"
+OPS = ("tkaot.moe.normalize_weight",)
+MAX_TOPK = 32
+
+AXES = (Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),)
+DYNAMIC_DIMS = ("num_tokens",)
+
+THREADS = 128
+
+
+def build(num_topk: int):
+    num_tokens = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def normalize_weight(
+        topk_weights: T.Tensor[(num_tokens, num_topk), T.float32],
+        denominator: T.Tensor[(num_tokens,), T.float32],
+        normalized_weights: T.Tensor[(num_tokens, num_topk), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
+            token = block * THREADS + T.get_thread_binding()
+            w = T.alloc_local((num_topk,), T.float32)
+            part = T.alloc_local((num_topk,), T.float32)
+            total = T.alloc_var(T.float32)
+            if token < num_tokens:
+                for i in T.unroll(num_topk):
+                    w[i] = topk_weights[token, i]
+                    part[i] = w[i]
+                for step in T.unroll(5):
+                    half = 16 >> step
+                    for i in T.unroll(num_topk):
+                        if i < half and i + half < num_topk:
+                            part[i] = part[i] + part[i + half]
+                total = T.float32(1e-20) + part[0]
+                denominator[token] = total
+                for i in T.unroll(num_topk):
+                    normalized_weights[token, i] = w[i] / total
+
+    return normalize_weight
