@@ -1,4 +1,5 @@
 # tkaot: `make build` compiles the default shape set into prebuilt/sm90 (CPU + nvcc, no GPU);
+# `make wheels` packs dist/tkaot-*.whl (runtime) and dist/tkaot_sm90-*.whl (prebuilt/sm90), offline;
 # `make test` runs the test suite; `make bench` runs the benchmarks on a GPU machine.
 PY ?= python3
 VENV ?= .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 STAMP := $(VENV)/.tkaot-installed
 
-.PHONY: venv build test test-gpu bench lint clean
+.PHONY: venv build wheels test test-gpu bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,6 +21,9 @@ venv: $(STAMP)
 build: $(STAMP)
 	$(BIN)/tkaot-build build --shapeset default --arch sm90 --out prebuilt/sm90 -j $(JOBS)
 	$(BIN)/tkaot-build verify prebuilt/sm90
+
+wheels: $(STAMP)
+	$(BIN)/python -m build_tools.wheel --out dist
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -11,6 +11,9 @@ table; `[[kernel]]` arrays of tables give several products for one kernel.
 
 A top-level `include = ["other.toml", ...]` pulls in further sets (paths
 relative to the including file), so the default set is a union of files.
+A top-level `hf_config = "model.json"` (or a list) adds every variant that
+model's forward pass needs, through build_tools/model_shapes.py; the model
+presets are such files.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def resolve_shapeset(name_or_file: str) -> Path:
     raise ValueError(f"no shape set {name_or_file!r}: not a .toml file, and the named sets are {known}")
 
 
-def expand_table(kernel: str, table: dict) -> list[Variant]:
+def expand_table(kernel: str, table: dict, refused: list[str] | None = None) -> list[Variant]:
+    """The cross product of one table. With `refused`, values a kernel cannot build are
+    noted there and skipped instead of raising (a model config may ask for more than a kernel does)."""
     axes = kernel_axes(kernel)
     names = [a.name for a in axes]
     unknown = set(table) - set(names)
@@ -56,17 +61,25 @@ def expand_table(kernel: str, table: dict) -> list[Variant]:
         else:
             raise ValueError(f"[{kernel}]: axis {axis.name!r} needs values ({axis.describe()})")
         choices.append(values)
-    return [Variant.make(kernel, dict(zip(names, combo))) for combo in itertools.product(*choices)]
+    variants = []
+    for combo in itertools.product(*choices):
+        try:
+            variants.append(Variant.make(kernel, dict(zip(names, combo))))
+        except ValueError as exc:
+            if refused is None:
+                raise
+            refused.append(f"{kernel} {','.join(f'{n}={v}' for n, v in zip(names, combo))}: {exc}")
+    return variants
 
 
-def sweep(shapeset: dict) -> list[Variant]:
-    """All variants of a parsed shape set, deduplicated, in a stable order."""
+def sweep(shapeset: dict, refused: list[str] | None = None) -> list[Variant]:
+    """All variants of a parsed shape set, deduplicated, in a stable order (`refused`: see expand_table)."""
     variants: dict[tuple[str, str], Variant] = {}
     for kernel, tables in shapeset.items():
         if kernel not in KERNEL_MODULES:
             raise ValueError(f"shape set names unknown kernel {kernel!r}; known: {sorted(KERNEL_MODULES)}")
         for table in tables if isinstance(tables, list) else [tables]:
-            for v in expand_table(kernel, table):
+            for v in expand_table(kernel, table, refused):
                 variants.setdefault((v.kernel, v.key), v)
     return [variants[k] for k in sorted(variants)]
 
@@ -81,12 +94,33 @@ def read_shapeset(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, list]:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: {exc}") from None
     merged: dict[str, list] = {}
-    for inc in data.pop("include", []):
+    for inc in _paths(data.pop("include", []), path, "include"):
         for kernel, tables in read_shapeset(path.parent / inc, (*_seen, path)).items():
+            merged.setdefault(kernel, []).extend(tables)
+    for config in _paths(data.pop("hf_config", []), path, "hf_config"):
+        try:
+            tables_of_model = model_shapeset(path.parent / config)
+        except ValueError as exc:
+            raise ValueError(f"{path}: hf_config: {exc}") from None
+        for kernel, tables in tables_of_model.items():
             merged.setdefault(kernel, []).extend(tables)
     for kernel, tables in data.items():
         merged.setdefault(kernel, []).extend(tables if isinstance(tables, list) else [tables])
     return merged
+
+
+def _paths(value, path: Path, key: str) -> list[str]:
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{path}: {key} wants a path or a list of paths, got {value!r}")
+    return values
+
+
+def model_shapeset(config_path: str | Path) -> dict[str, list]:
+    """The shape set a model config implies: {kernel: [table, ...]}, for the kernels tkaot has."""
+    from build_tools.model_shapes import load_config, shape_tables
+
+    return shape_tables(load_config(config_path))
 
 
 def load_shapeset(name_or_file: str) -> list[Variant]:

@@ -3,15 +3,22 @@
 Search order (first match wins for a variant):
   1. directories on TKAOT_PATH (os.pathsep-separated), each either an arch
      directory holding manifest.json or a root holding <arch>/manifest.json;
-  2. installed artifact packages (tkaot_<arch>, e.g. tkaot_sm90);
-  3. prebuilt/<arch> of a source checkout.
+  2. installed custom artifact packages, tkaot_<arch>_<name> (made by
+     `tkaot-build wheel DIR --name NAME`), in order of name;
+  3. the installed default artifact package, tkaot_<arch> (the tkaot-sm90 wheel);
+  4. prebuilt/<arch> of a source checkout.
+
+Installed packages are found by listing the directories on sys.path, never by
+importing them or scanning distribution metadata; each one's __version__ is
+read from its __init__.py as text and must equal this tkaot's.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +42,8 @@ class ArtifactSet:
 
     root: Path
     origin: str  # where it was found, for messages
+    package: str | None = None  # the installed package it came from, if any
+    package_version: str | None = None  # that package's __version__
     _manifest: dict | None = field(default=None, repr=False)
     _index: dict | None = field(default=None, repr=False)
 
@@ -79,6 +88,37 @@ def _arch_dir(path: Path, arch: str) -> Path | None:
     return None
 
 
+_PACKAGE_VERSION = re.compile(r'^__version__ = "([^"]+)"$', re.MULTILINE)
+
+
+def package_version(package_dir: Path) -> str | None:
+    """An artifact package's __version__, read from its __init__.py without importing it."""
+    try:
+        match = _PACKAGE_VERSION.search((package_dir / "__init__.py").read_text())
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def installed_packages(arch: str) -> list[tuple[str, Path]]:
+    """(name, directory) of the artifact packages for `arch` on sys.path, custom sets first.
+
+    A name found in two sys.path entries is taken from the first, as import would.
+    """
+    pattern = re.compile(rf"tkaot_{arch}(_[a-z0-9_]+)?")
+    found: dict[str, Path] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # zip files, path hooks, missing directories
+            continue
+        for name in names:
+            if name not in found and pattern.fullmatch(name) and os.path.isfile(os.path.join(entry or ".", name, "manifest.json")):
+                found[name] = Path(entry or ".", name).resolve()
+    default = f"tkaot_{arch}"
+    return sorted(found.items(), key=lambda item: (item[0] == default, item[0]))
+
+
 def discover(arch: str) -> list[ArtifactSet]:
     """Artifact sets for `arch`, in priority order. Reads directory listings only."""
     sets: list[ArtifactSet] = []
@@ -86,13 +126,8 @@ def discover(arch: str) -> list[ArtifactSet]:
         found = _arch_dir(Path(entry), arch)
         if found is not None:
             sets.append(ArtifactSet(found, f"TKAOT_PATH:{found}"))
-    package = f"tkaot_{arch}"
-    spec = importlib.util.find_spec(package)
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            found = _arch_dir(Path(location), arch)
-            if found is not None:
-                sets.append(ArtifactSet(found, f"package {package}"))
+    for name, directory in installed_packages(arch):
+        sets.append(ArtifactSet(directory, f"package {name} ({directory})", name, package_version(directory)))
     found = _arch_dir(SOURCE_PREBUILT, arch)
     if found is not None:
         sets.append(ArtifactSet(found, f"source checkout {found}"))
@@ -121,12 +156,7 @@ class Registry:
             # a TKAOT_PATH entry that is itself an arch directory serves only its own arch
             sets = [s for s in discover(arch) if s.arch == arch]
             for s in sets:
-                version = s.manifest.get("tkaot_version")
-                if version != __version__ and not s.origin.startswith("source checkout"):
-                    raise ArtifactError(
-                        f"{s.origin} was built for tkaot {version}, but this is tkaot {__version__}: "
-                        f"install matching versions (pip install 'tkaot[{arch}]=={__version__}') or rebuild it with tkaot-build"
-                    )
+                check_version(s, arch)
             self._sets[arch] = sets
         return sets
 
@@ -184,6 +214,30 @@ class Registry:
                 k.load(device_index)
                 count += 1
         return count
+
+
+def check_version(s: ArtifactSet, arch: str) -> None:
+    """Refuse an artifact set built for another tkaot, naming what to install."""
+    if s.package is not None:
+        distribution = s.package.replace("_", "-")
+        if s.package_version != __version__:
+            if s.package == f"tkaot_{arch}":
+                fix = f"pip install '{distribution}=={__version__}' (or 'tkaot[{arch}]=={s.package_version}' to match it)"
+            else:
+                fix = (
+                    f"rebuild it with tkaot {__version__} and repack it (tkaot-build wheel DIR --name NAME), "
+                    f"or pip install 'tkaot=={s.package_version}'"
+                )
+            raise ArtifactError(f"{s.origin} is version {s.package_version}, but this is tkaot {__version__}: {fix}")
+    elif s.origin.startswith("source checkout"):
+        return  # a checkout's own prebuilt set moves with its code
+    # a package of the right version may still hold a manifest another tkaot wrote
+    version = s.manifest.get("tkaot_version")
+    if version != __version__:
+        raise ArtifactError(
+            f"{s.origin} was built for tkaot {version}, but this is tkaot {__version__}: "
+            f"install matching versions (pip install 'tkaot[{arch}]=={__version__}') or rebuild it with tkaot-build"
+        )
 
 
 def parse_key(key: str) -> dict[str, str]:

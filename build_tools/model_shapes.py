@@ -1,0 +1,204 @@
+"""Model configs (Hugging Face `config.json`) -> the shape-set tables a model's forward pass needs.
+
+Each kernel that can be derived from a model registers one mapping:
+
+    @mapping("rmsnorm")
+    def rmsnorm_tables(model: ModelConfig) -> list[dict]:
+        return [{"hidden": [...], "dtype": [...], ...}]
+
+A mapping returns tables exactly like a shape-set TOML's `[[kernel]]` tables,
+and names *every* static axis of its kernel, so `tkaot-build check` can compare
+a model against manifests without importing the kernel's TileLang source (a
+test holds every mapping to that). Mappings for kernels whose source module is
+not in kernels_src yet contribute nothing (see `shape_tables`).
+
+This module reads JSON and nothing else: no TileLang, so the serving-side
+`tkaot-build check` works where only the runtime is installed.
+
+Hooks for the kernels to come (register them here with `@mapping`, reading
+`ModelConfig`'s normalised fields, never the raw dict's aliases):
+  - casts (per-token / per-block FP8, FP4): the activations entering each
+    linear layer: `hidden_size` (attention and MLP inputs), `intermediate_size`
+    (dense down-projection input), `moe_intermediate_size` (expert
+    down-projection input), and for MLA `q_lora_rank` / `kv_lora_rank`.
+  - swiglu (fused with its cast): `intermediate_size` and
+    `moe_intermediate_size`, the gate/up halves of each MLP.
+  - rotary: `rope_head_dim` rotated dims per head, `num_attention_heads` and
+    `num_key_value_heads` (MLA rotates one shared key head: `is_mla`).
+  - moe gate (top-k): `num_experts`, `experts_per_token`, `n_group`,
+    `topk_group`; nothing for dense models (`num_experts` is None).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from build_tools.ops import KERNEL_MODULES, format_value
+
+CONFIGS_DIR = Path(__file__).resolve().parent / "model_configs"
+
+ShapeTables = list[dict[str, list]]
+
+# model_type values whose attention applies RMSNorm to every query and key head (over head_dim)
+PER_HEAD_QK_NORM = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "gemma3", "gemma3_text"})
+
+
+def _first(config: dict, *names: str, default=None):
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    return default
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of a model config that decide kernel shapes, under one name each."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    intermediate_size: int | None
+    moe_intermediate_size: int | None
+    num_experts: int | None  # routed experts; None for a dense model
+    experts_per_token: int | None
+    n_group: int | None
+    topk_group: int | None
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    head_dim: int | None
+    rope_head_dim: int | None  # dims each head rotates
+    q_lora_rank: int | None  # MLA: None when queries are not low-rank (DeepSeek-V2-Lite)
+    kv_lora_rank: int | None
+    qk_norm: bool  # RMSNorm on every query and key head
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @classmethod
+    def from_dict(cls, config: dict, name: str = "model") -> ModelConfig:
+        # multimodal configs nest the language model under text_config
+        config = {**config, **config.get("text_config", {})}
+        hidden = config.get("hidden_size")
+        if not isinstance(hidden, int) or hidden <= 0:
+            raise ValueError(f"{name}: no positive integer hidden_size; is this a Hugging Face model config.json?")
+        heads = config.get("num_attention_heads")
+        head_dim = _first(config, "head_dim", default=hidden // heads if heads else None)
+        rope = config.get("qk_rope_head_dim")
+        if rope is None and head_dim is not None:
+            rope = int(head_dim * config.get("partial_rotary_factor", 1.0))
+        model_type = str(config.get("model_type", ""))
+        return cls(
+            name=name,
+            model_type=model_type,
+            hidden_size=hidden,
+            intermediate_size=config.get("intermediate_size"),
+            moe_intermediate_size=config.get("moe_intermediate_size"),
+            num_experts=_first(config, "n_routed_experts", "num_experts", "num_local_experts"),
+            experts_per_token=_first(config, "num_experts_per_tok", "moe_topk"),
+            n_group=config.get("n_group"),
+            topk_group=config.get("topk_group"),
+            num_attention_heads=heads,
+            num_key_value_heads=_first(config, "num_key_value_heads", default=heads),
+            head_dim=head_dim,
+            rope_head_dim=rope,
+            q_lora_rank=config.get("q_lora_rank"),
+            kv_lora_rank=config.get("kv_lora_rank"),
+            qk_norm=bool(config.get("use_qk_norm")) or model_type in PER_HEAD_QK_NORM,
+            raw=config,
+        )
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read model config {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a model config is a JSON object")
+    return ModelConfig.from_dict(data, name=path.stem)
+
+
+MAPPINGS: dict[str, Callable[[ModelConfig], ShapeTables]] = {}
+
+
+def mapping(kernel: str):
+    """Register `fn(ModelConfig) -> tables` as the shapes `kernel` needs for a model."""
+
+    def register(fn: Callable[[ModelConfig], ShapeTables]) -> Callable[[ModelConfig], ShapeTables]:
+        if kernel in MAPPINGS:
+            raise RuntimeError(f"two model-shape mappings for kernel {kernel!r}")
+        MAPPINGS[kernel] = fn
+        return fn
+
+    return register
+
+
+def shape_tables(model: ModelConfig) -> dict[str, ShapeTables]:
+    """{kernel: tables} for every kernel with both a mapping and a source module."""
+    out: dict[str, ShapeTables] = {}
+    for kernel, fn in sorted(MAPPINGS.items()):
+        if kernel not in KERNEL_MODULES:
+            continue  # the kernel is not written yet: nothing to build for it
+        tables = [t for t in fn(model) if all(t.values())]
+        if tables:
+            out[kernel] = tables
+    return out
+
+
+def static_keys(tables: dict[str, ShapeTables]) -> dict[tuple[str, frozenset], str]:
+    """{(kernel, frozenset of (axis, value text)): key text} for every variant the tables expand to.
+
+    Needs no kernel import: it relies on each mapping naming every axis in the
+    kernel's AXES order, so the key text is the one the runtime and manifests use.
+    """
+    import itertools
+
+    keys: dict[tuple[str, frozenset], str] = {}
+    for kernel, kernel_tables in tables.items():
+        for table in kernel_tables:
+            names = list(table)
+            for combo in itertools.product(*(v if isinstance(v, list) else [v] for v in table.values())):
+                items = [(n, format_value(x)) for n, x in zip(names, combo)]
+                keys.setdefault((kernel, frozenset(items)), ",".join(f"{n}={x}" for n, x in items))
+    return keys
+
+
+# --- rmsnorm -----------------------------------------------------------------
+
+NORM_DTYPES = ["bfloat16", "float32"]
+BOTH = [False, True]
+
+
+def norm_widths(model: ModelConfig) -> list[int]:
+    """The width of every RMSNorm the model applies."""
+    widths = {model.hidden_size}  # input/post-attention layer norms and the final norm
+    if model.qk_norm and model.head_dim:
+        widths.add(model.head_dim)  # q_norm / k_norm over each head
+    if model.q_lora_rank:
+        widths.add(model.q_lora_rank)  # MLA q_a_layernorm
+    if model.kv_lora_rank:
+        widths.add(model.kv_lora_rank)  # MLA kv_a_layernorm
+    return sorted(widths)
+
+
+@mapping("rmsnorm")
+def rmsnorm_tables(model: ModelConfig) -> ShapeTables:
+    # Like the default set: both dtypes, every weight/residual/rstd combination,
+    # so norm_forward's options (fused residual, training's rstd) all hit a variant.
+    return [
+        {
+            "hidden": norm_widths(model),
+            "dtype": NORM_DTYPES,
+            "with_weight": BOTH,
+            "with_residual": BOTH,
+            "with_rstd": BOTH,
+        }
+    ]
