@@ -12,15 +12,16 @@ from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
-from tkaot import reference, transform
+from tkaot import _fused, reference, transform
 from tkaot._kernel import Kernel
 from tkaot._spec import LaunchSpec
 from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0")),
 }
-OP_KERNELS = {"rotary": transform._ROTARY}
+OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,6 @@ def test_launch_spec_binds_to_the_op(built, kernel):
     assert ops.key(tuple(BUILT[kernel].params.values())) == entry["key"]
     # Binding checks that every kernel parameter is supplied by the op's argument list
     Kernel(kernel, entry["key"], spec, out / "cubins" / f"{entry['cubin']}.cubin", entry["cubin"], "test").bind(ops.args)
-    assert spec.smem == 0
 
 
 def test_rotary_launch_spec(built):
@@ -52,10 +52,36 @@ def test_rotary_launch_spec(built):
     assert types["x"] == "ptr" and types["seqlen_offset"] == "i32" and types["num_heads"] == "i32"
 
 
+def test_swiglu_launch_spec(built):
+    spec = LaunchSpec.from_json(built[1]["swiglu"]["launch"])
+    # 768 bf16: 96 threads a row, 2 rows a block, blocks striding over rows
+    assert spec.grid == ("min(((num_rows + 1) // 2), 1320)", "1", "1")
+    assert spec.block == (192, 1, 1) and spec.smem == 4 * 4 * 6  # clamp counts, per warp
+    types = {p.name: p.type for p in spec.params}
+    assert types["clamp_value"] == "f32" and types["out_sf"] == "ptr" and types["sf_group_stride"] == "i32"
+
+
+@pytest.mark.parametrize(
+    "static, match",
+    [
+        (dict(fmt="e4m3", group=0, sf="fp32"), "needs group"),
+        (dict(fmt="bf16", group=128, sf="none"), "takes group=0"),
+        (dict(fmt="e4m3", group=128, sf="none"), "needs group"),
+    ],
+)
+def test_swiglu_refuses_invalid_static_combinations(static, match):
+    from kernels_src.fused import swiglu
+
+    with pytest.raises(ValueError, match=match):
+        swiglu.check_static(2048, "bfloat16", **static)
+    with pytest.raises(ValueError, match="float32 input"):
+        swiglu.check_static(32768, "float32", "bf16", 0, "none")
+
+
 def test_fused_shapeset_expands():
     variants = load_shapeset("fused")
     kernels = {v.kernel for v in variants}
-    assert "rotary" in kernels
+    assert kernels >= {"rotary", "swiglu"}
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)
 
 
@@ -117,6 +143,51 @@ def test_apply_rotary_valid_input_reaches_the_registry(fake_cuda):
         tkaot.transform.apply_rotary(meta(4, 2, 192)[..., 128:], cache(), meta(4, 1, 64), meta(4, dtype=torch.int64), seqlen_offset=3)
 
 
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: dict(x=meta(4, 4096, dtype=torch.float16)), ValueError, "x must be bfloat16 or float32"),
+        (lambda: dict(x=meta(4096)), ValueError, "x must be 2-D"),
+        (lambda: dict(x=meta(4, 4097)), ValueError, "x must be 2-D"),
+        (lambda: dict(x=meta(4, 2 * 640)), ValueError, "hidden a multiple of 256"),
+        (lambda: dict(x=meta(4, 2 * 32768, dtype=torch.float32)), ValueError, r"\(0, 18432\]"),
+        (lambda: dict(x=meta(4, 8192)[:, :4096:2]), ValueError, "contiguous in its last dimension"),
+        (lambda: dict(x=meta(4, 4100)[:, :4096]), ValueError, "multiples of 8"),
+        (lambda: dict(fmt="e4m3", num_per_channels=64), ValueError, "num_per_channels"),
+        (lambda: dict(fmt="e2m1", num_per_channels=32), ValueError, "num_per_channels"),
+        (lambda: dict(use_packed_ue8m0=True), ValueError, "use_packed_ue8m0 must be used with round_sf=True"),
+        (lambda: dict(psum_num_tokens_per_expert=meta(4, dtype=torch.int64)), ValueError, "psum_num_tokens_per_expert must be torch.int32"),
+        (lambda: dict(psum_num_tokens_per_expert=meta(2, 2, dtype=torch.int32)), ValueError, "1-D"),
+        (lambda: dict(topk_weights=meta(5, dtype=torch.float32)), ValueError, r"topk_weights must be of shape \(4,\)"),
+        (lambda: dict(topk_weights=meta(4)), ValueError, "topk_weights must be torch.float32"),
+        (lambda: dict(routed_scaling_factor=2.0), ValueError, "routed_scaling_factor must be None without topk_weights"),
+        (lambda: dict(clamped_count=meta(4, dtype=torch.int64)), ValueError, "clamped_count must be None without clamp_value"),
+        (lambda: dict(clamp_value=1.0, clamped_count=meta(4, dtype=torch.int32)), ValueError, "clamped_count must be torch.int64"),
+        (lambda: dict(clamp_value=1.0, clamped_count=meta(3, dtype=torch.int64)), ValueError, r"clamped_count must be of shape \(4,\)"),
+        (lambda: dict(clamp_value="1"), TypeError, "clamp_value must be a float"),
+    ],
+)
+def test_swiglu_cast_refuses_bad_input(fake_cuda, make, error, match):
+    kwargs = dict(fmt="e4m3", num_per_channels=128)
+    kwargs.update(make())
+    x = kwargs.pop("x", meta(4, 4096))
+    with pytest.raises(error, match=match):
+        tkaot.quant.swiglu_forward_and_per_token_cast(x, **kwargs)
+
+
+def test_swiglu_forward_refuses_quantized_format(fake_cuda):
+    with pytest.raises(ValueError, match="fmt must be 'bf16' or 'fp32'"):
+        tkaot.quant.swiglu_forward(meta(4, 4096), "e4m3")
+
+
+def test_swiglu_valid_input_reaches_the_registry(fake_cuda):
+    w = meta(4, dtype=torch.float32)
+    with pytest.raises(NoGPUError):
+        tkaot.quant.swiglu_forward(meta(4, 4096), "bf16", meta(3, dtype=torch.int32), w, 2.0, 10.0, meta(4, dtype=torch.int64))
+    with pytest.raises(NoGPUError):
+        tkaot.quant.swiglu_forward_and_per_token_cast(meta(4, 4096), "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True)
+
+
 def test_apply_rotary_cpu_tensor_is_refused():
     with pytest.raises(ValueError, match="query must be a CUDA tensor"):
         tkaot.transform.apply_rotary(torch.randn(4, 2, 64), torch.randn(8, 64))
@@ -130,7 +201,12 @@ def test_signatures_match_tile_kernels():
     if not path.exists():
         pytest.skip("TileKernels API list not present")
     api = json.loads(path.read_text())
-    for name, fn in [("transform.apply_rotary", tkaot.transform.apply_rotary)]:
+    ops = [
+        ("transform.apply_rotary", tkaot.transform.apply_rotary),
+        ("quant.swiglu_forward", tkaot.quant.swiglu_forward),
+        ("quant.swiglu_forward_and_per_token_cast", tkaot.quant.swiglu_forward_and_per_token_cast),
+    ]
+    for name, fn in ops:
         assert list(inspect.signature(fn).parameters) == api[name]["params"], name
 
 
@@ -164,3 +240,42 @@ def test_rotary_reference_is_a_complex_rotation(interleaved, conjugate, four_d):
     plain = reference.rope.rotate(x, cache_, None, interleaved, conjugate, seqlen_offset=4)
     rows = torch.arange(shape[-3]).expand(shape[:-2])
     torch.testing.assert_close(plain, reference.rope.rotate(x, cache_, rows, interleaved, conjugate, 4), rtol=0, atol=0)
+
+
+def test_swiglu_reference_is_silu_times_up():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(37, 2 * 256, generator=g) * 4
+    w = torch.rand(37, generator=g)
+    got = reference.fused.swiglu_forward(x, "fp32", topk_weights=w, routed_scaling_factor=3.0)
+    want = torch.nn.functional.silu(x[:, :256].double()) * x[:, 256:].double() * (w.double() * 3)[:, None]
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-6)
+    # clamping: gate from above only, up on both sides; counts over the rows psum selects
+    count = torch.zeros(4, dtype=torch.int64)
+    psum = torch.tensor([3, 20], dtype=torch.int32)  # rows 0-2 and (128-aligned start) none of 128..20
+    clamped = reference.fused.swiglu_forward(x, "bf16", psum, clamp_value=2.0, clamped_count=count)
+    gate, up = x[:, :256].clamp(max=2.0), x[:, 256:].clamp(-2.0, 2.0)
+    torch.testing.assert_close(clamped.float(), (torch.nn.functional.silu(gate) * up).bfloat16().float(), rtol=2**-7, atol=1e-6)
+    rows = x[:3]
+    assert count.tolist() == [int((rows[:, :256] > 2).sum()), int((rows[:, 256:] > 2).sum()), int((rows[:, 256:] < -2).sum()), 3 * 256]
+
+
+@pytest.mark.parametrize("round_sf, packed", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("col_major", [False, True])
+def test_per_token_cast_reference_dequantises_to_its_input(round_sf, packed, col_major):
+    g = torch.Generator().manual_seed(11)
+    v = torch.randn(9, 768, generator=g) * torch.logspace(-3, 3, 9)[:, None]
+    v[4] = 0
+    kind = "ue8m0" if packed else ("pow2" if round_sf else "fp32")
+    q, sf = reference.fused.per_token_cast(v, 128, kind, col_major)
+    assert sf.stride()[0] == (1 if col_major else sf.shape[1])
+    scale = reference.quant.sf_to_float(sf.contiguous())[:, : 768 // 128] if packed else sf
+    # every value dequantises within E4M3's half-step: relative 2**-4, or 2**-10 * sf among subnormals
+    expanded = scale.repeat_interleave(128, dim=1)
+    error = (q.float() * expanded - v).abs()
+    assert bool((error <= v.abs() * 2**-4 + expanded * 2**-10).all())
+    # the group's largest value lands near 448 (within 2x below it when sf is a power of two)
+    top = q.float().abs().unflatten(1, (-1, 128)).amax(-1)[torch.arange(9) != 4]
+    assert bool(((top > 448 / 2 - 1e-3) & (top <= 448)).all())
+    # an all-zero row keeps a tiny positive sf (the amax floor), never 0
+    zero_q, zero_sf = reference.fused.per_token_cast(torch.zeros(2, 256), 128, "pow2")
+    assert bool((zero_sf > 0).all()) and not zero_q.float().any()

@@ -137,3 +137,116 @@ def test_apply_rotary_cuda_graph(seed):
         torch.cuda.synchronize()
         torch.testing.assert_close(q, ref_q, **ROPE_TOL[torch.bfloat16])
         torch.testing.assert_close(k, ref_k, **ROPE_TOL[torch.bfloat16])
+
+
+# --- swiglu_forward / swiglu_forward_and_per_token_cast
+
+SWIGLU_HIDDENS = [768, 1536, 2048, 4096, 14336, 18432]
+SF_OPTIONS = [  # (round_sf, use_packed_ue8m0)
+    (False, False),
+    (True, False),
+    (True, True),
+]
+
+
+def swiglu_inputs(tokens, hidden, dtype, *, psum=False, weights=False, scale=None):
+    x = torch.randn(tokens, 2 * hidden, dtype=dtype, device="cuda") * 4
+    kw = {}
+    if psum:
+        # Experts with 0, 1, 130 and the rest of the tokens, each segment starting 128-aligned
+        counts = [0, 1, 130]
+        ends, begin = [], 0
+        for c in counts:
+            start = -(-begin // 128) * 128
+            ends.append(start + c)
+            begin = start + c
+        if tokens > ends[-1] + 128:
+            start = -(-ends[-1] // 128) * 128
+            ends.append(start + (tokens - start) // 2)
+        kw["psum_num_tokens_per_expert"] = torch.tensor([min(e, tokens) for e in ends], dtype=torch.int32, device="cuda")
+    if weights:
+        kw["topk_weights"] = torch.rand(tokens, device="cuda")
+        kw["routed_scaling_factor"] = scale
+    return x, kw
+
+
+def valid_rows(x, kw):
+    return reference.fused.psum_row_mask(x.shape[0], kw.get("psum_num_tokens_per_expert")).cuda()
+
+
+@pytest.mark.parametrize("hidden", SWIGLU_HIDDENS)
+@pytest.mark.parametrize("fmt", ["bf16", "fp32"])
+def test_swiglu_forward_matches_reference_bit_exact(seed, hidden, fmt):
+    for i, tokens in enumerate(TOKENS):
+        x, kw = swiglu_inputs(tokens, hidden, torch.bfloat16, psum=i == 3, weights=i % 2 == 1, scale=2.5 if i == 1 else None)
+        got = tkaot.quant.swiglu_forward(x, fmt, **kw)
+        want = reference.fused.swiglu_forward(x, fmt, **kw)
+        rows = valid_rows(x, kw)
+        assert got.dtype == want.dtype and got.shape == (tokens, hidden)
+        assert torch.equal(got[rows], want[rows])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp32"])
+def test_swiglu_forward_fp32_input(seed, fmt):
+    for tokens in TOKENS:
+        x, kw = swiglu_inputs(tokens, 2048, torch.float32, weights=True, scale=0.5)
+        assert torch.equal(tkaot.quant.swiglu_forward(x, fmt, **kw), reference.fused.swiglu_forward(x, fmt, **kw))
+
+
+@pytest.mark.parametrize("with_psum", [False, True])
+def test_swiglu_clamp_and_counts(seed, with_psum):
+    for tokens in (3, 4097):
+        x, kw = swiglu_inputs(tokens, 2048, torch.bfloat16, psum=with_psum, weights=True)
+        got_count = torch.tensor([5, 6, 7, 8], dtype=torch.int64, device="cuda")
+        want_count = got_count.clone()
+        got = tkaot.quant.swiglu_forward(x, "fp32", clamp_value=3.0, clamped_count=got_count, **kw)
+        want = reference.fused.swiglu_forward(x, "fp32", clamp_value=3.0, clamped_count=want_count, **kw)
+        rows = valid_rows(x, kw)
+        assert torch.equal(got[rows], want[rows])
+        assert torch.equal(got_count, want_count)
+        assert want_count[0] > 5 and want_count[2] > 7
+        # clamping without counting
+        got = tkaot.quant.swiglu_forward(x, "bf16", clamp_value=3.0, **kw)
+        assert torch.equal(got[rows], reference.fused.swiglu_forward(x, "bf16", clamp_value=3.0, **kw)[rows])
+
+
+@pytest.mark.parametrize("hidden", SWIGLU_HIDDENS)
+@pytest.mark.parametrize("group", [128, 32])
+@pytest.mark.parametrize("round_sf, packed", SF_OPTIONS)
+@pytest.mark.parametrize("col_major", [False, True])
+def test_swiglu_forward_and_per_token_cast_bit_exact(seed, hidden, group, round_sf, packed, col_major):
+    for i, tokens in enumerate(TOKENS):
+        x, kw = swiglu_inputs(tokens, hidden, torch.bfloat16, psum=i == 2, weights=i != 0, scale=1.5 if i == 3 else None)
+        if i == 1:
+            x[0, :hidden] = 0  # an all-zero gate half: amax floor
+        opts = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
+        out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", group, **kw, **opts)
+        want_out, want_sf = reference.fused.swiglu_forward_and_per_token_cast(x, "e4m3", group, **kw, **opts)
+        rows = valid_rows(x, kw)
+        assert out.dtype == torch.float8_e4m3fn and out.shape == (tokens, hidden)
+        assert sf.dtype == want_sf.dtype and sf.shape == want_sf.shape and sf.stride() == want_sf.stride()
+        assert torch.equal(out[rows].view(torch.uint8), want_out[rows].view(torch.uint8))
+        assert torch.equal(sf[rows], want_sf[rows])
+
+
+def test_swiglu_cast_bench_shape_with_clamp(seed):
+    x, kw = swiglu_inputs(8192, 2048, torch.bfloat16, weights=True, scale=2.0)
+    count, want_count = torch.zeros(4, dtype=torch.int64, device="cuda"), torch.zeros(4, dtype=torch.int64, device="cuda")
+    out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kw, round_sf=True, clamp_value=6.0, clamped_count=count)
+    want_out, want_sf = reference.fused.swiglu_forward_and_per_token_cast(
+        x, "e4m3", 128, **kw, round_sf=True, clamp_value=6.0, clamped_count=want_count
+    )
+    assert torch.equal(out.view(torch.uint8), want_out.view(torch.uint8)) and torch.equal(sf, want_sf)
+    assert torch.equal(count, want_count) and count[3] == 8192 * 2048
+
+
+def test_swiglu_unquantized_through_the_cast_entry_point(seed):
+    x, _ = swiglu_inputs(127, 1536, torch.bfloat16)
+    out = tkaot.quant.swiglu_forward_and_per_token_cast(x, "bf16", None)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, reference.fused.swiglu_forward(x, "bf16"))
+
+
+def test_swiglu_empty_input():
+    x = torch.empty(0, 4096, dtype=torch.bfloat16, device="cuda")
+    out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
+    assert out.shape == (0, 2048) and sf.shape == (0, 16)

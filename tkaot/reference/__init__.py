@@ -1,5 +1,6 @@
 """Pure-torch references of tkaot's ops: the meaning the kernels are tested against."""
 
+from tkaot.reference import fused  # noqa: F401
 from tkaot.reference.norm import norm_forward
 from tkaot.reference.rope import apply_rotary
 

@@ -1,0 +1,220 @@
+"""SwiGLU forward, optionally with the per-token FP8 cast fused: out = silu(gate) * up * weight.
+
+x rows are [gate | up], each `hidden` wide. A row is spread over `row_threads`
+threads (whole warps); thread `lane` owns the 16-byte vectors
+`it * row_threads + lane`, reading the gate and the up vector of the same
+columns, so the row is read once with 16-byte loads. For an FP8 output the
+absolute maximum of each group of `group` outputs is reduced with warp
+shuffles among the group's lanes; the scale factor follows kernels_src/quant/common.py.
+
+Blocks stride over rows, so a block accumulates the clamp counts of many rows
+and adds them to clamped_count once. MoE options are runtime values: expert
+segments from psum_num_tokens_per_expert (rows in the alignment padding between
+segments are skipped, left unwritten), per-row weights times
+routed_scaling_factor, clamping with counts.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+from kernels_src.quant.common import scale_factor, to_e4m3
+
+KERNEL = "swiglu"
+OPS = ("tkaot.quant.swiglu_forward", "tkaot.quant.swiglu_forward_and_per_token_cast")
+DTYPES = ("bfloat16", "float32")
+FORMATS = ("bf16", "fp32", "e4m3")
+SF_KINDS = ("none", "fp32", "pow2", "ue8m0")
+MAX_HIDDEN = 32768
+MAX_HIDDEN_FP32 = 18432
+
+AXES = (
+    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 256 == 0, rule=f"a multiple of 256 in (0, {MAX_HIDDEN}]"),
+    Axis("dtype", str, choices=DTYPES),
+    Axis("fmt", str, choices=FORMATS),
+    Axis("group", int, choices=(0, 32, 128)),
+    Axis("sf", str, choices=SF_KINDS),
+)
+DYNAMIC_DIMS = ("num_rows",)
+
+MAX_ROW_THREADS = 256
+MAX_VECS = 4
+# Enough blocks to fill an H200 (132 SMs) at full occupancy; further rows are strided over
+NUM_SMS = 132
+THREADS_PER_SM = 2048
+
+_OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
+
+
+def check_static(hidden: int, dtype: str, fmt: str, group: int, sf: str) -> None:
+    """Refuse axis combinations that name no valid output, or need more registers than a thread has."""
+    if dtype == "float32" and hidden > MAX_HIDDEN_FP32:
+        raise ValueError(f"hidden={hidden} with float32 input is above {MAX_HIDDEN_FP32}")
+    if fmt == "e4m3":
+        if group == 0 or sf == "none":
+            raise ValueError(f"fmt=e4m3 needs group 32 or 128 and an sf kind, got group={group} sf={sf}")
+        if hidden % group:
+            raise ValueError(f"hidden={hidden} is not a multiple of group={group}")
+    elif group != 0 or sf != "none":
+        raise ValueError(f"fmt={fmt} takes group=0 and sf=none, got group={group} sf={sf}")
+
+
+def tiling(hidden: int, dtype: str) -> tuple[int, int, int, int]:
+    """(elements per vector, threads per row, vectors per thread, rows per block).
+
+    Whole warps per row, no idle lanes; up to 256 threads a row, or up to 1024
+    when that would leave a thread more than MAX_VECS vectors of each half.
+    """
+    vec = 16 // (2 if dtype == "bfloat16" else 4)
+    num_vecs = hidden // vec  # a multiple of 32, since hidden is a multiple of 256
+    for max_threads in (MAX_ROW_THREADS, 1024):
+        iters = next(i for i in range(1, num_vecs + 1) if num_vecs % i == 0 and (num_vecs // i) % 32 == 0 and num_vecs // i <= max_threads)
+        if iters <= MAX_VECS:
+            break
+    row_threads = num_vecs // iters
+    return vec, row_threads, iters, max(1, MAX_ROW_THREADS // row_threads)
+
+
+def build(hidden: int, dtype: str, fmt: str, group: int, sf: str):
+    check_static(hidden, dtype, fmt, group, sf)
+    vec, row_threads, iters, rows_per_block = tiling(hidden, dtype)
+    threads = row_threads * rows_per_block
+    num_warps = threads // 32
+    max_blocks = NUM_SMS * (THREADS_PER_SM // threads)
+    out_dtype = _OUT_DTYPES[fmt]
+    quantized = fmt == "e4m3"
+    group_lanes = group // vec if quantized else 1
+    num_groups = hidden // group if quantized else 1
+    num_words = -(-num_groups // 4)
+    packed = sf == "ue8m0"
+
+    num_rows = T.dynamic("num_rows")
+    num_experts = T.dynamic("num_experts")
+    x_stride = T.dynamic("x_stride")
+    weights_stride = T.dynamic("topk_weights_stride")
+    sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    if packed:
+        sf_shape, sf_strides, sf_dtype = (num_rows, num_words, 4), (sf_stride, sf_group_stride, 1), "uint8"
+    else:
+        sf_shape, sf_strides, sf_dtype = (num_rows, num_groups), (sf_stride, sf_group_stride), "float32"
+    grid = T.min(T.ceildiv(num_rows, rows_per_block), max_blocks)
+
+    @T.prim_func
+    def swiglu(
+        x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
+        out: T.Tensor[(num_rows, hidden), out_dtype],
+        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
+        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
+        topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
+        clamped_count: T.Tensor[(4,), T.int64],
+        has_psum: T.int32,
+        alignment: T.int32,
+        search_steps: T.int32,
+        has_weights: T.int32,
+        routed_scaling_factor: T.float32,
+        has_clamp: T.int32,
+        clamp_value: T.float32,
+        count_clamp: T.int32,
+    ):
+        with T.Kernel(grid, threads=threads) as block:
+            T.assume(x_stride % vec == 0)
+            tid = T.get_thread_binding()
+            lane = tid % row_threads
+            sub = tid // row_threads
+            gate = T.alloc_local((iters, vec), dtype)
+            up = T.alloc_local((iters, vec), dtype)
+            val = T.alloc_local((vec,), T.float32)
+            res = T.alloc_local((vec,), out_dtype)
+            counts = T.alloc_local((4,), T.int32)
+            count_sums = T.alloc_shared((4, num_warps), T.int32)
+            weight = T.alloc_var(T.float32)
+            valid = T.alloc_var(T.int32)
+            lo = T.alloc_var(T.int32)
+            hi = T.alloc_var(T.int32)
+            begin = T.alloc_var(T.int32)
+            amax = T.alloc_var(T.float32)
+            g = T.alloc_var(T.float32)
+            u = T.alloc_var(T.float32)
+            for k in T.unroll(4):
+                counts[k] = 0
+
+            for it in T.serial(T.ceildiv(num_rows, rows_per_block * grid)):
+                row = (it * grid + block) * rows_per_block + sub
+                valid = T.if_then_else(row < num_rows, 1, 0)
+                if has_psum != 0 and valid != 0:
+                    # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
+                    lo = 0
+                    hi = num_experts
+                    for _ in T.serial(search_steps):
+                        if lo < hi:
+                            if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
+                                lo = (lo + hi) // 2 + 1
+                            else:
+                                hi = (lo + hi) // 2
+                    begin = 0
+                    if lo > 0 and lo < num_experts:
+                        begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
+                    valid = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
+                if valid != 0:
+                    T.assume(row < num_rows)
+                    weight = 1.0
+                    if has_weights != 0:
+                        weight = topk_weights[row] * routed_scaling_factor
+                    if lane == 0:
+                        counts[3] += hidden
+                    for v in T.unroll(iters):
+                        col = (v * row_threads + lane) * vec
+                        for j in T.vectorized(vec):
+                            gate[v, j] = x[row, col + j]
+                        for j in T.vectorized(vec):
+                            up[v, j] = x[row, hidden + col + j]
+                    for v in T.unroll(iters):
+                        col = (v * row_threads + lane) * vec
+                        for j in T.unroll(vec):
+                            g = T.cast(gate[v, j], T.float32)
+                            u = T.cast(up[v, j], T.float32)
+                            if has_clamp != 0:
+                                counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                g = T.if_then_else(g > clamp_value, clamp_value, g)
+                                u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+                            val[j] = g / (T.float32(1.0) + T.exp(-g)) * u * weight
+                        if quantized:
+                            amax = T.abs(val[0])
+                            for j in T.unroll(1, vec):
+                                amax = T.max(amax, T.abs(val[j]))
+                            for r in T.unroll(group_lanes.bit_length() - 1):
+                                amax = T.max(amax, T.shfl_xor(amax, 1 << r))
+                            stored, inv = scale_factor(amax, "e4m3", sf)
+                            for j in T.unroll(vec):
+                                res[j] = to_e4m3(val[j] * inv)
+                            if lane % group_lanes == 0:
+                                gi = col // group
+                                if packed:
+                                    out_sf[row, gi // 4, gi % 4] = stored
+                                    if num_groups % 4 != 0 and gi == num_groups - 1:
+                                        for p in T.unroll(num_groups % 4, 4):
+                                            out_sf[row, num_words - 1, p] = T.uint8(0)
+                                else:
+                                    out_sf[row, gi] = stored
+                        else:
+                            for j in T.unroll(vec):
+                                res[j] = T.cast(val[j], out_dtype)
+                        for j in T.vectorized(vec):
+                            out[row, col + j] = res[j]
+
+            if count_clamp != 0:
+                for k in T.unroll(4):
+                    for r in T.unroll(5):
+                        counts[k] += T.shfl_xor(counts[k], 1 << r)
+                if tid % 32 == 0:
+                    for k in T.unroll(4):
+                        count_sums[k, tid // 32] = counts[k]
+                T.sync_threads()
+                if tid < 4:
+                    total = T.alloc_var(T.int32, init=0)
+                    for w in T.unroll(num_warps):
+                        total += count_sums[tid, w]
+                    T.atomic_add(clamped_count[tid], T.cast(total, T.int64))
+
+    return swiglu
