@@ -9,7 +9,7 @@ prebuilt artifact sets the first time an op needs them (or by preload()).
 
 __version__ = "0.1.0"
 
-from tkaot import quant, transform  # noqa: E402
+from tkaot import moe, quant, transform  # noqa: E402
 from tkaot.errors import (  # noqa: E402
     ArtifactError,
     CudaDriverError,
@@ -39,6 +39,7 @@ __all__ = [
     "TkaotError",
     "UnsupportedArchError",
     "VariantNotBuilt",
+    "moe",
     "preload",
     "quant",
     "transform",

@@ -5,3 +5,4 @@ from tkaot.reference.norm import norm_forward
 from tkaot.reference.rope import apply_rotary
 
 __all__ = ["norm_forward", "apply_rotary"]
+from tkaot.reference import moe as moe  # noqa: E402 (explicit re-export)
