@@ -121,3 +121,4 @@ def norm_forward(
     )  # fmt: skip
     return out, rstd, (x if residual is None else residual_out)
 from tkaot._fused import *  # noqa: E402,F403
+from tkaot._casts import *  # noqa: E402,F403

@@ -1,0 +1,210 @@
+"""Shared TileLang cast math: scale factors, rounding to FP8/FP4, FP4 packing, random bits.
+
+Every function here builds TIR expressions from TIR expressions (no buffers, no
+statements), so any kernel body may call it: the cast kernels of this family and
+fused kernels (norm+cast, swiglu+cast) alike. Semantics follow TileKernels 2.1.0:
+
+- amax is clamped from below (`amax_floor`) before a scale is formed, so an
+  all-zero group gets a tiny positive scale, never 0 or inf;
+- `sf` is the dequantisation factor (decoded = stored value * sf) and `inv` the
+  quantisation factor (stored value = round(x * inv));
+- scale-factor kinds (`SF_KINDS`): "fp32" (sf = amax / max, inv = max / amax),
+  "pow2" (sf rounded up to a power of two, stored as fp32), "ue8m0" (the same
+  power of two, stored as its biased exponent byte), "e4m3" (sf rounded to FP8
+  E4M3, inv = 1 / that);
+- rounding to E4M3 saturates at +-448 (NaN stays NaN); to E2M1 it saturates at
+  +-6 and NaN becomes 6; E2M1 codes are 4 bits, sign in bit 3, two per byte with
+  the lower-indexed element in the low nibble.
+
+Kept free of module-level TileLang state; importing it only imports tilelang.language.
+"""
+
+import tilelang.language as T
+
+FORMAT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
+SF_KINDS = ("fp32", "pow2", "ue8m0", "e4m3")
+
+# fp32 bits of 1.5 * 2**23: adding it to a value in [0, 2**22) leaves round-to-nearest-even(value) in the low bits
+_RNE_MAGIC = 12582912.0
+_RNE_MAGIC_BITS = 0x4B400000
+
+
+def amax_floor(fmt: str, sf_kind: str) -> float:
+    """The smallest amax a scale is formed from (TileKernels' default clamp values)."""
+    if sf_kind == "e4m3":
+        return FORMAT_MAX[fmt] * 2.0**-9  # keeps amax / max at or above E4M3's smallest subnormal
+    return 1e-4 if fmt == "e4m3" else 6.0 * 2.0**-126
+
+
+def f32_bits(value):
+    """The IEEE bits of an fp32 expression, as uint32."""
+    return T.reinterpret(value, "uint32")
+
+
+def f32_from_bits(bits):
+    return T.reinterpret(bits, "float32")
+
+
+def pow2_ceil_biased_exponent(sf):
+    """Biased exponent (uint32) of the smallest power of two >= sf, for a positive normal fp32 sf."""
+    return ((f32_bits(sf) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+
+
+def pow2_of_biased_exponent(biased):
+    """2 ** (biased - 127) as fp32, for a biased exponent in [1, 254]."""
+    return f32_from_bits(T.Cast("uint32", biased) << T.uint32(23))
+
+
+def scale_factor(amax, fmt: str, sf_kind: str):
+    """(stored sf, inv) for a group whose largest magnitude is `amax` (fp32).
+
+    The stored value has the sf buffer's type: fp32 for "fp32" and "pow2",
+    uint8 (biased exponent) for "ue8m0", float8_e4m3 for "e4m3". `inv` is fp32.
+    """
+    fmax = FORMAT_MAX[fmt]
+    clamped = T.max(amax, T.float32(amax_floor(fmt, sf_kind)))
+    if sf_kind == "fp32":
+        return clamped / T.float32(fmax), T.float32(fmax) / clamped
+    if sf_kind == "e4m3":
+        sf8 = T.Cast("float8_e4m3", clamped / T.float32(fmax))
+        return sf8, T.float32(1.0) / T.Cast("float32", sf8)
+    # The reciprocal multiply lands in the same power-of-two bin as the division for every fp32 amax
+    biased = pow2_ceil_biased_exponent(clamped * T.float32(1.0 / fmax))
+    inv = pow2_of_biased_exponent(T.uint32(254) - biased)
+    if sf_kind == "ue8m0":
+        return T.Cast("uint8", biased), inv
+    return pow2_of_biased_exponent(biased), inv
+
+
+def decode_sf(stored, sf_kind: str):
+    """The fp32 dequantisation factor of a stored sf value of the given kind."""
+    if sf_kind == "ue8m0":
+        return pow2_of_biased_exponent(T.Cast("uint32", stored))
+    if sf_kind == "e4m3":
+        return T.Cast("float32", stored)
+    return stored
+
+
+def to_e4m3(value):
+    """Round an fp32 value to E4M3 (nearest even, saturating at +-448)."""
+    return T.Cast("float8_e4m3", value)
+
+
+def e2m1_code(value):
+    """The 4-bit E2M1 code (uint32) of an fp32 value: round to nearest even, saturate at 6, NaN -> 6.
+
+    E2M1 magnitudes are 0, 0.5, 1, 1.5 (step 0.5), 2, 3 (step 1), 4, 6 (step 2);
+    the code of a magnitude m is round(2m) below 2, round(m) + 2 below 4, and
+    round(m / 2) + 4 above, each round done by one fp32 add of a magic constant.
+    """
+    mag = T.min(T.abs(value), T.float32(6.0))  # fminf: NaN -> 6
+    step_inv = T.if_then_else(mag < T.float32(2.0), T.float32(2.0), T.if_then_else(mag < T.float32(4.0), T.float32(1.0), T.float32(0.5)))
+    base = T.if_then_else(
+        mag < T.float32(2.0),
+        T.float32(_RNE_MAGIC),
+        T.if_then_else(mag < T.float32(4.0), T.float32(_RNE_MAGIC + 2), T.float32(_RNE_MAGIC + 4)),
+    )
+    code = f32_bits(mag * step_inv + base) - T.uint32(_RNE_MAGIC_BITS)
+    return code | ((f32_bits(value) >> T.uint32(28)) & T.uint32(8))
+
+
+def e2m1_value(code):
+    """The fp32 value of a 4-bit E2M1 code (any integer expression; bits above 3 ignored)."""
+    c = T.Cast("uint32", code)
+    exp = (c >> T.uint32(1)) & T.uint32(3)
+    man = c & T.uint32(1)
+    normal = f32_from_bits(((exp + T.uint32(126)) << T.uint32(23)) | (man << T.uint32(22)))
+    mag = T.if_then_else(exp == T.uint32(0), T.Cast("float32", man) * T.float32(0.5), normal)
+    return f32_from_bits(f32_bits(mag) | ((c & T.uint32(8)) << T.uint32(28)))
+
+
+def pack_e2m1(codes, dtype: str = "uint32"):
+    """Pack E2M1 codes (uint32 expressions < 16, first element lowest) into one integer of `dtype`."""
+    word = codes[0]
+    for n, code in enumerate(codes[1:], start=1):
+        word = word | (code << T.uint32(4 * n))
+    return T.Cast(dtype, word)
+
+
+def hash_u32(a, b):
+    """A well-mixed uint32 from two uint32 inputs (for stochastic rounding bits)."""
+    h = a * T.uint32(0x9E3779B1) + b * T.uint32(0x85EBCA77)
+    h = h ^ (h >> T.uint32(16))
+    h = h * T.uint32(0x7FEB352D)
+    h = h ^ (h >> T.uint32(15))
+    h = h * T.uint32(0x846CA68B)
+    return h ^ (h >> T.uint32(16))
+
+
+def stochastic_round_magnitude(mag, rbits, fmt: str):
+    """Round a non-negative fp32 magnitude to fmt's grid, up with probability equal to its fraction of a step.
+
+    `rbits` is a uniform uint32; its top 24 bits decide. The result is a value
+    of fmt's grid (saturated at its max), so a round-to-nearest cast of it is exact.
+    """
+    mantissa_bits, min_step_exp = (3, -9) if fmt == "e4m3" else (1, -1)
+    fmax = FORMAT_MAX[fmt]
+    m = T.min(mag, T.float32(fmax))
+    exp = T.Cast("int32", f32_bits(m) >> T.uint32(23)) - 127
+    step_exp = T.max(exp - mantissa_bits, min_step_exp)
+    step = f32_from_bits(T.Cast("uint32", step_exp + 127) << T.uint32(23))
+    step_inv = f32_from_bits(T.Cast("uint32", 127 - step_exp) << T.uint32(23))
+    scaled = m * step_inv  # exact: a power-of-two scale
+    low = T.floor(scaled)
+    r = T.Cast("float32", rbits >> T.uint32(8)) * T.float32(2.0**-24)
+    up = T.if_then_else(r < scaled - low, T.float32(1.0), T.float32(0.0))
+    return T.min((low + up) * step, T.float32(fmax))
+
+
+def with_sign_of(mag, value):
+    """mag (non-negative fp32) with the sign bit of value."""
+    return f32_from_bits(f32_bits(mag) | (f32_bits(value) & T.uint32(0x80000000)))
+
+
+# ---- scale-factor layouts --------------------------------------------------------------------------------------
+# A scale-factor grid has one entry per (m block, k block) of the data. Its buffer is
+#   "row": (m blocks, k blocks), row-major;         "col": (k blocks, m blocks), i.e. column-major (DeepGEMM's
+#   TMA-aligned layout when the m stride is padded to 16 bytes). A "ue8m0" grid packs four k-neighbouring exponent
+# bytes into one int32 (lowest k in the lowest byte); kernels address it as bytes, and unused bytes of the last
+# int32 of each row (col: of each m) are written as 0.
+
+IN_BLOCKS = ("none", "1x16", "1x32", "1x64", "1x128", "32x32", "128x128")
+IN_SF = ("none", "fp32", "fp32_col", "ue8m0", "ue8m0_col", "e4m3", "e4m3_col")
+SF_DTYPE = {"fp32": "float32", "pow2": "float32", "ue8m0": "uint8", "e4m3": "float8_e4m3"}
+UE8M0_PACK = 4
+
+
+def block_shape(text: str) -> tuple[int, int]:
+    """'128x128' -> (128, 128)."""
+    m, k = text.split("x")
+    return int(m), int(k)
+
+
+class SfLayout:
+    """Where the scale factor of (m block, k block) lives in a kernel's sf buffer (static description)."""
+
+    def __init__(self, kind: str, layout: str, k_blocks: int):
+        self.kind, self.layout, self.k_blocks = kind, layout, k_blocks
+        self.packed = kind == "ue8m0"
+        self.dtype = SF_DTYPE[kind]
+        self.pad = (-k_blocks) % UE8M0_PACK if self.packed else 0
+
+    @classmethod
+    def from_input(cls, in_sf: str, k_blocks: int) -> "SfLayout":
+        """The layout of an input's scale factors, from an IN_SF value."""
+        kind, _, col = in_sf.partition("_")
+        return cls(kind, "col" if col else "row", k_blocks)
+
+    def shape(self, m_blocks):
+        if self.packed:
+            packs = (self.k_blocks + UE8M0_PACK - 1) // UE8M0_PACK
+            return (m_blocks, packs * UE8M0_PACK) if self.layout == "row" else (packs, m_blocks * UE8M0_PACK)
+        return (m_blocks, self.k_blocks) if self.layout == "row" else (self.k_blocks, m_blocks)
+
+    def index(self, m, k):
+        """Buffer indices of the entry for m block `m` and k block `k`."""
+        if self.layout == "row":
+            return m, k
+        if self.packed:
+            return k // UE8M0_PACK, m * UE8M0_PACK + k % UE8M0_PACK
+        return k, m

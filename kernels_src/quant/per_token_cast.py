@@ -1,0 +1,188 @@
+"""Per-token cast to FP8 E4M3 or FP4 E2M1 with one scale factor per `group` channels of a row.
+
+One pass over the input: each thread holds 16-byte input vectors (fewer bytes
+when a group or an input scale block is smaller) in registers; the lanes that
+share a group reduce its amax with warp shuffles, then each lane scales, rounds
+and stores its own elements and one lane stores the group's scale factor. The
+vector index is flattened over (token, vector in row), so every hidden size
+keeps all lanes busy and one cubin serves every token count.
+
+Inputs are bf16 / fp32, or already quantized (E4M3 or packed E2M1) with their
+own scale factors in blocks of `in_block` (the decoded input is data * sf).
+Modes: "cast" writes values and scale factors, "sf_only" only the scale
+factors, "precomputed_sf" reads the scale factors and writes the values.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+from kernels_src.quant import common
+
+KERNEL = "per_token_cast"
+OPS = (
+    "tkaot.quant.per_token_cast",
+    "tkaot.quant.per_token_cast_with_sf_only",
+    "tkaot.quant.per_token_cast_with_precomputed_sf",
+)
+MAX_HIDDEN = 65536
+
+AXES = (
+    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 64 == 0, rule=f"a multiple of 64 in (0, {MAX_HIDDEN}]"),
+    Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3", "e2m1")),
+    Axis("in_block", str, choices=common.IN_BLOCKS),
+    Axis("in_sf", str, choices=common.IN_SF),
+    Axis("fmt", str, choices=("e4m3", "e2m1")),
+    Axis("group", int, choices=(16, 32, 64, 128)),
+    Axis("sf", str, choices=common.SF_KINDS),
+    Axis("sf_layout", str, choices=("row", "col")),
+    Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf")),
+    Axis("stochastic", bool, choices=(False, True)),
+)
+DYNAMIC_DIMS = ("num_tokens",)
+
+NUM_THREADS = 128
+VECS_PER_THREAD = 4
+# in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
+STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
+
+
+def check_static(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic) -> None:
+    """Raise ValueError for a combination no kernel supports (each axis alone is checked by AXES)."""
+    where = f"{KERNEL}: "
+    quantized_in = in_dtype in ("e4m3", "e2m1")
+    if quantized_in != (in_block != "none") or quantized_in != (in_sf != "none"):
+        raise ValueError(
+            where + f"in_block and in_sf go with e4m3/e2m1 inputs only (in_dtype={in_dtype}, in_block={in_block}, in_sf={in_sf})"
+        )
+    if hidden % group:
+        raise ValueError(where + f"hidden={hidden} is not a multiple of group={group}")
+    if quantized_in:
+        if hidden % common.block_shape(in_block)[1]:
+            raise ValueError(where + f"hidden={hidden} is not a multiple of the input block {in_block}")
+        if mode != "cast":
+            raise ValueError(where + f"mode={mode} takes bf16/fp32 inputs only")
+    if mode == "precomputed_sf" and (sf == "ue8m0" or sf_layout == "col"):
+        raise ValueError(where + "precomputed_sf reads row-major, unpacked scale factors only (sf=fp32/pow2/e4m3, sf_layout=row)")
+    if stochastic and mode == "sf_only":
+        raise ValueError(where + "stochastic rounding needs mode=cast or precomputed_sf")
+
+
+def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
+    check_static(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
+    storage, storage_bytes, per_storage = STORAGE[in_dtype]
+    quantized_in = in_dtype in ("e4m3", "e2m1")
+    bm, bk = common.block_shape(in_block) if quantized_in else (1, hidden)
+    # Elements per thread vector: 16 bytes at most, inside one group and one input scale block
+    vec = min(16 // storage_bytes * per_storage, group, bk)
+    regs = vec // per_storage  # storage elements per vector
+    vecs_per_row = hidden // vec
+    lanes = group // vec  # consecutive lanes sharing a group
+    block_vecs = NUM_THREADS * VECS_PER_THREAD
+    num_groups = hidden // group
+    fp4_out = fmt == "e2m1"
+    # FP4 output goes out as whole words of packed codes: uint32 (8 codes), or uint16 for 4-element vectors
+    word_codes = 8 if vec % 8 == 0 else 4
+    out_vec = vec // word_codes if fp4_out else vec
+    out_storage = ("uint32" if word_codes == 8 else "uint16") if fp4_out else "float8_e4m3"
+    out_cols = hidden // word_codes if fp4_out else hidden
+    sf_out = common.SfLayout(sf, sf_layout, num_groups)
+    sf_in = common.SfLayout.from_input(in_sf if quantized_in else "fp32", hidden // bk)
+    # TileKernels keeps 1/sf in bf16 for bf16 inputs with power-of-two scales
+    inv_bf16 = in_dtype == "bfloat16" and sf in ("pow2", "ue8m0") and mode == "precomputed_sf"
+
+    num_tokens = T.dynamic("num_tokens")
+    x_stride = T.dynamic("x_stride")
+    sf_stride = T.dynamic("sf_stride")
+    in_sf_stride = T.dynamic("in_sf_stride")
+    in_sf_rows = num_tokens if bm == 1 else (num_tokens + bm - 1) // bm
+
+    def decode(reg, u, j):
+        if in_dtype == "e2m1":
+            return common.e2m1_value(T.Cast("uint32", reg[u, j // 2]) >> T.uint32(4 * (j % 2)))
+        return T.Cast("float32", reg[u, j])
+
+    @T.prim_func
+    def per_token_cast(
+        x: T.StridedTensor[(num_tokens, hidden // per_storage), (x_stride, 1), storage],
+        x_sf: T.StridedTensor[sf_in.shape(in_sf_rows), (in_sf_stride, 1), sf_in.dtype],
+        out: T.Tensor[(num_tokens, out_cols), out_storage],
+        out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
+    ):
+        with T.Kernel(T.ceildiv(num_tokens * vecs_per_row, block_vecs), threads=NUM_THREADS) as block:
+            T.assume(x_stride % (16 // storage_bytes) == 0)
+            tid = T.get_thread_binding()
+            x_reg = T.alloc_local((VECS_PER_THREAD, regs), storage)
+            xf = T.alloc_local((vec,), "float32")
+            o_reg = T.alloc_local((out_vec,), out_storage)
+            amax = T.alloc_local((VECS_PER_THREAD,), "float32")
+            in_scale = T.alloc_local((VECS_PER_THREAD,), "float32")
+            inv = T.alloc_var("float32")
+            factor = T.alloc_var("float32")
+
+            # Issue every load first so they are in flight together
+            for u in T.unroll(VECS_PER_THREAD):
+                i = block * block_vecs + u * NUM_THREADS + tid
+                token = i // vecs_per_row
+                col = i % vecs_per_row * vec
+                if i < num_tokens * vecs_per_row:
+                    for j in T.vectorized(regs):
+                        x_reg[u, j] = x[token, col // per_storage + j]
+                    if quantized_in:
+                        in_scale[u] = common.decode_sf(x_sf[sf_in.index(token // bm, col // bk)], sf_in.kind)
+                else:
+                    for j in T.vectorized(regs):
+                        x_reg[u, j] = T.Cast(storage, 0)
+                    in_scale[u] = T.float32(0)
+
+            if mode != "precomputed_sf":
+                for u in T.unroll(VECS_PER_THREAD):
+                    amax[u] = T.float32(0)
+                    for j in T.unroll(vec):
+                        amax[u] = T.max(amax[u], T.abs(decode(x_reg, u, j)))
+                    if quantized_in:
+                        amax[u] = amax[u] * in_scale[u]
+                # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes
+                for u in T.unroll(VECS_PER_THREAD):
+                    for s in T.unroll(lanes.bit_length() - 1):
+                        amax[u] = T.max(amax[u], T.shfl_xor(amax[u], lanes >> (s + 1)))
+
+            for u in T.unroll(VECS_PER_THREAD):
+                i = block * block_vecs + u * NUM_THREADS + tid
+                token = i // vecs_per_row
+                col = i % vecs_per_row * vec
+                if i < num_tokens * vecs_per_row:
+                    if mode == "precomputed_sf":
+                        inv = T.float32(1.0) / common.decode_sf(out_sf[sf_out.index(token, col // group)], sf)
+                        if inv_bf16:
+                            inv = T.Cast("float32", T.Cast("bfloat16", inv))
+                    else:
+                        stored, inv_value = common.scale_factor(amax[u], fmt, sf)
+                        inv = inv_value
+                        if tid % lanes == 0:
+                            out_sf[sf_out.index(token, col // group)] = stored
+                            if sf_out.pad > 0:
+                                if col // group == num_groups - 1:
+                                    for p in T.unroll(sf_out.pad):
+                                        out_sf[sf_out.index(token, num_groups + p)] = T.uint8(0)
+                    if mode != "sf_only":
+                        factor = inv
+                        if quantized_in:
+                            factor = in_scale[u] * inv
+                        for j in T.unroll(vec):
+                            xf[j] = decode(x_reg, u, j) * factor
+                        if stochastic:
+                            for j in T.unroll(vec):
+                                rbits = common.hash_u32(T.Cast("uint32", i * vec + j), common.f32_bits(xf[j]))
+                                xf[j] = common.with_sign_of(common.stochastic_round_magnitude(T.abs(xf[j]), rbits, fmt), xf[j])
+                        if fp4_out:
+                            for w in T.unroll(out_vec):
+                                o_reg[w] = common.pack_e2m1(
+                                    [common.e2m1_code(xf[w * word_codes + n]) for n in range(word_codes)], out_storage
+                                )
+                        else:
+                            for j in T.vectorized(out_vec):
+                                o_reg[j] = common.to_e4m3(xf[j])
+                        for j in T.vectorized(out_vec):
+                            out[token, col // (word_codes if fp4_out else 1) + j] = o_reg[j]
+
+    return per_token_cast

@@ -1,0 +1,244 @@
+"""FP8/FP4 casts on a GPU against the torch references: every variant of the quant shape set, bit-exact
+values and scale factors for every deterministic mode, outputs poisoned first, odd token counts;
+round trips within the format's error; stochastic rounding unbiased."""
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tkaot
+from tkaot import _casts
+from tkaot.reference import quant as ref
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = [1, 3, 127, 4097]
+SHAPESET = Path(__file__).resolve().parents[2] / "build_tools/shapesets/quant.toml"
+
+
+def shapeset_variants(kernel: str) -> list[dict]:
+    """The variants of `kernel` that quant.toml builds (every axis is named in its tables)."""
+    tables = tomllib.loads(SHAPESET.read_text()).get(kernel, [])
+    seen, out = set(), []
+    for table in tables:
+        names = list(table)
+        values = [v if isinstance(v, list) else [v] for v in table.values()]
+        for combo in itertools.product(*values):
+            key = tuple(zip(names, combo))
+            if key not in seen:
+                seen.add(key)
+                out.append(dict(key))
+    return out
+
+
+def variant_id(v: dict) -> str:
+    return ",".join(f"{k}={v[k]}" for k in v)
+
+
+def sf_flags(kind: str, layout: str = "row") -> dict:
+    return dict(
+        round_sf=kind in ("pow2", "ue8m0"),
+        use_packed_ue8m0=kind == "ue8m0",
+        use_e4m3_sf=kind == "e4m3",
+        use_tma_aligned_col_major_sf=layout == "col",
+    )
+
+
+def make_input(tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of very different magnitudes, one all-zero row, and exact halves (rounding ties) sprinkled in."""
+    x = torch.randn(tokens, hidden, device="cuda")
+    x = x * torch.exp2(torch.randint(-12, 12, (tokens, 1), device="cuda").float())
+    x[tokens // 2] = 0
+    x[:, ::37] = torch.round(x[:, ::37] * 4) / 4
+    return x.to(dtype)
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor laid out like t (strides included), every byte 0xFF (NaN for floats)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+    out.untyped_storage().fill_(0xFF)
+    return out
+
+
+def poisoned_sf(tokens: int, groups: int, kind: str, layout: str) -> torch.Tensor:
+    sf = _casts._alloc_sf(tokens, groups, kind, layout, "cuda")
+    sf.untyped_storage().fill_(0xFF)
+    return sf
+
+
+def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str):
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: {got.shape} {got.dtype} vs {want.shape} {want.dtype}"
+    g, w = dense(got).view(torch.uint8), dense(want).view(torch.uint8)
+    bad = (g != w).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} bytes differ, first at {bad[:4].tolist()}"
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A row-major copy (contiguous() keeps the strides of a (n, 1) column view)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def prequantized(tokens: int, v: dict):
+    """A (data, sf) input in the variant's input format, and its x_block_size."""
+    bm, bk = (int(n) for n in v["in_block"].split("x"))
+    kind, _, col = v["in_sf"].partition("_")
+    x = make_input(tokens, v["hidden"], torch.bfloat16)
+    data, sf = ref.block_cast(x, v["in_dtype"], (bm, bk), sf_kind=kind, col_major_sf=bool(col))
+    return (data, sf), (bm, bk)
+
+
+PER_TOKEN = shapeset_variants("per_token_cast")
+
+
+@pytest.mark.parametrize("v", [v for v in PER_TOKEN if v["mode"] == "cast" and not v["stochastic"]], ids=variant_id)
+def test_per_token_cast_is_bit_exact(seed, v):
+    hidden, fmt, group, kind, layout = v["hidden"], v["fmt"], v["group"], v["sf"], v["sf_layout"]
+    for tokens in TOKENS:
+        if v["in_dtype"] in ("e4m3", "e2m1"):
+            x, x_block = prequantized(tokens, v)
+        else:
+            x, x_block = make_input(tokens, hidden, getattr(torch, v["in_dtype"])), None
+        want_x, want_sf = ref.per_token_cast(x, fmt, group, x_block, **sf_flags(kind, layout))
+        out = (poisoned_like(want_x), poisoned_sf(tokens, hidden // group, kind, layout))
+        got_x, got_sf = tkaot.quant.per_token_cast(x, fmt, group, x_block, **sf_flags(kind, layout), out=out)
+        torch.cuda.synchronize()
+        assert got_x is out[0] and got_sf is out[1]
+        assert_bytes_equal(got_x, want_x, f"data, {tokens} tokens")
+        assert_bytes_equal(got_sf, want_sf, f"sf, {tokens} tokens")
+        # allocated outputs: the same bytes, and sf in TileKernels' layout
+        fresh_x, fresh_sf = tkaot.quant.per_token_cast(x, fmt, group, x_block, **sf_flags(kind, layout))
+        assert_bytes_equal(fresh_x, want_x, "data (allocated)")
+        assert fresh_sf.stride() == want_sf.stride() or tokens == 1
+        assert_bytes_equal(fresh_sf, want_sf, "sf (allocated)")
+
+
+@pytest.mark.parametrize("v", [v for v in PER_TOKEN if v["mode"] == "sf_only"], ids=variant_id)
+def test_per_token_cast_with_sf_only(seed, v):
+    hidden, kind, layout = v["hidden"], v["sf"], v["sf_layout"]
+    for tokens in TOKENS:
+        x = make_input(tokens, hidden, torch.bfloat16)
+        _, want_sf = ref.per_token_cast(x, v["fmt"], v["group"], **sf_flags(kind, layout))
+        flags = sf_flags(kind, layout)
+        out_sf = poisoned_sf(tokens, hidden // v["group"], kind, layout)
+        got = tkaot.quant.per_token_cast_with_sf_only(x, v["fmt"], v["group"], **flags, out_sf=out_sf)
+        torch.cuda.synchronize()
+        assert got is out_sf
+        assert_bytes_equal(got, want_sf, f"sf, {tokens} tokens")
+
+
+@pytest.mark.parametrize("v", [v for v in PER_TOKEN if v["mode"] == "precomputed_sf"], ids=variant_id)
+def test_per_token_cast_with_precomputed_sf(seed, v):
+    hidden, fmt, group, kind = v["hidden"], v["fmt"], v["group"], v["sf"]
+    for tokens in TOKENS:
+        x = make_input(tokens, hidden, torch.bfloat16)
+        _, sf = ref.per_token_cast(make_input(tokens, hidden, torch.bfloat16), fmt, group, **sf_flags(kind))
+        want = ref.per_token_cast_with_precomputed_sf(x, fmt, group, sf, round_sf=kind == "pow2")
+        out = poisoned_like(want)
+        got = tkaot.quant.per_token_cast_with_precomputed_sf(x, fmt, group, sf, **sf_flags(kind), out=out)
+        torch.cuda.synchronize()
+        assert got is out
+        assert_bytes_equal(got, want, f"data, {tokens} tokens")
+
+
+@pytest.mark.parametrize("v", [v for v in PER_TOKEN if v["stochastic"]], ids=variant_id)
+def test_stochastic_rounding_is_unbiased(seed, v):
+    """Values sit a quarter step above a grid point: round-to-nearest is biased by -0.25 step; stochastic rounding
+    must land on the two neighbours, rounding up a quarter of the time, with a mean error below 0.01 step
+    (8 million draws: the standard error of the mean is 1.5e-4 step)."""
+    hidden, fmt, group = v["hidden"], v["fmt"], v["group"]
+    dtype = getattr(torch, v["in_dtype"])
+    fmax = ref.FORMAT_MAX[fmt]
+    # with amax == max, sf == 1 and the values are in the format's own units
+    grid = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0] if fmt == "e2m1" else [1.0, 1.25, 2.5, 10.0, 96.0, 0.25], device="cuda")
+    step = torch.tensor([0.5, 0.5, 0.5, 1.0, 1.0, 2.0] if fmt == "e2m1" else [0.125, 0.125, 0.25, 1.0, 8.0, 0.03125], device="cuda")
+    tokens = 4097
+    pick = torch.randint(0, len(grid), (tokens, hidden), device="cuda")
+    x = (grid[pick] + 0.25 * step[pick]).to(dtype)  # exact in bf16
+    x[:, ::group] = fmax  # one element a group at the format's max
+    x = x * torch.where(torch.rand(tokens, hidden, device="cuda") < 0.5, -1.0, 1.0).to(dtype)
+    data, sf = tkaot.quant.per_token_cast(x, fmt, group, stochastic_cast=True)
+    torch.cuda.synchronize()
+    assert torch.all(sf == 1)
+    back = ref.decode(data)
+    mask = torch.ones_like(back, dtype=torch.bool)
+    mask[:, ::group] = False
+    xf, s = x.float()[mask], step[pick][mask]
+    err = ((back[mask] - xf) * torch.sign(xf)) / s
+    assert torch.all(err.abs() < 1), "stochastic rounding must land on a neighbouring grid point"
+    assert set((err * 4).unique().tolist()) <= {-1.0, 3.0}  # the neighbours: -1/4 or +3/4 of a step
+    assert abs(err.mean().item()) < 0.01, f"mean error {err.mean().item():.4f} steps"
+    up = (err > 0).float().mean().item()
+    assert abs(up - 0.25) < 0.01, f"rounded up {up:.4f} of the time, expected 0.25"
+
+
+def test_per_token_round_trip_within_format_error(seed):
+    for fmt, group in (("e4m3", 128), ("e2m1", 32)):
+        x = make_input(4097, 7168, torch.bfloat16)
+        data, sf = tkaot.quant.per_token_cast(x, fmt, group, round_sf=True, use_packed_ue8m0=True)
+        back = ref.per_token_cast_back((data, sf), "fp32", group)
+        scale = ref.expand_blocks(ref.sf_to_float(sf)[:, : 7168 // group], (1, group), x.shape)
+        half_step = 28.0 if fmt == "e4m3" else 1.0  # half of the largest step, in units of sf
+        assert torch.all((back - x.float()).abs() <= scale * half_step)
+
+
+CAST_BACK = shapeset_variants("cast_back")
+
+
+@pytest.mark.parametrize("v", CAST_BACK, ids=variant_id)
+def test_cast_back_is_bit_exact(seed, v):
+    bm, bk = (int(n) for n in v["in_block"].split("x"))
+    out_fmt = "bf16" if v["out_dtype"] == "bfloat16" else "fp32"
+    for tokens in TOKENS:
+        (data, sf), block = prequantized(tokens, v)
+        want = ref.cast_back((data, sf), out_fmt, block)
+        got = tkaot.quant.cast_back((data, sf), out_fmt, block)
+        torch.cuda.synchronize()
+        assert not torch.isnan(got).any(), "unwritten output elements"
+        assert_bytes_equal(got, want, f"{tokens} tokens")
+        if bm == 1:
+            assert_bytes_equal(tkaot.quant.per_token_cast_back((data, sf), out_fmt, bk), want, "per_token_cast_back")
+
+
+def test_strided_input_rows(seed):
+    base = make_input(127, 7168 + 64, torch.bfloat16)
+    x = base[:, :7168]
+    want = ref.per_token_cast(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True)
+    got = tkaot.quant.per_token_cast(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True)
+    assert_bytes_equal(got[0], want[0], "data")
+    assert_bytes_equal(got[1], want[1], "sf")
+
+
+def test_empty_input_launches_nothing():
+    x = torch.empty(0, 7168, dtype=torch.bfloat16, device="cuda")
+    data, sf = tkaot.quant.per_token_cast(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True)
+    assert data.shape == (0, 7168) and sf.shape == (0, 14) and sf.dtype == torch.int32
+
+
+def test_cuda_graph_capture_and_replay(seed):
+    x = make_input(16, 7168, torch.bfloat16)
+    tkaot.quant.per_token_cast(x, "e4m3", 128)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        data, sf = tkaot.quant.per_token_cast(x, "e4m3", 128)
+    for _ in range(2):
+        x.copy_(make_input(16, 7168, torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref.per_token_cast(x, "e4m3", 128)
+        assert_bytes_equal(data, want[0], "data")
+        assert_bytes_equal(sf, want[1], "sf")
+
+
+def test_unbuilt_combination_raises_variant_not_built():
+    x = torch.randn(4, 640, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(tkaot.VariantNotBuilt, match="hidden=640"):
+        tkaot.quant.per_token_cast(x, "e4m3", 128)

@@ -1,0 +1,380 @@
+"""tkaot.quant's FP8/FP4 casts, with TileKernels 2.1.0's names, arguments, defaults and returns.
+
+Formats: "e4m3" data is torch.float8_e4m3fn; "e2m1" data is torch.int8 holding two
+FP4 codes a byte (first element in the low nibble), so its last dimension is half
+the logical one. Scale factors (sf) are dequantisation factors, decoded = data * sf:
+fp32; fp32 powers of two (round_sf); packed UE8M0 exponent bytes, four to an int32
+(round_sf + use_packed_ue8m0); or E4M3 (use_e4m3_sf). With
+use_tma_aligned_col_major_sf the sf tensor is a column-major view whose token
+stride is padded to 16 bytes (DeepGEMM's layout).
+
+Each op validates its arguments completely (ValueError/TypeError naming the
+argument) before it allocates or launches anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tkaot._op import OpKernels, current_stream
+from tkaot._validate import MAX_I32, check_cuda, fail
+
+__all__ = [
+    "cast_back",
+    "per_token_cast",
+    "per_token_cast_back",
+    "per_token_cast_with_precomputed_sf",
+    "per_token_cast_with_sf_only",
+    "unpack_from_e2m1fn_x2",
+]
+
+_FMT_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
+_IN_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
+_SF_DTYPE = {"fp32": torch.float32, "pow2": torch.float32, "ue8m0": torch.int32, "e4m3": torch.float8_e4m3fn}
+_IN_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (128, 128))
+_GROUPS = (16, 32, 64, 128)
+
+_PER_TOKEN_AXES = ("hidden", "in_dtype", "in_block", "in_sf", "fmt", "group", "sf", "sf_layout", "mode", "stochastic")
+_PER_TOKEN_ARGS = ("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride")
+_PER_TOKEN = {
+    f"tkaot.quant.{op}": OpKernels(f"tkaot.quant.{op}", "per_token_cast", _PER_TOKEN_AXES, _PER_TOKEN_ARGS)
+    for op in ("per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf")
+}
+_CAST_BACK = {
+    f"tkaot.quant.{op}": OpKernels(
+        f"tkaot.quant.{op}",
+        "cast_back",
+        ("hidden", "in_dtype", "in_block", "in_sf", "out_dtype"),
+        ("x", "x_sf", "out", "num_tokens", "x_stride", "sf_stride"),
+    )
+    for op in ("cast_back", "per_token_cast_back")
+}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool) -> str:
+    if use_packed_ue8m0 and not round_sf:
+        fail(op, "use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)", "round_sf=False")
+    if round_sf and use_e4m3_sf:
+        fail(op, "use_e4m3_sf", "False when round_sf=True", "both True")
+    if use_packed_ue8m0:
+        return "ue8m0"
+    if round_sf:
+        return "pow2"
+    return "e4m3" if use_e4m3_sf else "fp32"
+
+
+def _check_fmt(op: str, fmt) -> None:
+    if fmt not in _FMT_DTYPE:
+        fail(op, "fmt", "'e4m3' or 'e2m1'", repr(fmt))
+
+
+def _check_block(op: str, name: str, block, allowed) -> tuple[int, int]:
+    if not (isinstance(block, (tuple, list)) and len(block) == 2 and all(isinstance(b, int) for b in block)):
+        fail(op, name, "a pair of ints", repr(block))
+    block = (int(block[0]), int(block[1]))
+    if block not in allowed:
+        fail(op, name, f"one of {list(allowed)}", block)
+    return block
+
+
+def _check_data(op: str, name: str, t, dtypes: tuple, device: int | None = None) -> int:
+    """A 2-D tensor of one of `dtypes`, last dim contiguous, rows 16-byte aligned; returns its device."""
+    device = check_cuda(op, name, t, device)
+    if t.dtype not in dtypes:
+        fail(op, name, " or ".join(str(d) for d in dtypes), t.dtype)
+    if t.dim() != 2:
+        fail(op, name, "2-D (num_tokens, hidden)", f"shape {tuple(t.shape)}")
+    if t.stride(1) != 1 and t.shape[1] > 1:
+        fail(op, name, "contiguous in its last dimension", f"strides {t.stride()}")
+    per_row = 16 // t.element_size()
+    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) % per_row or t.stride(0) > MAX_I32)):
+        fail(
+            op,
+            name,
+            f"16-byte aligned, with a row stride a multiple of {per_row} elements",
+            f"address {t.data_ptr():#x}, strides {t.stride()}",
+        )
+    return device
+
+
+def _sf_cols(k_blocks: int, kind: str) -> int:
+    return _ceil_div(k_blocks, 4) if kind == "ue8m0" else k_blocks
+
+
+def _sf_layout_of(t: torch.Tensor) -> str:
+    """TileKernels' rule: a scale-factor tensor with unit token stride and a non-unit channel stride is column-major."""
+    return "col" if t.stride(0) == 1 and t.stride(1) != 1 else "row"
+
+
+def _sf_kernel_stride(t: torch.Tensor, kind: str, layout: str) -> int:
+    """The sf buffer's row stride as the kernel addresses it (bytes for packed UE8M0)."""
+    stride = t.stride(0) if layout == "row" else t.stride(1)
+    return stride * 4 if kind == "ue8m0" else stride
+
+
+def _check_sf(op: str, name: str, t, device: int, m_blocks: int, k_blocks: int, kind: str, layout: str | None) -> str:
+    """A scale-factor tensor of the given kind and logical grid; returns its layout ("row"/"col")."""
+    check_cuda(op, name, t, device)
+    if t.dtype != _SF_DTYPE[kind]:
+        fail(op, name, f"{_SF_DTYPE[kind]} (sf kind {kind})", t.dtype)
+    shape = (m_blocks, _sf_cols(k_blocks, kind))
+    if tuple(t.shape) != shape:
+        fail(op, name, f"of shape {shape}", tuple(t.shape))
+    found = _sf_layout_of(t) if t.dim() == 2 else "row"
+    if layout is not None and m_blocks > 1 and shape[1] > 1 and found != layout:
+        want = "column-major (stride (1, >= num_tokens))" if layout == "col" else "row-major (stride (>= cols, 1))"
+        fail(op, name, want, f"strides {t.stride()}")
+    layout = layout or found
+    if m_blocks > 1 and shape[1] > 1:
+        if layout == "row" and (t.stride(1) != 1 or t.stride(0) < shape[1]):
+            fail(op, name, "row-major with unit channel stride", f"strides {t.stride()}")
+        if layout == "col" and (t.stride(0) != 1 or t.stride(1) < m_blocks):
+            fail(op, name, "column-major with unit token stride", f"strides {t.stride()}")
+    if max(t.stride()) * 4 > MAX_I32:
+        fail(op, name, "strided below 2**29 elements", f"strides {t.stride()}")
+    return layout
+
+
+def _alloc_sf(m_blocks: int, k_blocks: int, kind: str, layout: str, device) -> torch.Tensor:
+    """A new sf tensor; column-major ones pad the token stride to 16 bytes (TMA alignment)."""
+    dtype, cols = _SF_DTYPE[kind], _sf_cols(k_blocks, kind)
+    if layout == "row":
+        return torch.empty((m_blocks, cols), dtype=dtype, device=device)
+    pitch = max(_align(m_blocks, 16 // torch.empty((), dtype=dtype).element_size()), 1)
+    storage = torch.empty((cols, pitch), dtype=dtype, device=device)
+    return storage.as_strided((m_blocks, cols), (1, pitch))
+
+
+def _sf_flags(t: torch.Tensor) -> str:
+    return {torch.float32: "fp32", torch.int32: "ue8m0", torch.float8_e4m3fn: "e4m3"}.get(t.dtype, "")
+
+
+def _quantized_input(op: str, x, x_block_size):
+    """(device, data, sf, in_dtype name, block, in_sf axis value, logical hidden) of a pre-quantized (x, sf) pair."""
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
+    data, sf = x
+    device = _check_data(op, "x[0]", data, (torch.float8_e4m3fn, torch.int8))
+    if x_block_size is None:
+        fail(op, "x_block_size", "given for a pre-quantized (data, sf) input", None)
+    block = _check_block(op, "x_block_size", x_block_size, _IN_BLOCKS)
+    check_cuda(op, "x[1]", sf, device)
+    kind = _sf_flags(sf)
+    if not kind or sf.dim() != 2:
+        fail(op, "x[1]", "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor", f"{sf.dtype} of shape {tuple(sf.shape)}")
+    tokens, hidden = data.shape[0], data.shape[1] * (2 if data.dtype == torch.int8 else 1)
+    if hidden % block[1]:
+        fail(op, "x[0]", f"a multiple of {block[1]} channels wide (x_block_size={block})", f"{hidden} channels")
+    layout = _check_sf(op, "x[1]", sf, device, _ceil_div(tokens, block[0]), hidden // block[1], kind, None)
+    in_sf = kind + ("_col" if layout == "col" else "")
+    return device, data, sf, _IN_NAMES[data.dtype], block, in_sf, hidden, layout, kind
+
+
+def _per_token_impl(op, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+                    stochastic_cast, mode, sf=None, out_x=None, out_sf=None):  # fmt: skip
+    _check_fmt(op, fmt)
+    if num_per_channels not in _GROUPS:
+        fail(op, "num_per_channels", f"one of {list(_GROUPS)}", repr(num_per_channels))
+    kind = _sf_kind(op, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    layout = "col" if use_tma_aligned_col_major_sf else "row"
+    if isinstance(x, torch.Tensor):
+        device = _check_data(op, "x", x, (torch.bfloat16, torch.float32))
+        if x_block_size is not None:
+            fail(op, "x_block_size", "None for a bf16/fp32 input", repr(x_block_size))
+        data, in_sf_t, in_dtype, in_block, in_sf, hidden = x, None, _IN_NAMES[x.dtype], "none", "none", x.shape[1]
+        in_sf_stride = 0
+    else:
+        device, data, in_sf_t, in_dtype, block, in_sf, hidden, in_layout, in_kind = _quantized_input(op, x, x_block_size)
+        in_block = f"{block[0]}x{block[1]}"
+        in_sf_stride = _sf_kernel_stride(in_sf_t, in_kind, in_layout)
+    num_tokens = data.shape[0]
+    if hidden % 64 or hidden % num_per_channels:
+        fail(op, "x", f"a multiple of 64 and of num_per_channels={num_per_channels} channels wide", f"{hidden} channels")
+    if num_tokens * hidden // 4 > MAX_I32:
+        fail(op, "x", "fewer than 2**33 elements", f"shape {tuple(data.shape)}")
+    groups = hidden // num_per_channels
+    out_dtype = _FMT_DTYPE[fmt]
+    out_cols = hidden // 2 if fmt == "e2m1" else hidden
+
+    if mode == "precomputed_sf":
+        if layout == "col" or kind == "ue8m0":
+            fail(
+                op,
+                "sf",
+                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
+                f"layout {layout}, kind {kind}",
+            )
+        _check_sf(op, "sf", sf, device, num_tokens, groups, kind, "row")
+        out_sf = sf
+    elif out_sf is not None:
+        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, num_tokens, groups, kind, layout)
+    if mode != "sf_only" and out_x is not None:
+        name = "out" if mode == "precomputed_sf" else "out[0]"
+        _check_data(op, name, out_x, (out_dtype,), device)
+        if tuple(out_x.shape) != (num_tokens, out_cols) or (num_tokens > 1 and out_x.stride(0) != out_cols):
+            fail(op, name, f"contiguous of shape {(num_tokens, out_cols)}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
+
+    launcher = _PER_TOKEN[op].get(
+        device, hidden, in_dtype, in_block, in_sf, fmt, num_per_channels, kind, layout, mode, bool(stochastic_cast)
+    )
+    if out_x is None and mode != "sf_only":
+        out_x = torch.empty((num_tokens, out_cols), dtype=out_dtype, device=data.device)
+    if out_sf is None:
+        out_sf = _alloc_sf(num_tokens, groups, kind, layout, data.device)
+    launcher(
+        device,
+        current_stream(device),
+        data.data_ptr(),
+        in_sf_t.data_ptr() if in_sf_t is not None else 0,
+        out_x.data_ptr() if out_x is not None else 0,
+        out_sf.data_ptr(),
+        num_tokens,
+        data.stride(0),
+        in_sf_stride,
+        _sf_kernel_stride(out_sf, kind, layout),
+    )
+    if mode == "sf_only":
+        return out_sf
+    if mode == "precomputed_sf":
+        return out_x
+    return out_x, out_sf
+
+
+def per_token_cast(
+    x,
+    fmt: str,
+    num_per_channels: int,
+    x_block_size: tuple[int, int] | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    stochastic_cast: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast rows to FP8/FP4 with one scale factor per `num_per_channels` channels of each token.
+
+    Args:
+        x: (num_tokens, hidden) bf16/fp32, or a pre-quantized (data, sf) pair (data E4M3 or
+            packed E2M1 int8, sf in blocks of x_block_size); rows 16-byte aligned.
+        fmt: "e4m3" or "e2m1".
+        num_per_channels: channels per scale factor: 16, 32, 64 or 128.
+        x_block_size: the input's scale block (num_per_tokens, num_per_channels), for (data, sf) inputs.
+        use_tma_aligned_col_major_sf: return sf column-major with a 16-byte aligned token stride.
+        round_sf: round scale factors up to powers of two.
+        use_packed_ue8m0: store those powers of two as exponent bytes packed four to an int32.
+        use_e4m3_sf: store scale factors as E4M3.
+        stochastic_cast: round values stochastically (unbiased) instead of to nearest.
+        out: optional (data, sf) buffers to write.
+
+    Returns:
+        (data, sf): data (num_tokens, hidden) float8_e4m3fn or (num_tokens, hidden // 2) int8;
+        sf (num_tokens, hidden // num_per_channels) [int32: ceil of that / 4].
+    """
+    out_x, out_sf = (None, None) if out is None else out
+    return _per_token_impl(
+        "tkaot.quant.per_token_cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+        round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, "cast", out_x=out_x, out_sf=out_sf,
+    )  # fmt: skip
+
+
+def per_token_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    out_sf: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The scale factors per_token_cast would return, without writing the data."""
+    return _per_token_impl(
+        "tkaot.quant.per_token_cast_with_sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
+        round_sf, use_packed_ue8m0, use_e4m3_sf, False, "sf_only", out_sf=out_sf,
+    )  # fmt: skip
+
+
+def per_token_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    sf: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cast with given row-major scale factors: data = round(x * (1 / sf)); returns the data only.
+
+    sf is (num_tokens, hidden // num_per_channels), float32 (float8_e4m3fn with use_e4m3_sf).
+    With round_sf and a bf16 input, 1 / sf is rounded to bf16 first (as TileKernels does).
+    """
+    return _per_token_impl(
+        "tkaot.quant.per_token_cast_with_precomputed_sf", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
+        round_sf, use_packed_ue8m0, use_e4m3_sf, False, "precomputed_sf", sf=sf, out_x=out,
+    )  # fmt: skip
+
+
+def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | None = None) -> torch.Tensor:
+    """Dequantize a (data, sf) pair to bf16 ("bf16") or fp32 ("fp32"): out = round(data * sf).
+
+    data is float8_e4m3fn or packed E2M1 int8; sf float32, int32 (packed UE8M0) or
+    float8_e4m3fn, row- or column-major, one per x_block_size block.
+    """
+    return _cast_back_impl("tkaot.quant.cast_back", x, fmt, x_block_size, x_special_fmt)
+
+
+def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt: str | None = None) -> torch.Tensor:
+    """cast_back with scale blocks of (1, num_per_channels)."""
+    return _cast_back_impl("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
+
+
+def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
+    if fmt not in ("bf16", "fp32"):
+        fail(op, "fmt", "'bf16' or 'fp32'", repr(fmt))
+    if x_special_fmt is not None:
+        fail(op, "x_special_fmt", "None (no special formats exist)", repr(x_special_fmt))
+    device, data, sf, in_dtype, block, in_sf, hidden, layout, kind = _quantized_input(op, x, x_block_size)
+    if hidden % 64:
+        fail(op, "x[0]", "a multiple of 64 channels wide", f"{hidden} channels")
+    num_tokens = data.shape[0]
+    if num_tokens * hidden // 16 > MAX_I32:
+        fail(op, "x[0]", "fewer than 2**35 elements", f"shape {tuple(data.shape)}")
+    out_dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+    launcher = _CAST_BACK[op].get(device, hidden, in_dtype, f"{block[0]}x{block[1]}", in_sf, "bfloat16" if fmt == "bf16" else "float32")
+    out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
+    launcher(
+        device, current_stream(device), data.data_ptr(), sf.data_ptr(), out.data_ptr(), num_tokens, data.stride(0),
+        _sf_kernel_stride(sf, kind, layout),
+    )  # fmt: skip
+    return out
+
+
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode packed E2M1 bytes (int8/uint8, two codes a byte, low nibble first) to out_dtype; the last dim doubles.
+
+    A debugging helper; runs with torch ops on any device.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"tkaot.quant.unpack_from_e2m1fn_x2: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.int8, torch.uint8):
+        fail("tkaot.quant.unpack_from_e2m1fn_x2", "x", "torch.int8 or torch.uint8", x.dtype)
+    if x.dim() == 0:
+        fail("tkaot.quant.unpack_from_e2m1fn_x2", "x", "at least 1-D (its last dim doubles)", "a 0-D tensor")
+    table = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=x.device)
+    codes = x.view(torch.uint8).to(torch.int64)
+    pairs = torch.stack((codes & 15, codes >> 4), dim=-1)
+    return table[pairs].reshape(*x.shape[:-1], 2 * x.shape[-1]).to(out_dtype)
