@@ -1,0 +1,86 @@
+"""A decode-style step of several tkaot ops, eager and as a CUDA graph.
+
+One step for a batch of decode tokens of a DeepSeek-V3-sized layer: attention
+pre-norm (+ residual) -> FP8 cast of the GEMM input -> rotary on q/k -> FFN
+pre-norm (+ residual) -> MoE top-k gate -> SwiGLU + FP8 cast. The GEMMs are
+outside tkaot's scope; their outputs are stand-in buffers. Used by the GPU
+test (graph replay equals eager, bit for bit) and by `python -m bench.decode`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+import tkaot
+
+HIDDEN, HEADS, ROPE, EXPERTS, TOPK, INTER = 7168, 16, 64, 256, 8, 2048
+
+
+def make_state(tokens: int, seed: int = 0) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s, dtype=torch.bfloat16: torch.randn(*s, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    inv_freq = 10000 ** (torch.arange(ROPE // 2, device="cuda") / (ROPE // 2))
+    angles = torch.arange(4096, device="cuda", dtype=torch.float32)[:, None] / inv_freq
+    return {
+        "h": r(tokens, HIDDEN), "res": r(tokens, HIDDEN), "w_attn": r(HIDDEN), "w_ffn": r(HIDDEN),
+        "attn_out": r(tokens, HIDDEN), "q": r(tokens, HEADS, ROPE), "k": r(tokens, 1, ROPE),
+        "cos_sin": torch.cat([angles.cos(), angles.sin()], dim=1).contiguous(),
+        "positions": torch.randint(0, 4096, (tokens,), device="cuda", generator=g, dtype=torch.int64),
+        "logits": r(tokens, EXPERTS, dtype=torch.float32), "gate_up": r(tokens, 2 * INTER),
+    }  # fmt: skip
+
+
+def step(s: dict) -> dict:
+    x, _, res1 = tkaot.quant.norm_forward(s["h"], s["w_attn"], 1e-6, residual=s["res"])
+    x_fp8, x_sf = tkaot.quant.per_token_cast(x, "e4m3", 128, round_sf=True)
+    tkaot.transform.apply_rotary(s["q"], s["cos_sin"], key=s["k"], positions=s["positions"])
+    y, _, res2 = tkaot.quant.norm_forward(s["attn_out"], s["w_ffn"], 1e-6, residual=res1)
+    topk_idx, topk_w = tkaot.moe.moe_topk_gate_forward(s["logits"], TOPK, False, 0, 2.5, 0)
+    act, act_sf = tkaot.quant.swiglu_forward_and_per_token_cast(s["gate_up"], "e4m3", 128, round_sf=True)
+    return {"x_fp8": x_fp8, "x_sf": x_sf, "q": s["q"], "k": s["k"], "y": y, "res2": res2,
+            "topk_idx": topk_idx, "topk_w": topk_w, "act": act, "act_sf": act_sf}  # fmt: skip
+
+
+def capture(state: dict) -> tuple[torch.cuda.CUDAGraph, dict]:
+    step(state)  # load every module before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step(state)
+    return graph, outs
+
+
+def per_step_us(fn, n: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter_ns() - t0) / n / 1000)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    results = {}
+    for tokens in (1, 8, 64):
+        state = make_state(tokens)
+        q0, k0 = state["q"].clone(), state["k"].clone()
+        eager = per_step_us(lambda s=state: step(s))
+        graph, _ = capture(state)
+        state["q"].copy_(q0)
+        state["k"].copy_(k0)
+        replay = per_step_us(graph.replay)
+        results[tokens] = {"eager_us_per_step": round(eager, 2), "graph_us_per_step": round(replay, 2), "ops_per_step": 6}
+    print(json.dumps({"decode_step": results}))
+
+
+if __name__ == "__main__":
+    main()
