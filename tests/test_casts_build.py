@@ -155,6 +155,19 @@ def FP8(*shape):
         (lambda q: q.per_token_cast_back((meta(4, 512, dtype=torch.bfloat16), meta(4, 4, dtype=torch.float32)), "bf16", 128),
          r"x\[0\] must be torch.float8_e4m3fn or torch.int8"),
         (lambda q: q.per_token_cast_back((meta(4, 256, dtype=torch.int8), F32(4, 4)), "bf16", 32), r"of shape \(4, 16\)"),
+        (lambda q: q.per_block_cast(meta(4, 512), "e4m3", (64, 128)), "block_size must be one of"),
+        (lambda q: q.per_block_cast(meta(4, 576), "e4m3", (128, 128)), "multiple of 128"),
+        (lambda q: q.per_block_cast(meta(512, 4).t(), "e4m3", (128, 128)), "contiguous"),
+        (lambda q: q.per_block_cast_with_precomputed_sf(meta(4, 512), "e4m3", (128, 128), F32(1, 3)), r"sf must be of shape \(1, 4\)"),
+        (lambda q: q.per_block_cast_with_sf_only(meta(4, 512), "e4m3", (32, 32), round_sf=True, use_packed_ue8m0=True,
+                                                 out_sf=meta(1, 16, dtype=torch.int32)), r"out_sf must be of shape \(1, 4\)"),
+        (lambda q: q.per_channel_cast(meta(256, 512), "e2m1", 128), "fmt must be 'e4m3'"),
+        (lambda q: q.per_channel_cast(meta(256, 512), "e4m3", 64), "num_per_tokens must be 32 or 128"),
+        (lambda q: q.per_channel_cast((FP8(256, 512), F32(256, 4)), "e4m3", 128, num_per_channels=128), "not supported yet"),
+        (lambda q: q.cast(meta(4, 512), torch.bfloat16), "other than x's dtype"),
+        (lambda q: q.cast(meta(4, 512), torch.int8), "dtype must be"),
+        (lambda q: q.cast(meta(4, 512), torch.float16, stochastic_rounding=True), "stochastic_rounding must be False"),
+        (lambda q: q.cast(meta(512, 4).t(), torch.float32), "contiguous"),
     ],
 )  # fmt: skip
 def test_bad_arguments_raise_before_launch(fake_cuda, call, match):
@@ -170,6 +183,10 @@ def test_valid_calls_reach_the_registry(fake_cuda):
         lambda: q.per_token_cast((meta(4, 1024, dtype=torch.int8), meta(4, 16, dtype=torch.int32)), "e4m3", 128, x_block_size=(1, 32)),
         lambda: q.per_token_cast_with_precomputed_sf(meta(4, 512), "e4m3", 128, meta(4, 4, dtype=torch.float32)),
         lambda: q.cast_back((meta(4, 512, dtype=torch.float8_e4m3fn), meta(1, 4, dtype=torch.float32)), "bf16", (128, 128)),
+        lambda: q.per_block_cast(meta(300, 512), "e2m1", (32, 128), use_tma_aligned_col_major_sf=True),
+        lambda: q.per_block_cast_with_precomputed_sf(meta(300, 512), "e4m3", (128, 128), F32(3, 4)),
+        lambda: q.per_channel_cast(meta(300, 512), "e4m3", 128, round_sf=True, use_packed_ue8m0=True),
+        lambda: q.cast(F32(3, 5), torch.bfloat16, stochastic_rounding=True),
     ):
         with pytest.raises(NoGPUError):
             call()
@@ -304,3 +321,31 @@ def test_reference_stochastic_rounding_is_unbiased(seed):
     assert set(q.unique().tolist()) == {1.25, 1.375}
     assert abs((q - x).mean().item()) / 0.125 < 5e-3
     assert grid_point.item() == 1.25
+
+
+def test_reference_per_channel_is_per_token_of_the_transpose(seed):
+    x = torch.randn(256, 384).bfloat16() * 3
+    for round_sf in (False, True):
+        data, sf = ref.per_channel_cast(x, "e4m3", 128, round_sf=round_sf)
+        t_data, t_sf = ref.per_token_cast(x.T.contiguous(), "e4m3", 128, round_sf=round_sf)
+        assert torch.equal(data.view(torch.uint8), t_data.T.view(torch.uint8)) and torch.equal(sf, t_sf.T)
+    packed = ref.per_channel_cast(x[:255], "e4m3", 32, round_sf=True, use_packed_ue8m0=True)[1]
+    assert packed.shape == (2, 384) and packed.dtype == torch.int32
+    assert torch.equal(ref.sf_to_float(packed, pack_along_m=True)[:8], ref.per_channel_cast(x[:255], "e4m3", 32, round_sf=True)[1])
+
+
+def test_reference_per_block_matches_per_token_when_blocks_are_one_row_high(seed):
+    x = torch.randn(7, 256)
+    a = ref.block_cast(x, "e4m3", (1, 128), sf_kind="pow2")
+    b = ref.per_token_cast(x, "e4m3", 128, round_sf=True)
+    assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+    blocks = ref.per_block_cast(torch.randn(130, 256), "e4m3", (128, 128), use_tma_aligned_col_major_sf=True)[1]
+    assert blocks.shape == (2, 2) and blocks.stride() == (1, 4)
+
+
+def test_reference_stochastic_bf16_cast_is_unbiased(seed):
+    x = torch.full((1_000_000,), 1.5 + 0.25 * 2.0**-7)
+    q = ref.cast(x, torch.bfloat16, stochastic_rounding=True).float()
+    assert set(q.unique().tolist()) == {1.5, 1.5 + 2.0**-7}
+    assert abs(((q - x) / 2.0**-7).mean().item()) < 5e-3
+    assert torch.equal(ref.cast(torch.tensor([1000.0, -1e9]), torch.float8_e4m3fn).float(), torch.tensor([448.0, -448.0]))

@@ -20,7 +20,13 @@ from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, check_cuda, fail
 
 __all__ = [
+    "cast",
     "cast_back",
+    "per_block_cast",
+    "per_block_cast_with_precomputed_sf",
+    "per_block_cast_with_sf_only",
+    "per_channel_cast",
+    "per_token_cast_and_cast_back",
     "per_token_cast",
     "per_token_cast_back",
     "per_token_cast_with_precomputed_sf",
@@ -38,8 +44,20 @@ _PER_TOKEN_AXES = ("hidden", "in_dtype", "in_block", "in_sf", "fmt", "group", "s
 _PER_TOKEN_ARGS = ("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride")
 _PER_TOKEN = {
     f"tkaot.quant.{op}": OpKernels(f"tkaot.quant.{op}", "per_token_cast", _PER_TOKEN_AXES, _PER_TOKEN_ARGS)
-    for op in ("per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf")
+    for op in ("per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back")
 }
+_PER_BLOCK = {
+    f"tkaot.quant.{op}": OpKernels(
+        f"tkaot.quant.{op}", "per_block_cast", ("hidden", "in_dtype", "fmt", "block_m", "block_k", "sf", "sf_layout", "mode"),
+        ("x", "out", "out_sf", "num_tokens", "sf_stride"),
+    )
+    for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")
+}  # fmt: skip
+_PER_CHANNEL = OpKernels(
+    "tkaot.quant.per_channel_cast", "per_channel_cast", ("hidden", "in_dtype", "block_m", "sf"), ("x", "out", "out_sf", "num_tokens")
+)
+_CAST = OpKernels("tkaot.quant.cast", "cast", ("in_dtype", "out_dtype", "stochastic"), ("x", "y", "n"))
+_CAST_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "e4m3"}
 _CAST_BACK = {
     f"tkaot.quant.{op}": OpKernels(
         f"tkaot.quant.{op}",
@@ -325,6 +343,21 @@ def per_token_cast_with_precomputed_sf(
     )  # fmt: skip
 
 
+def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False, use_e4m3_sf: bool = False):
+    """Replace x, in place, by its per-token cast to fmt cast back to x's dtype (simulated quantization).
+
+    x: (num_tokens, hidden) bf16/fp32, last dim contiguous, rows 16-byte aligned (any row stride
+    otherwise). The scale factors are those of per_token_cast (round_sf: powers of two; use_e4m3_sf:
+    rounded to E4M3). Returns None.
+    """
+    op = "tkaot.quant.per_token_cast_and_cast_back"
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float32) and x.dim() == 2 and x.shape[1] > 0 and x.stride(1) != 1:
+        fail(op, "x", "contiguous in its last dimension", f"strides {x.stride()}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    _per_token_impl(op, x, fmt, num_per_channels, None, False, round_sf, False, use_e4m3_sf, False, "round_trip")
+
+
 def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | None = None) -> torch.Tensor:
     """Dequantize a (data, sf) pair to bf16 ("bf16") or fp32 ("fp32"): out = round(data * sf).
 
@@ -358,6 +391,185 @@ def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
         _sf_kernel_stride(sf, kind, layout),
     )  # fmt: skip
     return out
+
+
+def _check_contiguous_input(op: str, x) -> int:
+    device = _check_data(op, "x", x, (torch.bfloat16, torch.float32))
+    if not x.is_contiguous():
+        fail(op, "x", "contiguous", f"strides {x.stride()}")
+    return device
+
+
+def _per_block_impl(
+    op, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, mode, sf=None, out_x=None, out_sf=None
+):
+    _check_fmt(op, fmt)
+    block = _check_block(op, "block_size", block_size, ((32, 32), (32, 128), (128, 32), (128, 128)))
+    kind = _sf_kind(op, round_sf, use_packed_ue8m0, False)
+    layout = "col" if use_tma_aligned_col_major_sf else "row"
+    device = _check_contiguous_input(op, x)
+    num_tokens, hidden = x.shape
+    if hidden % 128:
+        fail(op, "x", "a multiple of 128 channels wide", f"{hidden} channels")
+    m_blocks, k_blocks = _ceil_div(num_tokens, block[0]), hidden // block[1]
+    if m_blocks > 65535:
+        fail(op, "x", f"at most {65535 * block[0]} tokens for block_size {block}", f"{num_tokens}")
+    out_dtype = _FMT_DTYPE[fmt]
+    out_cols = hidden // 2 if fmt == "e2m1" else hidden
+    if mode == "precomputed_sf":
+        if layout == "col" or kind == "ue8m0":
+            fail(
+                op,
+                "sf",
+                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
+                f"layout {layout}, kind {kind}",
+            )
+        _check_sf(op, "sf", sf, device, m_blocks, k_blocks, kind, "row")
+        out_sf = sf
+    elif out_sf is not None:
+        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, m_blocks, k_blocks, kind, layout)
+    if mode != "sf_only" and out_x is not None:
+        name = "out" if mode == "precomputed_sf" else "out[0]"
+        _check_data(op, name, out_x, (out_dtype,), device)
+        if tuple(out_x.shape) != (num_tokens, out_cols) or not out_x.is_contiguous():
+            fail(op, name, f"contiguous of shape {(num_tokens, out_cols)}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
+    launcher = _PER_BLOCK[op].get(device, hidden, _IN_NAMES[x.dtype], fmt, block[0], block[1], kind, layout, mode)
+    if out_x is None and mode != "sf_only":
+        out_x = torch.empty((num_tokens, out_cols), dtype=out_dtype, device=x.device)
+    if out_sf is None:
+        out_sf = _alloc_sf(m_blocks, k_blocks, kind, layout, x.device)
+    launcher(
+        device, current_stream(device), x.data_ptr(), out_x.data_ptr() if out_x is not None else 0, out_sf.data_ptr(), num_tokens,
+        _sf_kernel_stride(out_sf, kind, layout),
+    )  # fmt: skip
+    if mode == "sf_only":
+        return out_sf
+    if mode == "precomputed_sf":
+        return out_x
+    return out_x, out_sf
+
+
+def per_block_cast(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast a contiguous (num_tokens, hidden) bf16/fp32 matrix with one scale factor per block_size block.
+
+    block_size is (num_per_tokens, num_per_channels), each 32 or 128; hidden a multiple of 128;
+    any token count (a partial last block takes the amax of its rows). Returns (data, sf) with sf
+    (ceil(num_tokens / bm), hidden / bk) [int32 packed UE8M0: a quarter of the columns, rounded up].
+    """
+    out_x, out_sf = (None, None) if out is None else out
+    return _per_block_impl(
+        "tkaot.quant.per_block_cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, "cast",
+        out_x=out_x, out_sf=out_sf,
+    )  # fmt: skip
+
+
+def per_block_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    out_sf: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The scale factors per_block_cast would return, without writing the data."""
+    return _per_block_impl(
+        "tkaot.quant.per_block_cast_with_sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+        "sf_only", out_sf=out_sf,
+    )  # fmt: skip
+
+
+def per_block_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    sf: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cast with given row-major fp32 block scale factors: data = round(x * (1 / sf)); returns the data only."""
+    return _per_block_impl(
+        "tkaot.quant.per_block_cast_with_precomputed_sf", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+        use_packed_ue8m0, "precomputed_sf", sf=sf, out_x=out,
+    )  # fmt: skip
+
+
+def per_channel_cast(
+    x,
+    fmt: str,
+    num_per_tokens: int,
+    round_sf: bool = False,
+    num_per_channels: int | None = None,
+    use_packed_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast to E4M3 with one scale factor per channel for every num_per_tokens (32 or 128) tokens.
+
+    x is a contiguous (num_tokens, hidden) bf16/fp32 matrix, hidden a multiple of 128. Returns
+    (data, sf): sf (ceil(num_tokens / num_per_tokens), hidden), row-major; with use_packed_ue8m0
+    (needs round_sf) int32 of shape (ceil(that / 4), hidden), four token blocks a word.
+    Pre-quantized (data, sf) inputs are not supported yet.
+    """
+    op = "tkaot.quant.per_channel_cast"
+    if fmt != "e4m3":
+        fail(op, "fmt", "'e4m3'", repr(fmt))
+    if not isinstance(x, torch.Tensor) or num_per_channels is not None:
+        fail(op, "x", "a bf16/fp32 tensor with num_per_channels=None (pre-quantized inputs are not supported yet)", type(x).__name__)
+    if num_per_tokens not in (32, 128):
+        fail(op, "num_per_tokens", "32 or 128", repr(num_per_tokens))
+    kind = _sf_kind(op, round_sf, use_packed_ue8m0, False)
+    device = _check_contiguous_input(op, x)
+    num_tokens, hidden = x.shape
+    if hidden % 128:
+        fail(op, "x", "a multiple of 128 channels wide", f"{hidden} channels")
+    m_blocks = _ceil_div(num_tokens, num_per_tokens)
+    if m_blocks > 65535:
+        fail(op, "x", f"at most {65535 * num_per_tokens} tokens", f"{num_tokens}")
+    launcher = _PER_CHANNEL.get(device, hidden, _IN_NAMES[x.dtype], num_per_tokens, kind)
+    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=x.device)
+    sf_rows = _ceil_div(m_blocks, 4) if kind == "ue8m0" else m_blocks
+    out_sf = torch.empty((sf_rows, hidden), dtype=_SF_DTYPE[kind], device=x.device)
+    launcher(device, current_stream(device), x.data_ptr(), out.data_ptr(), out_sf.data_ptr(), num_tokens)
+    return out, out_sf
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
+    """Cast a contiguous tensor to dtype (float32, bfloat16, float16, float8_e4m3fn); FP8 saturates at +-448.
+
+    stochastic_rounding (float32 -> bfloat16 / float8_e4m3fn, bfloat16 -> float8_e4m3fn) rounds up
+    with probability equal to the value's fraction of a step, so the rounding is unbiased.
+    """
+    op = "tkaot.quant.cast"
+    device = check_cuda(op, "x", x)
+    names = " or ".join(str(d) for d in _CAST_DTYPES)
+    if x.dtype not in _CAST_DTYPES:
+        fail(op, "x", names, x.dtype)
+    if dtype not in _CAST_DTYPES:
+        fail(op, "dtype", names, dtype)
+    if dtype == x.dtype:
+        fail(op, "dtype", f"other than x's dtype {x.dtype}", dtype)
+    pair = (_CAST_DTYPES[x.dtype], _CAST_DTYPES[dtype])
+    if stochastic_rounding and pair not in (("float32", "bfloat16"), ("float32", "e4m3"), ("bfloat16", "e4m3")):
+        fail(op, "stochastic_rounding", "False for this cast (it supports float32 -> bfloat16/e4m3 and bfloat16 -> e4m3)", pair)
+    if not x.is_contiguous():
+        fail(op, "x", "contiguous", f"strides {x.stride()}")
+    if x.data_ptr() % 16:
+        fail(op, "x", "16-byte aligned", f"address {x.data_ptr():#x}")
+    if x.numel() > MAX_I32 - 2**16:
+        fail(op, "x", "smaller than 2**31 - 2**16 elements", x.numel())
+    launcher = _CAST.get(device, pair[0], pair[1], bool(stochastic_rounding))
+    y = torch.empty(x.shape, dtype=dtype, device=x.device)
+    launcher(device, current_stream(device), x.data_ptr(), y.data_ptr(), x.numel())
+    return y
 
 
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

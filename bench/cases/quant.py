@@ -59,5 +59,23 @@ def cases() -> list[Case]:
             torch=lambda a: ref.per_token_cast_back(a["x"], "bf16", 128),
             tile_kernels=lambda tk, a: tk.quant.per_token_cast_back(a["x"], "bf16", 128),
         ),
+        Case(
+            op="per_block_cast e4m3/128x128",
+            shape=shape,
+            bytes=2 * n + n + 4 * n // (128 * 128),
+            make=_bf16,
+            tkaot=lambda a: tkaot.quant.per_block_cast(a["x"], "e4m3", (128, 128)),
+            torch=lambda a: ref.per_block_cast(a["x"], "e4m3", (128, 128)),
+            tile_kernels=lambda tk, a: tk.quant.per_block_cast(a["x"], "e4m3", (128, 128)),
+        ),
+        Case(
+            op="per_channel_cast e4m3/128",
+            shape=shape,
+            bytes=2 * n + n + 4 * n // 128,
+            make=_bf16,
+            tkaot=lambda a: tkaot.quant.per_channel_cast(a["x"], "e4m3", 128),
+            torch=lambda a: ref.per_channel_cast(a["x"], "e4m3", 128),
+            tile_kernels=lambda tk, a: tk.quant.per_channel_cast(a["x"], "e4m3", 128),
+        ),
     ]
     return out

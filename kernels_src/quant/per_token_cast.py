@@ -10,7 +10,8 @@ keeps all lanes busy and one cubin serves every token count.
 Inputs are bf16 / fp32, or already quantized (E4M3 or packed E2M1) with their
 own scale factors in blocks of `in_block` (the decoded input is data * sf).
 Modes: "cast" writes values and scale factors, "sf_only" only the scale
-factors, "precomputed_sf" reads the scale factors and writes the values.
+factors, "precomputed_sf" reads the scale factors and writes the values,
+"round_trip" overwrites the input with its quantized-then-dequantized value.
 """
 
 import tilelang.language as T
@@ -23,6 +24,7 @@ OPS = (
     "tkaot.quant.per_token_cast",
     "tkaot.quant.per_token_cast_with_sf_only",
     "tkaot.quant.per_token_cast_with_precomputed_sf",
+    "tkaot.quant.per_token_cast_and_cast_back",
 )
 MAX_HIDDEN = 65536
 
@@ -35,7 +37,7 @@ AXES = (
     Axis("group", int, choices=(16, 32, 64, 128)),
     Axis("sf", str, choices=common.SF_KINDS),
     Axis("sf_layout", str, choices=("row", "col")),
-    Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf")),
+    Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf", "round_trip")),
     Axis("stochastic", bool, choices=(False, True)),
 )
 DYNAMIC_DIMS = ("num_tokens",)
@@ -63,8 +65,10 @@ def check_static(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, m
             raise ValueError(where + f"mode={mode} takes bf16/fp32 inputs only")
     if mode == "precomputed_sf" and (sf == "ue8m0" or sf_layout == "col"):
         raise ValueError(where + "precomputed_sf reads row-major, unpacked scale factors only (sf=fp32/pow2/e4m3, sf_layout=row)")
-    if stochastic and mode == "sf_only":
+    if stochastic and mode in ("sf_only", "round_trip"):
         raise ValueError(where + "stochastic rounding needs mode=cast or precomputed_sf")
+    if mode == "round_trip" and (sf == "ue8m0" or sf_layout == "col"):
+        raise ValueError(where + "round_trip keeps no scale factors: use sf=fp32/pow2/e4m3, sf_layout=row")
 
 
 def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
@@ -101,6 +105,12 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             return common.e2m1_value(T.Cast("uint32", reg[u, j // 2]) >> T.uint32(4 * (j % 2)))
         return T.Cast("float32", reg[u, j])
 
+    def quantized_value(v):
+        """The fp32 value v rounds to in fmt."""
+        if fp4_out:
+            return common.e2m1_value(common.e2m1_code(v))
+        return T.Cast("float32", common.to_e4m3(v))
+
     @T.prim_func
     def per_token_cast(
         x: T.StridedTensor[(num_tokens, hidden // per_storage), (x_stride, 1), storage],
@@ -114,6 +124,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             x_reg = T.alloc_local((VECS_PER_THREAD, regs), storage)
             xf = T.alloc_local((vec,), "float32")
             o_reg = T.alloc_local((out_vec,), out_storage)
+            back = T.alloc_local((vec,), storage)
             amax = T.alloc_local((VECS_PER_THREAD,), "float32")
             in_scale = T.alloc_local((VECS_PER_THREAD,), "float32")
             inv = T.alloc_var("float32")
@@ -155,6 +166,15 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                         inv = T.float32(1.0) / common.decode_sf(out_sf[sf_out.index(token, col // group)], sf)
                         if inv_bf16:
                             inv = T.Cast("float32", T.Cast("bfloat16", inv))
+                    elif mode == "round_trip":
+                        stored, inv_value = common.scale_factor(amax[u], fmt, sf)
+                        inv = inv_value
+                        for j in T.unroll(vec):
+                            xf[j] = decode(x_reg, u, j) * inv
+                        for j in T.unroll(vec):
+                            back[j] = T.Cast(storage, quantized_value(xf[j]) * common.decode_sf(stored, sf))
+                        for j in T.vectorized(vec):
+                            x[token, col + j] = back[j]
                     else:
                         stored, inv_value = common.scale_factor(amax[u], fmt, sf)
                         inv = inv_value
@@ -164,7 +184,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                                 if col // group == num_groups - 1:
                                     for p in T.unroll(sf_out.pad):
                                         out_sf[sf_out.index(token, num_groups + p)] = T.uint8(0)
-                    if mode != "sf_only":
+                    if mode in ("cast", "precomputed_sf"):
                         factor = inv
                         if quantized_in:
                             factor = in_scale[u] * inv

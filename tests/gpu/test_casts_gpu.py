@@ -179,6 +179,20 @@ def test_stochastic_rounding_is_unbiased(seed, v):
     assert abs(up - 0.25) < 0.01, f"rounded up {up:.4f} of the time, expected 0.25"
 
 
+@pytest.mark.parametrize("v", [v for v in PER_TOKEN if v["mode"] == "round_trip"], ids=variant_id)
+def test_per_token_cast_and_cast_back_in_place(seed, v):
+    kind = v["sf"]
+    for tokens in TOKENS:
+        base = make_input(tokens, v["hidden"] + 64, torch.bfloat16)
+        x = base[:, : v["hidden"]]  # a strided view: only its own elements may change
+        want = ref.per_token_cast_and_cast_back(x, v["fmt"], v["group"], round_sf=kind == "pow2", use_e4m3_sf=kind == "e4m3")
+        tail = base[:, v["hidden"] :].clone()
+        assert tkaot.quant.per_token_cast_and_cast_back(x, v["fmt"], v["group"], kind == "pow2", kind == "e4m3") is None
+        torch.cuda.synchronize()
+        assert_bytes_equal(x, want, f"{tokens} tokens")
+        assert torch.equal(base[:, v["hidden"] :], tail)
+
+
 def test_per_token_round_trip_within_format_error(seed):
     for fmt, group in (("e4m3", 128), ("e2m1", 32)):
         x = make_input(4097, 7168, torch.bfloat16)
@@ -205,6 +219,91 @@ def test_cast_back_is_bit_exact(seed, v):
         assert_bytes_equal(got, want, f"{tokens} tokens")
         if bm == 1:
             assert_bytes_equal(tkaot.quant.per_token_cast_back((data, sf), out_fmt, bk), want, "per_token_cast_back")
+
+
+PER_BLOCK = shapeset_variants("per_block_cast")
+
+
+def block_flags(v: dict) -> dict:
+    return dict(
+        use_tma_aligned_col_major_sf=v["sf_layout"] == "col", round_sf=v["sf"] in ("pow2", "ue8m0"), use_packed_ue8m0=v["sf"] == "ue8m0"
+    )
+
+
+@pytest.mark.parametrize("v", PER_BLOCK, ids=variant_id)
+def test_per_block_cast_is_bit_exact(seed, v):
+    hidden, fmt, block, kind, layout = v["hidden"], v["fmt"], (v["block_m"], v["block_k"]), v["sf"], v["sf_layout"]
+    dtype = getattr(torch, v["in_dtype"])
+    for tokens in TOKENS:
+        x = make_input(tokens, hidden, dtype)
+        m_blocks = -(-tokens // block[0])
+        if v["mode"] == "precomputed_sf":
+            _, sf = ref.per_block_cast(make_input(tokens, hidden, dtype), fmt, block, round_sf=kind == "pow2")
+            want = ref.per_block_cast_with_precomputed_sf(x, fmt, block, sf, round_sf=kind == "pow2")
+            out = poisoned_like(want)
+            got = tkaot.quant.per_block_cast_with_precomputed_sf(x, fmt, block, sf, **block_flags(v), out=out)
+            torch.cuda.synchronize()
+            assert got is out
+            assert_bytes_equal(got, want, f"data, {tokens} tokens")
+            continue
+        want_x, want_sf = ref.per_block_cast(x, fmt, block, **block_flags(v))
+        out_sf = poisoned_sf(m_blocks, hidden // block[1], kind, layout)
+        if v["mode"] == "sf_only":
+            got_sf = tkaot.quant.per_block_cast_with_sf_only(x, fmt, block, **block_flags(v), out_sf=out_sf)
+        else:
+            out_x = poisoned_like(want_x)
+            got_x, got_sf = tkaot.quant.per_block_cast(x, fmt, block, **block_flags(v), out=(out_x, out_sf))
+            torch.cuda.synchronize()
+            assert got_x is out_x
+            assert_bytes_equal(got_x, want_x, f"data, {tokens} tokens")
+        torch.cuda.synchronize()
+        assert got_sf is out_sf
+        assert_bytes_equal(got_sf, want_sf, f"sf, {tokens} tokens")
+
+
+@pytest.mark.parametrize("v", shapeset_variants("per_channel_cast"), ids=variant_id)
+def test_per_channel_cast_is_bit_exact(seed, v):
+    kind = v["sf"]
+    flags = dict(round_sf=kind in ("pow2", "ue8m0"), use_packed_ue8m0=kind == "ue8m0")
+    for tokens in TOKENS + [128 * 5]:
+        x = make_input(tokens, v["hidden"], getattr(torch, v["in_dtype"]))
+        want_x, want_sf = ref.per_channel_cast(x, "e4m3", v["block_m"], **flags)
+        got_x, got_sf = tkaot.quant.per_channel_cast(x, "e4m3", v["block_m"], **flags)
+        torch.cuda.synchronize()
+        assert_bytes_equal(got_x, want_x, f"data, {tokens} tokens")
+        assert_bytes_equal(got_sf, want_sf, f"sf, {tokens} tokens")
+
+
+CAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "e4m3": torch.float8_e4m3fn}
+
+
+@pytest.mark.parametrize("v", [v for v in shapeset_variants("cast") if not v["stochastic"]], ids=variant_id)
+def test_cast_is_bit_exact(seed, v):
+    src, dst = CAST_DTYPES[v["in_dtype"]], CAST_DTYPES[v["out_dtype"]]
+    for n in (1, 3, 127, 4097 * 7 + 5):
+        x = (torch.randn(n, device="cuda") * torch.exp2(torch.randint(-10, 12, (n,), device="cuda").float())).to(src)
+        got = tkaot.quant.cast(x, dst)
+        assert_bytes_equal(got, ref.cast(x, dst), f"{n} elements")
+    x = make_input(127, 2048, src if src != torch.float8_e4m3fn else torch.bfloat16).to(src)
+    assert_bytes_equal(tkaot.quant.cast(x, dst), ref.cast(x, dst), "2-D")
+
+
+@pytest.mark.parametrize("v", [v for v in shapeset_variants("cast") if v["stochastic"]], ids=variant_id)
+def test_stochastic_cast_is_unbiased(seed, v):
+    """A quarter step above a grid point: the mean error stays below 0.01 step over 4M draws and a quarter rounds up."""
+    src, dst = CAST_DTYPES[v["in_dtype"]], CAST_DTYPES[v["out_dtype"]]
+    n = 1 << 22
+    if dst == torch.bfloat16:
+        base, step = 1.5, 2.0**-7
+    else:
+        base, step = 1.25, 0.125
+    x = torch.full((n,), base + 0.25 * step, device="cuda").to(src)
+    x[1::2] *= -1
+    got = tkaot.quant.cast(x, dst, stochastic_rounding=True).float()
+    err = (got - x.float()) * torch.sign(x.float()) / step
+    assert set((err * 4).unique().tolist()) <= {-1.0, 3.0}
+    assert abs(err.mean().item()) < 0.01
+    assert abs((err > 0).float().mean().item() - 0.25) < 0.01
 
 
 def test_strided_input_rows(seed):

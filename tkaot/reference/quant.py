@@ -241,3 +241,51 @@ def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tupl
 
 def per_token_cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int) -> torch.Tensor:
     return cast_back(x, fmt, (1, num_per_channels))
+
+
+def per_block_cast(
+    x: torch.Tensor,
+    fmt: str,
+    block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tkaot.quant.per_block_cast."""
+    return block_cast(x, fmt, block_size, None, sf_kind_of(round_sf, use_packed_ue8m0, False), use_tma_aligned_col_major_sf)
+
+
+def per_block_cast_with_precomputed_sf(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], sf: torch.Tensor, round_sf: bool = False
+) -> torch.Tensor:
+    """tkaot.quant.per_block_cast_with_precomputed_sf: data = round(x * (1 / sf)) per block."""
+    return block_cast(x, fmt, block_size, precomputed_sf=sf, inv_bf16=round_sf and x.dtype == torch.bfloat16)[0]
+
+
+def per_channel_cast(
+    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, use_packed_ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tkaot.quant.per_channel_cast: blocks of (num_per_tokens, 1); UE8M0 packs four token blocks a word."""
+    return block_cast(x, fmt, (num_per_tokens, 1), None, sf_kind_of(round_sf, use_packed_ue8m0, False))
+
+
+def per_token_cast_and_cast_back(
+    x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False, use_e4m3_sf: bool = False
+) -> torch.Tensor:
+    """What tkaot.quant.per_token_cast_and_cast_back leaves in x: round(decode(cast(x)) * sf) in x's dtype."""
+    data, sf = per_token_cast(x, fmt, num_per_channels, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf)
+    return (decode(data) * expand_blocks(sf.float(), (1, num_per_channels), x.shape)).to(x.dtype)
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
+    """tkaot.quant.cast: round to nearest even (FP8 saturating), or stochastically (unbiased)."""
+    if dtype == torch.float8_e4m3fn:
+        v = x.float()
+        return (stochastic_round(v, "e4m3") if stochastic_rounding else v.clamp(-448.0, 448.0)).to(dtype)
+    if stochastic_rounding:  # float32 -> bfloat16: drop 16 bits, rounding up with probability (dropped bits) / 2**16
+        bits = x.float().view(torch.int32)
+        low = bits & 0xFFFF
+        up = torch.randint(0, 1 << 16, bits.shape, device=x.device, dtype=torch.int32) < low
+        rounded = ((bits & ~0xFFFF) + up.int() * 0x10000).view(torch.float32)
+        return torch.where(torch.isnan(x), x, rounded).to(dtype)
+    return x.to(dtype)

@@ -1,0 +1,81 @@
+"""Elementwise dtype cast of a contiguous tensor, round to nearest or stochastic.
+
+Each thread takes 16-byte input vectors (a scalar tail handles a last partial
+vector). FP8 results saturate at +-448. Stochastic rounding (fp32 -> bf16,
+fp32 -> e4m3, bf16 -> e4m3) rounds up with probability equal to the value's
+fraction of a step, from hashed (index, value) bits.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+from kernels_src.quant import common
+
+KERNEL = "cast"
+OPS = ("tkaot.quant.cast",)
+DTYPES = ("float32", "bfloat16", "float16", "e4m3")
+STOCHASTIC_PAIRS = (("float32", "bfloat16"), ("float32", "e4m3"), ("bfloat16", "e4m3"))
+
+AXES = (
+    Axis("in_dtype", str, choices=DTYPES),
+    Axis("out_dtype", str, choices=DTYPES),
+    Axis("stochastic", bool, choices=(False, True)),
+)
+DYNAMIC_DIMS = ("n",)
+
+NUM_THREADS = 128
+VECS_PER_THREAD = 4
+_STORAGE = {"float32": ("float32", 4), "bfloat16": ("bfloat16", 2), "float16": ("float16", 2), "e4m3": ("float8_e4m3", 1)}
+
+
+def check_static(in_dtype, out_dtype, stochastic) -> None:
+    if in_dtype == out_dtype:
+        raise ValueError(f"{KERNEL}: in_dtype and out_dtype are both {in_dtype}")
+    if stochastic and (in_dtype, out_dtype) not in STOCHASTIC_PAIRS:
+        raise ValueError(f"{KERNEL}: stochastic rounding supports {list(STOCHASTIC_PAIRS)}, not {(in_dtype, out_dtype)}")
+
+
+def build(in_dtype, out_dtype, stochastic):
+    check_static(in_dtype, out_dtype, stochastic)
+    src, in_bytes = _STORAGE[in_dtype]
+    dst, _ = _STORAGE[out_dtype]
+    vec = 16 // in_bytes
+    block_elems = NUM_THREADS * VECS_PER_THREAD * vec
+
+    n = T.dynamic("n")
+
+    def convert(v, index):
+        if not stochastic:
+            return T.Cast(dst, v)
+        f = T.Cast("float32", v)
+        rbits = common.hash_u32(T.Cast("uint32", index), common.f32_bits(f))
+        if out_dtype == "bfloat16":
+            # Adding 16 random bits below bf16's last mantissa bit, then truncating, rounds up with the right odds
+            bits = (common.f32_bits(f) + (rbits >> T.uint32(16))) & T.uint32(0xFFFF0000)
+            return T.if_then_else(f != f, T.Cast(dst, f), T.Cast(dst, common.f32_from_bits(bits)))
+        return T.Cast(dst, common.with_sign_of(common.stochastic_round_magnitude(T.abs(f), rbits, "e4m3"), f))
+
+    @T.prim_func
+    def cast(x: T.Tensor[(n,), src], y: T.Tensor[(n,), dst]):
+        with T.Kernel(T.ceildiv(n, block_elems), threads=NUM_THREADS) as block:
+            tid = T.get_thread_binding()
+            x_reg = T.alloc_local((VECS_PER_THREAD, vec), src)
+            y_reg = T.alloc_local((vec,), dst)
+            for u in T.unroll(VECS_PER_THREAD):
+                base = block * block_elems + (u * NUM_THREADS + tid) * vec
+                if base + vec <= n:
+                    for j in T.vectorized(vec):
+                        x_reg[u, j] = x[base + j]
+            for u in T.unroll(VECS_PER_THREAD):
+                base = block * block_elems + (u * NUM_THREADS + tid) * vec
+                if base + vec <= n:
+                    for j in T.unroll(vec):
+                        y_reg[j] = convert(x_reg[u, j], base + j)
+                    for j in T.vectorized(vec):
+                        y[base + j] = y_reg[j]
+                elif base < n:
+                    for j in T.serial(vec):
+                        if base + j < n:
+                            y[base + j] = convert(x[base + j], base + j)
+
+    return cast

@@ -1,0 +1,111 @@
+"""Per-channel cast to FP8 E4M3: one scale factor per channel for every `block_m` tokens.
+
+A CTA takes block_m rows by 32 column vectors (256 bf16 / 128 fp32 channels);
+each warp reads whole 512-byte row segments, so loads stay coalesced while the
+reduction runs down the columns: each thread keeps the per-column amax of its
+rows, warps meet in shared memory, one thread per channel forms the scale
+factor, and every thread then scales its registers. UE8M0 scale factors pack
+four consecutive token blocks of a channel into one int32.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+from kernels_src.quant import common
+
+KERNEL = "per_channel_cast"
+OPS = ("tkaot.quant.per_channel_cast",)
+MAX_HIDDEN = 65536
+
+AXES = (
+    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 128 == 0, rule=f"a multiple of 128 in (0, {MAX_HIDDEN}]"),
+    Axis("in_dtype", str, choices=("bfloat16", "float32")),
+    Axis("block_m", int, choices=(32, 128)),
+    Axis("sf", str, choices=("fp32", "pow2", "ue8m0")),
+)
+DYNAMIC_DIMS = ("num_tokens",)
+
+NUM_THREADS = 256
+COL_VECS = 32  # column vectors a CTA covers: one warp spans one row segment
+
+
+def build(hidden, in_dtype, block_m, sf):
+    vec = 16 // (2 if in_dtype == "bfloat16" else 4)
+    tile_k = COL_VECS * vec
+    warps = NUM_THREADS // 32
+    passes = block_m // warps
+    packed = sf == "ue8m0"
+    out_dtype = "float8_e4m3"
+
+    num_tokens = T.dynamic("num_tokens")
+    m_blocks = (num_tokens + block_m - 1) // block_m
+    sf_shape = ((m_blocks + 3) // 4, hidden * 4) if packed else (m_blocks, hidden)
+
+    @T.prim_func
+    def per_channel_cast(
+        x: T.Tensor[(num_tokens, hidden), in_dtype],
+        out: T.Tensor[(num_tokens, hidden), out_dtype],
+        out_sf: T.Tensor[sf_shape, common.SF_DTYPE[sf]],
+    ):
+        with T.Kernel(T.ceildiv(hidden, tile_k), m_blocks, threads=NUM_THREADS) as (kb, mb):
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            col = kb * tile_k + tid % 32 * vec
+            x_reg = T.alloc_local((passes, vec), in_dtype)
+            amax = T.alloc_local((vec,), "float32")
+            inv = T.alloc_local((vec,), "float32")
+            xf = T.alloc_local((vec,), "float32")
+            o_reg = T.alloc_local((vec,), "float8_e4m3")
+            col_max = T.alloc_shared((warps, tile_k), "float32")
+            col_inv = T.alloc_shared((tile_k,), "float32")
+
+            for p in T.unroll(passes):
+                row = mb * block_m + p * warps + warp
+                if row < num_tokens and col < hidden:
+                    for j in T.vectorized(vec):
+                        x_reg[p, j] = x[row, col + j]
+                else:
+                    for j in T.vectorized(vec):
+                        x_reg[p, j] = T.Cast(in_dtype, 0)
+            for j in T.unroll(vec):
+                amax[j] = T.float32(0)
+            for p in T.unroll(passes):
+                for j in T.unroll(vec):
+                    amax[j] = T.max(amax[j], T.abs(T.Cast("float32", x_reg[p, j])))
+            for j in T.unroll(vec):
+                col_max[warp, tid % 32 * vec + j] = amax[j]
+            T.sync_threads()
+
+            # One thread per channel of the tile forms its scale factor
+            for c in T.serial(tile_k // NUM_THREADS if tile_k > NUM_THREADS else 1):
+                channel = c * NUM_THREADS + tid
+                if channel < tile_k:
+                    m = T.alloc_var("float32", init=0.0)
+                    for w in T.unroll(warps):
+                        m = T.max(m, col_max[w, channel])
+                    stored, inv_value = common.scale_factor(m, "e4m3", sf)
+                    col_inv[channel] = inv_value
+                    if kb * tile_k + channel < hidden:
+                        if packed:
+                            out_sf[mb // 4, (kb * tile_k + channel) * 4 + mb % 4] = stored
+                            if mb == m_blocks - 1:
+                                for q in T.unroll(3):
+                                    if mb % 4 + q + 1 < 4:
+                                        out_sf[mb // 4, (kb * tile_k + channel) * 4 + mb % 4 + q + 1] = T.uint8(0)
+                        else:
+                            out_sf[mb, kb * tile_k + channel] = stored
+            T.sync_threads()
+
+            for j in T.unroll(vec):
+                inv[j] = col_inv[tid % 32 * vec + j]
+            for p in T.unroll(passes):
+                row = mb * block_m + p * warps + warp
+                if row < num_tokens and col < hidden:
+                    for j in T.unroll(vec):
+                        xf[j] = T.Cast("float32", x_reg[p, j]) * inv[j]
+                    for j in T.vectorized(vec):
+                        o_reg[j] = common.to_e4m3(xf[j])
+                    for j in T.vectorized(vec):
+                        out[row, col + j] = o_reg[j]
+
+    return per_channel_cast
