@@ -20,8 +20,9 @@ from tkaot.errors import NoGPUError
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
     "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0")),
+    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2")),
 }
-OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU}
+OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU, "norm_cast": _fused._NORM_CAST}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,14 @@ def test_swiglu_launch_spec(built):
     assert types["clamp_value"] == "f32" and types["out_sf"] == "ptr" and types["sf_group_stride"] == "i32"
 
 
+def test_norm_cast_launch_spec(built):
+    spec = LaunchSpec.from_json(built[1]["norm_cast"]["launch"])
+    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16: a row per 128-thread block
+    assert spec.block == (128, 1, 1)
+    types = {p.name: p.type for p in spec.params}
+    assert types["eps"] == "f32" and types["has_residual"] == "i32" and types["out_sf"] == "ptr"
+
+
 @pytest.mark.parametrize(
     "static, match",
     [
@@ -81,7 +90,8 @@ def test_swiglu_refuses_invalid_static_combinations(static, match):
 def test_fused_shapeset_expands():
     variants = load_shapeset("fused")
     kernels = {v.kernel for v in variants}
-    assert kernels >= {"rotary", "swiglu"}
+    assert kernels == {"rotary", "swiglu", "norm_cast"}
+    assert len(variants) == 98
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)
 
 
@@ -188,6 +198,76 @@ def test_swiglu_valid_input_reaches_the_registry(fake_cuda):
         tkaot.quant.swiglu_forward_and_per_token_cast(meta(4, 4096), "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True)
 
 
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: dict(x=meta(4, 512, dtype=torch.float16)), ValueError, "x must be bfloat16 or float32"),
+        (lambda: dict(x=meta(512)), ValueError, "x must be 2-D"),
+        (lambda: dict(x=meta(4, 528)), ValueError, "multiple of 32"),
+        (lambda: dict(x=meta(4, 16384)), ValueError, "multiple of 32"),
+        (lambda: dict(x=meta(4, 1024)[:, :512:2]), ValueError, "contiguous in its last dimension"),
+        (lambda: dict(x=meta(4, 516)[:, :512]), ValueError, "multiples of 8"),
+        (lambda: dict(weight=meta(256)), ValueError, "weight must be of shape"),
+        (lambda: dict(residual=meta(4, 256)), ValueError, "residual must be of shape"),
+        (lambda: dict(residual=meta(4, 512), residual_out=meta(4, 512, dtype=torch.float32)), ValueError, "residual_out must be"),
+        (lambda: dict(num_per_channels=128), ValueError, "num_per_channels"),
+        (lambda: dict(fmt="fp32", num_per_channels=None), ValueError, "fmt must be the format of x's dtype"),
+        (lambda: dict(use_packed_ue8m0=True), ValueError, "round_sf=True"),
+        (lambda: dict(out_bf16=meta(4, 512)), ValueError, "out_bf16 must be None unless with_out_bf16"),
+        (lambda: dict(with_out_bf16=True, out_bf16=meta(4, 512, dtype=torch.float32)), ValueError, "out_bf16 must be torch.bfloat16"),
+        (lambda: dict(out=(meta(4, 512, dtype=torch.float8_e4m3fn),)), TypeError, r"out must be a \(data, sf\) pair"),
+        (lambda: dict(out=(meta(4, 512), meta(4, 16, dtype=torch.float32))), ValueError, r"out\[0\] must be torch.float8_e4m3fn"),
+        (
+            lambda: dict(out=(meta(4, 512, dtype=torch.float8_e4m3fn), meta(4, 4, dtype=torch.int32))),
+            ValueError,
+            r"out\[1\] must be torch.float32",
+        ),
+        (
+            lambda: dict(out=(meta(4, 512, dtype=torch.float8_e4m3fn), meta(4, 8, dtype=torch.float32))),
+            ValueError,
+            r"out\[1\] must be of shape \(4, 16\)",
+        ),
+        (
+            lambda: dict(
+                out=(meta(4, 512, dtype=torch.float8_e4m3fn), meta(4, 16, dtype=torch.float32)), use_tma_aligned_col_major_sf=True
+            ),
+            ValueError,
+            "row-major",
+        ),
+        (lambda: dict(mega_moe_sf=meta(4, 4, dtype=torch.int32), mega_moe_block_m=64), ValueError, "mega MoE"),
+        (lambda: dict(x=meta(70000, 1, 512)), ValueError, "65535"),
+    ],
+)
+def test_norm_cast_refuses_bad_input(fake_cuda, make, error, match):
+    kwargs = dict(x=meta(4, 512), weight=None, eps=1e-6, fmt="e4m3", num_per_channels=32)
+    kwargs.update(make())
+    with pytest.raises(error, match=match):
+        tkaot.quant.norm_forward_and_per_token_cast(**kwargs)
+
+
+def test_norm_cast_valid_input_reaches_the_registry(fake_cuda):
+    x = meta(2, 4, 7168)
+    with pytest.raises(NoGPUError):
+        tkaot.quant.norm_forward_and_per_token_cast(
+            x, meta(7168), 1e-6, "e4m3", 32, residual=meta(2, 4, 7168), round_sf=True, use_packed_ue8m0=True,
+            use_tma_aligned_col_major_sf=True, with_out_bf16=True, with_rstd=True,
+        )  # fmt: skip
+    packed = (meta(4, 512, dtype=torch.float8_e4m3fn), meta(4, 4, dtype=torch.int32))
+    with pytest.raises(NoGPUError):
+        tkaot.quant.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32, round_sf=True, use_packed_ue8m0=True, out=packed)
+
+
+def test_norm_cast_sf_layouts():
+    x = torch.empty(3, 5, 7168)
+    sf, strides = _fused._alloc_norm_sf(x, 224, "ue8m0", col_major=True)
+    assert sf.shape == (3, 5, 56) and sf.dtype == torch.int32 and sf.stride() == (56 * 8, 1, 8)
+    assert strides == (56 * 8 * 4, 4, 32)  # bytes
+    sf, strides = _fused._alloc_norm_sf(x[0], 224, "fp32", col_major=False)
+    assert sf.shape == (5, 224) and sf.is_contiguous() and strides == (5 * 224, 224, 1)
+    sf, token_stride, group_stride = _fused.alloc_token_sf(5, 6, "ue8m0", col_major=False, device="cpu")
+    assert sf.shape == (5, 2) and (token_stride, group_stride) == (8, 4)
+
+
 def test_apply_rotary_cpu_tensor_is_refused():
     with pytest.raises(ValueError, match="query must be a CUDA tensor"):
         tkaot.transform.apply_rotary(torch.randn(4, 2, 64), torch.randn(8, 64))
@@ -205,6 +285,7 @@ def test_signatures_match_tile_kernels():
         ("transform.apply_rotary", tkaot.transform.apply_rotary),
         ("quant.swiglu_forward", tkaot.quant.swiglu_forward),
         ("quant.swiglu_forward_and_per_token_cast", tkaot.quant.swiglu_forward_and_per_token_cast),
+        ("quant.norm_forward_and_per_token_cast", tkaot.quant.norm_forward_and_per_token_cast),
     ]
     for name, fn in ops:
         assert list(inspect.signature(fn).parameters) == api[name]["params"], name
@@ -279,3 +360,20 @@ def test_per_token_cast_reference_dequantises_to_its_input(round_sf, packed, col
     # an all-zero row keeps a tiny positive sf (the amax floor), never 0
     zero_q, zero_sf = reference.fused.per_token_cast(torch.zeros(2, 256), 128, "pow2")
     assert bool((zero_sf > 0).all()) and not zero_q.float().any()
+
+
+@pytest.mark.parametrize("round_sf, packed", [(False, False), (True, False), (True, True)])
+def test_norm_cast_reference_is_per_token_cast_of_norm_forward(round_sf, packed):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 7, 512, generator=g).bfloat16()
+    w = torch.randn(512, generator=g).bfloat16()
+    r = torch.randn(2, 7, 512, generator=g).bfloat16()
+    (q, sf), y, rstd, s = reference.fused.norm_forward_and_per_token_cast(x, w, 1e-6, r, 0.5, round_sf, packed)
+    want_y, want_rstd, want_s = reference.norm_forward(x, w, 1e-6, r, 0.5, with_rstd=True)
+    assert torch.equal(y, want_y) and torch.equal(s, want_s)
+    torch.testing.assert_close(rstd, want_rstd)
+    kind = "ue8m0" if packed else ("pow2" if round_sf else "fp32")
+    want_q, want_sf = reference.fused.per_token_cast(want_y.float().flatten(0, 1), 32, kind)
+    assert q.shape == x.shape and sf.shape == (2, 7, want_sf.shape[-1])
+    assert torch.equal(q.flatten(0, 1).view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(sf.flatten(0, 1), want_sf)

@@ -15,7 +15,7 @@ from tkaot import _validate
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, fail
 
-__all__ = ["swiglu_forward", "swiglu_forward_and_per_token_cast"]
+__all__ = ["norm_forward_and_per_token_cast", "swiglu_forward", "swiglu_forward_and_per_token_cast"]
 
 # Rows of an expert's segment start at a multiple of this (TileKernels' default token alignment)
 TOKEN_ALIGNMENT = 128
@@ -35,6 +35,21 @@ _SWIGLU = OpKernels(
         "num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride",
     ),
 )  # fmt: skip
+
+
+_NORM_CAST = OpKernels(
+    "tkaot.quant.norm_forward_and_per_token_cast",
+    "norm_cast",
+    ("hidden", "dtype", "sf"),
+    (
+        "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd",
+        "eps", "out_scale", "has_weight", "has_residual", "has_rstd", "has_out_bf16",
+        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
+        "residual_out_batch_stride", "residual_out_stride", "out_batch_stride", "out_stride",
+        "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride", "sf_stride", "sf_group_stride",
+    ),
+)  # fmt: skip
+_NORM_CAST_GROUP = 32
 
 
 def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool) -> str:
@@ -221,3 +236,181 @@ def swiglu_forward_and_per_token_cast(
     return _swiglu("tkaot.quant.swiglu_forward_and_per_token_cast", x, fmt, num_per_channels, psum_num_tokens_per_expert,
                    topk_weights, routed_scaling_factor, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                    clamp_value, clamped_count)  # fmt: skip
+
+
+def _row_strides(t: torch.Tensor | None) -> tuple[int, int]:
+    """(batch, token) strides of a 2-D or 3-D tensor; 0 for size-1 dims and for None."""
+    if t is None:
+        return 0, 0
+    shape, strides = t.shape, t.stride()
+    if t.dim() == 2:
+        return 0, (strides[0] if shape[0] > 1 else 0)
+    return (strides[0] if shape[0] > 1 else 0), (strides[1] if shape[1] > 1 else 0)
+
+
+def _alloc_norm_sf(x: torch.Tensor, num_groups: int, sf_kind: str, col_major: bool) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """The sf tensor norm_forward_and_per_token_cast returns, and its (batch, token, group) strides in the kernel's units.
+
+    Row-major: x.shape[:-1] + (groups,), contiguous. Column-major: each batch's (groups, tokens)
+    block stored row by row with the token dimension padded to 16 bytes, returned transposed.
+    """
+    packed = sf_kind == "ue8m0"
+    cols = -(-num_groups // 4) if packed else num_groups
+    dtype = torch.int32 if packed else torch.float32
+    lead = x.shape[:-1]
+    batch, num_tokens = (1, lead[0]) if x.dim() == 2 else lead
+    if col_major:
+        pitch = -(-num_tokens // 4) * 4
+        storage = torch.empty(batch * cols * pitch, dtype=dtype, device=x.device)
+        if x.dim() == 2:
+            sf = storage.as_strided((num_tokens, cols), (1, pitch))
+        else:
+            sf = storage.as_strided((batch, num_tokens, cols), (cols * pitch, 1, pitch))
+        strides = (cols * pitch, 1, pitch)
+    else:
+        sf = torch.empty((*lead, cols), dtype=dtype, device=x.device)
+        strides = (num_tokens * cols, cols, 1)
+    unit = 4 if packed else 1  # packed sf is addressed in bytes
+    return sf, tuple(s * unit for s in strides)
+
+
+def norm_forward_and_per_token_cast(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    fmt: str,
+    num_per_channels: int,
+    residual: torch.Tensor | None = None,
+    out_scale: float = 1.0,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    with_out_bf16: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out_bf16: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    mega_moe_sf: torch.Tensor | None = None,
+    mega_moe_block_m: int = 0,
+    with_rstd: bool = False,
+):
+    """RMSNorm (as tkaot.quant.norm_forward) with its output cast to FP8 E4M3 per group of 32 columns.
+
+    The normalised output y is rounded to x.dtype first, so the result is per_token_cast of
+    norm_forward's output: per group, amax = max(|y|, 1e-4); sf = amax / 448 (or its power-of-two
+    ceiling with round_sf); stored = e4m3(y / sf).
+
+    Args:
+        x: (num_tokens, hidden) or (batch, num_tokens, hidden), bf16 or fp32, on a CUDA device; last
+            dimension contiguous, rows 16-byte aligned; hidden a multiple of 32, at most 8192.
+        weight: (hidden,) of x's dtype, or None for unit weight.
+        eps: added to the mean square before the reciprocal square root.
+        fmt, num_per_channels: "e4m3" and 32; ("bf16", None) / ("fp32", None) matching x.dtype give
+            norm_forward's unquantized output.
+        residual: optional, shaped like x; x + residual is rounded to x's dtype first.
+        out_scale: multiplies the weight (fp32).
+        use_tma_aligned_col_major_sf: sf column-major, the token dimension padded to 16 bytes.
+        round_sf: round each sf up to a power of two.
+        use_packed_ue8m0: store sf as exponent bytes, four per int32 (needs round_sf).
+        with_out_bf16: also return y in bf16.
+        out: optional (data e4m3 shaped like x, sf) buffers; sf row-major, shaped as returned.
+        out_bf16: optional buffer for y (needs with_out_bf16).
+        residual_out: optional buffer for x + residual (ignored without residual).
+        mega_moe_sf, mega_moe_block_m: not supported by tkaot (ValueError when given).
+        with_rstd: also return the fp32 reciprocal RMS of each row.
+
+    Returns:
+        ((out, out_sf), out_bf16 or None, rstd of shape x.shape[:-1] or None, the normalised input:
+        x + residual, or x itself without residual).
+    """
+    op = "tkaot.quant.norm_forward_and_per_token_cast"
+    if mega_moe_sf is not None or mega_moe_block_m:
+        given = "a tensor" if mega_moe_sf is not None else f"mega_moe_block_m={mega_moe_block_m}"
+        fail(op, "mega_moe_sf", "None (the mega MoE sf layout is not supported)", given)
+    if (fmt, num_per_channels) in (("bf16", None), ("fp32", None)):
+        expected = {"bf16": torch.bfloat16, "fp32": torch.float32}[fmt]
+        if isinstance(x, torch.Tensor) and x.dtype != expected:
+            fail(op, "fmt", f"the format of x's dtype for an unquantized output ({x.dtype})", repr(fmt))
+        if with_out_bf16 or out_bf16 is not None:
+            fail(op, "with_out_bf16", "False for an unquantized output", with_out_bf16)
+        from tkaot.quant import norm_forward
+
+        plain_out = None if out is None else out[0]
+        result, rstd, norm_input = norm_forward(x, weight, eps, residual, out_scale, plain_out, residual_out, with_rstd)
+        return result, None, rstd, norm_input
+    if (fmt, num_per_channels) != ("e4m3", _NORM_CAST_GROUP):
+        fail(op, "(fmt, num_per_channels)", "('e4m3', 32), ('bf16', None) or ('fp32', None)", (fmt, num_per_channels))
+    sf_kind = _sf_kind(op, round_sf, use_packed_ue8m0)
+
+    device = _validate.check_cuda(op, "x", x)
+    spec = _IN_DTYPES.get(x.dtype)
+    if spec is None:
+        fail(op, "x", "bfloat16 or float32", x.dtype)
+    dtype_name, vec = spec
+    shape = x.shape
+    if x.dim() not in (2, 3):
+        fail(op, "x", "2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)", f"shape {tuple(shape)}")
+    batch, num_tokens, hidden = (1, *shape) if x.dim() == 2 else shape
+    if hidden % _NORM_CAST_GROUP or not 0 < hidden <= 8192:
+        fail(op, "x", "of hidden size a multiple of 32 in (0, 8192]", f"shape {tuple(shape)}")
+    if batch > 65535 or num_tokens > MAX_I32:
+        fail(op, "x", "at most 65535 batches and 2**31-1 tokens", f"shape {tuple(shape)}")
+    _validate.check_rows(op, "x", x, vec)
+    if weight is not None:
+        _validate.check_like(op, "weight", weight, (hidden,), x.dtype, device)
+        if weight.stride(0) != 1 or weight.data_ptr() % 16:
+            fail(op, "weight", "contiguous and 16-byte aligned", f"stride {weight.stride()} address {weight.data_ptr():#x}")
+    if residual is not None:
+        _validate.check_like(op, "residual", residual, shape, x.dtype, device)
+        _validate.check_rows(op, "residual", residual, vec)
+        if residual_out is None:
+            residual_out = torch.empty_like(x)
+        else:
+            _validate.check_like(op, "residual_out", residual_out, shape, x.dtype, device)
+            _validate.check_rows(op, "residual_out", residual_out, vec)
+    else:
+        residual_out = None
+    if out_bf16 is not None:
+        if not with_out_bf16:
+            fail(op, "out_bf16", "None unless with_out_bf16=True", "a tensor")
+        _validate.check_like(op, "out_bf16", out_bf16, shape, torch.bfloat16, device)
+        _validate.check_rows(op, "out_bf16", out_bf16, vec)
+    elif with_out_bf16:
+        out_bf16 = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+
+    num_groups = hidden // _NORM_CAST_GROUP
+    if out is None:
+        data = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
+        out_sf, sf_strides = _alloc_norm_sf(x, num_groups, sf_kind, bool(use_tma_aligned_col_major_sf))
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"{op}: out must be a (data, sf) pair, got {type(out).__name__}")
+        if use_tma_aligned_col_major_sf:
+            fail(op, "out", "None with use_tma_aligned_col_major_sf (given sf buffers are row-major)", "a (data, sf) pair")
+        data, out_sf = out
+        _validate.check_like(op, "out[0]", data, shape, torch.float8_e4m3fn, device)
+        _validate.check_rows(op, "out[0]", data, vec)
+        sf_dtype, cols = (torch.int32, -(-num_groups // 4)) if sf_kind == "ue8m0" else (torch.float32, num_groups)
+        _validate.check_like(op, "out[1]", out_sf, (*shape[:-1], cols), sf_dtype, device)
+        if out_sf.stride(-1) != 1 and cols > 1:
+            fail(op, "out[1]", "contiguous in its last dimension (row-major sf)", f"strides {out_sf.stride()}")
+        unit = 4 if sf_kind == "ue8m0" else 1
+        sf_bs, sf_ts = _row_strides(out_sf)
+        sf_strides = (sf_bs * unit, sf_ts * unit, unit)
+    if any(abs(s) > MAX_I32 for s in sf_strides):
+        fail(op, "out[1]", "strided below 2**31", out_sf.stride())
+    rstd = torch.empty(shape[:-1], dtype=torch.float32, device=x.device) if with_rstd else None
+
+    if batch * num_tokens:
+        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind)
+        launcher(
+            device, current_stream(device),
+            x.data_ptr(), weight.data_ptr() if weight is not None else 0,
+            residual.data_ptr() if residual is not None else 0, residual_out.data_ptr() if residual_out is not None else 0,
+            data.data_ptr(), out_sf.data_ptr(), out_bf16.data_ptr() if out_bf16 is not None else 0,
+            rstd.data_ptr() if rstd is not None else 0,
+            float(eps), float(out_scale),
+            int(weight is not None), int(residual is not None), int(rstd is not None), int(out_bf16 is not None),
+            batch, num_tokens, *_row_strides(x), *_row_strides(residual), *_row_strides(residual_out),
+            *_row_strides(data), *_row_strides(out_bf16), *sf_strides,
+        )  # fmt: skip
+    return (data, out_sf), out_bf16, rstd, (x if residual is None else residual_out)

@@ -250,3 +250,116 @@ def test_swiglu_empty_input():
     x = torch.empty(0, 4096, dtype=torch.bfloat16, device="cuda")
     out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
     assert out.shape == (0, 2048) and sf.shape == (0, 16)
+
+
+# --- norm_forward_and_per_token_cast
+
+NORM_HIDDENS = [512, 1536, 2048, 4096, 5120, 7168, 8192]
+# rstd: the kernel's rsqrt and summation order differ from torch's
+RSTD_TOL = dict(rtol=1e-5, atol=0)
+NORM_TOL = {torch.bfloat16: dict(rtol=2**-7, atol=2**-7), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+
+
+def norm_sf_strides(shape, cols, col_major):
+    """The strides norm_forward_and_per_token_cast's sf has, in elements."""
+    tokens = shape[-2]
+    if not col_major:
+        return (tokens * cols, cols, 1) if len(shape) == 3 else (cols, 1)
+    pitch = -(-tokens // 4) * 4
+    return (cols * pitch, 1, pitch) if len(shape) == 3 else (1, pitch)
+
+
+def check_norm_cast(x, weight, residual, *, round_sf=False, packed=False, col_major=False, out_scale=1.0, eps=1e-6, out=None):
+    with_residual = residual is not None
+    residual_out = torch.full_like(x, float("nan")) if with_residual else None
+    out_bf16 = torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    (q, sf), y_bf16, rstd, norm_input = tkaot.quant.norm_forward_and_per_token_cast(
+        x, weight, eps, "e4m3", 32, residual=residual, out_scale=out_scale, use_tma_aligned_col_major_sf=col_major,
+        round_sf=round_sf, use_packed_ue8m0=packed, with_out_bf16=True, out=out, out_bf16=out_bf16,
+        residual_out=residual_out, with_rstd=True,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    # rstd against the reference's, then everything else reproduced bit for bit from the kernel's rstd
+    (_, _), ref_y, ref_rstd, ref_sum = reference.fused.norm_forward_and_per_token_cast(x, weight, eps, residual, out_scale)
+    torch.testing.assert_close(rstd, ref_rstd, **RSTD_TOL)
+    torch.testing.assert_close(y_bf16.float(), ref_y.bfloat16().float(), **NORM_TOL[torch.bfloat16])
+    (want_q, want_sf), want_y, _, want_sum = reference.fused.norm_forward_and_per_token_cast(
+        x, weight, eps, residual, out_scale, round_sf, packed, rstd=rstd
+    )
+    assert y_bf16 is out_bf16 and torch.equal(y_bf16, want_y.bfloat16())
+    assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert sf.dtype == want_sf.dtype and sf.shape == want_sf.shape
+    if out is None:
+        assert sf.stride() == norm_sf_strides(x.shape, sf.shape[-1], col_major)
+    assert torch.equal(sf, want_sf)
+    if with_residual:
+        assert norm_input is residual_out and torch.equal(norm_input, ref_sum)
+    else:
+        assert norm_input is x
+    return q, sf
+
+
+@pytest.mark.parametrize("hidden", NORM_HIDDENS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("round_sf, packed", SF_OPTIONS)
+def test_norm_forward_and_per_token_cast_matches_reference(seed, hidden, dtype, round_sf, packed):
+    for i, tokens in enumerate(TOKENS):
+        x = torch.randn(tokens, hidden, dtype=dtype, device="cuda") * 3
+        weight = torch.randn(hidden, dtype=dtype, device="cuda") if i % 2 == 0 else None
+        residual = torch.randn(tokens, hidden, dtype=dtype, device="cuda") if i >= 2 else None
+        if i == 1:
+            x[0, :64] = 0  # zero groups: the amax floor
+        check_norm_cast(x, weight, residual, round_sf=round_sf, packed=packed, col_major=i == 3, out_scale=0.5 if i == 2 else 1.0)
+
+
+@pytest.mark.parametrize("round_sf, packed", SF_OPTIONS)
+@pytest.mark.parametrize("col_major", [False, True])
+def test_norm_cast_batched_strided(seed, round_sf, packed, col_major):
+    hidden = 7168
+    base = torch.randn(3, 130, hidden + 64, dtype=torch.bfloat16, device="cuda")
+    x = base[:, 1:128, :hidden]  # a 3-D view with row and batch strides
+    weight = torch.randn(hidden, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn(3, 127, hidden, dtype=torch.bfloat16, device="cuda")
+    check_norm_cast(x, weight, residual, round_sf=round_sf, packed=packed, col_major=col_major)
+    check_norm_cast(x[1], weight, None, round_sf=round_sf, packed=packed, col_major=col_major)
+
+
+def test_norm_cast_into_given_buffers(seed):
+    x = torch.randn(127, 1536, dtype=torch.bfloat16, device="cuda")
+    data = torch.empty(127, 1536, dtype=torch.float8_e4m3fn, device="cuda")
+    sf = torch.full((127, 1536 // 32 // 4), -1, dtype=torch.int32, device="cuda")
+    q, got_sf = check_norm_cast(x, None, None, round_sf=True, packed=True, out=(data, sf))
+    assert q is data and got_sf is sf
+
+
+def test_norm_cast_unquantized_is_norm_forward(seed):
+    x = torch.randn(127, 4096, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    out, none, rstd, norm_input = tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "bf16", None, with_rstd=True)
+    ref, ref_rstd, _ = reference.norm_forward(x, w, 1e-6, with_rstd=True)
+    assert none is None and norm_input is x
+    torch.testing.assert_close(out, ref, **NORM_TOL[torch.bfloat16])
+    torch.testing.assert_close(rstd, ref_rstd, **RSTD_TOL)
+
+
+def test_norm_cast_empty_input():
+    x = torch.empty(0, 7168, dtype=torch.bfloat16, device="cuda")
+    (q, sf), _, rstd, _ = tkaot.quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, with_rstd=True)
+    assert q.shape == (0, 7168) and sf.shape == (0, 224) and rstd.shape == (0,)
+
+
+def test_norm_cast_cuda_graph(seed):
+    x = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
+    tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, round_sf=True)  # load outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (q, sf), _, rstd, _ = tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, round_sf=True, with_rstd=True)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        (want_q, want_sf), _, _, _ = reference.fused.norm_forward_and_per_token_cast(x, w, 1e-6, round_sf=True, rstd=rstd)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)

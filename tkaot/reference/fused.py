@@ -90,3 +90,30 @@ def swiglu_forward_and_per_token_cast(
     v = swiglu_forward(x, "fp32", psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
     sf_kind = quant.sf_kind_of(round_sf, use_packed_ue8m0, False)
     return per_token_cast(v, num_per_channels, sf_kind, use_tma_aligned_col_major_sf)
+
+
+def norm_forward_and_per_token_cast(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    out_scale: float = 1.0,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    rstd: torch.Tensor | None = None,
+):
+    """RMSNorm rounded to x.dtype, then cast to E4M3 per group of 32 columns of a row.
+
+    s = round(x + residual); rstd = 1 / sqrt(mean(s**2) + eps) (or the given rstd, to reproduce a
+    kernel's rounding exactly); y = round(s * rstd * (weight * out_scale)); (q, sf) = per-token cast of y.
+    Returns ((q shaped like x, sf row-major (*x.shape[:-1], groups or words)), y, rstd, s).
+    """
+    s = x if residual is None else (x + residual).to(x.dtype)
+    s32 = s.float()
+    if rstd is None:
+        rstd = torch.rsqrt(s32.square().mean(dim=-1) + eps)
+    scale = weight.float() * out_scale if weight is not None else out_scale
+    y = (s32 * rstd[..., None] * scale).to(x.dtype)
+    sf_kind = quant.sf_kind_of(round_sf, use_packed_ue8m0, False)
+    q, sf = per_token_cast(y.float().reshape(-1, x.shape[-1]), 32, sf_kind)
+    return (q.view(x.shape), sf.view(*x.shape[:-1], sf.shape[-1])), y, rstd, s

@@ -1,0 +1,192 @@
+"""RMSNorm fused with the per-token FP8 E4M3 cast (groups of 32 columns).
+
+y = round_dtype(s * rstd * weight * out_scale), s = round_dtype(x + residual),
+then each group of 32 outputs of a row is cast with its own scale factor,
+exactly as a per-token cast of y would. A row lives in registers, spread over
+`row_threads` threads holding whole 16-byte vectors (thread `lane` owns
+vectors `v * row_threads + lane`), so x and residual are read once and every
+output written once. The sum of squares is reduced with warp shuffles, then
+across warps through shared memory; a group's amax with shuffles among the
+32 / vec lanes that hold it.
+
+Weight, residual, rstd and the extra normalised (bf16) output are runtime
+flags; the scale-factor kind (kernels_src/quant/common.py) is static. Scale
+factors are written through (batch, token, group) strides, so row-major and
+TMA-aligned column-major layouts are one kernel.
+"""
+
+import tilelang.language as T
+
+from kernels_src.axes import Axis
+from kernels_src.quant.common import scale_factor, to_e4m3
+
+KERNEL = "norm_cast"
+OPS = ("tkaot.quant.norm_forward_and_per_token_cast",)
+DTYPES = ("bfloat16", "float32")
+SF_KINDS = ("fp32", "pow2", "ue8m0")
+GROUP = 32
+FP8 = "float8_e4m3"
+MAX_HIDDEN = 8192
+
+AXES = (
+    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
+    Axis("dtype", str, choices=DTYPES),
+    Axis("sf", str, choices=SF_KINDS),
+)
+DYNAMIC_DIMS = ("num_tokens", "batch")
+
+NUM_THREADS = 128
+MAX_VECS_PER_THREAD = 4
+
+
+def tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
+    """(elements per vector, threads per row, vectors per thread)."""
+    vec = 16 // (2 if dtype == "bfloat16" else 4)
+    num_vecs = hidden // vec
+    row_threads = 8
+    while row_threads < NUM_THREADS and -(-num_vecs // row_threads) > MAX_VECS_PER_THREAD:
+        row_threads *= 2
+    return vec, row_threads, -(-num_vecs // row_threads)
+
+
+def build(hidden: int, dtype: str, sf: str):
+    vec, row_threads, vecs_per_thread = tiling(hidden, dtype)
+    rows_per_block = NUM_THREADS // row_threads
+    lanes = min(row_threads, 32)
+    row_warps = row_threads // lanes
+    group_lanes = GROUP // vec
+    num_groups = hidden // GROUP
+    num_words = -(-num_groups // 4)
+    packed = sf == "ue8m0"
+    exact = hidden % (vec * row_threads) == 0  # every thread's vectors are in range
+
+    batch, num_tokens = T.dynamic("batch"), T.dynamic("num_tokens")
+    x_bstride, x_stride = T.dynamic("x_batch_stride"), T.dynamic("x_stride")
+    res_bstride, res_stride = T.dynamic("residual_batch_stride"), T.dynamic("residual_stride")
+    rout_bstride, rout_stride = T.dynamic("residual_out_batch_stride"), T.dynamic("residual_out_stride")
+    out_bstride, out_stride = T.dynamic("out_batch_stride"), T.dynamic("out_stride")
+    ob_bstride, ob_stride = T.dynamic("out_bf16_batch_stride"), T.dynamic("out_bf16_stride")
+    sf_bstride, sf_stride, sf_gstride = T.dynamic("sf_batch_stride"), T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    rows = (batch, num_tokens, hidden)
+    if packed:
+        sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_words, 4), (sf_bstride, sf_stride, sf_gstride, 1), "uint8"
+    else:
+        sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_groups), (sf_bstride, sf_stride, sf_gstride), "float32"
+
+    @T.prim_func
+    def norm_cast(
+        x: T.StridedTensor[rows, (x_bstride, x_stride, 1), dtype],
+        weight: T.Tensor[(hidden,), dtype],
+        residual: T.StridedTensor[rows, (res_bstride, res_stride, 1), dtype],
+        residual_out: T.StridedTensor[rows, (rout_bstride, rout_stride, 1), dtype],
+        out: T.StridedTensor[rows, (out_bstride, out_stride, 1), FP8],
+        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
+        out_bf16: T.StridedTensor[rows, (ob_bstride, ob_stride, 1), T.bfloat16],
+        rstd: T.Tensor[(batch, num_tokens), T.float32],
+        eps: T.float32,
+        out_scale: T.float32,
+        has_weight: T.int32,
+        has_residual: T.int32,
+        has_rstd: T.int32,
+        has_out_bf16: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
+            # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
+            T.assume(x_stride % vec == 0)
+            T.assume(x_bstride % vec == 0)
+            T.assume(res_stride % vec == 0)
+            T.assume(res_bstride % vec == 0)
+            T.assume(rout_stride % vec == 0)
+            T.assume(rout_bstride % vec == 0)
+            T.assume(out_stride % vec == 0)
+            T.assume(out_bstride % vec == 0)
+            T.assume(ob_stride % vec == 0)
+            T.assume(ob_bstride % vec == 0)
+            tid = T.get_thread_binding()
+            lane = tid % row_threads
+            token = block * rows_per_block + tid // row_threads
+            x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
+            r_reg = T.alloc_local((vec,), dtype)
+            w_reg = T.alloc_local((vec,), dtype)
+            y_reg = T.alloc_local((vec,), dtype)
+            yb_reg = T.alloc_local((vec,), T.bfloat16)
+            q_reg = T.alloc_local((vec,), FP8)
+            part = T.alloc_local((vec,), T.float32)
+            acc = T.alloc_var(T.float32, init=0.0)
+            amax = T.alloc_var(T.float32)
+            scale = T.alloc_var(T.float32)
+            warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
+
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                if token < num_tokens and (exact or col < hidden):
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x[b, token, col + j]
+                    if has_residual != 0:
+                        for j in T.vectorized(vec):
+                            r_reg[j] = residual[b, token, col + j]
+                        for j in T.vectorized(vec):
+                            x_reg[v, j] = x_reg[v, j] + r_reg[j]
+                        for j in T.vectorized(vec):
+                            residual_out[b, token, col + j] = x_reg[v, j]
+                else:
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = T.cast(0, dtype)
+            for v in T.unroll(vecs_per_thread):
+                for j in T.vectorized(vec):
+                    part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
+                for j in T.unroll(vec):
+                    acc += part[j]
+
+            for i in T.unroll(lanes.bit_length() - 1):
+                acc += T.shfl_xor(acc, lanes >> (i + 1))
+            if row_warps > 1:
+                if lane % 32 == 0:
+                    warp_sums[tid // row_threads, lane // 32] = acc
+                T.sync_threads()
+                acc = 0.0
+                for w in T.unroll(row_warps):
+                    acc += warp_sums[tid // row_threads, w]
+            inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc / hidden + eps))
+            if has_rstd != 0 and lane == 0 and token < num_tokens:
+                rstd[b, token] = inv_rms
+
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                in_row = exact or col < hidden
+                if has_weight != 0 and in_row:
+                    for j in T.vectorized(vec):
+                        w_reg[j] = weight[col + j]
+                for j in T.unroll(vec):
+                    scale = out_scale
+                    if has_weight != 0:
+                        scale = T.cast(w_reg[j], T.float32) * out_scale
+                    y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                amax = T.abs(T.cast(y_reg[0], T.float32))
+                for j in T.unroll(1, vec):
+                    amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
+                for i in T.unroll(group_lanes.bit_length() - 1):
+                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                stored, inv = scale_factor(amax, "e4m3", sf)
+                for j in T.unroll(vec):
+                    q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
+                if token < num_tokens and in_row:
+                    for j in T.vectorized(vec):
+                        out[b, token, col + j] = q_reg[j]
+                    if has_out_bf16 != 0:
+                        for j in T.unroll(vec):
+                            yb_reg[j] = T.cast(y_reg[j], T.bfloat16)
+                        for j in T.vectorized(vec):
+                            out_bf16[b, token, col + j] = yb_reg[j]
+                    if lane % group_lanes == 0:
+                        gi = col // GROUP
+                        if packed:
+                            out_sf[b, token, gi // 4, gi % 4] = stored
+                            if num_groups % 4 != 0 and gi == num_groups - 1:
+                                for p in T.unroll(num_groups % 4, 4):
+                                    out_sf[b, token, num_words - 1, p] = T.uint8(0)
+                        else:
+                            out_sf[b, token, gi] = stored
+
+    return norm_cast
