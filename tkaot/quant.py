@@ -120,5 +120,5 @@ def norm_forward(
         x_bs, x_s, r_bs, r_s, o_bs, o_s, ro_bs, ro_s,
     )  # fmt: skip
     return out, rstd, (x if residual is None else residual_out)
-from tkaot._fused import *  # noqa: E402,F403
 from tkaot._casts import *  # noqa: E402,F403
+from tkaot._fused import *  # noqa: E402,F403

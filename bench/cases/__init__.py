@@ -7,8 +7,8 @@ and calls `tile_kernels` ones only when that package imports.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass
