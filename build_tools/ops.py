@@ -6,6 +6,7 @@ kernels_src, the build and the manifest; the CLI only parses into it.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import re
@@ -56,16 +57,44 @@ def kernel_axes(kernel: str) -> tuple[Axis, ...]:
     return load_kernel_module(kernel).AXES
 
 
+def _kernels_src_imports(path: Path) -> set[Path]:
+    """Files of kernels_src modules that `path` imports (directly), found by reading its imports."""
+    found: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "kernels_src":
+                continue
+            candidate = KERNELS_ROOT.joinpath(*parts[1:])
+            for f in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+                if f.is_file():
+                    found.add(f)
+    return found
+
+
+def source_files(kernel: str) -> list[Path]:
+    """The kernel's module and every kernels_src module it imports, transitively."""
+    todo = [Path(load_kernel_module(kernel).__file__)]
+    seen: set[Path] = set()
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        todo.extend(_kernels_src_imports(f) - seen)
+    return sorted(seen)
+
+
 def source_sha256(kernel: str) -> str:
-    """Hash of the kernel's source file and the shared helpers it may use."""
-    module = load_kernel_module(kernel)
-    files = [Path(module.__file__), KERNELS_ROOT / "axes.py"]
-    family_common = Path(module.__file__).parent / "common.py"
-    if family_common.exists():
-        files.append(family_common)
+    """Hash of the kernel's source and of every kernels_src helper it imports (so a change there rebuilds it)."""
     digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in source_files(kernel):
+        digest.update(str(f.relative_to(KERNELS_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
