@@ -39,6 +39,7 @@ def main() -> None:
     import cffi
 
     import tkaot
+    import tkaot.reference
     from tkaot import _cuda
     from tkaot.quant import _NORM
 

@@ -1,0 +1,92 @@
+"""Python-side cost of each op's launch path, measured on a CPU-only machine.
+
+CPU tensors stand in for CUDA ones (get_device/is_cuda are patched to claim device 0),
+the registry believes the device is sm90 and reads this checkout's prebuilt set, and
+cuLaunchKernel is replaced by a no-op, so the number is everything tkaot does per call
+except the driver call itself (allocation included, at CPU cost). Compare against the
+same loop around `torch.empty_like(x)` to see tkaot's own share.
+
+    python -m bench.host_overhead
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def patch_for_cpu() -> None:
+    from tkaot import _cuda
+    from tkaot.registry import REGISTRY
+
+    torch.Tensor.get_device = lambda self: 0
+    torch.Tensor.is_cuda = property(lambda self: True)
+    REGISTRY.device_arch = lambda index: "sm90"
+
+    class NoDriver:
+        @staticmethod
+        def cuLaunchKernel(*args):
+            return 0
+
+    _cuda._lib = NoDriver()
+    from tkaot._kernel import Kernel
+
+    Kernel.load = lambda self, device_index: self.functions.setdefault(device_index, object())
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    import sys
+
+    import tkaot  # noqa: F401  (loads every op module)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tkaot") and hasattr(module, "current_stream"):
+            module.current_stream = lambda index: 0
+
+
+def per_call_us(fn, n: int = 20000) -> float:
+    for _ in range(200):
+        fn()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / n / 1000)
+    return statistics.median(samples)
+
+
+def cases() -> dict:
+    import tkaot
+
+    x = torch.randn(1, 7168, dtype=torch.bfloat16)
+    w = torch.randn(7168, dtype=torch.bfloat16)
+    out = {
+        "empty_like (reference cost)": lambda: torch.empty_like(x),
+        "norm_forward 1x7168": lambda: tkaot.quant.norm_forward(x, w, 1e-6),
+        "per_token_cast 1x7168 e4m3/128": lambda: tkaot.quant.per_token_cast(x, "e4m3", 128),
+    }
+    gate_up = torch.randn(1, 4096, dtype=torch.bfloat16)
+    out["swiglu_forward_and_per_token_cast 1x4096"] = lambda: tkaot.quant.swiglu_forward_and_per_token_cast(gate_up, "e4m3", 128)
+    logits = torch.randn(1, 256)
+    out["moe_topk_gate_forward 1x256 top-8"] = lambda: tkaot.moe.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0)
+    q = torch.randn(1, 16, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, 64, dtype=torch.bfloat16)
+    cos_sin = torch.randn(4096, 64)
+    pos = torch.zeros(1, dtype=torch.int64)
+    out["apply_rotary 1x16x64"] = lambda: tkaot.transform.apply_rotary(q, cos_sin, key=k, positions=pos)
+    out["norm_forward_and_per_token_cast 1x7168"] = lambda: tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32)
+    return out
+
+
+def main() -> None:
+    patch_for_cpu()
+    for name, fn in cases().items():
+        try:
+            print(f"{name:45s} {per_call_us(fn):7.2f} µs")
+        except Exception as exc:
+            print(f"{name:45s} error: {type(exc).__name__}: {exc}")
+
+
+if __name__ == "__main__":
+    main()
