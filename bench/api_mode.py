@@ -77,7 +77,7 @@ def main() -> None:
         api_params = _tk_api_launch.ffi.cast("void **", int(_cuda.ffi.cast("uintptr_t", params)))
         api_fn = _tk_api_launch.ffi.cast("void *", int(_cuda.ffi.cast("uintptr_t", fn)))
         abi, null = _cuda._lib, _cuda.ffi.NULL
-        (gx, gy, gz), (bx, by, bz), smem = launcher._grid(*values), launcher._block, launcher._smem
+        (gx, gy, gz), (bx, by, bz), smem = launcher._grid(values), launcher._block, launcher._smem
         abi_call = lambda: abi.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params, null)
         api_call = lambda: api.tk_launch(api_fn, gx, gy, gz, bx, by, bz, smem, stream, api_params)
         result = {"abi_launch_host_us": round(timing.host_us(abi_call), 2), "api_launch_host_us": round(timing.host_us(api_call), 2)}

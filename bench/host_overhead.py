@@ -34,6 +34,7 @@ def patch_for_cpu() -> None:
     from tkaot._kernel import Kernel
 
     Kernel.load = lambda self, device_index: self.functions.setdefault(device_index, object())
+    _cuda.lib = lambda: NoDriver
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     import sys
 

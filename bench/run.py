@@ -88,7 +88,7 @@ def launch_floor(copy_args=None) -> dict:
         params[i] = base + off
     launcher._pack_into(storage, 0, *values)
     fn = launcher.kernel.functions[dev]
-    grid = launcher._grid(*values)
+    grid = launcher._grid(values)
     block, smem, cu, null = launcher._block, launcher._smem, _cuda._lib, _cuda.ffi.NULL
 
     def floor():

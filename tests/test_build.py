@@ -107,7 +107,7 @@ def test_grid_grammar_refuses_non_arithmetic(expr):
 
 def test_grid_grammar_accepts_arithmetic():
     f = compile_grid(("((num_tokens + 3) // 4)", "min(batch, 65535)", "1"), ("num_tokens", "batch"), {"num_tokens", "batch"})
-    assert f(9, 2) == (3, 2, 1)
+    assert f((9, 2)) == (3, 2, 1)
 
 
 def test_manifest_with_bad_grid_is_refused(built):

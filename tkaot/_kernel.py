@@ -17,6 +17,7 @@ from tkaot._spec import LaunchSpec, compile_grid
 from tkaot.errors import ArtifactError
 
 _PACK_CODES = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
+_NULL = _cuda.ffi.NULL
 
 
 class Kernel:
@@ -63,7 +64,7 @@ class Kernel:
 class Launcher:
     """Launches one Kernel with values given positionally in `arg_names` order."""
 
-    __slots__ = ("kernel", "arg_names", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls")
+    __slots__ = ("kernel", "arg_names", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls", "_launch")
 
     def __init__(self, kernel: Kernel, arg_names: tuple[str, ...]):
         spec = kernel.spec
@@ -90,6 +91,7 @@ class Launcher:
         self._smem = spec.smem
         self._functions = kernel.functions
         self._tls = threading.local()
+        self._launch = None  # the driver's cuLaunchKernel, bound at the first launch
 
     def _buffers(self):
         storage = bytearray(self._size)
@@ -102,7 +104,7 @@ class Launcher:
         return bufs
 
     def __call__(self, device_index: int, stream: int, *values) -> None:
-        gx, gy, gz = self._grid(*values)
+        gx, gy, gz = self._grid(values)
         if gx <= 0 or gy <= 0 or gz <= 0:
             return  # nothing to do (empty batch)
         try:
@@ -111,16 +113,17 @@ class Launcher:
             storage, params, _ = self._buffers()
         self._pack_into(storage, 0, *values)
         fn = self._functions.get(device_index)
-        if fn is None:
+        if fn is None or self._launch is None:
             fn = self.kernel.load(device_index)
+            self._launch = _cuda.lib().cuLaunchKernel
         bx, by, bz = self._block
-        result = _cuda._lib.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _cuda.ffi.NULL)
+        result = self._launch(fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _NULL)
         if result:
-            self._retry(result, device_index, (fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _cuda.ffi.NULL))
+            self._retry(result, device_index, (fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _NULL))
 
     def _retry(self, result: int, device_index: int, launch_args: tuple) -> None:
         if result == _cuda.CUDA_ERROR_INVALID_CONTEXT:
             # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
             _cuda.ensure_context(device_index)
-            result = _cuda._lib.cuLaunchKernel(*launch_args)
+            result = self._launch(*launch_args)
         _cuda.check(result, f"cuLaunchKernel({self.kernel.kernel} [{self.kernel.key}])")

@@ -127,9 +127,23 @@ def check_grid_expr(text: str, names: set[str]) -> ast.expr:
 
 
 def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str]):
-    """Return f(*arg values) -> (gx, gy, gz), after checking each expression."""
-    for expr in grid:
-        check_grid_expr(expr, dims)
-    source = f"lambda {', '.join(arg_names)}: ({grid[0]}, {grid[1]}, {grid[2]})"
-    # Only names, integers, + - * // % and min/max survive the check above.
-    return eval(compile(source, "<grid>", "eval"), {"__builtins__": {}, "min": min, "max": max})
+    """Return f(values) -> (gx, gy, gz), values being a tuple in `arg_names` order.
+
+    Each expression is checked first; names are then replaced by tuple items, so the
+    compiled function does only integer arithmetic on one argument.
+    """
+    position = {name: i for i, name in enumerate(arg_names)}
+
+    class ToItems(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id in _ALLOWED_CALLS:
+                return node
+            item = ast.Subscript(ast.Name("v", ast.Load()), ast.Constant(position[node.id]), ast.Load())
+            return ast.copy_location(item, node)
+
+    exprs = [ToItems().visit(check_grid_expr(expr, dims & set(arg_names))) for expr in grid]
+    body = ast.Tuple(exprs, ast.Load())
+    tree = ast.Expression(ast.Lambda(ast.arguments([], [ast.arg("v")], None, [], [], None, []), body))
+    ast.fix_missing_locations(tree)
+    # Only items of v, integers, + - * // % and min/max survive the check above.
+    return eval(compile(tree, "<grid>", "eval"), {"__builtins__": {}, "min": min, "max": max})

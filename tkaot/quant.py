@@ -77,9 +77,10 @@ def norm_forward(
     if xs[-1] != 1 or x_ptr % 16 or (x_s % vec and num_tokens > 1) or (x_bs % vec and batch > 1) or max(x_s, x_bs) > MAX_I32:
         check_rows(op, "x", x, vec)
     if weight is not None:
-        if not isinstance(weight, torch.Tensor):
+        try:
+            w_ptr = weight.data_ptr()
+        except AttributeError:
             check_cuda(op, "weight", weight)
-        w_ptr = weight.data_ptr()
         if weight.dtype is not dtype or weight.shape != (hidden,) or weight.stride() != (1,) or weight.get_device() != device or w_ptr % 16:
             check_like(op, "weight", weight, (hidden,), dtype, device)
             fail(op, "weight", "contiguous and 16-byte aligned", f"stride {weight.stride()} address {w_ptr:#x}")
@@ -87,10 +88,15 @@ def norm_forward(
         w_ptr = 0
     if out is None:
         out = torch.empty_like(x)
+        # empty_like keeps the strides of a dense x; only a strided view needs asking
+        if x_s == hidden and (ndim == 2 or x_bs == num_tokens * hidden):
+            o_bs, o_s = x_bs, x_s
+        else:
+            o_bs, o_s = _row_strides(out)
     else:
         check_like(op, "out", out, shape, dtype, device)
         check_rows(op, "out", out, vec)
-    o_bs, o_s = _row_strides(out)
+        o_bs, o_s = _row_strides(out)
     if residual is not None:
         check_like(op, "residual", residual, shape, dtype, device)
         check_rows(op, "residual", residual, vec)
@@ -110,10 +116,11 @@ def norm_forward(
     else:
         rstd, rstd_ptr = None, 0
 
-    launcher = _NORM.cache.get((device, hidden, dtype, w_ptr != 0, r_ptr != 0, rstd_ptr != 0))
+    fast_key = (device, hidden, dtype, weight is not None, residual is not None, with_rstd)
+    launcher = _NORM.cache.get(fast_key)
     if launcher is None:
-        launcher = _NORM.get(device, hidden, _NORM_DTYPE_NAMES[dtype], weight is not None, residual is not None, with_rstd)
-        _NORM.cache[(device, hidden, dtype, weight is not None, residual is not None, with_rstd)] = launcher
+        launcher = _NORM.get(device, hidden, _NORM_DTYPE_NAMES[dtype], weight is not None, residual is not None, bool(with_rstd))
+        _NORM.cache[fast_key] = launcher
     launcher(
         device, current_stream(device),
         x_ptr, w_ptr, r_ptr, out.data_ptr(), ro_ptr, rstd_ptr, eps, out_scale, batch, num_tokens,
