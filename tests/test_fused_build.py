@@ -19,8 +19,8 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0")),
-    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="r2")),
+    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="w4")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU, "norm_cast": _fused._NORM_CAST}
 
@@ -55,8 +55,8 @@ def test_rotary_launch_spec(built):
 
 def test_swiglu_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["swiglu"]["launch"])
-    # 768 bf16: 96 threads a row, 2 rows a block, blocks striding over rows
-    assert spec.grid == ("min(((num_rows + 1) // 2), 1320)", "1", "1")
+    # 768 bf16: 96 threads a row, 2 rows a block, blocks striding over rows; tiling r2 fits 8 blocks an SM
+    assert spec.grid == ("min(((num_rows + 1) // 2), 1056)", "1", "1")
     assert spec.block == (192, 1, 1) and spec.smem == 4 * 4 * 6  # clamp counts, per warp
     types = {p.name: p.type for p in spec.params}
     assert types["clamp_value"] == "f32" and types["out_sf"] == "ptr" and types["sf_group_stride"] == "i32"
@@ -64,8 +64,8 @@ def test_swiglu_launch_spec(built):
 
 def test_norm_cast_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["norm_cast"]["launch"])
-    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16: a row per 128-thread block
-    assert spec.block == (128, 1, 1)
+    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16, tiling w4: a row per block of 7 warps
+    assert spec.block == (224, 1, 1)
     types = {p.name: p.type for p in spec.params}
     assert types["eps"] == "f32" and types["has_residual"] == "i32" and types["out_sf"] == "ptr"
 
@@ -91,7 +91,7 @@ def test_fused_shapeset_expands():
     variants = load_shapeset("fused")
     kernels = {v.kernel for v in variants}
     assert kernels == {"rotary", "swiglu", "norm_cast"}
-    assert len(variants) == 98
+    assert len(variants) == 102
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)
 
 

@@ -27,7 +27,7 @@ _SWIGLU_MAX_HIDDEN = {torch.bfloat16: 32768, torch.float32: 18432}
 _SWIGLU = OpKernels(
     "tkaot.quant.swiglu_forward_and_per_token_cast",
     "swiglu",
-    ("hidden", "dtype", "fmt", "group", "sf"),
+    ("hidden", "dtype", "fmt", "group", "sf", "tiling"),
     (
         "x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count",
         "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor",
@@ -40,7 +40,7 @@ _SWIGLU = OpKernels(
 _NORM_CAST = OpKernels(
     "tkaot.quant.norm_forward_and_per_token_cast",
     "norm_cast",
-    ("hidden", "dtype", "sf"),
+    ("hidden", "dtype", "sf", "tiling"),
     (
         "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd",
         "eps", "out_scale", "has_weight", "has_residual", "has_rstd", "has_out_bf16",
@@ -50,6 +50,10 @@ _NORM_CAST = OpKernels(
     ),
 )  # fmt: skip
 _NORM_CAST_GROUP = 32
+
+# The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
+SWIGLU_TILING = "base"
+NORM_CAST_TILING = "base"
 
 
 def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool) -> str:
@@ -156,7 +160,7 @@ def _swiglu(
     if quantized:
         out_sf, *sf_strides = alloc_token_sf(num_rows, hidden // group, sf_kind, bool(use_tma_aligned_col_major_sf), x.device)
     if num_rows:
-        launcher = _SWIGLU.get(device, hidden, dtype_name, fmt, group, sf_kind)
+        launcher = _SWIGLU.get(device, hidden, dtype_name, fmt, group, sf_kind, SWIGLU_TILING)
         launcher(
             device, current_stream(device),
             x.data_ptr(), out.data_ptr(), out_sf.data_ptr() if quantized else 0,
@@ -401,7 +405,7 @@ def norm_forward_and_per_token_cast(
     rstd = torch.empty(shape[:-1], dtype=torch.float32, device=x.device) if with_rstd else None
 
     if batch * num_tokens:
-        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind)
+        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, NORM_CAST_TILING)
         launcher(
             device, current_stream(device),
             x.data_ptr(), weight.data_ptr() if weight is not None else 0,

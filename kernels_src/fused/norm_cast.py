@@ -9,6 +9,9 @@ output written once. The sum of squares is reduced with warp shuffles, then
 across warps through shared memory; a group's amax with shuffles among the
 32 / vec lanes that hold it.
 
+The `tiling` axis picks the thread layout and the blocks per SM the compiler
+must fit (its register cap); TILINGS says what each name means.
+
 Weight, residual, rstd and the extra normalised (bf16) output are runtime
 flags; the scale-factor kind (kernels_src/quant/common.py) is static. Scale
 factors are written through (batch, token, group) strides, so row-major and
@@ -32,26 +35,58 @@ AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
     Axis("sf", str, choices=SF_KINDS),
+    Axis("tiling", str, choices=("base", "pre", "pre6", "w4")),
 )
 DYNAMIC_DIMS = ("num_tokens", "batch")
 
 NUM_THREADS = 128
 MAX_VECS_PER_THREAD = 4
+# "w4" rows: whole warps, at most this many threads a row, every thread the same number of vectors
+MAX_ROW_THREADS = 256
+# tiling -> (layout, blocks per SM the compiler must fit or None (for "warps": resident threads per
+#            SM it aims at), weight read before the row reduction)
+#   "pow2": 128 threads a block, a power of two of them a row, up to MAX_VECS_PER_THREAD vectors each
+#           beyond 128 threads (7 for hidden 7168); "warps": see row_tiling.
+# Reading the weight with x keeps its loads off the path after the reduction (the weight is a runtime
+# option, so the compiler cannot hoist them), at the cost of holding it in registers.
+TILINGS = {
+    "base": ("pow2", None, False),
+    "pre": ("pow2", None, True),
+    "pre6": ("pow2", 6, True),
+    "w4": ("warps", 1280, True),
+}
+DEFAULT_TILING = "base"
 
 
-def tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
-    """(elements per vector, threads per row, vectors per thread)."""
+def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[int, int, int, int, int | None]:
+    """(elements per vector, threads per row, vectors per thread, threads per block, min blocks per SM or None).
+
+    The "warps" layout spreads a row over whole warps, at most MAX_ROW_THREADS threads, each
+    holding the same number of vectors (hidden 7168 bf16: 224 threads of 4); rows too narrow or
+    of no such split fall back to the "pow2" layout.
+    """
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = hidden // vec
+    layout, blocks, _ = TILINGS[tiling]
+    if layout == "warps":
+        per_thread = -(-num_vecs // MAX_ROW_THREADS)
+        while per_thread <= 2 * MAX_VECS_PER_THREAD and (num_vecs % per_thread or (num_vecs // per_thread) % 32):
+            per_thread += 1
+        if per_thread <= 2 * MAX_VECS_PER_THREAD:
+            row_threads = num_vecs // per_thread
+            threads = row_threads * max(1, MAX_ROW_THREADS // row_threads)
+            return vec, row_threads, per_thread, threads, max(1, blocks // threads)
+        blocks = None
     row_threads = 8
     while row_threads < NUM_THREADS and -(-num_vecs // row_threads) > MAX_VECS_PER_THREAD:
         row_threads *= 2
-    return vec, row_threads, -(-num_vecs // row_threads)
+    return vec, row_threads, -(-num_vecs // row_threads), NUM_THREADS, blocks
 
 
-def build(hidden: int, dtype: str, sf: str):
-    vec, row_threads, vecs_per_thread = tiling(hidden, dtype)
-    rows_per_block = NUM_THREADS // row_threads
+def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
+    vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
+    preload = TILINGS[tiling][2]
+    rows_per_block = threads // row_threads
     lanes = min(row_threads, 32)
     row_warps = row_threads // lanes
     group_lanes = GROUP // vec
@@ -90,7 +125,9 @@ def build(hidden: int, dtype: str, sf: str):
         has_rstd: T.int32,
         has_out_bf16: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=threads) as (block, b):
+            if min_blocks is not None:
+                T.annotate_min_blocks_per_sm(min_blocks)
             # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
             T.assume(x_stride % vec == 0)
             T.assume(x_bstride % vec == 0)
@@ -107,7 +144,7 @@ def build(hidden: int, dtype: str, sf: str):
             token = block * rows_per_block + tid // row_threads
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
             r_reg = T.alloc_local((vec,), dtype)
-            w_reg = T.alloc_local((vec,), dtype)
+            w_reg = T.alloc_local((vecs_per_thread if preload else 1, vec), dtype)
             y_reg = T.alloc_local((vec,), dtype)
             yb_reg = T.alloc_local((vec,), T.bfloat16)
             q_reg = T.alloc_local((vec,), FP8)
@@ -132,6 +169,12 @@ def build(hidden: int, dtype: str, sf: str):
                 else:
                     for j in T.vectorized(vec):
                         x_reg[v, j] = T.cast(0, dtype)
+            if preload and has_weight != 0:
+                for v in T.unroll(vecs_per_thread):
+                    col = (v * row_threads + lane) * vec
+                    if exact or col < hidden:
+                        for j in T.vectorized(vec):
+                            w_reg[v, j] = weight[col + j]
             for v in T.unroll(vecs_per_thread):
                 for j in T.vectorized(vec):
                     part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
@@ -154,13 +197,14 @@ def build(hidden: int, dtype: str, sf: str):
             for v in T.unroll(vecs_per_thread):
                 col = (v * row_threads + lane) * vec
                 in_row = exact or col < hidden
-                if has_weight != 0 and in_row:
+                wv = v if preload else 0
+                if not preload and has_weight != 0 and in_row:
                     for j in T.vectorized(vec):
-                        w_reg[j] = weight[col + j]
+                        w_reg[0, j] = weight[col + j]
                 for j in T.unroll(vec):
                     scale = out_scale
                     if has_weight != 0:
-                        scale = T.cast(w_reg[j], T.float32) * out_scale
+                        scale = T.cast(w_reg[wv, j], T.float32) * out_scale
                     y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
                 # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
                 amax = T.abs(T.cast(y_reg[0], T.float32))

@@ -8,7 +8,10 @@ absolute maximum of each group of `group` outputs is reduced with warp
 shuffles among the group's lanes; the scale factor follows kernels_src/quant/common.py.
 
 Blocks stride over rows, so a block accumulates the clamp counts of many rows
-and adds them to clamped_count once. MoE options are runtime values: expert
+and adds them to clamped_count once. The `tiling` axis picks how many blocks
+are resident per SM (the register cap given to the compiler, and the grid, so
+every block is resident in one wave) and how many rows a thread loads before it
+computes any (loads in flight per thread); TILINGS says what each name means. MoE options are runtime values: expert
 segments from psum_num_tokens_per_expert (rows in the alignment padding between
 segments are skipped, left unwritten), per-row weights times
 routed_scaling_factor, clamping with counts.
@@ -33,6 +36,7 @@ AXES = (
     Axis("fmt", str, choices=FORMATS),
     Axis("group", int, choices=(0, 32, 128)),
     Axis("sf", str, choices=SF_KINDS),
+    Axis("tiling", str, choices=("base", "r1", "r2", "r4")),
 )
 DYNAMIC_DIMS = ("num_rows",)
 
@@ -42,10 +46,15 @@ MAX_VECS = 4
 NUM_SMS = 132
 THREADS_PER_SM = 2048
 
+# tiling -> (resident threads per SM the register cap aims at, or None for no cap and a grid
+#            of THREADS_PER_SM threads per SM; rows a thread loads before computing, at most)
+TILINGS = {"base": (None, 1), "r1": (2048, 1), "r2": (1536, 2), "r4": (1024, 4)}
+DEFAULT_TILING = "base"
+
 _OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
 
 
-def check_static(hidden: int, dtype: str, fmt: str, group: int, sf: str) -> None:
+def check_static(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = DEFAULT_TILING) -> None:
     """Refuse axis combinations that name no valid output, or need more registers than a thread has."""
     if dtype == "float32" and hidden > MAX_HIDDEN_FP32:
         raise ValueError(f"hidden={hidden} with float32 input is above {MAX_HIDDEN_FP32}")
@@ -58,7 +67,7 @@ def check_static(hidden: int, dtype: str, fmt: str, group: int, sf: str) -> None
         raise ValueError(f"fmt={fmt} takes group=0 and sf=none, got group={group} sf={sf}")
 
 
-def tiling(hidden: int, dtype: str) -> tuple[int, int, int, int]:
+def row_tiling(hidden: int, dtype: str) -> tuple[int, int, int, int]:
     """(elements per vector, threads per row, vectors per thread, rows per block).
 
     Whole warps per row, no idle lanes; up to 256 threads a row, or up to 1024
@@ -74,12 +83,23 @@ def tiling(hidden: int, dtype: str) -> tuple[int, int, int, int]:
     return vec, row_threads, iters, max(1, MAX_ROW_THREADS // row_threads)
 
 
-def build(hidden: int, dtype: str, fmt: str, group: int, sf: str):
+def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
+    """(blocks per SM the compiler must fit, or None; rows each thread loads before computing)."""
+    _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype)
+    target, rows = TILINGS[name]
+    threads = row_threads * rows_per_block
+    # More rows per thread only while a thread holds at most MAX_VECS vectors of each half
+    rows = max(1, min(rows, MAX_VECS // iters))
+    return (None if target is None else max(1, target // threads)), rows
+
+
+def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = DEFAULT_TILING):
     check_static(hidden, dtype, fmt, group, sf)
-    vec, row_threads, iters, rows_per_block = tiling(hidden, dtype)
+    min_blocks, row_iters = residency(hidden, dtype, tiling)
+    vec, row_threads, iters, rows_per_block = row_tiling(hidden, dtype)
     threads = row_threads * rows_per_block
     num_warps = threads // 32
-    max_blocks = NUM_SMS * (THREADS_PER_SM // threads)
+    max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
     out_dtype = _OUT_DTYPES[fmt]
     quantized = fmt == "e4m3"
     group_lanes = group // vec if quantized else 1
@@ -116,18 +136,20 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str):
         count_clamp: T.int32,
     ):
         with T.Kernel(grid, threads=threads) as block:
+            if min_blocks is not None:
+                T.annotate_min_blocks_per_sm(min_blocks)
             T.assume(x_stride % vec == 0)
             tid = T.get_thread_binding()
             lane = tid % row_threads
             sub = tid // row_threads
-            gate = T.alloc_local((iters, vec), dtype)
-            up = T.alloc_local((iters, vec), dtype)
+            gate = T.alloc_local((row_iters, iters, vec), dtype)
+            up = T.alloc_local((row_iters, iters, vec), dtype)
+            valid = T.alloc_local((row_iters,), T.int32)
+            weight = T.alloc_local((row_iters,), T.float32)
             val = T.alloc_local((vec,), T.float32)
             res = T.alloc_local((vec,), out_dtype)
             counts = T.alloc_local((4,), T.int32)
             count_sums = T.alloc_shared((4, num_warps), T.int32)
-            weight = T.alloc_var(T.float32)
-            valid = T.alloc_var(T.int32)
             lo = T.alloc_var(T.int32)
             hi = T.alloc_var(T.int32)
             begin = T.alloc_var(T.int32)
@@ -137,71 +159,83 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str):
             for k in T.unroll(4):
                 counts[k] = 0
 
-            for it in T.serial(T.ceildiv(num_rows, rows_per_block * grid)):
-                row = (it * grid + block) * rows_per_block + sub
-                valid = T.if_then_else(row < num_rows, 1, 0)
-                if has_psum != 0 and valid != 0:
-                    # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
-                    lo = 0
-                    hi = num_experts
-                    for _ in T.serial(search_steps):
-                        if lo < hi:
-                            if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
-                                lo = (lo + hi) // 2 + 1
-                            else:
-                                hi = (lo + hi) // 2
-                    begin = 0
-                    if lo > 0 and lo < num_experts:
-                        begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
-                    valid = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
-                if valid != 0:
-                    T.assume(row < num_rows)
-                    weight = 1.0
-                    if has_weights != 0:
-                        weight = topk_weights[row] * routed_scaling_factor
-                    if lane == 0:
-                        counts[3] += hidden
-                    for v in T.unroll(iters):
-                        col = (v * row_threads + lane) * vec
-                        for j in T.vectorized(vec):
-                            gate[v, j] = x[row, col + j]
-                        for j in T.vectorized(vec):
-                            up[v, j] = x[row, hidden + col + j]
-                    for v in T.unroll(iters):
-                        col = (v * row_threads + lane) * vec
-                        for j in T.unroll(vec):
-                            g = T.cast(gate[v, j], T.float32)
-                            u = T.cast(up[v, j], T.float32)
-                            if has_clamp != 0:
-                                counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
-                                g = T.if_then_else(g > clamp_value, clamp_value, g)
-                                u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                            val[j] = g / (T.float32(1.0) + T.exp(-g)) * u * weight
-                        if quantized:
-                            amax = T.abs(val[0])
-                            for j in T.unroll(1, vec):
-                                amax = T.max(amax, T.abs(val[j]))
-                            for r in T.unroll(group_lanes.bit_length() - 1):
-                                amax = T.max(amax, T.shfl_xor(amax, 1 << r))
-                            stored, inv = scale_factor(amax, "e4m3", sf)
-                            for j in T.unroll(vec):
-                                res[j] = to_e4m3(val[j] * inv)
-                            if lane % group_lanes == 0:
-                                gi = col // group
-                                if packed:
-                                    out_sf[row, gi // 4, gi % 4] = stored
-                                    if num_groups % 4 != 0 and gi == num_groups - 1:
-                                        for p in T.unroll(num_groups % 4, 4):
-                                            out_sf[row, num_words - 1, p] = T.uint8(0)
+            # A thread loads all of its row_iters rows of an iteration before computing any (row_iters *
+            # iters * 2 loads in flight); rows of one iteration are grid blocks apart, so in the last,
+            # partial iteration every block has at most one row more than any other
+            for it in T.serial(T.ceildiv(num_rows, rows_per_block * row_iters * grid)):
+                for r in T.unroll(row_iters):
+                    row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                    valid[r] = T.if_then_else(row < num_rows, 1, 0)
+                    if has_psum != 0 and valid[r] != 0:
+                        # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
+                        lo = 0
+                        hi = num_experts
+                        for _ in T.serial(search_steps):
+                            if lo < hi:
+                                if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
+                                    lo = (lo + hi) // 2 + 1
                                 else:
-                                    out_sf[row, gi] = stored
-                        else:
+                                    hi = (lo + hi) // 2
+                        begin = 0
+                        if lo > 0 and lo < num_experts:
+                            begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
+                        valid[r] = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
+                    if valid[r] != 0:
+                        T.assume(row < num_rows)
+                        weight[r] = 1.0
+                        if has_weights != 0:
+                            weight[r] = topk_weights[row] * routed_scaling_factor
+                        for v in T.unroll(iters):
+                            col = (v * row_threads + lane) * vec
+                            for j in T.vectorized(vec):
+                                gate[r, v, j] = x[row, col + j]
+                            for j in T.vectorized(vec):
+                                up[r, v, j] = x[row, hidden + col + j]
+                for r in T.unroll(row_iters):
+                    row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                    if valid[r] != 0:
+                        T.assume(row < num_rows)
+                        if lane == 0:
+                            counts[3] += hidden
+                        for v in T.unroll(iters):
+                            col = (v * row_threads + lane) * vec
                             for j in T.unroll(vec):
-                                res[j] = T.cast(val[j], out_dtype)
-                        for j in T.vectorized(vec):
-                            out[row, col + j] = res[j]
+                                g = T.cast(gate[r, v, j], T.float32)
+                                u = T.cast(up[r, v, j], T.float32)
+                                if has_clamp != 0:
+                                    counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                    counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                    counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                    g = T.if_then_else(g > clamp_value, clamp_value, g)
+                                    u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+                                val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                            # Multiplying by a weight of 1 is exact, so rows without weights skip it
+                            if has_weights != 0:
+                                for j in T.unroll(vec):
+                                    val[j] = val[j] * weight[r]
+                            if quantized:
+                                amax = T.abs(val[0])
+                                for j in T.unroll(1, vec):
+                                    amax = T.max(amax, T.abs(val[j]))
+                                for i in T.unroll(group_lanes.bit_length() - 1):
+                                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                                stored, inv = scale_factor(amax, "e4m3", sf)
+                                for j in T.unroll(vec):
+                                    res[j] = to_e4m3(val[j] * inv)
+                                if lane % group_lanes == 0:
+                                    gi = col // group
+                                    if packed:
+                                        out_sf[row, gi // 4, gi % 4] = stored
+                                        if num_groups % 4 != 0 and gi == num_groups - 1:
+                                            for p in T.unroll(num_groups % 4, 4):
+                                                out_sf[row, num_words - 1, p] = T.uint8(0)
+                                    else:
+                                        out_sf[row, gi] = stored
+                            else:
+                                for j in T.unroll(vec):
+                                    res[j] = T.cast(val[j], out_dtype)
+                            for j in T.vectorized(vec):
+                                out[row, col + j] = res[j]
 
             if count_clamp != 0:
                 for k in T.unroll(4):

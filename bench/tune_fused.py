@@ -1,0 +1,101 @@
+"""Time the tiling candidates of the fused kernels (swiglu + cast, RMSNorm + cast) side by side.
+
+Each candidate is one value of the kernel's `tiling` axis, built into an artifact set
+on TKAOT_PATH (the op's own tiling comes from the default set):
+
+    tkaot-build build --shapeset <candidates>.toml --out tune-artifacts/fused
+    TKAOT_PATH=tune-artifacts/fused python -m bench.tune_fused
+
+Every candidate's output is first checked bit for bit against the pure-torch reference, then
+timed by CUDA-graph replay over rotating input sets (each larger than L2) on the bench shapes.
+Anchors in the same run: plain norm_forward at the norm shape and the copy ceiling.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import tkaot
+from bench.timing import copy_ceiling_tbps, device_us
+from tkaot import _fused, reference
+from tkaot.errors import VariantNotBuilt
+
+INPUT_SETS = 3
+SWIGLU_TILINGS = ("base", "r1", "r2", "r4")
+NORM_CAST_TILINGS = ("base", "pre", "pre6", "w4")
+TOKENS, SWIGLU_HIDDEN, NORM_HIDDEN = 8192, 2048, 7168
+
+
+def _swiglu_rows() -> list[tuple[str, float | None, str]]:
+    inputs = [{"x": torch.randn(TOKENS, 2 * SWIGLU_HIDDEN, dtype=torch.bfloat16, device="cuda")} for _ in range(INPUT_SETS)]
+    nbytes = TOKENS * SWIGLU_HIDDEN * (2 * 2 + 1) + TOKENS * (SWIGLU_HIDDEN // 128) * 4
+    want_q, want_sf = reference.fused.swiglu_forward_and_per_token_cast(inputs[0]["x"], "e4m3", 128)
+    rows = []
+    for tiling in SWIGLU_TILINGS:
+        _fused.SWIGLU_TILING = tiling
+
+        def call(a):
+            return tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128)
+
+        rows.append(_measure(f"swiglu+cast {tiling}", call, inputs, nbytes, lambda got: _same(got, (want_q, want_sf))))
+    _fused.SWIGLU_TILING = "base"
+    return rows
+
+
+def _norm_cast_rows() -> list[tuple[str, float | None, str]]:
+    weight = torch.randn(NORM_HIDDEN, dtype=torch.bfloat16, device="cuda")
+    inputs = [{"x": torch.randn(TOKENS, NORM_HIDDEN, dtype=torch.bfloat16, device="cuda") * 3} for _ in range(INPUT_SETS)]
+    nbytes = TOKENS * NORM_HIDDEN * (2 + 1) + TOKENS * (NORM_HIDDEN // 32) * 4 + NORM_HIDDEN * 2
+    rows = []
+    for tiling in NORM_CAST_TILINGS:
+        _fused.NORM_CAST_TILING = tiling
+
+        def call(a):
+            return tkaot.quant.norm_forward_and_per_token_cast(a["x"], weight, 1e-6, "e4m3", 32)
+
+        def check(_):
+            # The kernel's own rstd goes into the reference, so the cast is compared bit for bit
+            (q, sf), _, rstd, _ = tkaot.quant.norm_forward_and_per_token_cast(inputs[0]["x"], weight, 1e-6, "e4m3", 32, with_rstd=True)
+            (want_q, want_sf), _, _, _ = reference.fused.norm_forward_and_per_token_cast(inputs[0]["x"], weight, 1e-6, rstd=rstd)
+            return _same((q, sf), (want_q, want_sf))
+
+        rows.append(_measure(f"norm+cast {tiling}", call, inputs, nbytes, check))
+    _fused.NORM_CAST_TILING = "base"
+
+    def plain(a):
+        return tkaot.quant.norm_forward(a["x"], weight, 1e-6)
+
+    rows.append(_measure("norm_forward (anchor)", plain, inputs, 2 * TOKENS * NORM_HIDDEN * 2 + NORM_HIDDEN * 2, lambda _: "-"))
+    return rows
+
+
+def _same(got, want) -> str:
+    (q, sf), (want_q, want_sf) = got, want
+    exact = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
+    return "exact" if exact else "MISMATCH"
+
+
+def _measure(name, call, inputs, nbytes, check) -> tuple[str, float | None, str]:
+    try:
+        verdict = check(call(inputs[0]))
+        us, mode = device_us(call, inputs)
+    except VariantNotBuilt as exc:
+        return name, None, f"not built: {str(exc).splitlines()[0][:60]}"
+    return name, us, f"{nbytes / us / 1e6:5.2f} TB/s  {verdict}{'' if mode == 'graph' else ' (events)'}"
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    print(f"device: {torch.cuda.get_device_name()}, {INPUT_SETS} rotating input sets, {TOKENS} tokens")
+    rows = _swiglu_rows() + _norm_cast_rows()
+    ceiling = copy_ceiling_tbps(1 << 30)
+    print(f"{'candidate':24s} {'µs':>8s}  TB/s  check")
+    for name, us, note in rows:
+        print(f"{name:24s} {us:8.2f}  {note}" if us is not None else f"{name:24s} {'-':>8s}  {note}")
+    print(f"copy ceiling {ceiling:.2f} TB/s; {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
