@@ -146,17 +146,22 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
 
 
 # Core-seconds to lower + nvcc one variant: each kernel's share of a from-scratch build of
-# the default set (-j 2, empty cache) on a 2-core CPU machine that other builds were also
-# using, so they lean high. A kernel not listed is assumed to cost the listed ones' mean.
+# the default set (495 variants, -j 2, empty cache: 569 s) on a 2-core CPU machine that
+# other builds were also using, so they are rough. A kernel not listed is assumed to
+# cost the listed ones' mean.
 COMPILE_SECONDS = {
-    "cast_back": 3.6,
-    "moe_topk_gate": 10.4,
-    "normalize_weight": 3.0,
-    "per_token_cast": 3.5,
-    "rmsnorm": 2.1,
-    "rotary": 2.6,
-    "swiglu": 3.8,
-    "topk_gate": 2.5,
+    "cast": 1.8,
+    "cast_back": 1.0,
+    "moe_topk_gate": 4.6,
+    "norm_cast": 1.2,
+    "normalize_weight": 1.5,
+    "per_block_cast": 1.3,
+    "per_channel_cast": 1.3,
+    "per_token_cast": 1.4,
+    "rmsnorm": 2.6,
+    "rotary": 5.0,
+    "swiglu": 6.6,
+    "topk_gate": 6.4,
 }
 DEFAULT_CUBIN_BYTES = 12_000
 
