@@ -22,7 +22,7 @@ from tkaot.errors import NoGPUError
 from tkaot.reference import moe as ref
 
 BUILT = [
-    Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=8)),
+    Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=8, tiling=moe._GATE_TILING)),
     Variant.make("normalize_weight", dict(num_topk=9)),
 ]
 API = Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
@@ -66,15 +66,15 @@ def test_shapeset_lists_the_default_models():
 
     keys = {(v.kernel, v.key) for v in sweep(read_shapeset(resolve_shapeset("moe")))}
     for experts, topk in ((256, 8), (128, 8), (64, 6), (64, 8)):
-        assert ("moe_topk_gate", f"num_experts={experts},num_topk={topk}") in keys
-        assert ("topk_gate", f"num_experts={experts},num_topk={topk}") in keys
+        assert ("moe_topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe._GATE_TILING}") in keys
+        assert ("topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe._TOPK_TILING}") in keys
 
 
 def test_axes_refuse_unsupported_shapes():
     with pytest.raises(ValueError, match="multiple of 4"):
-        Variant.make("moe_topk_gate", dict(num_experts=66, num_topk=8))
+        Variant.make("moe_topk_gate", dict(num_experts=66, num_topk=8, tiling="ballot4"))
     with pytest.raises(ValueError, match="num_topk"):
-        Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=33))
+        Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=33, tiling="ballot4"))
 
 
 # ---- validation -------------------------------------------------------------------------------

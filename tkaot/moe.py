@@ -11,11 +11,14 @@ from tkaot._validate import MAX_I32, check_cuda, fail
 _MASK, _BIAS, _IMAGE, _FIX, _UNMAPPED, _PHYSICAL, _RANDOM, _SCORES = 1, 2, 4, 8, 16, 32, 64, 128
 _MAX_TOPK = 32  # one warp holds a token's slots
 _MAX_GATE_TOKENS = 2**26  # token * 32 + lane is the random stream's 32-bit subsequence
+# The kernels' static `tiling` (kernels_src/moe/common.TILINGS) each op launches
+_GATE_TILING = "ballot4"
+_TOPK_TILING = "ballot4"
 
 _GATE = OpKernels(
     "tkaot.moe.moe_topk_gate_forward",
     "moe_topk_gate",
-    ("num_experts", "num_topk"),
+    ("num_experts", "num_topk", "tiling"),
     (
         "logits", "bias", "image_bias", "image_token_mask", "mask", "fix_routing_mask", "force_random",
         "to_physical_map", "logical_count", "topk_idx", "topk_weights", "unmapped_topk_idx", "scores",
@@ -23,7 +26,7 @@ _GATE = OpKernels(
         "num_tokens", "num_logical_experts", "num_duplicates", "num_physical_topk", "unmapped_topk_idx_stride",
     ),
 )  # fmt: skip
-_TOPK = OpKernels("tkaot.moe.topk_gate", "topk_gate", ("num_experts", "num_topk"), ("scores", "topk_idx", "num_tokens"))
+_TOPK = OpKernels("tkaot.moe.topk_gate", "topk_gate", ("num_experts", "num_topk", "tiling"), ("scores", "topk_idx", "num_tokens"))
 _NORMALIZE = OpKernels(
     "tkaot.moe.normalize_weight",
     "normalize_weight",
@@ -53,6 +56,31 @@ def _check_tensor(op: str, name: str, t, device: int, dtype, shape=None, numel=N
         fail(op, name, "contiguous", f"strides {t.stride()}")
     if align > 1 and t.data_ptr() % align:
         fail(op, name, f"{align}-byte aligned", f"address {t.data_ptr():#x}")
+
+
+def _check_gate_args(op: str, logits, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func) -> int:
+    """The detailed checks of moe_topk_gate_forward's leading arguments: raises on the first bad
+    one, else returns the device index."""
+    device = check_cuda(op, "logits", logits)
+    if logits.dtype != torch.float32:
+        fail(op, "logits", "torch.float32", logits.dtype)
+    if logits.dim() != 2:
+        fail(op, "logits", "2-D (num_tokens, num_experts)", f"shape {tuple(logits.shape)}")
+    num_tokens, num_experts = logits.shape
+    if not 64 <= num_experts <= 512 or num_experts % 4:
+        fail(op, "logits", "of a multiple of 4 in [64, 512] experts", f"{num_experts} (shape {tuple(logits.shape)})")
+    if num_tokens >= _MAX_GATE_TOKENS:
+        fail(op, "logits", f"of fewer than {_MAX_GATE_TOKENS} tokens", num_tokens)
+    if not logits.is_contiguous() or logits.data_ptr() % 16:
+        fail(op, "logits", "contiguous and 16-byte aligned", f"strides {logits.stride()} address {logits.data_ptr():#x}")
+    if scoring_func != "sqrtsoftplus":
+        fail(op, "scoring_func", "'sqrtsoftplus'", repr(scoring_func))
+    _check_int(op, "num_topk", num_topk, 1, min(num_experts, _MAX_TOPK))
+    _check_int(op, "ep_rank", ep_rank, 0, MAX_I32)
+    num_shared = _check_int(op, "num_shared_experts", num_shared_experts, 1, 2) if use_shared_as_routed else 0
+    if num_topk + num_shared > _MAX_TOPK:
+        fail(op, "num_topk + num_shared_experts", f"at most {_MAX_TOPK}", num_topk + num_shared)
+    return device
 
 
 def moe_topk_gate_forward(
@@ -122,29 +150,34 @@ def moe_topk_gate_forward(
     Logits must be finite; a non-finite logit gives an unspecified (but in-bounds) route.
     """
     op = "tkaot.moe.moe_topk_gate_forward"
-    device = check_cuda(op, "logits", logits)
-    if logits.dtype != torch.float32:
-        fail(op, "logits", "torch.float32", logits.dtype)
-    if logits.dim() != 2:
-        fail(op, "logits", "2-D (num_tokens, num_experts)", f"shape {tuple(logits.shape)}")
-    num_tokens, num_experts = logits.shape
-    if not 64 <= num_experts <= 512 or num_experts % 4:
-        fail(op, "logits", "of a multiple of 4 in [64, 512] experts", f"{num_experts} (shape {tuple(logits.shape)})")
-    if num_tokens >= _MAX_GATE_TOKENS:
-        fail(op, "logits", f"of fewer than {_MAX_GATE_TOKENS} tokens", num_tokens)
-    if not logits.is_contiguous() or logits.data_ptr() % 16:
-        fail(op, "logits", "contiguous and 16-byte aligned", f"strides {logits.stride()} address {logits.data_ptr():#x}")
-    if scoring_func != "sqrtsoftplus":
-        fail(op, "scoring_func", "'sqrtsoftplus'", repr(scoring_func))
-    _check_int(op, "num_topk", num_topk, 1, min(num_experts, _MAX_TOPK))
-    _check_int(op, "ep_rank", ep_rank, 0, MAX_I32)
-    if use_shared_as_routed:
-        num_shared = _check_int(op, "num_shared_experts", num_shared_experts, 1, 2)
-    else:
-        num_shared = 0
+    # The hot path reads each property once and checks everything in one expression;
+    # only when that fails do the detailed checks below run and raise.
+    try:
+        device, shape, strides, logits_ptr = logits.get_device(), logits.shape, logits.stride(), logits.data_ptr()
+    except AttributeError:
+        raise TypeError(f"{op}: logits must be a torch.Tensor, got {type(logits).__name__}") from None
+    num_shared = num_shared_experts if use_shared_as_routed else 0
+    if not (
+        device >= 0
+        and logits.dtype is torch.float32
+        and len(shape) == 2
+        and 64 <= shape[1] <= 512
+        and shape[1] % 4 == 0
+        and shape[0] < _MAX_GATE_TOKENS
+        and strides[1] == 1
+        and (strides[0] == shape[1] or shape[0] <= 1)
+        and logits_ptr % 16 == 0
+        and scoring_func == "sqrtsoftplus"
+        and type(num_topk) is int
+        and 1 <= num_topk <= shape[1]
+        and type(ep_rank) is int
+        and 0 <= ep_rank <= MAX_I32
+        and (not use_shared_as_routed or (type(num_shared) is int and 1 <= num_shared <= 2))
+        and num_topk + num_shared <= _MAX_TOPK
+    ):
+        device = _check_gate_args(op, logits, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func)
+    num_tokens, num_experts = shape
     num_slots = num_topk + num_shared
-    if num_slots > _MAX_TOPK:
-        fail(op, "num_topk + num_shared_experts", f"at most {_MAX_TOPK}", num_slots)
 
     flags = 0
     bias_ptr = image_bias_ptr = image_mask_ptr = mask_ptr = fix_ptr = random_ptr = 0
@@ -207,8 +240,8 @@ def moe_topk_gate_forward(
         flags |= _SCORES
         scores_ptr = scores.data_ptr()
     if out is None:
-        topk_idx = torch.empty((num_tokens, num_slots), dtype=torch.int64, device=logits.device)
-        topk_weights = torch.empty((num_tokens, num_slots), dtype=torch.float32, device=logits.device)
+        topk_idx = logits.new_empty((num_tokens, num_slots), dtype=torch.int64)
+        topk_weights = logits.new_empty((num_tokens, num_slots))
     else:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(f"{op}: out must be a (topk_idx, topk_weights) pair, got {type(out).__name__}")
@@ -218,11 +251,13 @@ def moe_topk_gate_forward(
     if num_tokens == 0:
         return topk_idx, topk_weights
 
-    launcher = _GATE.get(device, num_experts, num_topk)
+    launcher = _GATE.cache.get((device, num_experts, num_topk))
+    if launcher is None:
+        launcher = _GATE.cache[device, num_experts, num_topk] = _GATE.get(device, num_experts, num_topk, _GATE_TILING)
     launcher(
         device,
         current_stream(device),
-        logits.data_ptr(), bias_ptr, image_bias_ptr, image_mask_ptr, mask_ptr, fix_ptr, random_ptr,
+        logits_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, mask_ptr, fix_ptr, random_ptr,
         map_ptr, count_ptr, topk_idx.data_ptr(), topk_weights.data_ptr(), unmapped_ptr, scores_ptr,
         num_shared, float(routed_scaling_factor), ep_rank, flags,
         num_tokens, num_logical, num_duplicates, num_slots, unmapped_stride,
@@ -260,10 +295,11 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     if not scores.is_contiguous() or scores.data_ptr() % align:
         fail(op, "scores", f"contiguous and {align}-byte aligned", f"strides {scores.stride()} address {scores.data_ptr():#x}")
     _check_int(op, "num_topk", num_topk, 1, min(num_experts, _MAX_TOPK))
-    topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=scores.device)
+    topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if num_tokens == 0:
         return topk_idx
-    _TOPK.get(device, num_experts, num_topk)(device, current_stream(device), scores.data_ptr(), topk_idx.data_ptr(), num_tokens)
+    launcher = _TOPK.get(device, num_experts, num_topk, _TOPK_TILING)
+    launcher(device, current_stream(device), scores.data_ptr(), topk_idx.data_ptr(), num_tokens)
     return topk_idx
 
 

@@ -1,9 +1,11 @@
 """Pieces shared by the MoE routing kernels: one warp per token, experts spread over lanes.
 
-Layout: with W experts per vector (4 when rows are 16-byte aligned, else 1),
-lane `l` holds, for chunk `c`, experts `c * 32 * W + l * W + j` (j < W), so
-every lane's values are in increasing expert order and one warp-wide load of
-a chunk is coalesced.
+Layout: with W experts per vector (4 when rows are 16-byte aligned, else 1)
+and C chunks per lane, slot `c * W + j` of lane `l` holds expert
+  strided:    `c * 32 * W + l * W + j` (one warp-wide load of a chunk is one 512-byte run), or
+  contiguous: `l * C * W + c * W + j` (each lane owns a run of C * W experts, so a
+              lower lane always holds lower experts and ties resolve by lane order).
+Either way every lane's values are in increasing expert order.
 """
 
 import tilelang.language as T
@@ -16,6 +18,18 @@ def layout(num_experts: int) -> tuple[int, int]:
     """(experts per vector, chunks per lane)."""
     vec = 4 if num_experts % 4 == 0 else 1
     return vec, -(-num_experts // (WARP * vec))
+
+
+# Tilings of the selecting kernels: (select, warps per block). "pair" ranks
+# (value, index) pairs across the warp on the strided layout; "ballot" takes the
+# warp max of the values alone and the lowest lane holding it on the contiguous one.
+TILINGS = {"pair4": ("pair", 4), "ballot2": ("ballot", 2), "ballot4": ("ballot", 4), "ballot8": ("ballot", 8)}
+
+
+def chunk_base(c: int, lane, num_experts: int, contiguous: bool):
+    """The expert held in slot c * vec of this lane."""
+    vec, chunks = layout(num_experts)
+    return lane * (chunks * vec) + c * vec if contiguous else c * WARP * vec + lane * vec
 
 
 @T.macro
@@ -74,11 +88,51 @@ def warp_topk(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
 
 
 @T.macro
-def load_row(vals, src, row, lane, num_experts: int):
+def warp_topk_ballot(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
+    """warp_topk on the contiguous layout: lane k (< num_topk) gets the k-th largest.
+
+    Each round a lane offers its best remaining slot (the first of equals); the warp
+    max of those values alone (one shuffle a step) is found, and the lowest lane
+    offering it wins, which on this layout is the lowest expert index.
+    """
+    vec, chunks = layout(num_experts)
+    per = chunks * vec
+    removed = T.alloc_var(T.uint32, init=0)
+    best = T.alloc_var(T.float32)
+    best_slot = T.alloc_var(T.int32)
+    top = T.alloc_var(T.float32)
+    hit = T.alloc_var(T.uint32)
+    winner = T.alloc_var(T.int32)
+    slot = T.alloc_var(T.int32)
+    for k in T.unroll(num_topk):
+        best = -T.infinity(T.float32)
+        best_slot = NONE
+        for s in T.unroll(per):
+            if lane * per + s < num_experts and ((removed >> T.Cast(T.uint32, s)) & T.uint32(1)) == T.uint32(0):
+                if vals[s] > best or best_slot == NONE:
+                    best = vals[s]
+                    best_slot = s
+        top = best
+        for i in T.unroll(5):
+            top = T.max(top, T.shfl_xor(top, 16 >> i))
+        hit = T.Cast(T.uint32, T.ballot(best_slot != NONE and best == top))
+        if hit == T.uint32(0):
+            # only when a value is NaN: any lane with slots left, so the route stays in range
+            hit = T.Cast(T.uint32, T.ballot(best_slot != NONE))
+        winner = T.__ffs(hit) - 1
+        slot = T.shfl_sync(best_slot, winner)
+        if lane == k:
+            out_idx = winner * per + slot  # noqa: F841 (a T.Ref: the caller's variable is written)
+        if lane == winner:
+            removed = removed | (T.uint32(1) << T.Cast(T.uint32, slot))
+
+
+@T.macro
+def load_row(vals, src, row, lane, num_experts: int, contiguous: bool = False):
     """vals[c * vec + j] = src[row, expert] for this lane's experts; -inf where out of range."""
     vec, chunks = layout(num_experts)
     for c in T.unroll(chunks):
-        base = c * WARP * vec + lane * vec
+        base = chunk_base(c, lane, num_experts, contiguous)
         if base < num_experts:
             for j in T.vectorized(vec):
                 vals[c * vec + j] = src[row, base + j]

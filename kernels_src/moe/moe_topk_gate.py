@@ -11,7 +11,19 @@ decided first, in priority order: masked > forced random > fixed > routed.
 import tilelang.language as T
 
 from kernels_src.axes import Axis
-from kernels_src.moe.common import WARP, layout, load_row, philox_first_two, sqrt_softplus, warp_min, warp_sum, warp_topk
+from kernels_src.moe.common import (
+    TILINGS,
+    WARP,
+    chunk_base,
+    layout,
+    load_row,
+    philox_first_two,
+    sqrt_softplus,
+    warp_min,
+    warp_sum,
+    warp_topk,
+    warp_topk_ballot,
+)
 
 KERNEL = "moe_topk_gate"
 OPS = ("tkaot.moe.moe_topk_gate_forward",)
@@ -19,6 +31,7 @@ OPS = ("tkaot.moe.moe_topk_gate_forward",)
 AXES = (
     Axis("num_experts", int, check=lambda e: 64 <= e <= 512 and e % 4 == 0, rule="a multiple of 4 in [64, 512]"),
     Axis("num_topk", int, check=lambda k: 1 <= k <= WARP, rule=f"in [1, {WARP}]"),
+    Axis("tiling", str, choices=tuple(TILINGS)),
 )
 DYNAMIC_DIMS = ("num_tokens",)
 
@@ -32,14 +45,15 @@ FLAG_PHYSICAL = 32
 FLAG_RANDOM = 64
 FLAG_SCORES = 128
 
-WARPS = 4  # tokens per block
 DUPLICATE_STRIDE = 23333  # spreads tokens over an expert's physical copies, as TileKernels does
 INT_MAX = 0x7FFFFFFF
 
 ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
 
 
-def build(num_experts: int, num_topk: int):
+def build(num_experts: int, num_topk: int, tiling: str):
+    select, warps = TILINGS[tiling]  # warps = tokens per block
+    contiguous = select == "ballot"
     vec, chunks = layout(num_experts)
     num_tokens = T.dynamic("num_tokens")
     num_physical_topk = T.dynamic("num_physical_topk")
@@ -67,10 +81,10 @@ def build(num_experts: int, num_topk: int):
         ep_rank: T.int32,
         flags: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, WARPS), threads=WARPS * WARP) as block:
+        with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
             tid = T.get_thread_binding()
             lane = tid % WARP
-            token = block * WARPS + tid // WARP
+            token = block * warps + tid // WARP
             vals = T.alloc_local((chunks * vec,), T.float32)
             shift = T.alloc_local((chunks * vec,), T.float32)
             route = T.alloc_var(T.int32, init=ROUTED)
@@ -149,19 +163,19 @@ def build(num_experts: int, num_topk: int):
                         unmapped_topk_idx[token, lane] = T.int64(-1)
                 else:
                     # Scores, written out if asked, then the bias the ranking adds
-                    load_row(vals, logits, token, lane, num_experts)
+                    load_row(vals, logits, token, lane, num_experts, contiguous)
                     for c in T.unroll(chunks):
-                        if c * WARP * vec + lane * vec < num_experts:
+                        if chunk_base(c, lane, num_experts, contiguous) < num_experts:
                             for j in T.unroll(vec):
                                 vals[c * vec + j] = sqrt_softplus(vals[c * vec + j])
                             if (flags & FLAG_SCORES) != 0:
                                 for j in T.vectorized(vec):
-                                    scores[token, c * WARP * vec + lane * vec + j] = vals[c * vec + j]
+                                    scores[token, chunk_base(c, lane, num_experts, contiguous) + j] = vals[c * vec + j]
                     if (flags & FLAG_IMAGE) != 0:
                         image = image_token_mask[token]
                     if image or (flags & FLAG_BIAS) != 0:
                         for c in T.unroll(chunks):
-                            base = c * WARP * vec + lane * vec
+                            base = chunk_base(c, lane, num_experts, contiguous)
                             if base < num_experts:
                                 if image:
                                     for j in T.vectorized(vec):
@@ -173,7 +187,10 @@ def build(num_experts: int, num_topk: int):
                                     vals[c * vec + j] = vals[c * vec + j] + shift[c * vec + j]
 
                     if route == ROUTED:
-                        warp_topk(vals, lane, num_experts, num_topk, idx)
+                        if contiguous:
+                            warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
+                        else:
+                            warp_topk(vals, lane, num_experts, num_topk, idx)
                         out_idx = T.Cast(T.int64, idx)
                     elif lane < num_topk:
                         out_idx = unmapped_topk_idx[token, lane]
@@ -211,8 +228,8 @@ def build(num_experts: int, num_topk: int):
                 if route == MASKED or route == RANDOM:
                     if (flags & FLAG_SCORES) != 0:
                         for c in T.unroll(chunks):
-                            if c * WARP * vec + lane * vec < num_experts:
+                            if chunk_base(c, lane, num_experts, contiguous) < num_experts:
                                 for j in T.vectorized(vec):
-                                    scores[token, c * WARP * vec + lane * vec + j] = T.float32(0)
+                                    scores[token, chunk_base(c, lane, num_experts, contiguous) + j] = T.float32(0)
 
     return moe_topk_gate
