@@ -31,6 +31,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are read by other users and packed in wheels
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

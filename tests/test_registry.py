@@ -187,3 +187,16 @@ def test_driver_errors_carry_name_and_text(monkeypatch):
 
 def test_public_errors_are_exported():
     assert issubclass(tkaot.VariantNotBuilt, tkaot.TkaotError)
+
+
+def test_pre_parsed_driver_declarations_are_current(tmp_path):
+    """tkaot/_cuda_ffi.py is generated from _cuda.CDEF; regenerate it (python -m tkaot._cuda) after editing CDEF."""
+    from pathlib import Path
+
+    from tkaot import _cuda
+
+    fresh = tmp_path / "_cuda_ffi.py"
+    _cuda.write_ffi_module(str(fresh))
+    committed = Path(_cuda.__file__).with_name("_cuda_ffi.py")
+    assert fresh.read_text() == committed.read_text()
+    assert _cuda.ffi.sizeof("CUfunction") == 8

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 
-import cffi
-
 from tkaot.errors import CudaDriverError, NoGPUError
 
-ffi = cffi.FFI()
-ffi.cdef(
+# The declarations, parsed once at development time into tkaot/_cuda_ffi.py (cffi's
+# out-of-line ABI mode), so importing tkaot needs neither pycparser nor a compiler.
+# After editing them run `python -m tkaot._cuda` to regenerate; a test checks they agree.
+CDEF = (
     """
     typedef int CUresult;
     typedef int CUdevice;
@@ -37,6 +37,14 @@ ffi.cdef(
                             unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
     """
 )
+
+try:
+    from tkaot._cuda_ffi import ffi
+except Exception:  # pragma: no cover - regenerating, or a cffi that cannot read it
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_CONTEXT = 201
@@ -118,3 +126,19 @@ class Module:
         if getattr(self, "handle", None) is not None and _lib is not None:
             _lib.cuModuleUnload(self.handle)  # nothing to raise to from a finalizer
             self.handle = None
+
+
+def write_ffi_module(path: str) -> None:
+    """Write the out-of-line ABI-mode module holding CDEF, pre-parsed."""
+    import cffi
+
+    builder = cffi.FFI()
+    builder.cdef(CDEF)
+    builder.set_source("tkaot._cuda_ffi", None)
+    builder.emit_python_code(path)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import os
+
+    write_ffi_module(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cuda_ffi.py"))

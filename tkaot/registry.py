@@ -15,6 +15,7 @@ read from its __init__.py as text and must equal this tkaot's.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -51,12 +52,19 @@ class ArtifactSet:
     def manifest(self) -> dict:
         if self._manifest is None:
             path = self.root / "manifest.json"
+            # A manifest is many small objects: parsing it with the collector on would run a
+            # full collection over everything `import torch` left behind (~100 ms).
+            collecting = gc.isenabled()
+            gc.disable()
             try:
                 data = json.loads(path.read_text())
             except OSError as exc:
                 raise ArtifactError(f"cannot read {path}: {exc.strerror}") from None
             except ValueError as exc:
                 raise ManifestError(f"{path} is not valid JSON: {exc}") from None
+            finally:
+                if collecting:
+                    gc.enable()
             if data.get("schema") != MANIFEST_SCHEMA:
                 raise ManifestError(f"{path} has schema {data.get('schema')!r}; this tkaot reads schema {MANIFEST_SCHEMA}")
             self._manifest = data
