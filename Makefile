@@ -32,8 +32,12 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
-bench: $(STAMP)
-	$(BIN)/python -m bench.run
+# On a GPU machine, with the Python that has CUDA torch (and, for the peer columns, tile_kernels):
+#   make bench PY=python3
+bench:
+	$(PY) -m bench.run --out bench/results
+	$(PY) -m bench.decode
+	$(PY) -m bench.report "$$(ls -t bench/results/*.json | head -1)" --md bench/RESULTS.md --png bench/results/latest.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
