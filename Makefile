@@ -29,8 +29,9 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -m gpu
+# GPU tests run with the machine's CUDA Python (the .venv holds a CPU build of torch)
+test-gpu:
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 # On a GPU machine, with the Python that has CUDA torch (and, for the peer columns, tile_kernels):
 #   make bench PY=python3

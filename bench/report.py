@@ -88,7 +88,10 @@ def main(argv=None) -> None:
     text = table(result)
     print(text)
     if args.png:
-        plot(result, Path(args.png))
+        try:
+            plot(result, Path(args.png))
+        except ImportError:
+            print(f"matplotlib is not installed here: no {args.png}; run `python -m bench.report {args.results} --png ...` elsewhere")
     if args.md:
         head = "# Benchmark results\n\nRecorded by `make bench` (bench/run.py); raw numbers in bench/results/.\n\n"
         Path(args.md).write_text(f"{head}{text}\n")
