@@ -41,7 +41,7 @@ def manifest(tmp_path_factory, build_cache):
 def test_per_token_cast_launch_spec(manifest):
     spec = manifest[("per_token_cast", BUILT[0].key)]
     assert spec.block == (128, 1, 1) and spec.smem == 0
-    # 512 bf16 channels = 64 vectors a row, 512 vectors a block
+    # 512 bf16 channels = 64 vectors a row: two row slots of 64 threads, 4 tokens each, one segment a row
     assert spec.grid == ("((num_tokens + 7) // 8)", "1", "1")
     params = {p.name: p.type for p in spec.params}
     # one packed int32 of scale factors a token: the sf row stride folds away
@@ -52,8 +52,11 @@ def test_per_token_cast_launch_spec(manifest):
 
 def test_fp4_and_cast_back_launch_specs(manifest):
     fp4 = manifest[("per_token_cast", BUILT[1].key)]
-    assert fp4.grid == ("((num_tokens + 1) // 2)", "1", "1")
+    # 2048 channels = 256 vectors a row: 128 threads span half a row, 4 tokens each
+    assert fp4.grid == ("((num_tokens + 3) // 4)", "2", "1")
     back = manifest[("cast_back", BUILT[2].key)]
+    # 768 E4M3 channels = 48 vectors a row: segments of 16 threads (3 a row), 8 row slots of 4 tokens
+    assert back.grid == ("((num_tokens + 31) // 32)", "3", "1")
     assert {p.name for p in back.params} == {"out", "x", "x_sf", "num_tokens", "sf_stride", "x_stride"}
     assert back.block == (128, 1, 1)
 

@@ -166,7 +166,7 @@ def _alloc_sf(m_blocks: int, k_blocks: int, kind: str, layout: str, device) -> t
     dtype, cols = _SF_DTYPE[kind], _sf_cols(k_blocks, kind)
     if layout == "row":
         return torch.empty((m_blocks, cols), dtype=dtype, device=device)
-    pitch = max(_align(m_blocks, 16 // torch.empty((), dtype=dtype).element_size()), 1)
+    pitch = max(_align(m_blocks, 16 // _SF_ITEM_BYTES[kind]), 1)
     storage = torch.empty((cols, pitch), dtype=dtype, device=device)
     return storage.as_strided((m_blocks, cols), (1, pitch))
 
@@ -297,11 +297,77 @@ def per_token_cast(
         (data, sf): data (num_tokens, hidden) float8_e4m3fn or (num_tokens, hidden // 2) int8;
         sf (num_tokens, hidden // num_per_channels) [int32: ceil of that / 4].
     """
+    if out is None and x_block_size is None:
+        # Hot path: a bf16/fp32 tensor whose static values were seen before. Each tensor property is
+        # read once and checked in one expression; anything unusual takes the full path below.
+        try:
+            device, dtype, shape, xs, x_ptr = x.get_device(), x.dtype, x.shape, x.stride(), x.data_ptr()
+            fast = _PTC_FAST.get(
+                (device, dtype, shape[-1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                 use_e4m3_sf, stochastic_cast)
+            )  # fmt: skip
+        except (AttributeError, TypeError, IndexError):
+            fast = None
+        if fast is not None and len(xs) == 2 and xs[1] == 1 and not x_ptr % 16:
+            launcher, out_dtype, out_cols, sf_dtype, sf_cols, sf_scale, sf_align, row_align = fast
+            num_tokens = shape[0]
+            if (xs[0] % row_align == 0 or num_tokens <= 1) and xs[0] <= MAX_I32 and 0 < num_tokens <= _PTC_MAX_TOKENS[shape[1]]:
+                data = torch.empty(num_tokens, out_cols, dtype=out_dtype, device=x.device)
+                if sf_align:  # column-major, token stride padded to 16 bytes
+                    pitch = max(-(-num_tokens // sf_align) * sf_align, 1)
+                    sf = torch.empty(sf_cols, pitch, dtype=sf_dtype, device=x.device).as_strided((num_tokens, sf_cols), (1, pitch))
+                    sf_stride = pitch * sf_scale
+                else:
+                    sf = torch.empty(num_tokens, sf_cols, dtype=sf_dtype, device=x.device)
+                    sf_stride = sf_cols * sf_scale
+                launcher(device, current_stream(device), x_ptr, 0, data.data_ptr(), sf.data_ptr(), num_tokens, xs[0], 0, sf_stride)
+                return data, sf
     out_x, out_sf = (None, None) if out is None else out
-    return _per_token_impl(
+    result = _per_token_impl(
         "tkaot.quant.per_token_cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
         round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, "cast", out_x=out_x, out_sf=out_sf,
     )  # fmt: skip
+    if x_block_size is None:
+        _remember_per_token_cast(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+                                 stochastic_cast)  # fmt: skip
+    return result
+
+
+# (device, dtype, hidden, fmt, group, *flags) -> what per_token_cast's hot path needs, filled after a full-path call succeeds
+_PTC_FAST: dict[tuple, tuple] = {}
+_SF_ITEM_BYTES = {"fp32": 4, "pow2": 4, "ue8m0": 4, "e4m3": 1}
+
+
+class _MaxTokens(dict):
+    """hidden -> the most tokens a cast of that width may have (the kernel's index range)."""
+
+    def __missing__(self, hidden: int) -> int:
+        return (4 * MAX_I32 + 3) // hidden  # num_tokens * hidden // 4 <= MAX_I32
+
+
+_PTC_MAX_TOKENS = _MaxTokens()
+
+
+def _remember_per_token_cast(x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic) -> None:
+    """Record a validated bf16/fp32 per_token_cast's static values for the hot path."""
+    hidden = x.shape[1]
+    kind = _sf_kind("tkaot.quant.per_token_cast", round_sf, use_packed_ue8m0, use_e4m3_sf)
+    layout = "col" if col_major else "row"
+    device = x.get_device()
+    launcher = _PER_TOKEN["tkaot.quant.per_token_cast"].get(
+        device, hidden, _IN_NAMES[x.dtype], "none", "none", fmt, group, kind, layout, "cast", bool(stochastic)
+    )
+    sf_align = 16 // _SF_ITEM_BYTES[kind] if layout == "col" else 0
+    _PTC_FAST[(device, x.dtype, hidden, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic)] = (
+        launcher,
+        _FMT_DTYPE[fmt],
+        hidden // 2 if fmt == "e2m1" else hidden,
+        _SF_DTYPE[kind],
+        _sf_cols(hidden // group, kind),
+        4 if kind == "ue8m0" else 1,
+        sf_align,
+        16 // x.element_size(),
+    )
 
 
 def per_token_cast_with_sf_only(

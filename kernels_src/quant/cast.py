@@ -45,6 +45,12 @@ def build(in_dtype, out_dtype, stochastic):
     n = T.dynamic("n")
 
     def convert(v, index):
+        if in_dtype == "e4m3" and out_dtype == "float32":
+            # The hardware widening (through f16) turns E4M3 NaN into the canonical 0x7FFFFFFF; an exact
+            # widening keeps the sign and the all-ones mantissa: 0x7FF00000 | sign
+            byte = T.Cast("uint32", T.reinterpret(v, "uint8"))
+            nan = common.f32_from_bits(((byte & T.uint32(0x80)) << T.uint32(24)) | T.uint32(0x7FF00000))
+            return T.if_then_else((byte & T.uint32(0x7F)) == T.uint32(0x7F), nan, T.Cast(dst, v))
         if not stochastic:
             return T.Cast(dst, v)
         f = T.Cast("float32", v)

@@ -1,15 +1,17 @@
 """Dequantize E4M3 or packed E2M1 data with block scale factors: out = round(data * sf) in bf16 or fp32.
 
-Each thread takes one 16-byte input vector (fewer bytes when a scale block is
-narrower), reads the vector's one scale factor, and writes its outputs with
-16-byte stores. The vector index is flattened over (token, vector in row), so
-one cubin serves every token count.
+A CTA takes a few tokens by one segment of their row (see tiling.RowTiling);
+each thread loads all its 16-byte input vectors (fewer bytes when a scale block
+is narrower) and their scale factors first, then writes each vector's outputs
+with 16-byte stores. Addresses are constant offsets plus a multiple of the row
+stride, and one cubin serves every token count.
 """
 
 import tilelang.language as T
 
 from kernels_src.axes import Axis
 from kernels_src.quant import common
+from kernels_src.quant.tiling import RowTiling
 
 KERNEL = "cast_back"
 OPS = ("tkaot.quant.cast_back", "tkaot.quant.per_token_cast_back")
@@ -24,8 +26,8 @@ AXES = (
 )
 DYNAMIC_DIMS = ("num_tokens",)
 
-NUM_THREADS = 128
-VECS_PER_THREAD = 2
+# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tune_quant.py)
+TILING = RowTiling(128, 4, 1)
 
 
 def check_static(hidden, in_dtype, in_block, in_sf, out_dtype) -> None:
@@ -34,7 +36,7 @@ def check_static(hidden, in_dtype, in_block, in_sf, out_dtype) -> None:
         raise ValueError(f"{KERNEL}: hidden={hidden} is not a multiple of the block width {bk} (in_block={in_block})")
 
 
-def build(hidden, in_dtype, in_block, in_sf, out_dtype):
+def build(hidden, in_dtype, in_block, in_sf, out_dtype, tiling: RowTiling | None = None):
     check_static(hidden, in_dtype, in_block, in_sf, out_dtype)
     fp4_in = in_dtype == "e2m1"
     per_byte = 2 if fp4_in else 1
@@ -43,7 +45,14 @@ def build(hidden, in_dtype, in_block, in_sf, out_dtype):
     vec = min(16 * per_byte, bk)
     regs = vec // per_byte
     vecs_per_row = hidden // vec
-    block_vecs = NUM_THREADS * VECS_PER_THREAD
+    tiling = tiling or TILING
+    if vecs_per_row % tiling.cols:
+        tiling = RowTiling(tiling.threads, tiling.rows * tiling.cols, 1)
+    num_threads, cols = tiling.threads, tiling.cols
+    tpr = tiling.threads_per_row(vecs_per_row)
+    slots = num_threads // tpr
+    rows_per_cta = slots * tiling.rows
+    vecs_per_thread = tiling.rows * cols
     sf_in = common.SfLayout.from_input(in_sf, hidden // bk)
 
     num_tokens = T.dynamic("num_tokens")
@@ -57,21 +66,26 @@ def build(hidden, in_dtype, in_block, in_sf, out_dtype):
         x_sf: T.StridedTensor[sf_in.shape(sf_rows), (sf_stride, 1), sf_in.dtype],
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
-        with T.Kernel(T.ceildiv(num_tokens * vecs_per_row, block_vecs), threads=NUM_THREADS) as block:
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), vecs_per_row // (tpr * cols), threads=num_threads) as (bx, by):
             T.assume(x_stride % 16 == 0)
             tid = T.get_thread_binding()
-            x_reg = T.alloc_local((VECS_PER_THREAD, regs), storage)
-            scale = T.alloc_local((VECS_PER_THREAD,), "float32")
+            first_row = bx * rows_per_cta + tid // tpr
+            first_vec = by * (tpr * cols) + tid % tpr
+            x_reg = T.alloc_local((vecs_per_thread, regs), storage)
+            scale = T.alloc_local((vecs_per_thread,), "float32")
             o_reg = T.alloc_local((vec,), out_dtype)
-            for u in T.unroll(VECS_PER_THREAD):
-                i = block * block_vecs + u * NUM_THREADS + tid
-                if i < num_tokens * vecs_per_row:
+            # vector u is row u // cols, column u % cols of the thread's tile
+            for u in T.unroll(vecs_per_thread):
+                token = first_row + u // cols * slots
+                col = (first_vec + u % cols * tpr) * vec
+                if token < num_tokens:
                     for j in T.vectorized(regs):
-                        x_reg[u, j] = x[i // vecs_per_row, i % vecs_per_row * regs + j]
-                    scale[u] = common.decode_sf(x_sf[sf_in.index(i // vecs_per_row // bm, i % vecs_per_row * vec // bk)], sf_in.kind)
-            for u in T.unroll(VECS_PER_THREAD):
-                i = block * block_vecs + u * NUM_THREADS + tid
-                if i < num_tokens * vecs_per_row:
+                        x_reg[u, j] = x[token, col // per_byte + j]
+                    scale[u] = common.decode_sf(x_sf[sf_in.index(token // bm, col // bk)], sf_in.kind)
+            for u in T.unroll(vecs_per_thread):
+                token = first_row + u // cols * slots
+                col = (first_vec + u % cols * tpr) * vec
+                if token < num_tokens:
                     for j in T.unroll(vec):
                         if fp4_in:
                             o_reg[j] = T.Cast(
@@ -80,6 +94,6 @@ def build(hidden, in_dtype, in_block, in_sf, out_dtype):
                         else:
                             o_reg[j] = T.Cast(out_dtype, T.Cast("float32", x_reg[u, j]) * scale[u])
                     for j in T.vectorized(vec):
-                        out[i // vecs_per_row, i % vecs_per_row * vec + j] = o_reg[j]
+                        out[token, col + j] = o_reg[j]
 
     return cast_back

@@ -93,18 +93,17 @@ def to_e4m3(value):
 def e2m1_code(value):
     """The 4-bit E2M1 code (uint32) of an fp32 value: round to nearest even, saturate at 6, NaN -> 6.
 
-    E2M1 magnitudes are 0, 0.5, 1, 1.5 (step 0.5), 2, 3 (step 1), 4, 6 (step 2);
-    the code of a magnitude m is round(2m) below 2, round(m) + 2 below 4, and
-    round(m / 2) + 4 above, each round done by one fp32 add of a magic constant.
+    E2M1 magnitudes are 0, 0.5, 1, 1.5 (step 0.5), 2, 3 (step 1), 4, 6 (step 2).
+    From 1 up the code is the fp32 exponent and top mantissa bit: rounding the
+    fp32 bits to nearest even at bit 22 (integer adds) leaves (code + 252) in
+    bits 22 and up. Below 1 the code is round(2m), one fp32 add of a magic
+    constant. Integer and select instructions only; no chain of compares.
     """
     mag = T.min(T.abs(value), T.float32(6.0))  # fminf: NaN -> 6
-    step_inv = T.if_then_else(mag < T.float32(2.0), T.float32(2.0), T.if_then_else(mag < T.float32(4.0), T.float32(1.0), T.float32(0.5)))
-    base = T.if_then_else(
-        mag < T.float32(2.0),
-        T.float32(_RNE_MAGIC),
-        T.if_then_else(mag < T.float32(4.0), T.float32(_RNE_MAGIC + 2), T.float32(_RNE_MAGIC + 4)),
-    )
-    code = f32_bits(mag * step_inv + base) - T.uint32(_RNE_MAGIC_BITS)
+    bits = f32_bits(mag)
+    normal = ((bits + T.uint32(0x1FFFFF) + ((bits >> T.uint32(22)) & T.uint32(1))) >> T.uint32(22)) - T.uint32(252)
+    small = f32_bits(mag * T.float32(2.0) + T.float32(_RNE_MAGIC)) - T.uint32(_RNE_MAGIC_BITS)
+    code = T.if_then_else(mag < T.float32(1.0), small, normal)
     return code | ((f32_bits(value) >> T.uint32(28)) & T.uint32(8))
 
 

@@ -1,10 +1,10 @@
 """Per-channel cast to FP8 E4M3: one scale factor per channel for every `block_m` tokens.
 
-A CTA takes block_m rows by 32 column vectors (256 bf16 / 128 fp32 channels);
-each warp reads whole 512-byte row segments, so loads stay coalesced while the
-reduction runs down the columns: each thread keeps the per-column amax of its
-rows, warps meet in shared memory, one thread per channel forms the scale
-factor, and every thread then scales its registers. UE8M0 scale factors pack
+A CTA takes block_m rows by `col_vecs` 16-byte column vectors (8 by default: 64
+bf16 / 32 fp32 channels); runs of col_vecs threads read whole row segments, so loads
+stay coalesced while the reduction runs down the columns: each thread keeps the
+per-column amax of its rows, the row slots meet in shared memory, one thread per
+channel forms the scale factor, and every thread then scales its registers. UE8M0 scale factors pack
 four consecutive token blocks of a channel into one int32.
 """
 
@@ -25,15 +25,18 @@ AXES = (
 )
 DYNAMIC_DIMS = ("num_tokens",)
 
-NUM_THREADS = 256
-COL_VECS = 32  # column vectors a CTA covers: one warp spans one row segment
+# (threads per CTA, column vectors a CTA covers): the tuning knob, see bench/tune_quant.py
+TILING = (256, 8)
 
 
-def build(hidden, in_dtype, block_m, sf):
+def build(hidden, in_dtype, block_m, sf, tiling: tuple[int, int] | None = None):
     vec = 16 // (2 if in_dtype == "bfloat16" else 4)
-    tile_k = COL_VECS * vec
-    warps = NUM_THREADS // 32
-    passes = block_m // warps
+    num_threads, col_vecs = tiling or TILING
+    tile_k = col_vecs * vec
+    slots = num_threads // col_vecs  # rows read at once
+    if block_m % slots:
+        raise ValueError(f"{KERNEL}: tiling {(num_threads, col_vecs)} reads {slots} rows at once, which does not divide block_m={block_m}")
+    passes = block_m // slots
     packed = sf == "ue8m0"
     out_dtype = "float8_e4m3"
 
@@ -47,20 +50,20 @@ def build(hidden, in_dtype, block_m, sf):
         out: T.Tensor[(num_tokens, hidden), out_dtype],
         out_sf: T.Tensor[sf_shape, common.SF_DTYPE[sf]],
     ):
-        with T.Kernel(T.ceildiv(hidden, tile_k), m_blocks, threads=NUM_THREADS) as (kb, mb):
+        with T.Kernel(T.ceildiv(hidden, tile_k), m_blocks, threads=num_threads) as (kb, mb):
             tid = T.get_thread_binding()
-            warp = tid // 32
-            col = kb * tile_k + tid % 32 * vec
+            slot = tid // col_vecs
+            col = kb * tile_k + tid % col_vecs * vec
             x_reg = T.alloc_local((passes, vec), in_dtype)
             amax = T.alloc_local((vec,), "float32")
             inv = T.alloc_local((vec,), "float32")
             xf = T.alloc_local((vec,), "float32")
             o_reg = T.alloc_local((vec,), "float8_e4m3")
-            col_max = T.alloc_shared((warps, tile_k), "float32")
+            col_max = T.alloc_shared((slots, tile_k), "float32")
             col_inv = T.alloc_shared((tile_k,), "float32")
 
             for p in T.unroll(passes):
-                row = mb * block_m + p * warps + warp
+                row = mb * block_m + p * slots + slot
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(vec):
                         x_reg[p, j] = x[row, col + j]
@@ -73,15 +76,15 @@ def build(hidden, in_dtype, block_m, sf):
                 for j in T.unroll(vec):
                     amax[j] = T.max(amax[j], T.abs(T.Cast("float32", x_reg[p, j])))
             for j in T.unroll(vec):
-                col_max[warp, tid % 32 * vec + j] = amax[j]
+                col_max[slot, tid % col_vecs * vec + j] = amax[j]
             T.sync_threads()
 
             # One thread per channel of the tile forms its scale factor
-            for c in T.serial(tile_k // NUM_THREADS if tile_k > NUM_THREADS else 1):
-                channel = c * NUM_THREADS + tid
+            for c in T.serial(tile_k // num_threads if tile_k > num_threads else 1):
+                channel = c * num_threads + tid
                 if channel < tile_k:
                     m = T.alloc_var("float32", init=0.0)
-                    for w in T.unroll(warps):
+                    for w in T.unroll(slots):
                         m = T.max(m, col_max[w, channel])
                     stored, inv_value = common.scale_factor(m, "e4m3", sf)
                     col_inv[channel] = inv_value
@@ -97,9 +100,9 @@ def build(hidden, in_dtype, block_m, sf):
             T.sync_threads()
 
             for j in T.unroll(vec):
-                inv[j] = col_inv[tid % 32 * vec + j]
+                inv[j] = col_inv[tid % col_vecs * vec + j]
             for p in T.unroll(passes):
-                row = mb * block_m + p * warps + warp
+                row = mb * block_m + p * slots + slot
                 if row < num_tokens and col < hidden:
                     for j in T.unroll(vec):
                         xf[j] = T.Cast("float32", x_reg[p, j]) * inv[j]

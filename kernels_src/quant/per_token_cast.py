@@ -1,11 +1,12 @@
 """Per-token cast to FP8 E4M3 or FP4 E2M1 with one scale factor per `group` channels of a row.
 
-One pass over the input: each thread holds 16-byte input vectors (fewer bytes
-when a group or an input scale block is smaller) in registers; the lanes that
-share a group reduce its amax with warp shuffles, then each lane scales, rounds
-and stores its own elements and one lane stores the group's scale factor. The
-vector index is flattened over (token, vector in row), so every hidden size
-keeps all lanes busy and one cubin serves every token count.
+One pass over the input: a CTA takes a few tokens by one segment of their row
+(see tiling.RowTiling); each thread holds its 16-byte input vectors (fewer bytes
+when a group or an input scale block is smaller) in registers, all loads issued
+before any math; the lanes that share a group reduce its amax with warp
+shuffles, then each lane scales, rounds and stores its own elements and one lane
+stores the group's scale factor. Addresses are constant offsets plus a multiple
+of the row stride, and one cubin serves every token count.
 
 Inputs are bf16 / fp32, or already quantized (E4M3 or packed E2M1) with their
 own scale factors in blocks of `in_block` (the decoded input is data * sf).
@@ -18,6 +19,7 @@ import tilelang.language as T
 
 from kernels_src.axes import Axis
 from kernels_src.quant import common
+from kernels_src.quant.tiling import RowTiling
 
 KERNEL = "per_token_cast"
 OPS = (
@@ -42,8 +44,8 @@ AXES = (
 )
 DYNAMIC_DIMS = ("num_tokens",)
 
-NUM_THREADS = 128
-VECS_PER_THREAD = 4
+# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tune_quant.py)
+TILING = RowTiling(128, 4, 1)
 # in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
 STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
 
@@ -71,7 +73,7 @@ def check_static(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, m
         raise ValueError(where + "round_trip keeps no scale factors: use sf=fp32/pow2/e4m3, sf_layout=row")
 
 
-def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
+def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic, tiling: RowTiling | None = None):
     check_static(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
     storage, storage_bytes, per_storage = STORAGE[in_dtype]
     quantized_in = in_dtype in ("e4m3", "e2m1")
@@ -81,7 +83,14 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     regs = vec // per_storage  # storage elements per vector
     vecs_per_row = hidden // vec
     lanes = group // vec  # consecutive lanes sharing a group
-    block_vecs = NUM_THREADS * VECS_PER_THREAD
+    tiling = tiling or TILING
+    if vecs_per_row % tiling.cols:
+        tiling = RowTiling(tiling.threads, tiling.rows * tiling.cols, 1)
+    num_threads, rows, cols = tiling.threads, tiling.rows, tiling.cols
+    tpr = tiling.threads_per_row(vecs_per_row, lanes)
+    slots = num_threads // tpr
+    rows_per_cta = slots * rows
+    vecs_per_thread = rows * cols
     num_groups = hidden // group
     fp4_out = fmt == "e2m1"
     # FP4 output goes out as whole words of packed codes: uint32 (8 codes), or uint16 for 4-element vectors
@@ -118,24 +127,25 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
         out: T.Tensor[(num_tokens, out_cols), out_storage],
         out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
     ):
-        with T.Kernel(T.ceildiv(num_tokens * vecs_per_row, block_vecs), threads=NUM_THREADS) as block:
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), vecs_per_row // (tpr * cols), threads=num_threads) as (bx, by):
             T.assume(x_stride % (16 // storage_bytes) == 0)
             tid = T.get_thread_binding()
-            x_reg = T.alloc_local((VECS_PER_THREAD, regs), storage)
+            first_row = bx * rows_per_cta + tid // tpr
+            first_vec = by * (tpr * cols) + tid % tpr
+            x_reg = T.alloc_local((vecs_per_thread, regs), storage)
             xf = T.alloc_local((vec,), "float32")
             o_reg = T.alloc_local((out_vec,), out_storage)
             back = T.alloc_local((vec,), storage)
-            amax = T.alloc_local((VECS_PER_THREAD,), "float32")
-            in_scale = T.alloc_local((VECS_PER_THREAD,), "float32")
+            amax = T.alloc_local((vecs_per_thread,), "float32")
+            in_scale = T.alloc_local((vecs_per_thread,), "float32")
             inv = T.alloc_var("float32")
             factor = T.alloc_var("float32")
 
-            # Issue every load first so they are in flight together
-            for u in T.unroll(VECS_PER_THREAD):
-                i = block * block_vecs + u * NUM_THREADS + tid
-                token = i // vecs_per_row
-                col = i % vecs_per_row * vec
-                if i < num_tokens * vecs_per_row:
+            # Issue every load first so they are in flight together; vector u is row u // cols, column u % cols
+            for u in T.unroll(vecs_per_thread):
+                token = first_row + u // cols * slots
+                col = (first_vec + u % cols * tpr) * vec
+                if token < num_tokens:
                     for j in T.vectorized(regs):
                         x_reg[u, j] = x[token, col // per_storage + j]
                     if quantized_in:
@@ -146,22 +156,21 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                     in_scale[u] = T.float32(0)
 
             if mode != "precomputed_sf":
-                for u in T.unroll(VECS_PER_THREAD):
+                for u in T.unroll(vecs_per_thread):
                     amax[u] = T.float32(0)
                     for j in T.unroll(vec):
                         amax[u] = T.max(amax[u], T.abs(decode(x_reg, u, j)))
                     if quantized_in:
                         amax[u] = amax[u] * in_scale[u]
                 # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes
-                for u in T.unroll(VECS_PER_THREAD):
+                for u in T.unroll(vecs_per_thread):
                     for s in T.unroll(lanes.bit_length() - 1):
                         amax[u] = T.max(amax[u], T.shfl_xor(amax[u], lanes >> (s + 1)))
 
-            for u in T.unroll(VECS_PER_THREAD):
-                i = block * block_vecs + u * NUM_THREADS + tid
-                token = i // vecs_per_row
-                col = i % vecs_per_row * vec
-                if i < num_tokens * vecs_per_row:
+            for u in T.unroll(vecs_per_thread):
+                token = first_row + u // cols * slots
+                col = (first_vec + u % cols * tpr) * vec
+                if token < num_tokens:
                     if mode == "precomputed_sf":
                         inv = T.float32(1.0) / common.decode_sf(out_sf[sf_out.index(token, col // group)], sf)
                         if inv_bf16:
@@ -192,7 +201,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                             xf[j] = decode(x_reg, u, j) * factor
                         if stochastic:
                             for j in T.unroll(vec):
-                                rbits = common.hash_u32(T.Cast("uint32", i * vec + j), common.f32_bits(xf[j]))
+                                rbits = common.hash_u32(T.Cast("uint32", token * hidden + col + j), common.f32_bits(xf[j]))
                                 xf[j] = common.with_sign_of(common.stochastic_round_magnitude(T.abs(xf[j]), rbits, fmt), xf[j])
                         if fp4_out:
                             for w in T.unroll(out_vec):

@@ -1,0 +1,47 @@
+"""Tiling candidates of the row-wise cast kernels, for measuring on a GPU (bench/tune_quant.py); serves no op.
+
+Each `case` is one kernel at one static key (hidden 7168, bf16 or E4M3 input);
+`tiling` picks one of four candidate tilings of that kernel (c0 is the kernel's
+default). Only built on request (no shape set names it); the launch arguments
+are those of the kernel the case builds.
+"""
+
+from kernels_src.axes import Axis
+from kernels_src.quant import cast_back, per_channel_cast, per_token_cast
+from kernels_src.quant.tiling import RowTiling
+
+KERNEL = "cast_tune"
+OPS = ()
+
+_PTC = dict(hidden=7168, in_dtype="bfloat16", in_block="none", in_sf="none", sf_layout="row", mode="cast", stochastic=False)
+_ROW_TILINGS = {"c0": "t128r4c1", "c1": "t128r8c1", "c2": "t64r8c1", "c3": "t256r4c1"}
+CASES = {
+    # case -> (kernel module, static params, tiling candidates)
+    "ptc_e4m3_128": (per_token_cast, dict(_PTC, fmt="e4m3", group=128, sf="fp32"), _ROW_TILINGS),
+    "ptc_e4m3_128_ue8m0_col": (per_token_cast, dict(_PTC, fmt="e4m3", group=128, sf="ue8m0", sf_layout="col"), _ROW_TILINGS),
+    "ptc_e2m1_32": (per_token_cast, dict(_PTC, fmt="e2m1", group=32, sf="fp32"), _ROW_TILINGS),
+    "cast_back_e4m3_128": (
+        cast_back,
+        dict(hidden=7168, in_dtype="e4m3", in_block="1x128", in_sf="fp32", out_dtype="bfloat16"),
+        {"c0": "t128r4c1", "c1": "t128r8c1", "c2": "t64r8c1", "c3": "t128r2c1"},
+    ),
+    "per_channel_128": (
+        per_channel_cast,
+        dict(hidden=7168, in_dtype="bfloat16", block_m=128, sf="fp32"),
+        {"c0": (256, 8), "c1": (512, 16), "c2": (256, 16), "c3": (256, 32)},
+    ),
+}
+
+AXES = (Axis("case", str, choices=tuple(CASES)), Axis("tiling", str, choices=("c0", "c1", "c2", "c3")))
+DYNAMIC_DIMS = ("num_tokens",)
+
+
+def tiling_of(case: str, tiling: str):
+    """The tiling object candidate `tiling` of `case` stands for."""
+    value = CASES[case][2][tiling]
+    return RowTiling.parse(value) if isinstance(value, str) else value
+
+
+def build(case, tiling):
+    module, params, _ = CASES[case]
+    return module.build(**params, tiling=tiling_of(case, tiling))
