@@ -128,7 +128,7 @@ def main() -> int:
                 print(f"{case:24s} {label:18s} not built")
                 continue
             for t in sets[0]["outs"]:
-                t.view(torch.uint8).fill_(0xFF)
+                (t if t.stride(-1) == 1 else t.mT).view(torch.uint8).fill_(0xFF)  # column-major sf: poison through its transpose
             launcher(device, current_stream(device), *sets[0]["ptrs"])
             torch.cuda.synchronize()
             bad = differing_bytes(sets[0]["outs"], want)
