@@ -1,9 +1,20 @@
 """Time the tiling candidates of the row-wise casts (kernel `cast_tune`) at 8192 x 7168 on one GPU.
 
-Needs an artifact set holding the candidates, built with
+Needs an artifact set holding the candidates and the variants the public ops launch
+for these cases (so "op (installed)" times the kernels the ops ship now), built with
 
-    tkaot-build build --op cast_tune --set "case=ptc_e4m3_128|ptc_e4m3_128_ue8m0_col|ptc_e2m1_32|cast_back_e4m3_128|per_channel_128" \\
+    tkaot-build build --op cast_tune --set "case=ptc_e4m3_128|ptc_e4m3_128_ue8m0_col|ptc_e2m1_32|cast_back_e4m3_128|per_channel_128" \
         --set "tiling=c0|c1|c2|c3" --out tune-artifacts/quant
+    tkaot-build build --op per_token_cast --set hidden=7168 --set in_dtype=bfloat16 --set in_block=none --set in_sf=none \
+        --set fmt=e4m3 --set group=128 --set "sf=fp32|ue8m0" --set "sf_layout=row|col" --set mode=cast --set stochastic=false \
+        --out tune-artifacts/quant
+    tkaot-build build --op per_token_cast --set hidden=7168 --set in_dtype=bfloat16 --set in_block=none --set in_sf=none \
+        --set fmt=e2m1 --set group=32 --set sf=fp32 --set sf_layout=row --set mode=cast --set stochastic=false \
+        --out tune-artifacts/quant
+    tkaot-build build --op cast_back --set hidden=7168 --set in_dtype=e4m3 --set in_block=1x128 --set in_sf=fp32 \
+        --set out_dtype=bfloat16 --out tune-artifacts/quant
+    tkaot-build build --op per_channel_cast --set hidden=7168 --set in_dtype=bfloat16 --set block_m=128 --set sf=fp32 \
+        --out tune-artifacts/quant
 
 and run from the repository root as
 
@@ -11,7 +22,10 @@ and run from the repository root as
 
 Each candidate's output is first checked bit-exact against the torch reference,
 then timed by CUDA-graph replay over rotating input sets (each larger than L2).
-The public op (whatever the installed artifact sets hold) is timed beside them.
+The public op is timed beside them: TKAOT_PATH comes first, so it runs the
+variants built above (c0's tiling), else whatever the installed artifact sets hold.
+Tiling names (kernels_src/quant/tiling.py): t<threads>r<rows>c<cols>, v8 = 8-byte
+input vectors, h = CTAs walk along the rows, s = one lane forms each group's scale.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ def test_fp4_and_cast_back_launch_specs(manifest):
     # 2048 channels = 256 vectors a row: 128 threads span half a row, 4 tokens each
     assert fp4.grid == ("((num_tokens + 3) // 4)", "2", "1")
     back = manifest[("cast_back", BUILT[2].key)]
-    # 768 E4M3 channels = 48 vectors a row: segments of 16 threads (3 a row), 8 row slots of 4 tokens
-    assert back.grid == ("((num_tokens + 31) // 32)", "3", "1")
+    # 768 E4M3 channels = 48 vectors a row: segments of 16 threads (3 a row), 8 row slots of 4 tokens;
+    # one flat grid, consecutive CTAs along the row
+    assert back.grid == ("(((num_tokens + 31) // 32) * 3)", "1", "1")
     assert {p.name for p in back.params} == {"out", "x", "x_sf", "num_tokens", "sf_stride", "x_stride"}
     assert back.block == (128, 1, 1)
 
@@ -242,12 +243,23 @@ def test_e2m1_rounding_matches_kernel_formula_and_grid_search():
     brute = torch.where(even > 0, even, candidates.amax(dim=1)) - 1
     assert torch.equal(codes & 7, brute.to(torch.uint8))
     assert torch.equal((codes >> 3).bool(), torch.signbit(v))
-    # the kernel's formula: one fp32 add of 1.5 * 2**23 rounds m * step_inv to an integer
+    # the kernel's formula (common.e2m1_code): one fp32 add of 1.5 * 2**(22 + s), s the exponent clamped at 0,
+    # rounds m to a multiple of the step 0.5 * 2**s; the code is the step count plus 2 * s
     m = torch.nan_to_num(v.abs(), nan=6.0).clamp(max=6.0)
-    step_inv = torch.where(m < 2, 2.0, torch.where(m < 4, 1.0, 0.5))
-    base = torch.where(m < 2, 12582912.0, torch.where(m < 4, 12582914.0, 12582916.0))
-    kernel = (m * step_inv + base).view(torch.int32) - 0x4B400000
+    exp_field = (m.view(torch.int32) & 0x7F800000).clamp(min=0x3F800000)
+    magic = exp_field + (0x4AC00000 - 0x3F800000)
+    kernel = (m + magic.view(torch.float32)).view(torch.int32) - magic + (exp_field >> 22) - (0x3F800000 >> 22)
     assert torch.equal(kernel.to(torch.uint8), codes & 7)
+
+
+def test_row_tiling_text_round_trips():
+    from kernels_src.quant.tiling import RowTiling
+
+    for text in ("t128r4c1", "t128r4c1h", "t128r4c1s", "t128r8c1v8h", "t256r2c1hs"):
+        assert str(RowTiling.parse(text)) == text
+    assert RowTiling.parse("t128r8c1v8hs") == RowTiling(128, 8, 1, vec_bytes=8, walk="hidden", one_scale=True)
+    with pytest.raises(ValueError, match="not a row tiling"):
+        RowTiling.parse("t128r4")
 
 
 def test_unpack_from_e2m1fn_x2_decodes_every_byte():

@@ -2,7 +2,7 @@
 
 Each `case` is one kernel at one static key (hidden 7168, bf16 or E4M3 input);
 `tiling` picks one of four candidate tilings of that kernel (c0 is the kernel's
-default). Only built on request (no shape set names it); the launch arguments
+default, the one its op launches). Only built on request (no shape set names it); the launch arguments
 are those of the kernel the case builds.
 """
 
@@ -14,16 +14,21 @@ KERNEL = "cast_tune"
 OPS = ()
 
 _PTC = dict(hidden=7168, in_dtype="bfloat16", in_block="none", in_sf="none", sf_layout="row", mode="cast", stochastic=False)
-_ROW_TILINGS = {"c0": "t128r4c1", "c1": "t128r8c1", "c2": "t64r8c1", "c3": "t256r4c1"}
+# c0 is what the op ships; h = CTAs walk along the rows, s = one lane forms each group's scale (tiling.RowTiling)
+_PTC_TILINGS = {"c0": "t128r4c1", "c1": "t128r4c1h", "c2": "t128r4c1s", "c3": "t128r4c1hs"}
 CASES = {
     # case -> (kernel module, static params, tiling candidates)
-    "ptc_e4m3_128": (per_token_cast, dict(_PTC, fmt="e4m3", group=128, sf="fp32"), _ROW_TILINGS),
-    "ptc_e4m3_128_ue8m0_col": (per_token_cast, dict(_PTC, fmt="e4m3", group=128, sf="ue8m0", sf_layout="col"), _ROW_TILINGS),
-    "ptc_e2m1_32": (per_token_cast, dict(_PTC, fmt="e2m1", group=32, sf="fp32"), _ROW_TILINGS),
+    "ptc_e4m3_128": (per_token_cast, dict(_PTC, fmt="e4m3", group=128, sf="fp32"), _PTC_TILINGS),
+    "ptc_e4m3_128_ue8m0_col": (per_token_cast, dict(_PTC, fmt="e4m3", group=128, sf="ue8m0", sf_layout="col"), _PTC_TILINGS),
+    "ptc_e2m1_32": (
+        per_token_cast,
+        dict(_PTC, fmt="e2m1", group=32, sf="fp32"),
+        {"c0": "t128r4c1", "c1": "t128r4c1s", "c2": "t128r4c1hs", "c3": "t128r2c1s"},
+    ),
     "cast_back_e4m3_128": (
         cast_back,
         dict(hidden=7168, in_dtype="e4m3", in_block="1x128", in_sf="fp32", out_dtype="bfloat16"),
-        {"c0": "t128r4c1", "c1": "t128r8c1", "c2": "t64r8c1", "c3": "t128r2c1"},
+        {"c0": "t128r4c1h", "c1": "t128r8c1h", "c2": "t128r8c1v8h", "c3": "t128r4c1v8h"},
     ),
     "per_channel_128": (
         per_channel_cast,
