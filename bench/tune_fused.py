@@ -6,7 +6,8 @@ on TKAOT_PATH (the op's own tiling comes from the default set):
     tkaot-build build --shapeset <candidates>.toml --out tune-artifacts/fused
     TKAOT_PATH=tune-artifacts/fused python -m bench.tune_fused
 
-Every candidate's output is first checked bit for bit against the pure-torch reference, then
+Every candidate's output is first checked bit for bit against the pure-torch reference (swiglu
+also on gates that send the lean division to its IEEE fallback, with weights and clamping), then
 timed by CUDA-graph replay over rotating input sets (each larger than L2) on the bench shapes.
 Anchors in the same run: plain norm_forward at the norm shape and the copy ceiling.
 """
@@ -23,8 +24,11 @@ from tkaot import _fused, reference
 from tkaot.errors import VariantNotBuilt
 
 INPUT_SETS = 3
-SWIGLU_TILINGS = ("base", "r1", "r2", "r4")
-NORM_CAST_TILINGS = ("base", "pre", "pre6", "w4")
+SWIGLU_TILINGS = ("base", "r1", "pf", "lean", "pflean", "pflean6")
+NORM_CAST_TILINGS = ("base", "pre6", "lean", "lean6", "leanw4")
+# Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
+# 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
+EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)
 TOKENS, SWIGLU_HIDDEN, NORM_HIDDEN = 8192, 2048, 7168
 
 
@@ -32,6 +36,7 @@ def _swiglu_rows() -> list[tuple[str, float | None, str]]:
     inputs = [{"x": torch.randn(TOKENS, 2 * SWIGLU_HIDDEN, dtype=torch.bfloat16, device="cuda")} for _ in range(INPUT_SETS)]
     nbytes = TOKENS * SWIGLU_HIDDEN * (2 * 2 + 1) + TOKENS * (SWIGLU_HIDDEN // 128) * 4
     want_q, want_sf = reference.fused.swiglu_forward_and_per_token_cast(inputs[0]["x"], "e4m3", 128)
+    edge = _edge_input()
     rows = []
     for tiling in SWIGLU_TILINGS:
         _fused.SWIGLU_TILING = tiling
@@ -39,9 +44,34 @@ def _swiglu_rows() -> list[tuple[str, float | None, str]]:
         def call(a):
             return tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128)
 
-        rows.append(_measure(f"swiglu+cast {tiling}", call, inputs, nbytes, lambda got: _same(got, (want_q, want_sf))))
+        def check(got):
+            verdicts = {_same(got, (want_q, want_sf)), _edge_verdict(edge)}
+            return "exact" if verdicts == {"exact"} else "MISMATCH"
+
+        rows.append(_measure(f"swiglu+cast {tiling}", call, inputs, nbytes, check))
     _fused.SWIGLU_TILING = "base"
     return rows
+
+
+def _edge_input() -> dict:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(256, 2 * SWIGLU_HIDDEN, generator=g, device="cuda") * 4
+    gates = torch.tensor(EDGE_GATES, device="cuda")
+    pick = torch.randint(0, 4 * len(EDGE_GATES), x[:, :SWIGLU_HIDDEN].shape, generator=g, device="cuda")
+    x[:, :SWIGLU_HIDDEN] = torch.where(pick < len(EDGE_GATES), gates[pick.clamp(max=len(EDGE_GATES) - 1)], x[:, :SWIGLU_HIDDEN])
+    weights = torch.rand(256, generator=g, device="cuda")
+    return dict(x=x.bfloat16(), topk_weights=weights, routed_scaling_factor=2.5, clamp_value=6.0)
+
+
+def _edge_verdict(edge: dict) -> str:
+    """Bit-exactness on the edge gates, plain and with weights and clamping (counts compared too)."""
+    plain = tkaot.quant.swiglu_forward_and_per_token_cast(edge["x"], "e4m3", 128)
+    verdicts = {_same(plain, reference.fused.swiglu_forward_and_per_token_cast(edge["x"], "e4m3", 128))}
+    counts = [torch.zeros(4, dtype=torch.int64, device="cuda") for _ in range(2)]
+    got = tkaot.quant.swiglu_forward_and_per_token_cast(**edge, fmt="e4m3", num_per_channels=128, clamped_count=counts[0])
+    want = reference.fused.swiglu_forward_and_per_token_cast(**edge, fmt="e4m3", num_per_channels=128, clamped_count=counts[1])
+    verdicts.add(_same(got, want) if torch.equal(counts[0], counts[1]) else "MISMATCH")
+    return "exact" if verdicts == {"exact"} else "MISMATCH"
 
 
 def _norm_cast_rows() -> list[tuple[str, float | None, str]]:

@@ -19,8 +19,8 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="r2")),
-    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="w4")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="pflean")),
+    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="leanw4")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU, "norm_cast": _fused._NORM_CAST}
 
@@ -55,8 +55,8 @@ def test_rotary_launch_spec(built):
 
 def test_swiglu_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["swiglu"]["launch"])
-    # 768 bf16: 96 threads a row, 2 rows a block, blocks striding over rows; tiling r2 fits 8 blocks an SM
-    assert spec.grid == ("min(((num_rows + 1) // 2), 1056)", "1", "1")
+    # 768 bf16: 96 threads a row, 2 rows a block, blocks striding over rows; tiling pflean fits 10 blocks an SM
+    assert spec.grid == ("min(((num_rows + 1) // 2), 1320)", "1", "1")
     assert spec.block == (192, 1, 1) and spec.smem == 4 * 4 * 6  # clamp counts, per warp
     types = {p.name: p.type for p in spec.params}
     assert types["clamp_value"] == "f32" and types["out_sf"] == "ptr" and types["sf_group_stride"] == "i32"
@@ -64,7 +64,7 @@ def test_swiglu_launch_spec(built):
 
 def test_norm_cast_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["norm_cast"]["launch"])
-    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16, tiling w4: a row per block of 7 warps
+    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16, tiling leanw4: a row per block of 7 warps
     assert spec.block == (224, 1, 1)
     types = {p.name: p.type for p in spec.params}
     assert types["eps"] == "f32" and types["has_residual"] == "i32" and types["out_sf"] == "ptr"
@@ -93,6 +93,47 @@ def test_fused_shapeset_expands():
     assert kernels == {"rotary", "swiglu", "norm_cast"}
     assert len(variants) == 102
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)
+
+
+def _fma32(a, b, c):
+    """fp32 fused multiply-add, exact: the float64 sum corrected where it sits on an fp32 tie."""
+    import numpy as np
+
+    a, b, c = (np.asarray(t, np.float32).astype(np.float64) for t in (a, b, c))
+    p = a * b  # exact: 48 bits
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)  # TwoSum: s + err == p + c
+    tie = ((s.view(np.uint64) & np.uint64((1 << 29) - 1)) == np.uint64(1 << 28)) & (err != 0)
+    return np.where(tie, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s).astype(np.float32)
+
+
+def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate():
+    """kernels_src/fused/swiglu.py's tkaot_div_normal equals RN(g / den) wherever lean_exact admits g, for
+    every bf16 gate, any den within 4 ulp of 1 + exp(-g) (the GPU's expf differs from numpy's) and any
+    reciprocal estimate within 4 ulp of 1 / den (rcp.approx's error is below 1 ulp)."""
+    import numpy as np
+
+    def ulps(v, k):
+        for _ in range(abs(k)):
+            v = np.nextafter(v, np.float32(np.inf if k > 0 else -np.inf))
+        return v
+
+    g = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    g = g[np.isfinite(g) & (np.abs(g) >= 2.0**-60) & (g > -64) & (g < 3.0e38)]  # lean_exact's range
+    with np.errstate(over="ignore"):
+        den0 = (1.0 + np.exp(-g.astype(np.float64))).astype(np.float32)
+    for kd in range(-4, 5):
+        den = np.maximum(ulps(den0, kd), np.float32(1.0))
+        admitted = (den.view(np.uint32) & 0x7FFFFF) != 0x7FFFFF  # lean_exact's mantissa test
+        gate, den = g[admitted], den[admitted]
+        want = (gate.astype(np.float64) / den.astype(np.float64)).astype(np.float32)
+        for kr in range(-4, 5):
+            r = ulps((1.0 / den.astype(np.float64)).astype(np.float32), kr)
+            r = _fma32(r, _fma32(-den, r, 1.0), r)
+            q = (gate.astype(np.float64) * r.astype(np.float64)).astype(np.float32)
+            got = _fma32(_fma32(-den, q, gate), r, q)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kd, kr)
 
 
 # --- validation, with meta tensors standing in for CUDA ones

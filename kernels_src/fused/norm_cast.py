@@ -9,8 +9,12 @@ output written once. The sum of squares is reduced with warp shuffles, then
 across warps through shared memory; a group's amax with shuffles among the
 32 / vec lanes that hold it.
 
-The `tiling` axis picks the thread layout and the blocks per SM the compiler
-must fit (its register cap); TILINGS says what each name means.
+The `tiling` axis picks the thread layout, the blocks per SM the compiler
+must fit (its register cap), whether the weight is read with x, and whether the
+lean instruction sequence is used; TILINGS says what each name means. The lean
+sequence does the same fp32 operations on the outputs, but unpacks the rounded
+outputs and converts them to FP8 two at a time (one cvt per two values)
+instead of one by one.
 
 Weight, residual, rstd and the extra normalised (bf16) output are runtime
 flags; the scale-factor kind (kernels_src/quant/common.py) is static. Scale
@@ -35,7 +39,7 @@ AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
     Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=("base", "pre", "pre6", "w4")),
+    Axis("tiling", str, choices=("base", "pre", "pre6", "w4", "lean", "lean6", "leanw4")),
 )
 DYNAMIC_DIMS = ("num_tokens", "batch")
 
@@ -44,16 +48,19 @@ MAX_VECS_PER_THREAD = 4
 # "w4" rows: whole warps, at most this many threads a row, every thread the same number of vectors
 MAX_ROW_THREADS = 256
 # tiling -> (layout, blocks per SM the compiler must fit or None (for "warps": resident threads per
-#            SM it aims at), weight read before the row reduction)
+#            SM it aims at), weight read before the row reduction, lean instruction sequence)
 #   "pow2": 128 threads a block, a power of two of them a row, up to MAX_VECS_PER_THREAD vectors each
 #           beyond 128 threads (7 for hidden 7168); "warps": see row_tiling.
 # Reading the weight with x keeps its loads off the path after the reduction (the weight is a runtime
 # option, so the compiler cannot hoist them), at the cost of holding it in registers.
 TILINGS = {
-    "base": ("pow2", None, False),
-    "pre": ("pow2", None, True),
-    "pre6": ("pow2", 6, True),
-    "w4": ("warps", 1280, True),
+    "base": ("pow2", None, False, False),
+    "pre": ("pow2", None, True, False),
+    "pre6": ("pow2", 6, True, False),
+    "w4": ("warps", 1280, True, False),
+    "lean": ("pow2", None, False, True),
+    "lean6": ("pow2", 6, True, True),
+    "leanw4": ("warps", 1280, True, True),
 }
 DEFAULT_TILING = "base"
 
@@ -67,7 +74,7 @@ def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[i
     """
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = hidden // vec
-    layout, blocks, _ = TILINGS[tiling]
+    layout, blocks = TILINGS[tiling][:2]
     if layout == "warps":
         per_thread = -(-num_vecs // MAX_ROW_THREADS)
         while per_thread <= 2 * MAX_VECS_PER_THREAD and (num_vecs % per_thread or (num_vecs // per_thread) % 32):
@@ -85,7 +92,7 @@ def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[i
 
 def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
-    preload = TILINGS[tiling][2]
+    preload, lean = TILINGS[tiling][2:]
     rows_per_block = threads // row_threads
     lanes = min(row_threads, 32)
     row_warps = row_threads // lanes
@@ -149,6 +156,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             yb_reg = T.alloc_local((vec,), T.bfloat16)
             q_reg = T.alloc_local((vec,), FP8)
             part = T.alloc_local((vec,), T.float32)
+            yf = T.alloc_local((vec,), T.float32)
             acc = T.alloc_var(T.float32, init=0.0)
             amax = T.alloc_var(T.float32)
             scale = T.alloc_var(T.float32)
@@ -201,20 +209,39 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 if not preload and has_weight != 0 and in_row:
                     for j in T.vectorized(vec):
                         w_reg[0, j] = weight[col + j]
-                for j in T.unroll(vec):
-                    scale = out_scale
-                    if has_weight != 0:
-                        scale = T.cast(w_reg[wv, j], T.float32) * out_scale
-                    y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
-                amax = T.abs(T.cast(y_reg[0], T.float32))
-                for j in T.unroll(1, vec):
-                    amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
+                if lean:
+                    for j in T.unroll(vec):
+                        scale = out_scale
+                        if has_weight != 0:
+                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                    # Vectorized, the rounded outputs are unpacked two at a time
+                    for j in T.vectorized(vec):
+                        yf[j] = T.cast(y_reg[j], T.float32)
+                    # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                    amax = T.abs(yf[0])
+                    for j in T.unroll(1, vec):
+                        amax = T.max(amax, T.abs(yf[j]))
+                else:
+                    for j in T.unroll(vec):
+                        scale = out_scale
+                        if has_weight != 0:
+                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                    amax = T.abs(T.cast(y_reg[0], T.float32))
+                    for j in T.unroll(1, vec):
+                        amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
                 for i in T.unroll(group_lanes.bit_length() - 1):
                     amax = T.max(amax, T.shfl_xor(amax, 1 << i))
                 stored, inv = scale_factor(amax, "e4m3", sf)
-                for j in T.unroll(vec):
-                    q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
+                if lean:
+                    for j in T.vectorized(vec):
+                        yf[j] = yf[j] * inv
+                    for j in T.vectorized(vec):
+                        q_reg[j] = T.cast(yf[j], FP8)
+                else:
+                    for j in T.unroll(vec):
+                        q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
                 if token < num_tokens and in_row:
                     for j in T.vectorized(vec):
                         out[b, token, col + j] = q_reg[j]

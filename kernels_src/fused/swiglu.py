@@ -10,12 +10,26 @@ shuffles among the group's lanes; the scale factor follows kernels_src/quant/com
 Blocks stride over rows, so a block accumulates the clamp counts of many rows
 and adds them to clamped_count once. The `tiling` axis picks how many blocks
 are resident per SM (the register cap given to the compiler, and the grid, so
-every block is resident in one wave) and how many rows a thread loads before it
-computes any (loads in flight per thread); TILINGS says what each name means. MoE options are runtime values: expert
+every block is resident in one wave), how many rows a thread loads before it
+computes any (loads in flight per thread), whether the rows of the next
+iteration are prefetched into L2 while this one computes, and whether the
+lean instruction sequence is used; TILINGS says what each name means.
+
+The lean sequence divides silu's g / (1 + exp(-g)) without the per-element
+branch of IEEE division: reciprocal, one Newton step, quotient and one
+remainder correction, the instructions CUDA's division runs on its fast path,
+so every quotient is the correctly rounded one while operands and results stay
+normal and the Newton step lands on the correctly rounded reciprocal (see
+lean_exact; checked for every bf16 gate, so fp32 inputs keep IEEE division); a vector holding any other gate is
+recomputed with IEEE division. FP8 values are converted two at a time.
+
+MoE options are runtime values: expert
 segments from psum_num_tokens_per_expert (rows in the alignment padding between
 segments are skipped, left unwritten), per-row weights times
 routed_scaling_factor, clamping with counts.
 """
+
+from dataclasses import dataclass
 
 import tilelang.language as T
 
@@ -36,7 +50,7 @@ AXES = (
     Axis("fmt", str, choices=FORMATS),
     Axis("group", int, choices=(0, 32, 128)),
     Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=("base", "r1", "r2", "r4")),
+    Axis("tiling", str, choices=("base", "r1", "r2", "r4", "pf", "lean", "pflean", "pflean6")),
 )
 DYNAMIC_DIMS = ("num_rows",)
 
@@ -46,10 +60,54 @@ MAX_VECS = 4
 NUM_SMS = 132
 THREADS_PER_SM = 2048
 
-# tiling -> (resident threads per SM the register cap aims at, or None for no cap and a grid
-#            of THREADS_PER_SM threads per SM; rows a thread loads before computing, at most)
-TILINGS = {"base": (None, 1), "r1": (2048, 1), "r2": (1536, 2), "r4": (1024, 4)}
+
+@dataclass(frozen=True)
+class Tiling:
+    threads_per_sm: int | None  # resident threads per SM the register cap aims at; None: no cap, a grid of THREADS_PER_SM
+    rows: int  # rows a thread loads before computing, at most
+    prefetch: bool = False  # bulk-prefetch the next iteration's rows into L2 before computing this one
+    lean: bool = False  # branch-free exact division, FP8 conversion two values at a time
+
+
+TILINGS = {
+    "base": Tiling(None, 1),
+    "r1": Tiling(2048, 1),
+    "r2": Tiling(1536, 2),
+    "r4": Tiling(1024, 4),
+    "pf": Tiling(2048, 1, prefetch=True),
+    "lean": Tiling(2048, 1, lean=True),
+    "pflean": Tiling(2048, 1, prefetch=True, lean=True),
+    "pflean6": Tiling(1536, 1, prefetch=True, lean=True),
+}
 DEFAULT_TILING = "base"
+
+# Bulk L2 prefetch (sm_90) and the fast path of IEEE fp32 division (rcp, Newton step, quotient,
+# remainder correction: correctly rounded while no operand or intermediate leaves the normal range)
+_DEVICE_HELPERS = """
+__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
+    return 0;
+}
+__device__ __forceinline__ float tkaot_div_normal(float a, float b) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    float q = __fmul_rn(a, r);
+    return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+}
+"""
+
+
+def lean_exact(g, den):
+    """Whether tkaot_div_normal(g, den) is IEEE g / den, for den = 1 + exp(-g) (checked for every bf16 gate).
+
+    g in [2**-60, 3e38] or [-64, -2**-60] keeps operands, reciprocal and quotient normal; a den whose
+    mantissa is all ones is the one case where the Newton step may miss the correctly rounded reciprocal.
+    """
+    mag = T.abs(g)
+    in_range = (mag >= T.float32(2.0**-60)) & (g > T.float32(-64.0)) & (g < T.float32(3.0e38))
+    return in_range & ((T.reinterpret(den, "uint32") & T.uint32(0x7FFFFF)) != T.uint32(0x7FFFFF))
+
 
 _OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
 
@@ -86,7 +144,7 @@ def row_tiling(hidden: int, dtype: str) -> tuple[int, int, int, int]:
 def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
     """(blocks per SM the compiler must fit, or None; rows each thread loads before computing)."""
     _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype)
-    target, rows = TILINGS[name]
+    target, rows = TILINGS[name].threads_per_sm, TILINGS[name].rows
     threads = row_threads * rows_per_block
     # More rows per thread only while a thread holds at most MAX_VECS vectors of each half
     rows = max(1, min(rows, MAX_VECS // iters))
@@ -100,6 +158,9 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     threads = row_threads * rows_per_block
     num_warps = threads // 32
     max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
+    prefetch, lean = TILINGS[tiling].prefetch, TILINGS[tiling].lean
+    lean_div = lean and dtype == "bfloat16"  # lean_exact is checked for every bf16 gate, not for fp32 ones
+    row_bytes = 2 * hidden * (2 if dtype == "bfloat16" else 4)
     out_dtype = _OUT_DTYPES[fmt]
     quantized = fmt == "e4m3"
     group_lanes = group // vec if quantized else 1
@@ -138,6 +199,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
         with T.Kernel(grid, threads=threads) as block:
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
+            if prefetch or lean:
+                T.import_source(_DEVICE_HELPERS)
             T.assume(x_stride % vec == 0)
             tid = T.get_thread_binding()
             lane = tid % row_threads
@@ -156,6 +219,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             amax = T.alloc_var(T.float32)
             g = T.alloc_var(T.float32)
             u = T.alloc_var(T.float32)
+            if lean_div:
+                exact = T.alloc_var(T.int32)
             for k in T.unroll(4):
                 counts[k] = 0
 
@@ -191,6 +256,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                 gate[r, v, j] = x[row, col + j]
                             for j in T.vectorized(vec):
                                 up[r, v, j] = x[row, hidden + col + j]
+                if prefetch:
+                    # The rows this thread's row group takes next iteration, one bulk prefetch each
+                    for r in T.unroll(row_iters):
+                        ahead = (((it + 1) * row_iters + r) * grid + block) * rows_per_block + sub
+                        if lane == 0 and ahead < num_rows:
+                            T.call_extern("int32", "tkaot_prefetch_l2", T.address_of(x[ahead, 0]), row_bytes)
                 for r in T.unroll(row_iters):
                     row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
                     if valid[r] != 0:
@@ -199,6 +270,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             counts[3] += hidden
                         for v in T.unroll(iters):
                             col = (v * row_threads + lane) * vec
+                            if lean_div:
+                                exact = 1
                             for j in T.unroll(vec):
                                 g = T.cast(gate[r, v, j], T.float32)
                                 u = T.cast(up[r, v, j], T.float32)
@@ -208,7 +281,21 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
                                     g = T.if_then_else(g > clamp_value, clamp_value, g)
                                     u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                if lean_div:
+                                    den = T.float32(1.0) + T.exp(-g)
+                                    val[j] = T.call_extern("float32", "tkaot_div_normal", g, den) * u
+                                    exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
+                                else:
+                                    val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                            if lean_div and exact == 0:
+                                # Recompute with IEEE division (values only: the clamp counts are taken)
+                                for j in T.unroll(vec):
+                                    g = T.cast(gate[r, v, j], T.float32)
+                                    u = T.cast(up[r, v, j], T.float32)
+                                    if has_clamp != 0:
+                                        g = T.if_then_else(g > clamp_value, clamp_value, g)
+                                        u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+                                    val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
                             # Multiplying by a weight of 1 is exact, so rows without weights skip it
                             if has_weights != 0:
                                 for j in T.unroll(vec):
@@ -220,8 +307,15 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                 for i in T.unroll(group_lanes.bit_length() - 1):
                                     amax = T.max(amax, T.shfl_xor(amax, 1 << i))
                                 stored, inv = scale_factor(amax, "e4m3", sf)
-                                for j in T.unroll(vec):
-                                    res[j] = to_e4m3(val[j] * inv)
+                                if lean:
+                                    # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
+                                    for j in T.vectorized(vec):
+                                        val[j] = val[j] * inv
+                                    for j in T.vectorized(vec):
+                                        res[j] = T.cast(val[j], out_dtype)
+                                else:
+                                    for j in T.unroll(vec):
+                                        res[j] = to_e4m3(val[j] * inv)
                                 if lane % group_lanes == 0:
                                     gi = col // group
                                     if packed:
