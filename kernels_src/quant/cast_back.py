@@ -29,10 +29,10 @@ AXES = (
 )
 DYNAMIC_DIMS = ("num_tokens",)
 
-# threads per CTA, tokens per thread, vectors of a row per thread; consecutive CTAs along the row (walking
-# down the tokens of one segment first cost 35%: 78.8 against 58.4 µs at 8192 x 7168 on an H200). The tuning
-# knob; see bench/tune_quant.py
-TILING = RowTiling(128, 4, 1, walk="hidden")
+# threads per CTA, tokens per thread, vectors of a row per thread; the tuning knob (bench/tune_quant.py).
+# H200 tuning run 2 (bench/results/tuning): t128r4c1v8h 45.5 µs at 8192 x 7168 e4m3/128 -> bf16;
+# 8-byte fp8 loads make each bf16 store one coalesced 16-byte store (16-byte loads: 77-78 µs)
+TILING = RowTiling(128, 4, 1, vec_bytes=8, walk="hidden")
 
 
 def check_static(hidden, in_dtype, in_block, in_sf, out_dtype) -> None:

@@ -47,9 +47,11 @@ AXES = (
 )
 DYNAMIC_DIMS = ("num_tokens",)
 
-# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tune_quant.py)
-# (t128r4c1: 46.0 µs e4m3/128, 56.6 µs e2m1/32 at 8192 x 7168 on an H200, best of four)
-TILING = RowTiling(128, 4, 1)
+# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tune_quant.py).
+# H200 tuning run 2 at 8192 x 7168 bf16 (bench/results/tuning): e4m3/128 t128r4c1h 43.9 µs (t128r4c1 45.7);
+# e2m1/32 t128r4c1s 46.0 µs (t128r4c1 53.3, t128r4c1hs 46.8).
+TILING = RowTiling(128, 4, 1, walk="hidden")
+TILING_E2M1 = RowTiling(128, 4, 1, one_scale=True)
 # in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
 STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
 
@@ -82,7 +84,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     storage, storage_bytes, per_storage = STORAGE[in_dtype]
     quantized_in = in_dtype in ("e4m3", "e2m1")
     bm, bk = common.block_shape(in_block) if quantized_in else (1, hidden)
-    tiling = tiling or TILING
+    tiling = tiling or (TILING_E2M1 if fmt == "e2m1" else TILING)
     # Elements per thread vector: vec_bytes (16) at most, inside one group and one input scale block
     vec = min(tiling.vec_bytes // storage_bytes * per_storage, group, bk)
     regs = vec // per_storage  # storage elements per vector
