@@ -18,9 +18,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Built beside, then swapped in: prebuilt/sm90 holds exactly the default set (no stale variants),
+# and a failed build leaves the previous one in place. Unchanged variants come from the build cache.
 build: $(STAMP)
-	$(BIN)/tkaot-build build --shapeset default --arch sm90 --out prebuilt/sm90 -j $(JOBS)
-	$(BIN)/tkaot-build verify prebuilt/sm90
+	rm -rf prebuilt/.sm90.new
+	$(BIN)/tkaot-build build --shapeset default --arch sm90 --out prebuilt/.sm90.new -j $(JOBS)
+	$(BIN)/tkaot-build verify prebuilt/.sm90.new
+	rm -rf prebuilt/sm90 && mv prebuilt/.sm90.new prebuilt/sm90
 
 wheels: $(STAMP)
 	$(BIN)/python -m build_tools.wheel --out dist
