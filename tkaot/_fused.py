@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tkaot import _validate
+from tkaot import quant as _quant  # imported by tkaot.quant once its own ops are defined
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, fail
 
@@ -23,6 +24,14 @@ TOKEN_ALIGNMENT = 128
 _IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
 _OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}
 _SWIGLU_MAX_HIDDEN = {torch.bfloat16: 32768, torch.float32: 18432}
+_F32, _I32, _I64, _BF16, _FP8 = torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.float8_e4m3fn
+_empty_strided = torch.empty_strided
+_PLAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # unquantized fmt: x's dtype
+
+
+class _Fallback(Exception):
+    """Input a hot path does not take as is: the checked path validates it argument by argument."""
+
 
 _SWIGLU = OpKernels(
     "tkaot.quant.swiglu_forward_and_per_token_cast",
@@ -52,8 +61,8 @@ _NORM_CAST = OpKernels(
 _NORM_CAST_GROUP = 32
 
 # The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
-SWIGLU_TILING = "base"
-NORM_CAST_TILING = "base"
+SWIGLU_TILING = "lean"
+NORM_CAST_TILING = "lean6"
 
 
 def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool) -> str:
@@ -105,6 +114,145 @@ def _swiglu(
     clamp_value: float | None,
     clamped_count: torch.Tensor | None,
 ):
+    # The hot path reads each tensor property once and accepts only plainly valid, non-empty
+    # input with one combined condition per argument; anything else (every invalid input among
+    # it) goes through _swiglu_checked, which raises the detailed error.
+    try:
+        device, dtype, xs, shape, x_ptr = x.get_device(), x.dtype, x.stride(), x.shape, x.data_ptr()
+        spec = _IN_DTYPES.get(dtype)
+        if device < 0 or spec is None or len(xs) != 2:
+            raise _Fallback
+        dtype_name, vec = spec
+        num_rows, width = shape
+        hidden = width >> 1
+        x_s = xs[0] if num_rows > 1 else 0
+        if (
+            width & 1 or hidden % 256 or not 0 < hidden <= _SWIGLU_MAX_HIDDEN[dtype] or not 0 < num_rows <= MAX_I32 // 2
+            or xs[1] != 1 or x_ptr % 16 or x_s % vec or x_s > MAX_I32
+        ):  # fmt: skip
+            raise _Fallback
+        if fmt == "e4m3":
+            # an int group only: the launcher cache would take 128.0 for 128
+            if type(num_per_channels) is not int or (num_per_channels != 128 and num_per_channels != 32):
+                raise _Fallback
+            key_fmt, group, out_dtype = "e4m3", num_per_channels, _FP8
+            if use_packed_ue8m0:
+                if not round_sf:
+                    raise _Fallback
+                sf_kind = "ue8m0"
+            else:
+                sf_kind = "pow2" if round_sf else "fp32"
+        elif num_per_channels is None and (fmt == "bf16" or fmt == "fp32"):
+            key_fmt, out_dtype = ("bf16", _BF16) if fmt == "bf16" else ("fp32", _F32)
+            group, sf_kind = 0, "none"
+        else:
+            raise _Fallback
+
+        psum = psum_num_tokens_per_expert
+        if psum is None:
+            num_experts = search_steps = psum_ptr = 0
+        else:
+            p_device, p_dtype, ps, pshape, psum_ptr = psum.get_device(), psum.dtype, psum.stride(), psum.shape, psum.data_ptr()
+            if p_device != device or p_dtype is not _I32 or len(ps) != 1:
+                raise _Fallback
+            num_experts = pshape[0]
+            if num_experts > 1 and ps[0] != 1:
+                raise _Fallback
+            search_steps = num_experts.bit_length()
+            if not num_experts:
+                psum_ptr = 0
+        if topk_weights is None:
+            w_ptr = weights_stride = has_weights = 0
+            if routed_scaling_factor is not None:
+                raise _Fallback
+            scale = 1.0
+        else:
+            w_device, w_dtype, ws, wshape, w_ptr = (
+                topk_weights.get_device(), topk_weights.dtype, topk_weights.stride(), topk_weights.shape, topk_weights.data_ptr(),
+            )  # fmt: skip
+            if w_device != device or w_dtype is not _F32 or len(ws) != 1 or wshape[0] != num_rows:
+                raise _Fallback
+            weights_stride = ws[0] if num_rows > 1 else 0
+            has_weights = 1
+            if routed_scaling_factor is None:
+                scale = 1.0
+            elif type(routed_scaling_factor) is float or type(routed_scaling_factor) is int:
+                scale = float(routed_scaling_factor)
+            else:
+                raise _Fallback
+        if clamp_value is None:
+            clamp, has_clamp = 0.0, 0
+            if clamped_count is not None:
+                raise _Fallback
+        elif type(clamp_value) is float or type(clamp_value) is int:
+            clamp, has_clamp = float(clamp_value), 1
+        else:
+            raise _Fallback
+        if clamped_count is None:
+            count_ptr = count_clamp = 0
+        else:
+            c_device, c_dtype, cs, cshape, count_ptr = (
+                clamped_count.get_device(), clamped_count.dtype, clamped_count.stride(), clamped_count.shape, clamped_count.data_ptr(),
+            )  # fmt: skip
+            if c_device != device or c_dtype is not _I64 or len(cs) != 1 or cshape[0] != 4 or cs[0] != 1:
+                raise _Fallback
+            if num_rows * -(-hidden // 32) > MAX_I32:
+                raise _Fallback
+            count_clamp = 1
+    except Exception:  # _Fallback, or a non-tensor argument: the checked path raises what applies
+        return _swiglu_checked(op, x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                               use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count)  # fmt: skip
+    launcher = _SWIGLU.cache.get((device, hidden, dtype_name, key_fmt, group, sf_kind, SWIGLU_TILING))
+    if launcher is None:
+        launcher = _SWIGLU.get(device, hidden, dtype_name, key_fmt, group, sf_kind, SWIGLU_TILING)
+
+    # Outputs as the checked path allocates them: out contiguous, sf as alloc_token_sf lays it out
+    x_device = x.device
+    out = _empty_strided((num_rows, hidden), (hidden, 1), dtype=out_dtype, device=x_device)
+    if group:
+        groups = hidden // group
+        if sf_kind == "ue8m0":
+            cols, sf_dtype, unit = -(-groups // 4), _I32, 4
+        else:
+            cols, sf_dtype, unit = groups, _F32, 1
+        if use_tma_aligned_col_major_sf:
+            padded = -(-num_rows // 4) * 4
+            if padded == num_rows:
+                out_sf = _empty_strided((num_rows, cols), (1, padded), dtype=sf_dtype, device=x_device)
+            else:
+                storage = _empty_strided((cols * padded,), (1,), dtype=sf_dtype, device=x_device)
+                out_sf = storage.as_strided((num_rows, cols), (1, padded))
+            sf_token_stride, sf_group_stride = unit, padded * unit
+        else:
+            out_sf = _empty_strided((num_rows, cols), (cols, 1), dtype=sf_dtype, device=x_device)
+            sf_token_stride, sf_group_stride = cols * unit, unit
+        sf_ptr = out_sf.data_ptr()
+    else:
+        sf_ptr = sf_token_stride = sf_group_stride = 0
+    launcher(
+        device, current_stream(device),
+        x_ptr, out.data_ptr(), sf_ptr, psum_ptr, w_ptr, count_ptr,
+        1 if num_experts else 0, TOKEN_ALIGNMENT, search_steps, has_weights, scale, has_clamp, clamp, count_clamp,
+        num_rows, num_experts, x_s, weights_stride, sf_token_stride, sf_group_stride,
+    )  # fmt: skip
+    return (out, out_sf) if group else out
+
+
+def _swiglu_checked(
+    op: str,
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int | None,
+    psum_num_tokens_per_expert: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    routed_scaling_factor: float | None,
+    use_tma_aligned_col_major_sf: bool,
+    round_sf: bool,
+    use_packed_ue8m0: bool,
+    clamp_value: float | None,
+    clamped_count: torch.Tensor | None,
+):
+    """_swiglu for any input: each argument validated in turn (the detailed errors), then launched."""
     device = _validate.check_cuda(op, "x", x)
     spec = _IN_DTYPES.get(x.dtype)
     if spec is None:
@@ -252,6 +400,20 @@ def _row_strides(t: torch.Tensor | None) -> tuple[int, int]:
     return (strides[0] if shape[0] > 1 else 0), (strides[1] if shape[1] > 1 else 0)
 
 
+def _rows_like(t: torch.Tensor, device: int, dtype: torch.dtype, shape: torch.Size, vec: int) -> tuple[int, int, int]:
+    """(address, batch stride, token stride) of a buffer shaped like x whose rows are 16-byte vectors; else _Fallback."""
+    t_device, t_dtype, ts, t_shape, ptr = t.get_device(), t.dtype, t.stride(), t.shape, t.data_ptr()
+    if t_device != device or t_dtype is not dtype or t_shape != shape or ts[-1] != 1 or ptr % 16:
+        raise _Fallback
+    if len(ts) == 2:
+        bs, rs = 0, (ts[0] if shape[0] > 1 else 0)
+    else:
+        bs, rs = (ts[0] if shape[0] > 1 else 0), (ts[1] if shape[1] > 1 else 0)
+    if (bs | rs) % vec or max(bs, rs) > MAX_I32:
+        raise _Fallback
+    return ptr, bs, rs
+
+
 def _alloc_norm_sf(x: torch.Tensor, num_groups: int, sf_kind: str, col_major: bool) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """The sf tensor norm_forward_and_per_token_cast returns, and its (batch, token, group) strides in the kernel's units.
 
@@ -326,20 +488,169 @@ def norm_forward_and_per_token_cast(
         ((out, out_sf), out_bf16 or None, rstd of shape x.shape[:-1] or None, the normalised input:
         x + residual, or x itself without residual).
     """
+    # The hot path reads each tensor property once and accepts only plainly valid, non-empty
+    # input with one combined condition per argument; anything else (every invalid input among
+    # it, and the unquantized formats) goes through _norm_cast_checked, which raises the detailed error.
+    if num_per_channels is None:  # the unquantized formats (norm_forward's output), or an error
+        return _norm_cast_checked(
+            x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+            with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd,
+        )  # fmt: skip
+    try:
+        if (
+            fmt != "e4m3" or num_per_channels != _NORM_CAST_GROUP or mega_moe_sf is not None or mega_moe_block_m
+            or (use_packed_ue8m0 and not round_sf) or (out_bf16 is not None and not with_out_bf16)
+        ):  # fmt: skip
+            raise _Fallback
+        device, dtype, xs, shape, x_ptr = x.get_device(), x.dtype, x.stride(), x.shape, x.data_ptr()
+        spec = _IN_DTYPES.get(dtype)
+        if device < 0 or spec is None:
+            raise _Fallback
+        dtype_name, vec = spec
+        ndim = len(xs)
+        if ndim == 2:
+            (num_tokens, hidden), (x_ts, x_last), batch, x_bs = shape, xs, 1, 0
+            dense = x_ts == hidden
+        elif ndim == 3:
+            (batch, num_tokens, hidden), (x_bs, x_ts, x_last) = shape, xs
+            dense = x_ts == hidden and x_bs == num_tokens * hidden
+            if batch == 1:
+                x_bs = 0
+        else:
+            raise _Fallback
+        if num_tokens == 1:
+            x_ts = 0
+        if (
+            hidden % 32 or not 0 < hidden <= 8192 or not 0 < batch <= 65535 or not 0 < num_tokens <= MAX_I32
+            or x_last != 1 or x_ptr % 16 or (x_bs | x_ts) % vec or max(x_bs, x_ts) > MAX_I32
+        ):  # fmt: skip
+            raise _Fallback
+        if weight is None:
+            w_ptr = has_weight = 0
+        else:
+            w_device, w_dtype, ws, wshape, w_ptr = weight.get_device(), weight.dtype, weight.stride(), weight.shape, weight.data_ptr()
+            if w_device != device or w_dtype is not dtype or len(ws) != 1 or wshape[0] != hidden or ws[0] != 1 or w_ptr % 16:
+                raise _Fallback
+            has_weight = 1
+        if residual is None:
+            residual_out = None
+            r_ptr = r_bs = r_ts = ro_ptr = ro_bs = ro_ts = has_residual = 0
+        else:
+            r_ptr, r_bs, r_ts = _rows_like(residual, device, dtype, shape, vec)
+            if residual_out is not None:
+                ro_ptr, ro_bs, ro_ts = _rows_like(residual_out, device, dtype, shape, vec)
+            has_residual = 1
+        if out_bf16 is not None:
+            ob_ptr, ob_bs, ob_ts = _rows_like(out_bf16, device, _BF16, shape, vec)
+
+        sf_kind = "ue8m0" if use_packed_ue8m0 else ("pow2" if round_sf else "fp32")
+        groups = hidden // _NORM_CAST_GROUP
+        cols, sf_dtype, unit = (-(-groups // 4), _I32, 4) if use_packed_ue8m0 else (groups, _F32, 1)
+        if out is None:
+            pitch = -(-num_tokens // 4) * 4 if use_tma_aligned_col_major_sf else num_tokens
+            if cols * pitch * unit > MAX_I32:
+                raise _Fallback
+        else:
+            if type(out) is not tuple or len(out) != 2 or use_tma_aligned_col_major_sf:
+                raise _Fallback
+            data, out_sf = out
+            d_ptr, d_bs, d_ts = _rows_like(data, device, _FP8, shape, vec)
+            s_device, s_dtype, ss, sshape, sf_ptr = out_sf.get_device(), out_sf.dtype, out_sf.stride(), out_sf.shape, out_sf.data_ptr()
+            if s_device != device or s_dtype is not sf_dtype or len(ss) != ndim or sshape[-1] != cols or (ss[-1] != 1 and cols > 1):
+                raise _Fallback
+            if ndim == 2:
+                sf_bs, sf_ts = 0, (ss[0] * unit if num_tokens > 1 else 0)
+                if sshape[0] != num_tokens:
+                    raise _Fallback
+            else:
+                sf_bs, sf_ts = (ss[0] * unit if batch > 1 else 0), (ss[1] * unit if num_tokens > 1 else 0)
+                if sshape[0] != batch or sshape[1] != num_tokens:
+                    raise _Fallback
+            if max(sf_bs, sf_ts, -sf_bs, -sf_ts) > MAX_I32:
+                raise _Fallback
+            sf_gs = unit
+    except Exception:  # _Fallback, or a non-tensor argument: the checked path raises what applies
+        return _norm_cast_checked(
+            x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+            with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd,
+        )  # fmt: skip
+    launcher = _NORM_CAST.cache.get((device, hidden, dtype_name, sf_kind, NORM_CAST_TILING))
+    if launcher is None:
+        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, NORM_CAST_TILING)
+    eps, out_scale = float(eps), float(out_scale)
+
+    # New outputs as the checked path allocates them: contiguous, sf as _alloc_norm_sf lays it out;
+    # their strides are known, and empty_like keeps a dense x's strides for residual_out.
+    x_device = x.device
+    if ndim == 2:
+        sizes, strides, lead, lead_strides = (num_tokens, hidden), (hidden, 1), (num_tokens,), (1,)
+    else:
+        sizes, strides = (batch, num_tokens, hidden), (num_tokens * hidden, hidden, 1)
+        lead, lead_strides = (batch, num_tokens), (num_tokens, 1)
+    new_bs = num_tokens * hidden if batch > 1 else 0
+    new_ts = hidden if num_tokens > 1 else 0
+    if residual is not None and residual_out is None:
+        residual_out = torch.empty_like(x)
+        ro_ptr = residual_out.data_ptr()
+        ro_bs, ro_ts = (x_bs, x_ts) if dense else _row_strides(residual_out)
+    if out_bf16 is None:
+        if with_out_bf16:
+            out_bf16 = _empty_strided(sizes, strides, dtype=_BF16, device=x_device)
+            ob_ptr, ob_bs, ob_ts, has_out_bf16 = out_bf16.data_ptr(), new_bs, new_ts, 1
+        else:
+            ob_ptr = ob_bs = ob_ts = has_out_bf16 = 0
+    else:
+        has_out_bf16 = 1
+    if out is None:
+        data = _empty_strided(sizes, strides, dtype=_FP8, device=x_device)
+        d_ptr, d_bs, d_ts = data.data_ptr(), new_bs, new_ts
+        if use_tma_aligned_col_major_sf:
+            # each batch's (groups, tokens) block row by row, tokens padded to 16 bytes
+            sf_sizes = (num_tokens, cols) if ndim == 2 else (batch, num_tokens, cols)
+            sf_strides = (1, pitch) if ndim == 2 else (cols * pitch, 1, pitch)
+            if pitch == num_tokens:
+                out_sf = _empty_strided(sf_sizes, sf_strides, dtype=sf_dtype, device=x_device)
+            else:
+                out_sf = _empty_strided((batch * cols * pitch,), (1,), dtype=sf_dtype, device=x_device).as_strided(sf_sizes, sf_strides)
+            sf_bs, sf_ts, sf_gs = cols * pitch * unit, unit, pitch * unit
+        else:
+            if ndim == 2:
+                out_sf = _empty_strided((num_tokens, cols), (cols, 1), dtype=sf_dtype, device=x_device)
+            else:
+                out_sf = _empty_strided((batch, num_tokens, cols), (num_tokens * cols, cols, 1), dtype=sf_dtype, device=x_device)
+            sf_bs, sf_ts, sf_gs = num_tokens * cols * unit, cols * unit, unit
+        sf_ptr = out_sf.data_ptr()
+    if with_rstd:
+        rstd = _empty_strided(lead, lead_strides, dtype=_F32, device=x_device)
+        rstd_ptr, has_rstd = rstd.data_ptr(), 1
+    else:
+        rstd, rstd_ptr, has_rstd = None, 0, 0
+    launcher(
+        device, current_stream(device),
+        x_ptr, w_ptr, r_ptr, ro_ptr, d_ptr, sf_ptr, ob_ptr, rstd_ptr,
+        eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16,
+        batch, num_tokens, x_bs, x_ts, r_bs, r_ts, ro_bs, ro_ts, d_bs, d_ts, ob_bs, ob_ts, sf_bs, sf_ts, sf_gs,
+    )  # fmt: skip
+    return (data, out_sf), out_bf16, rstd, (x if residual is None else residual_out)
+
+
+def _norm_cast_checked(
+    x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+    with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd,
+):  # fmt: skip
+    """norm_forward_and_per_token_cast for any input: each argument validated in turn (the detailed errors), then launched."""
     op = "tkaot.quant.norm_forward_and_per_token_cast"
     if mega_moe_sf is not None or mega_moe_block_m:
         given = "a tensor" if mega_moe_sf is not None else f"mega_moe_block_m={mega_moe_block_m}"
         fail(op, "mega_moe_sf", "None (the mega MoE sf layout is not supported)", given)
     if (fmt, num_per_channels) in (("bf16", None), ("fp32", None)):
-        expected = {"bf16": torch.bfloat16, "fp32": torch.float32}[fmt]
+        expected = _PLAIN_DTYPES[fmt]
         if isinstance(x, torch.Tensor) and x.dtype != expected:
             fail(op, "fmt", f"the format of x's dtype for an unquantized output ({x.dtype})", repr(fmt))
         if with_out_bf16 or out_bf16 is not None:
             fail(op, "with_out_bf16", "False for an unquantized output", with_out_bf16)
-        from tkaot.quant import norm_forward
-
         plain_out = None if out is None else out[0]
-        result, rstd, norm_input = norm_forward(x, weight, eps, residual, out_scale, plain_out, residual_out, with_rstd)
+        result, rstd, norm_input = _quant.norm_forward(x, weight, eps, residual, out_scale, plain_out, residual_out, with_rstd)
         return result, None, rstd, norm_input
     if (fmt, num_per_channels) != ("e4m3", _NORM_CAST_GROUP):
         fail(op, "(fmt, num_per_channels)", "('e4m3', 32), ('bf16', None) or ('fp32', None)", (fmt, num_per_channels))

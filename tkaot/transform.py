@@ -44,6 +44,13 @@ def _head_rows(name: str, t: torch.Tensor, vec: int) -> tuple[int, int, int]:
     return strides[0], strides[1], strides[2]
 
 
+_F32, _I32, _I64 = torch.float32, torch.int32, torch.int64
+
+
+class _Fallback(Exception):
+    """Input the hot path does not take as is: the checked path validates it argument by argument."""
+
+
 def apply_rotary(
     query: torch.Tensor,
     cos_sin_cache: torch.Tensor,
@@ -71,6 +78,113 @@ def apply_rotary(
     Pair (a, b) with angle row (cos, sin) becomes (a cos - b sin, a sin + b cos), computed in
     fp32 and rounded to the input dtype. Returns None.
     """
+    # The hot path reads each tensor property once and accepts only plainly valid, non-empty
+    # input with one combined condition per tensor; anything else (every invalid input among
+    # it) goes through _apply_rotary_checked, which raises the detailed error.
+    try:
+        device, dtype, qs, qshape, q_ptr = query.get_device(), query.dtype, query.stride(), query.shape, query.data_ptr()
+        c_device, c_dtype, cs, cshape, c_ptr = (
+            cos_sin_cache.get_device(), cos_sin_cache.dtype, cos_sin_cache.stride(), cos_sin_cache.shape, cos_sin_cache.data_ptr(),
+        )  # fmt: skip
+        spec = _DTYPES.get(dtype)
+        if device < 0 or spec is None or c_device != device or c_dtype is not _F32 or len(cs) != 2 or cs[1] != 1 or c_ptr % 16:
+            raise _Fallback
+        dtype_name, vec = spec
+        cache_rows, rot_dim = cshape
+        cache_stride = cs[0] if cache_rows > 1 else 0
+        if (rot_dim != 64 and rot_dim != 128) or cache_stride % 4 or cache_rows * max(cache_stride, rot_dim) > MAX_I32:
+            raise _Fallback
+        if type(seqlen_offset) is not int or not -MAX_I32 <= seqlen_offset <= MAX_I32:
+            raise _Fallback
+        ndim = len(qs)
+        if ndim == 3:
+            (seqlen, q_heads, q_rot), (q_ts, q_hs, q_last), batch, q_bs = qshape, qs, 1, 0
+        elif ndim == 4:
+            (batch, seqlen, q_heads, q_rot), (q_bs, q_ts, q_hs, q_last) = qshape, qs
+            if batch == 1:
+                q_bs = 0
+        else:
+            raise _Fallback
+        if seqlen == 1:
+            q_ts = 0
+        if q_heads == 1:
+            q_hs = 0
+        # strides are non-negative multiples of vec (their OR is), and the extent bounds each one
+        any_stride = q_bs | q_ts | q_hs
+        if (
+            q_rot != rot_dim or q_last != 1 or q_ptr % 16 or not (batch and seqlen and q_heads) or batch > 65535
+            or any_stride < 0 or any_stride % vec or seqlen * q_heads > MAX_I32
+            or (batch - 1) * q_bs + (seqlen - 1) * q_ts + (q_heads - 1) * q_hs + rot_dim - 1 > MAX_I32
+        ):  # fmt: skip
+            raise _Fallback
+        if key is not None:
+            k_device, k_dtype, ks, kshape, k_ptr = key.get_device(), key.dtype, key.stride(), key.shape, key.data_ptr()
+            if k_device != device or k_dtype is not dtype or len(ks) != ndim or k_ptr % 16:
+                raise _Fallback
+            if ndim == 3:
+                (k_seqlen, k_heads, k_rot), (k_ts, k_hs, k_last), k_batch, k_bs = kshape, ks, 1, 0
+            else:
+                (k_batch, k_seqlen, k_heads, k_rot), (k_bs, k_ts, k_hs, k_last) = kshape, ks
+                if batch == 1:
+                    k_bs = 0
+            if seqlen == 1:
+                k_ts = 0
+            if k_heads == 1:
+                k_hs = 0
+            any_stride = k_bs | k_ts | k_hs
+            if (
+                k_batch != batch or k_seqlen != seqlen or k_rot != rot_dim or k_last != 1 or not k_heads
+                or any_stride < 0 or any_stride % vec or seqlen * k_heads > MAX_I32
+                or (batch - 1) * k_bs + (seqlen - 1) * k_ts + (k_heads - 1) * k_hs + rot_dim - 1 > MAX_I32
+            ):  # fmt: skip
+                raise _Fallback
+        if positions is None:
+            pos_ptr = pos_bs = pos_s = has_positions = 0
+            if not 0 <= seqlen_offset <= cache_rows - seqlen:
+                raise _Fallback
+        else:
+            p_device, p_dtype, ps, pshape, pos_ptr = (
+                positions.get_device(), positions.dtype, positions.stride(), positions.shape, positions.data_ptr(),
+            )  # fmt: skip
+            if p_device != device or (p_dtype is not _I64 and p_dtype is not _I32) or len(ps) != ndim - 2:
+                raise _Fallback
+            # int64 positions are read through their low 32-bit word (little-endian)
+            words = 2 if p_dtype is _I64 else 1
+            if ndim == 3:
+                pos_bs, pos_s, p_seqlen, p_batch = 0, ps[0] * words, pshape[0], 1
+            else:
+                (p_batch, p_seqlen), (pos_bs, pos_s) = pshape, (ps[0] * words, ps[1] * words)
+                if batch == 1:
+                    pos_bs = 0
+            if seqlen == 1:
+                pos_s = 0
+            if p_batch != batch or p_seqlen != seqlen or pos_bs < 0 or pos_s < 0 or max(pos_bs, pos_s) > MAX_I32:
+                raise _Fallback
+            has_positions = 1
+    except Exception:  # _Fallback, or a non-tensor argument: the checked path raises what applies
+        return _apply_rotary_checked(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    interleaved = True if interleaved else False
+    launcher = _ROTARY.cache.get((device, rot_dim, dtype_name, interleaved))
+    if launcher is None:
+        launcher = _ROTARY.get(device, rot_dim, dtype_name, interleaved)
+    conjugate = 1 if conjugate else 0
+    stream = current_stream(device)
+    launcher(
+        device, stream,
+        q_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
+        batch, seqlen, q_heads, cache_rows, q_bs, q_ts, q_hs, cache_stride, pos_bs, pos_s,
+    )  # fmt: skip
+    if key is not None:
+        launcher(
+            device, stream,
+            k_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
+            batch, seqlen, k_heads, cache_rows, k_bs, k_ts, k_hs, cache_stride, pos_bs, pos_s,
+        )  # fmt: skip
+    return None
+
+
+def _apply_rotary_checked(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset) -> None:
+    """apply_rotary for any input: each argument validated in turn (the detailed errors), then launched."""
     device = _validate.check_cuda(_OP, "query", query)
     spec = _DTYPES.get(query.dtype)
     if spec is None:
