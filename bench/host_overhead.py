@@ -38,7 +38,11 @@ def patch_for_cpu() -> None:
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     import sys
 
-    import tkaot  # noqa: F401  (loads every op module)
+    import tkaot._casts  # noqa: F401  (op modules load lazily: load them all before patching)
+    import tkaot._fused  # noqa: F401
+    import tkaot.moe  # noqa: F401
+    import tkaot.quant  # noqa: F401
+    import tkaot.transform  # noqa: F401
 
     for name, module in list(sys.modules.items()):
         if name.startswith("tkaot") and hasattr(module, "current_stream"):

@@ -9,7 +9,8 @@ prebuilt artifact sets the first time an op needs them (or by preload()).
 
 __version__ = "0.1.0"
 
-from tkaot import moe, quant, transform  # noqa: E402
+import importlib  # noqa: E402
+
 from tkaot.errors import (  # noqa: E402
     ArtifactError,
     CudaDriverError,
@@ -19,7 +20,19 @@ from tkaot.errors import (  # noqa: E402
     UnsupportedArchError,
     VariantNotBuilt,
 )
-from tkaot.registry import REGISTRY  # noqa: E402
+
+# The op families load on first use, so `import tkaot` costs only what its first call needs
+_LAZY = ("quant", "moe", "transform", "reference", "registry")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return importlib.import_module(f"tkaot.{name}")
+    raise AttributeError(f"module 'tkaot' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def preload(device=None) -> int:
@@ -27,6 +40,8 @@ def preload(device=None) -> int:
 
     Returns the number of kernels loaded.
     """
+    from tkaot.registry import REGISTRY
+
     index = device.index if hasattr(device, "index") else device
     return REGISTRY.preload(index)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from tkaot._op import OpKernels, current_stream
@@ -127,5 +129,28 @@ def norm_forward(
         x_bs, x_s, r_bs, r_s, o_bs, o_s, ro_bs, ro_s,
     )  # fmt: skip
     return out, rstd, (x if residual is None else residual_out)
-from tkaot._casts import *  # noqa: E402,F403
-from tkaot._fused import *  # noqa: E402,F403
+
+
+# The casts and fused ops load on first use (they are most of this module's import time);
+# tests/test_import.py checks these lists against the modules' __all__.
+_CAST_NAMES = (
+    "cast", "cast_back", "per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only",
+    "per_channel_cast", "per_token_cast_and_cast_back", "per_token_cast", "per_token_cast_back",
+    "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only", "unpack_from_e2m1fn_x2",
+)  # fmt: skip
+_FUSED_NAMES = ("norm_forward_and_per_token_cast", "swiglu_forward", "swiglu_forward_and_per_token_cast")
+_LAZY = {**{name: "tkaot._casts" for name in _CAST_NAMES}, **{name: "tkaot._fused" for name in _FUSED_NAMES}}
+__all__ = ["norm_forward", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tkaot.quant' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
