@@ -40,8 +40,8 @@ def main() -> None:
 
     import tkaot
     import tkaot.reference
+    from bench.prebuilt_launch import prebuilt_norm_launch
     from tkaot import _cuda
-    from tkaot.quant import _NORM
 
     builder = cffi.FFI()
     builder.cdef(
@@ -60,24 +60,12 @@ def main() -> None:
 
         api = _tk_api_launch.lib
         assert api.tk_init() == 0
-        x = torch.randn(1, 7168, dtype=torch.bfloat16, device="cuda")
-        w = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
-        out, _, _ = tkaot.quant.norm_forward(x, w, 1e-6)
-        dev = x.get_device()
-        launcher = _NORM.get(dev, 7168, "bfloat16", True, False, False)
-        values = (x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0, 0, 1e-6, 1.0, 1, 1, 0, 7168, 0, 0, 0, 7168, 0, 0)
-        storage = bytearray(launcher._size)
-        base = _cuda.ffi.cast("char *", _cuda.ffi.from_buffer(storage))
-        params = _cuda.ffi.new("void *[]", len(launcher._offsets))
-        for i, off in enumerate(launcher._offsets):
-            params[i] = base + off
-        launcher._pack_into(storage, 0, *values)
-        fn = launcher.kernel.functions[dev]
-        stream = torch._C._cuda_getCurrentRawStream(dev)
+        pre = prebuilt_norm_launch()
+        x, w, out, fn, params, stream = pre.x, pre.weight, pre.out, pre.fn, pre.params, pre.stream
         api_params = _tk_api_launch.ffi.cast("void **", int(_cuda.ffi.cast("uintptr_t", params)))
         api_fn = _tk_api_launch.ffi.cast("void *", int(_cuda.ffi.cast("uintptr_t", fn)))
         abi, null = _cuda._lib, _cuda.ffi.NULL
-        (gx, gy, gz), (bx, by, bz), smem = launcher._grid(values), launcher._block, launcher._smem
+        (gx, gy, gz), (bx, by, bz), smem = pre.grid, pre.block, pre.smem
         abi_call = lambda: abi.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params, null)
         api_call = lambda: api.tk_launch(api_fn, gx, gy, gz, bx, by, bz, smem, stream, api_params)
         result = {"abi_launch_host_us": round(timing.host_us(abi_call), 2), "api_launch_host_us": round(timing.host_us(api_call), 2)}

@@ -68,28 +68,16 @@ def run_case(case: Case, tk, l2_bytes: int, copy_tbps: float) -> dict:
     return row
 
 
-def launch_floor(copy_args=None) -> dict:
+def launch_floor() -> dict:
     """Host µs of the floor: a pre-built cuLaunchKernel of the norm kernel + torch.empty_like, at (1, 7168) bf16."""
     import tkaot
+    from bench.prebuilt_launch import prebuilt_norm_launch
     from tkaot import _cuda
-    from tkaot.quant import _NORM
 
-    x = torch.randn(1, 7168, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
-    out, _, _ = tkaot.quant.norm_forward(x, w, 1e-6)  # loads the module
-    dev = x.get_device()
-    launcher = _NORM.get(dev, 7168, "bfloat16", True, False, False)
-    stream = torch._C._cuda_getCurrentRawStream(dev)
-    values = (x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0, 0, 1e-6, 1.0, 1, 1, 0, 7168, 0, 0, 0, 7168, 0, 0)
-    storage = bytearray(launcher._size)
-    base = _cuda.ffi.cast("char *", _cuda.ffi.from_buffer(storage))
-    params = _cuda.ffi.new("void *[]", len(launcher._offsets))
-    for i, off in enumerate(launcher._offsets):
-        params[i] = base + off
-    launcher._pack_into(storage, 0, *values)
-    fn = launcher.kernel.functions[dev]
-    grid = launcher._grid(values)
-    block, smem, cu, null = launcher._block, launcher._smem, _cuda._lib, _cuda.ffi.NULL
+    pre = prebuilt_norm_launch()
+    x, w, dev, stream = pre.x, pre.weight, pre.x.get_device(), pre.stream
+    fn, grid, block, smem, params = pre.fn, pre.grid, pre.block, pre.smem, pre.params
+    cu, null = _cuda._lib, _cuda.ffi.NULL
 
     def floor():
         torch.empty_like(x)

@@ -43,3 +43,29 @@ def build_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("tkaot-cache")
     os.environ["TKAOT_CACHE_DIR"] = str(path)
     return path
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Treat meta tensors as CUDA tensors on device 0, so validation runs without a GPU.
+
+    Every op module's `check_cuda` (imported from tkaot._validate) is replaced; a tensor on
+    any other device is still refused the way the real check refuses it.
+    """
+    import importlib
+
+    import torch
+
+    def check_cuda(op, name, t, device_index=None):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "meta":
+            raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
+        return 0
+
+    monkeypatch.setattr("tkaot._validate.check_cuda", check_cuda)
+    for name in ("tkaot.quant", "tkaot._casts", "tkaot._fused", "tkaot.moe", "tkaot.transform"):
+        module = importlib.import_module(name)
+        if hasattr(module, "check_cuda"):
+            monkeypatch.setattr(module, "check_cuda", check_cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

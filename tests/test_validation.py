@@ -4,24 +4,9 @@ import pytest
 import torch
 
 import tkaot
-from tkaot import quant
 from tkaot.errors import NoGPUError
 
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """Treat meta tensors as CUDA tensors on device 0, so validation runs without a GPU."""
-
-    def check_cuda(op, name, t, device_index=None):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "meta":
-            raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
-        return 0
-
-    monkeypatch.setattr(quant, "check_cuda", check_cuda)
-    monkeypatch.setattr("tkaot._validate.check_cuda", check_cuda)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+# fake_cuda (tests/conftest.py) lets meta tensors stand in for CUDA ones
 
 
 def meta(*shape, dtype=torch.bfloat16):
