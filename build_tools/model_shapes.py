@@ -202,3 +202,90 @@ def rmsnorm_tables(model: ModelConfig) -> ShapeTables:
             "with_rstd": BOTH,
         }
     ]
+
+
+# --- the other kernels --------------------------------------------------------
+# The tilings the ops launch (tkaot/_fused.py SWIGLU_TILING / NORM_CAST_TILING, tkaot/moe.py
+# _GATE_TILING / _TOPK_TILING); tests/test_model_shapes.py holds these equal to the ops'.
+SWIGLU_TILING, NORM_CAST_TILING, GATE_TILING = "lean", "lean6", "ballot4"
+FP8_SF = ["fp32", "pow2", "ue8m0"]  # plain, power-of-two and packed-UE8M0 scale factors (DeepGEMM)
+
+
+def linear_inputs(model: ModelConfig) -> list[int]:
+    """Widths of the activations entering the model's linear layers (what FP8 GEMMs cast)."""
+    widths = {model.hidden_size}  # q/kv/gate/up projections, and o_proj's output side is hidden too
+    for width in (model.intermediate_size, model.moe_intermediate_size, model.q_lora_rank, model.kv_lora_rank):
+        if width:
+            widths.add(width)  # down projections; MLA's q_b / kv_b projections
+    if model.num_attention_heads and model.head_dim and not model.is_mla:
+        widths.add(model.num_attention_heads * model.head_dim)  # o_proj input
+    return sorted(w for w in widths if w % 128 == 0)  # per-token groups of 128 channels
+
+
+def mlp_widths(model: ModelConfig) -> list[int]:
+    """Intermediate sizes of the model's gated MLPs (dense and expert) that the SwiGLU kernel takes."""
+    return sorted({w for w in (model.intermediate_size, model.moe_intermediate_size) if w and w % 256 == 0})
+
+
+@mapping("per_token_cast")
+def per_token_cast_tables(model: ModelConfig) -> ShapeTables:
+    # FP8 inference: e4m3 with 128-channel groups, row- or TMA-aligned column-major sf
+    return [
+        {
+            "hidden": linear_inputs(model),
+            "in_dtype": ["bfloat16"],
+            "in_block": ["none"],
+            "in_sf": ["none"],
+            "fmt": ["e4m3"],
+            "group": [128],
+            "sf": FP8_SF,
+            "sf_layout": ["row", "col"],
+            "mode": ["cast"],
+            "stochastic": [False],
+        }
+    ]
+
+
+@mapping("swiglu")
+def swiglu_tables(model: ModelConfig) -> ShapeTables:
+    widths = mlp_widths(model)
+    common = {"hidden": widths, "dtype": ["bfloat16"]}
+    return [
+        {**common, "fmt": ["bf16"], "group": [0], "sf": ["none"], "tiling": [SWIGLU_TILING]},
+        {**common, "fmt": ["e4m3"], "group": [128], "sf": FP8_SF, "tiling": [SWIGLU_TILING]},
+    ]
+
+
+@mapping("norm_cast")
+def norm_cast_tables(model: ModelConfig) -> ShapeTables:
+    # RMSNorm fused with the per-token cast (groups of 32) of the next linear layer's input
+    widths = [w for w in norm_widths(model) if w % 32 == 0 and w <= 8192]
+    return [{"hidden": widths, "dtype": ["bfloat16"], "sf": FP8_SF, "tiling": [NORM_CAST_TILING]}]
+
+
+@mapping("rotary")
+def rotary_tables(model: ModelConfig) -> ShapeTables:
+    rot = [model.rope_head_dim] if model.rope_head_dim in (64, 128) else []
+    return [{"rot_dim": rot, "dtype": ["bfloat16"], "interleaved": BOTH}]
+
+
+@mapping("moe_topk_gate")
+def moe_gate_tables(model: ModelConfig) -> ShapeTables:
+    if not model.num_experts or not model.experts_per_token:
+        return []  # a dense model routes nothing
+    return [{"num_experts": [model.num_experts], "num_topk": [model.experts_per_token], "tiling": [GATE_TILING]}]
+
+
+@mapping("topk_gate")
+def topk_gate_tables(model: ModelConfig) -> ShapeTables:
+    if not model.num_experts or not model.experts_per_token:
+        return []
+    tables = [{"num_experts": [model.num_experts], "num_topk": [model.experts_per_token], "tiling": [GATE_TILING]}]
+    if model.n_group and model.topk_group:  # group-limited routing picks groups first
+        tables.append({"num_experts": [model.n_group], "num_topk": [model.topk_group], "tiling": [GATE_TILING]})
+    return tables
+
+
+@mapping("normalize_weight")
+def normalize_weight_tables(model: ModelConfig) -> ShapeTables:
+    return [{"num_topk": [model.experts_per_token]}] if model.num_experts and model.experts_per_token else []
