@@ -6,6 +6,22 @@ on TKAOT_PATH (the op's own tiling comes from the default set):
     tkaot-build build --shapeset <candidates>.toml --out tune-artifacts/fused
     TKAOT_PATH=tune-artifacts/fused python -m bench.tune_fused
 
+with <candidates>.toml the bench shapes and the tilings below (SWIGLU_TILINGS, NORM_CAST_TILINGS):
+
+    [[swiglu]]
+    hidden = 2048
+    dtype = "bfloat16"
+    fmt = "e4m3"
+    group = 128
+    sf = "fp32"
+    tiling = ["lean", "lean2v5", "lean2v6", "lean4v"]
+
+    [[norm_cast]]
+    hidden = 7168
+    dtype = "bfloat16"
+    sf = "fp32"
+    tiling = ["lean6", "leanw4", "lean6d", "leanw4d", "lean8d"]
+
 Every candidate's output is first checked bit for bit against the pure-torch reference (swiglu
 also on gates that send the lean division to its IEEE fallback, with weights and clamping), then
 timed by CUDA-graph replay over rotating input sets (each larger than L2) on the bench shapes.
@@ -24,8 +40,10 @@ from tkaot import _fused, reference
 from tkaot.errors import VariantNotBuilt
 
 INPUT_SETS = 3
-SWIGLU_TILINGS = ("base", "r1", "pf", "lean", "pflean", "pflean6")
-NORM_CAST_TILINGS = ("base", "pre6", "lean", "lean6", "leanw4")
+# Run 3: the shipped tilings (lean, lean6) and leanw4 as controls; a thread owning 2 or 4 vectors of one
+# row (swiglu), the "fp32" scale factor by the fast-path division (norm_cast, the "d" tilings)
+SWIGLU_TILINGS = ("lean", "lean2v5", "lean2v6", "lean4v")
+NORM_CAST_TILINGS = ("lean6", "leanw4", "lean6d", "leanw4d", "lean8d")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)

@@ -136,6 +136,38 @@ def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate():
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kd, kr)
 
 
+def _div_normal(a, b, kr):
+    """tkaot_div_normal(a, b) (fp32 numpy arrays) with a reciprocal estimate kr ulp off RN(1 / b)."""
+    import numpy as np
+
+    r = (1.0 / b.astype(np.float64)).astype(np.float32)
+    for _ in range(abs(kr)):
+        r = np.nextafter(r, np.float32(np.inf if kr > 0 else -np.inf))
+    r = _fma32(r, _fma32(-b, r, 1.0), r)
+    q = (a.astype(np.float64) * r.astype(np.float64)).astype(np.float32)
+    return _fma32(_fma32(-b, q, a), r, q)
+
+
+def test_norm_cast_lean_scale_factor_is_ieee_division_for_every_bf16_amax():
+    """kernels_src/fused/norm_cast.py's lean "fp32" scale factor (amax / 448, 448 / amax by tkaot_div_normal)
+    equals IEEE division for every clamped bf16 amax below LEAN_SF_LIMIT and the floor 1e-4, with any
+    reciprocal estimate within 4 ulp (rcp.approx's error is below 1 ulp)."""
+    import numpy as np
+
+    from kernels_src.fused.norm_cast import LEAN_SF_LIMIT
+    from kernels_src.quant.common import amax_floor
+
+    floor = np.float32(amax_floor("e4m3", "fp32"))
+    c = (np.arange(1 << 15, dtype=np.uint32) << 16).view(np.float32)  # non-negative bf16 values
+    c = np.append(c[np.isfinite(c) & (c >= floor) & (c < LEAN_SF_LIMIT)], floor)
+    fmax = np.full_like(c, 448.0)
+    for a, b in ((c, fmax), (fmax, c)):
+        want = (a.astype(np.float64) / b.astype(np.float64)).astype(np.float32)
+        for kr in range(-4, 5):
+            got = _div_normal(a, b, kr)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kr
+
+
 # --- validation, with meta tensors standing in for CUDA ones
 
 

@@ -25,7 +25,7 @@ TMA-aligned column-major layouts are one kernel.
 import tilelang.language as T
 
 from kernels_src.axes import Axis
-from kernels_src.quant.common import scale_factor, to_e4m3
+from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "norm_cast"
 OPS = ("tkaot.quant.norm_forward_and_per_token_cast",)
@@ -39,7 +39,7 @@ AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
     Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=("base", "pre", "pre6", "w4", "lean", "lean6", "leanw4")),
+    Axis("tiling", str, choices=("base", "pre", "pre6", "w4", "lean", "lean6", "leanw4", "lean6d", "leanw4d", "lean8d")),
 )
 DYNAMIC_DIMS = ("num_tokens", "batch")
 
@@ -48,21 +48,41 @@ MAX_VECS_PER_THREAD = 4
 # "w4" rows: whole warps, at most this many threads a row, every thread the same number of vectors
 MAX_ROW_THREADS = 256
 # tiling -> (layout, blocks per SM the compiler must fit or None (for "warps": resident threads per
-#            SM it aims at), weight read before the row reduction, lean instruction sequence)
+#            SM it aims at), weight read before the row reduction, lean instruction sequence,
+#            lean fp32 scale factors: see lean_scale_factor)
 #   "pow2": 128 threads a block, a power of two of them a row, up to MAX_VECS_PER_THREAD vectors each
 #           beyond 128 threads (7 for hidden 7168); "warps": see row_tiling.
 # Reading the weight with x keeps its loads off the path after the reduction (the weight is a runtime
 # option, so the compiler cannot hoist them), at the cost of holding it in registers.
 TILINGS = {
-    "base": ("pow2", None, False, False),
-    "pre": ("pow2", None, True, False),
-    "pre6": ("pow2", 6, True, False),
-    "w4": ("warps", 1280, True, False),
-    "lean": ("pow2", None, False, True),
-    "lean6": ("pow2", 6, True, True),
-    "leanw4": ("warps", 1280, True, True),
+    "base": ("pow2", None, False, False, False),
+    "pre": ("pow2", None, True, False, False),
+    "pre6": ("pow2", 6, True, False, False),
+    "w4": ("warps", 1280, True, False, False),
+    "lean": ("pow2", None, False, True, False),
+    "lean6": ("pow2", 6, True, True, False),
+    "leanw4": ("warps", 1280, True, True, False),
+    "lean6d": ("pow2", 6, True, True, True),
+    "leanw4d": ("warps", 1280, True, True, True),
+    "lean8d": ("pow2", 8, False, True, True),
 }
 DEFAULT_TILING = "base"
+
+# The fast path of IEEE fp32 division (as in kernels_src/fused/swiglu.py): rcp, Newton step, quotient,
+# remainder correction
+_DEVICE_HELPERS = """
+__device__ __forceinline__ float tkaot_div_normal(float a, float b) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    float q = __fmul_rn(a, r);
+    return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+}
+"""
+# Below this clamped amax, 1 / amax and the quotients amax / 448 and 448 / amax are normal fp32 numbers, so
+# tkaot_div_normal gives the IEEE quotients for every bf16 amax (or the floor 1e-4) there (checked in
+# tests/test_fused_build.py); larger ones take IEEE division.
+LEAN_SF_LIMIT = 2.0**125
 
 
 def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[int, int, int, int, int | None]:
@@ -92,7 +112,8 @@ def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[i
 
 def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
-    preload, lean = TILINGS[tiling][2:]
+    preload, lean, lean_sf = TILINGS[tiling][2:]
+    lean_sf = lean_sf and sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
     rows_per_block = threads // row_threads
     lanes = min(row_threads, 32)
     row_warps = row_threads // lanes
@@ -135,6 +156,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
+            if lean_sf:
+                T.import_source(_DEVICE_HELPERS)
             # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
             T.assume(x_stride % vec == 0)
             T.assume(x_bstride % vec == 0)
@@ -160,6 +183,10 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             acc = T.alloc_var(T.float32, init=0.0)
             amax = T.alloc_var(T.float32)
             scale = T.alloc_var(T.float32)
+            if lean_sf:
+                clamped = T.alloc_var(T.float32)
+                sf_lean = T.alloc_var(T.float32)
+                inv_lean = T.alloc_var(T.float32)
             warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
 
             for v in T.unroll(vecs_per_thread):
@@ -233,7 +260,18 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
                 for i in T.unroll(group_lanes.bit_length() - 1):
                     amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                stored, inv = scale_factor(amax, "e4m3", sf)
+                if lean_sf:
+                    # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
+                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                    if clamped < T.float32(LEAN_SF_LIMIT):
+                        sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
+                        inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
+                    else:
+                        sf_lean = clamped / T.float32(448.0)
+                        inv_lean = T.float32(448.0) / clamped
+                    stored, inv = sf_lean, inv_lean
+                else:
+                    stored, inv = scale_factor(amax, "e4m3", sf)
                 if lean:
                     for j in T.vectorized(vec):
                         yf[j] = yf[j] * inv

@@ -12,8 +12,10 @@ and adds them to clamped_count once. The `tiling` axis picks how many blocks
 are resident per SM (the register cap given to the compiler, and the grid, so
 every block is resident in one wave), how many rows a thread loads before it
 computes any (loads in flight per thread), whether the rows of the next
-iteration are prefetched into L2 while this one computes, and whether the
-lean instruction sequence is used; TILINGS says what each name means.
+iteration are prefetched into L2 while this one computes, whether the
+lean instruction sequence is used, and how many vectors of one row a thread
+owns at least (fewer threads a row, the per-row work shared by more elements);
+TILINGS says what each name means.
 
 The lean sequence divides silu's g / (1 + exp(-g)) without the per-element
 branch of IEEE division: reciprocal, one Newton step, quotient and one
@@ -50,7 +52,7 @@ AXES = (
     Axis("fmt", str, choices=FORMATS),
     Axis("group", int, choices=(0, 32, 128)),
     Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=("base", "r1", "r2", "r4", "pf", "lean", "pflean", "pflean6")),
+    Axis("tiling", str, choices=("base", "r1", "r2", "r4", "pf", "lean", "pflean", "pflean6", "lean2v5", "lean2v6", "lean4v")),
 )
 DYNAMIC_DIMS = ("num_rows",)
 
@@ -67,6 +69,7 @@ class Tiling:
     rows: int  # rows a thread loads before computing, at most
     prefetch: bool = False  # bulk-prefetch the next iteration's rows into L2 before computing this one
     lean: bool = False  # branch-free exact division, FP8 conversion two values at a time
+    vecs: int = 1  # vectors of each half a thread owns in one row, at least (fewer threads a row), where hidden allows
 
 
 TILINGS = {
@@ -78,6 +81,9 @@ TILINGS = {
     "lean": Tiling(2048, 1, lean=True),
     "pflean": Tiling(2048, 1, prefetch=True, lean=True),
     "pflean6": Tiling(1536, 1, prefetch=True, lean=True),
+    "lean2v5": Tiling(1280, 1, lean=True, vecs=2),
+    "lean2v6": Tiling(1536, 1, lean=True, vecs=2),
+    "lean4v": Tiling(1024, 1, lean=True, vecs=4),
 }
 DEFAULT_TILING = "base"
 
@@ -125,25 +131,33 @@ def check_static(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling:
         raise ValueError(f"fmt={fmt} takes group=0 and sf=none, got group={group} sf={sf}")
 
 
-def row_tiling(hidden: int, dtype: str) -> tuple[int, int, int, int]:
+def row_tiling(hidden: int, dtype: str, vecs: int = 1) -> tuple[int, int, int, int]:
     """(elements per vector, threads per row, vectors per thread, rows per block).
 
     Whole warps per row, no idle lanes; up to 256 threads a row, or up to 1024
     when that would leave a thread more than MAX_VECS vectors of each half.
+    A thread owns at least `vecs` vectors of each half where the row has enough
+    whole warps for that, else as many as with vecs = 1.
     """
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = hidden // vec  # a multiple of 32, since hidden is a multiple of 256
-    for max_threads in (MAX_ROW_THREADS, 1024):
-        iters = next(i for i in range(1, num_vecs + 1) if num_vecs % i == 0 and (num_vecs // i) % 32 == 0 and num_vecs // i <= max_threads)
-        if iters <= MAX_VECS:
-            break
+
+    def fits(i, max_threads):
+        return num_vecs % i == 0 and (num_vecs // i) % 32 == 0 and num_vecs // i <= max_threads
+
+    iters = next((i for i in range(vecs, MAX_VECS + 1) if fits(i, MAX_ROW_THREADS)), 0) if vecs > 1 else 0
+    if not iters:
+        for max_threads in (MAX_ROW_THREADS, 1024):
+            iters = next(i for i in range(1, num_vecs + 1) if fits(i, max_threads))
+            if iters <= MAX_VECS:
+                break
     row_threads = num_vecs // iters
     return vec, row_threads, iters, max(1, MAX_ROW_THREADS // row_threads)
 
 
 def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
     """(blocks per SM the compiler must fit, or None; rows each thread loads before computing)."""
-    _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype)
+    _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[name].vecs)
     target, rows = TILINGS[name].threads_per_sm, TILINGS[name].rows
     threads = row_threads * rows_per_block
     # More rows per thread only while a thread holds at most MAX_VECS vectors of each half
@@ -154,7 +168,7 @@ def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
 def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = DEFAULT_TILING):
     check_static(hidden, dtype, fmt, group, sf)
     min_blocks, row_iters = residency(hidden, dtype, tiling)
-    vec, row_threads, iters, rows_per_block = row_tiling(hidden, dtype)
+    vec, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[tiling].vecs)
     threads = row_threads * rows_per_block
     num_warps = threads // 32
     max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
