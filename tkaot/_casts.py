@@ -175,6 +175,28 @@ def _sf_flags(t: torch.Tensor) -> str:
     return {torch.float32: "fp32", torch.int32: "ue8m0", torch.float8_e4m3fn: "e4m3"}.get(t.dtype, "")
 
 
+def _check_given_outputs(op, mode, sf, out_sf, out_x, device, sf_blocks, kind, layout, out_dtype, out_shape, rows_packed):
+    """Check a precomputed sf and the caller's output buffers; returns the sf tensor to write (None: allocate one)."""
+    if mode == "precomputed_sf":
+        if layout == "col" or kind == "ue8m0":
+            fail(
+                op,
+                "sf",
+                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
+                f"layout {layout}, kind {kind}",
+            )
+        _check_sf(op, "sf", sf, device, *sf_blocks, kind, "row")
+        out_sf = sf
+    elif out_sf is not None:
+        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, *sf_blocks, kind, layout)
+    if mode != "sf_only" and out_x is not None:
+        name = "out" if mode == "precomputed_sf" else "out[0]"
+        _check_data(op, name, out_x, (out_dtype,), device)
+        if tuple(out_x.shape) != out_shape or not rows_packed(out_x):
+            fail(op, name, f"contiguous of shape {out_shape}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
+    return out_sf
+
+
 def _quantized_input(op: str, x, x_block_size):
     """(device, data, sf, in_dtype name, block, in_sf axis value, logical hidden) of a pre-quantized (x, sf) pair."""
     if not (isinstance(x, (tuple, list)) and len(x) == 2):
@@ -222,23 +244,10 @@ def _per_token_impl(op, x, fmt, num_per_channels, x_block_size, use_tma_aligned_
     out_dtype = _FMT_DTYPE[fmt]
     out_cols = hidden // 2 if fmt == "e2m1" else hidden
 
-    if mode == "precomputed_sf":
-        if layout == "col" or kind == "ue8m0":
-            fail(
-                op,
-                "sf",
-                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
-                f"layout {layout}, kind {kind}",
-            )
-        _check_sf(op, "sf", sf, device, num_tokens, groups, kind, "row")
-        out_sf = sf
-    elif out_sf is not None:
-        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, num_tokens, groups, kind, layout)
-    if mode != "sf_only" and out_x is not None:
-        name = "out" if mode == "precomputed_sf" else "out[0]"
-        _check_data(op, name, out_x, (out_dtype,), device)
-        if tuple(out_x.shape) != (num_tokens, out_cols) or (num_tokens > 1 and out_x.stride(0) != out_cols):
-            fail(op, name, f"contiguous of shape {(num_tokens, out_cols)}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
+    out_sf = _check_given_outputs(
+        op, mode, sf, out_sf, out_x, device, (num_tokens, groups), kind, layout, out_dtype, (num_tokens, out_cols),
+        lambda t: num_tokens <= 1 or t.stride(0) == out_cols,
+    )  # fmt: skip
 
     launcher = _PER_TOKEN[op].get(
         device, hidden, in_dtype, in_block, in_sf, fmt, num_per_channels, kind, layout, mode, bool(stochastic_cast)
@@ -482,23 +491,10 @@ def _per_block_impl(
         fail(op, "x", f"at most {65535 * block[0]} tokens for block_size {block}", f"{num_tokens}")
     out_dtype = _FMT_DTYPE[fmt]
     out_cols = hidden // 2 if fmt == "e2m1" else hidden
-    if mode == "precomputed_sf":
-        if layout == "col" or kind == "ue8m0":
-            fail(
-                op,
-                "sf",
-                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
-                f"layout {layout}, kind {kind}",
-            )
-        _check_sf(op, "sf", sf, device, m_blocks, k_blocks, kind, "row")
-        out_sf = sf
-    elif out_sf is not None:
-        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, m_blocks, k_blocks, kind, layout)
-    if mode != "sf_only" and out_x is not None:
-        name = "out" if mode == "precomputed_sf" else "out[0]"
-        _check_data(op, name, out_x, (out_dtype,), device)
-        if tuple(out_x.shape) != (num_tokens, out_cols) or not out_x.is_contiguous():
-            fail(op, name, f"contiguous of shape {(num_tokens, out_cols)}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
+    out_sf = _check_given_outputs(
+        op, mode, sf, out_sf, out_x, device, (m_blocks, k_blocks), kind, layout, out_dtype, (num_tokens, out_cols),
+        lambda t: t.is_contiguous(),
+    )  # fmt: skip
     launcher = _PER_BLOCK[op].get(device, hidden, _IN_NAMES[x.dtype], fmt, block[0], block[1], kind, layout, mode)
     if out_x is None and mode != "sf_only":
         out_x = torch.empty((num_tokens, out_cols), dtype=out_dtype, device=x.device)
