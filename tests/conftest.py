@@ -69,3 +69,15 @@ def fake_cuda(monkeypatch):
         if hasattr(module, "check_cuda"):
             monkeypatch.setattr(module, "check_cuda", check_cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A fresh registry that believes device 0 is an sm90 GPU, with no source-checkout set."""
+    from tkaot import registry as reg
+
+    r = reg.Registry()
+    monkeypatch.setattr(reg, "SOURCE_PREBUILT", Path("/nonexistent"))
+    monkeypatch.setattr(r, "device_arch", lambda index: "sm90")
+    monkeypatch.delenv("TKAOT_PATH", raising=False)
+    return r

@@ -168,22 +168,7 @@ def test_norm_cast_lean_scale_factor_is_ieee_division_for_every_bf16_amax():
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kr
 
 
-# --- validation, with meta tensors standing in for CUDA ones
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """Treat meta tensors as CUDA tensors on device 0, so validation runs without a GPU."""
-
-    def check_cuda(op, name, t, device_index=None):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "meta":
-            raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
-        return 0
-
-    monkeypatch.setattr("tkaot._validate.check_cuda", check_cuda)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+# --- validation, with meta tensors standing in for CUDA ones (the fake_cuda fixture, tests/conftest.py)
 
 
 def meta(*shape, dtype=torch.bfloat16):

@@ -25,16 +25,6 @@ def artifact_dir(tmp_path_factory, build_cache):
     return out
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """A fresh registry that believes device 0 is an sm90 GPU, and no source-checkout set."""
-    r = reg.Registry()
-    monkeypatch.setattr(reg, "SOURCE_PREBUILT", Path("/nonexistent"))
-    monkeypatch.setattr(r, "device_arch", lambda index: "sm90")
-    monkeypatch.delenv("TKAOT_PATH", raising=False)
-    return r
-
-
 def copy_set(src: Path, dst: Path, **manifest_changes) -> Path:
     shutil.copytree(src, dst)
     manifest = json.loads((dst / "manifest.json").read_text())

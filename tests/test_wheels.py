@@ -57,16 +57,6 @@ def members(wheel: Path) -> dict[str, bytes]:
         return {name: zf.read(name) for name in zf.namelist()}
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """A fresh registry that believes device 0 is an sm90 GPU, with no source-checkout set."""
-    r = reg.Registry()
-    monkeypatch.setattr(reg, "SOURCE_PREBUILT", Path("/nonexistent"))
-    monkeypatch.setattr(r, "device_arch", lambda index: "sm90")
-    monkeypatch.delenv("TKAOT_PATH", raising=False)
-    return r
-
-
 def test_wheels_are_well_formed(dist):
     _, runtime, artifacts = dist
     assert runtime.name == f"tkaot-{tkaot.__version__}-py3-none-any.whl"
