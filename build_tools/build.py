@@ -38,7 +38,7 @@ def build_variants(
     todo: list[tuple[Variant, str]] = []
     hashes = {k: source_sha256(k) for k in {v.kernel for v in variants}}
     for v in variants:
-        key = cache_key(v, arch)
+        key = cache_key(v, arch, hashes[v.kernel])
         hit = cache.get(v, arch, key, hashes[v.kernel])
         if hit is not None:
             done.append(hit)

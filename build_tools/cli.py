@@ -207,7 +207,7 @@ def estimate(variants: list, arch: str, cache) -> tuple[list[PlanRow], list[str]
     rows, notes = [], []
     for kernel, kernel_variants in sorted(by_kernel.items()):
         source = source_sha256(kernel)
-        cached = sum(cache.get(v, arch, cache_key(v, arch), source) is not None for v in kernel_variants)
+        cached = sum(cache.get(v, arch, cache_key(v, arch, source), source) is not None for v in kernel_variants)
         if kernel not in sizes:
             notes.append(f"{kernel}: no built cubin to measure; assumed {mean_size / 1e3:.0f} kB each")
         if kernel not in COMPILE_SECONDS:

@@ -58,12 +58,12 @@ def nvcc_command(arch: str) -> list[str]:
     return ["nvcc", *NVCC_FLAGS, "-gencode", gencode, "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
 
 
-def cache_key(variant: Variant, arch: str) -> str:
+def cache_key(variant: Variant, arch: str, source: str | None = None) -> str:
     """Everything that decides the cubin's bytes, hashed."""
     inputs = {
         "kernel": variant.kernel,
         "static": [[k, v] for k, v in variant.static],
-        "source": source_sha256(variant.kernel),
+        "source": source or source_sha256(variant.kernel),  # callers hashing many variants pass it once
         "arch": arch,
         "tilelang": tilelang_version(),
         "nvcc": nvcc_version(),
@@ -214,4 +214,5 @@ def compile_variant(variant: Variant, arch: str = "sm90") -> CompiledVariant:
         raise BuildError(f"{variant.kernel} [{variant.key}]: lowering failed: {type(exc).__name__}: {exc}") from exc
     spec = launch_spec(variant, prim_func, device_func, source)
     cubin = nvcc_compile(source, arch, f"{variant.kernel} [{variant.key}]")
-    return CompiledVariant(variant, arch, spec, cubin, cache_key(variant, arch), source_sha256(variant.kernel))
+    source = source_sha256(variant.kernel)
+    return CompiledVariant(variant, arch, spec, cubin, cache_key(variant, arch, source), source)
