@@ -1,13 +1,14 @@
 # tkaot: `make build` compiles the default shape set into prebuilt/sm90 (CPU + nvcc, no GPU);
-# `make wheels` packs dist/tkaot-*.whl (runtime) and dist/tkaot_sm90-*.whl (prebuilt/sm90), offline;
-# `make test` runs the test suite; `make bench` runs the benchmarks on a GPU machine.
+# `make ext` compiles the launcher extension tkaot/_launch.abi3.so (system C compiler; optional);
+# `make wheels` packs dist/tkaot-*.whl (runtime: pure, and with the extension) and dist/tkaot_sm90-*.whl
+# (prebuilt/sm90), offline; `make test` runs the test suite; `make bench` runs the benchmarks on a GPU machine.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 STAMP := $(VENV)/.tkaot-installed
 
-.PHONY: venv build wheels test test-gpu bench lint clean
+.PHONY: venv ext build wheels test test-gpu bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,10 +27,14 @@ build: $(STAMP)
 	$(BIN)/tkaot-build verify prebuilt/.sm90.new
 	rm -rf prebuilt/sm90 && mv prebuilt/.sm90.new prebuilt/sm90
 
-wheels: $(STAMP)
+# Without a C compiler or Python headers this says so and tkaot keeps its ABI launcher.
+ext: $(STAMP)
+	$(BIN)/python -m build_tools.ext --optional
+
+wheels: ext
 	$(BIN)/python -m build_tools.wheel --out dist
 
-test: $(STAMP)
+test: ext
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -48,4 +53,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info tkaot/_launch.abi3.so

@@ -1,20 +1,33 @@
-"""Python-side cost of each op's launch path, measured on a CPU-only machine.
+"""Python-side cost of each op's launch path, measured on a CPU-only machine, per launcher.
 
 CPU tensors stand in for CUDA ones (get_device/is_cuda are patched to claim device 0),
 the registry believes the device is sm90 and reads this checkout's prebuilt set, and
-cuLaunchKernel is replaced by a no-op, so the number is everything tkaot does per call
-except the driver call itself (allocation included, at CPU cost). Compare against the
-same loop around `torch.empty_like(x)` to see tkaot's own share.
+cuLaunchKernel is replaced by a C no-op (the compiled extension's NOOP_LAUNCH, called
+through cffi by the ABI launcher and directly by the compiled one; a Python no-op for the
+ABI launcher when the extension is not built), so the number is everything tkaot does
+per call except the driver call itself (allocation included, at CPU cost). Compare
+against the same loop around `torch.empty_like(x)` to see tkaot's own share.
 
-    python -m bench.host_overhead
+    python -m bench.host_overhead            # both launchers, each in its own process
+    python -m bench.host_overhead --kind abi # one
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
+
+_LAUNCH_TYPE = (
+    "CUresult(*)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, "
+    "unsigned int, uintptr_t, void **, void **)"
+)
 
 
 def patch_for_cpu() -> None:
@@ -25,16 +38,27 @@ def patch_for_cpu() -> None:
     torch.Tensor.is_cuda = property(lambda self: True)
     REGISTRY.device_arch = lambda index: "sm90"
 
+    try:
+        from tkaot._launch import NOOP_LAUNCH
+    except ImportError:
+        NOOP_LAUNCH = None
+
     class NoDriver:
-        @staticmethod
-        def cuLaunchKernel(*args):
-            return 0
+        if NOOP_LAUNCH is not None:
+            cuLaunchKernel = _cuda.ffi.cast(_LAUNCH_TYPE, NOOP_LAUNCH)
+        else:
+
+            @staticmethod
+            def cuLaunchKernel(*args):
+                return 0
 
     _cuda._lib = NoDriver()
     from tkaot._kernel import Kernel
 
-    Kernel.load = lambda self, device_index: self.functions.setdefault(device_index, object())
+    fake_function = _cuda.ffi.cast("CUfunction", 0x1000)
+    Kernel.load = lambda self, device_index: self.functions.setdefault(device_index, fake_function)
     _cuda.lib = lambda: NoDriver
+    _cuda.launch_address = lambda: NOOP_LAUNCH
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     import sys
 
@@ -84,13 +108,46 @@ def cases() -> dict:
     return out
 
 
-def main() -> None:
+def measure() -> dict:
+    """{case: µs per call or an error string} with this process's launcher."""
     patch_for_cpu()
+    import tkaot
+
+    result = {"launcher": tkaot.launcher_kind()}
     for name, fn in cases().items():
         try:
-            print(f"{name:45s} {per_call_us(fn):7.2f} µs")
+            result[name] = round(per_call_us(fn), 3)
         except Exception as exc:
-            print(f"{name:45s} error: {type(exc).__name__}: {exc}")
+            result[name] = f"error: {type(exc).__name__}: {exc}"
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kind", choices=("abi", "compiled"), help="measure one launcher, in this process, as JSON")
+    args = parser.parse_args(argv)
+    if args.kind:
+        os.environ["TKAOT_LAUNCHER"] = args.kind
+        print(json.dumps(measure()))
+        return
+    columns = {}
+    for kind in ("abi", "compiled"):
+        proc = subprocess.run([sys.executable, "-m", "bench.host_overhead", "--kind", kind], capture_output=True, text=True)
+        last = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
+        columns[kind] = json.loads(last[0]) if last else {"error": proc.stderr.strip().splitlines()[-1:]}
+    abi, compiled = columns["abi"], columns["compiled"]
+    if "error" in compiled:
+        print(f"compiled launcher unavailable: {compiled['error']}")
+    print(f"{'µs per call':45s} {'abi':>7s} {'compiled':>9s} {'saved':>7s}")
+    for name in cases_names(abi):
+        a, c = abi.get(name), compiled.get(name)
+        saved = f"{a - c:7.2f}" if isinstance(a, float) and isinstance(c, float) else ""
+        show = lambda v: f"{v:7.2f}" if isinstance(v, float) else str(v)
+        print(f"{name:45s} {show(a):>7s} {show(c):>9s} {saved:>7s}")
+
+
+def cases_names(column: dict) -> list[str]:
+    return [k for k in column if k not in ("launcher", "error")]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ class PrebuiltLaunch:
     stream: int
     params: object  # void *[], pointing into storage
     storage: bytearray  # kept alive for params
+    values: tuple  # the op's argument values the params were packed from, in _NORM.args order
 
 
 def prebuilt_norm_launch(hidden: int = 7168) -> PrebuiltLaunch:
@@ -26,12 +27,15 @@ def prebuilt_norm_launch(hidden: int = 7168) -> PrebuiltLaunch:
     import tkaot.quant
     from tkaot import _cuda
     from tkaot.quant import _NORM
+    from tkaot.registry import REGISTRY
 
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(hidden, dtype=torch.bfloat16, device="cuda")
     out, _, _ = tkaot.quant.norm_forward(x, w, 1e-6)  # loads the module
     dev = x.get_device()
-    launcher = _NORM.get(dev, hidden, "bfloat16", True, False, False)
+    # the ABI launcher's layout, whichever launcher the op uses: the floor is a bare cffi call
+    kernel = REGISTRY.kernel(_NORM.op, _NORM.kernel, _NORM.key((hidden, "bfloat16", True, False, False)), dev)
+    launcher = kernel.bind(_NORM.args, "abi")
     values = (x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0, 0, 1e-6, 1.0, 1, 1, 0, hidden, 0, 0, 0, hidden, 0, 0)
     storage = bytearray(launcher._size)
     base = _cuda.ffi.cast("char *", _cuda.ffi.from_buffer(storage))
@@ -40,6 +44,6 @@ def prebuilt_norm_launch(hidden: int = 7168) -> PrebuiltLaunch:
         params[i] = base + off
     launcher._pack_into(storage, 0, *values)
     return PrebuiltLaunch(
-        x, w, out, launcher.kernel.functions[dev], launcher._grid(values), launcher._block, launcher._smem,
-        torch._C._cuda_getCurrentRawStream(dev), params, storage,
+        x, w, out, kernel.load(dev), launcher._grid(values), launcher._block, launcher._smem,
+        torch._C._cuda_getCurrentRawStream(dev), params, storage, values,
     )  # fmt: skip

@@ -69,10 +69,15 @@ def run_case(case: Case, tk, l2_bytes: int, copy_tbps: float) -> dict:
 
 
 def launch_floor() -> dict:
-    """Host µs of the floor: a pre-built cuLaunchKernel of the norm kernel + torch.empty_like, at (1, 7168) bf16."""
+    """Host µs of the floor: a pre-built cuLaunchKernel of the norm kernel + torch.empty_like, at (1, 7168) bf16.
+
+    Beside it, with the compiled launcher where this process has one: the compiled floor (its launcher
+    called with pre-built values + empty_like) and norm_forward forced through each launcher.
+    """
     import tkaot
     from bench.prebuilt_launch import prebuilt_norm_launch
     from tkaot import _cuda
+    from tkaot.quant import _NORM
 
     pre = prebuilt_norm_launch()
     x, w, dev, stream = pre.x, pre.weight, pre.x.get_device(), pre.stream
@@ -95,7 +100,28 @@ def launch_floor() -> dict:
         "torch_add_host_us": round(timing.host_us(lambda: torch.add(x, x)), 2),
         "tkaot_norm_host_us": round(timing.host_us(lambda: tkaot.quant.norm_forward(x, w, 1e-6)), 2),
         "torch_rms_norm_host_us": round(timing.host_us(lambda: torch.nn.functional.rms_norm(x, (7168,), w, 1e-6)), 2),
+        "norm_launcher": tkaot.launcher_kind(),
     }
+    # Each launcher side by side: alone with pre-built values, and under norm_forward (the op's cached
+    # launcher for this shape swapped in). compiled_floor is empty_like + the compiled launcher alone.
+    key = (dev, 7168, torch.bfloat16, True, False, False)
+    active = _NORM.cache[key]
+    kernel = getattr(active, "__self__", active).kernel  # the compiled one is a bound method
+    values = pre.values
+    try:
+        for kind in ("abi", "compiled") if tkaot.launcher_kind() == "compiled" else ("abi",):
+            launcher = _NORM.cache[key] = kernel.bind(_NORM.args, kind)
+            result[f"{kind}_launcher_host_us"] = round(timing.host_us(lambda launcher=launcher: launcher(dev, stream, *values)), 2)
+            result[f"tkaot_norm_{kind}_host_us"] = round(timing.host_us(lambda: tkaot.quant.norm_forward(x, w, 1e-6)), 2)
+        if "compiled_launcher_host_us" in result:
+
+            def compiled_floor():
+                torch.empty_like(x)
+                launcher(dev, stream, *values)
+
+            result["compiled_floor_host_us"] = round(timing.host_us(compiled_floor), 2)
+    finally:
+        _NORM.cache[key] = active
     return result
 
 

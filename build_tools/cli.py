@@ -288,10 +288,12 @@ def verify(directory) -> None:
 @click.option("--arch", default="sm90", show_default=True)
 @click.option("--variants", "show_variants", is_flag=True, help="also list every variant")
 def sets(arch, show_variants) -> None:
-    """List the artifact sets the runtime would use for ARCH, in priority order."""
+    """List the artifact sets the runtime would use for ARCH, in priority order, and the launcher in use."""
+    from tkaot._kernel import LAUNCHER_KIND, LAUNCHER_WHY
     from tkaot.errors import TkaotError
     from tkaot.registry import check_version, discover
 
+    click.echo(f"launcher: {LAUNCHER_KIND} ({LAUNCHER_WHY})")
     found = discover(arch)
     if not found:
         click.echo(f"no artifact set for {arch}: pip install 'tkaot[{arch}]', or build one and put it on TKAOT_PATH")

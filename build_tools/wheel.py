@@ -1,7 +1,13 @@
 """Wheels without a network: a small PEP 427 writer, the runtime wheel, and artifact-set wheels.
 
-    python -m build_tools.wheel --out dist     # tkaot + tkaot-sm90 (from prebuilt/sm90): `make wheels`
+    python -m build_tools.wheel --out dist     # tkaot (pure, and with the compiled launcher) + tkaot-sm90: `make wheels`
     tkaot-build wheel DIR --name NAME          # a custom build directory -> tkaot-sm90-NAME
+
+The runtime comes as two wheels of one version: `py3-none-any` (pure Python, the
+ABI launcher) and, where tkaot/_launch.abi3.so is built, a platform wheel with the
+compiled launcher added, tagged cp311-abi3-manylinux_2_X_<arch> from what the .so
+itself needs (its ELF machine and the newest glibc symbol version it references).
+pip takes the platform wheel where its tag fits and the pure one everywhere else.
 
 An artifact wheel holds one package, `tkaot_<arch>` (the default set) or
 `tkaot_<arch>_<name>` (a custom one): `__init__.py` with `__version__`,
@@ -16,6 +22,7 @@ import base64
 import hashlib
 import json
 import re
+import struct
 import sys
 import zipfile
 from pathlib import Path
@@ -46,7 +53,7 @@ def _record_hash(data: bytes) -> str:
 
 def _entry(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     info = zipfile.ZipInfo(name, ZIP_DATE)
-    info.external_attr = 0o100644 << 16
+    info.external_attr = (0o100755 if name.endswith(".so") else 0o100644) << 16
     info.compress_type = zipfile.ZIP_DEFLATED
     zf.writestr(info, data, compresslevel=9)
 
@@ -59,11 +66,13 @@ def write_wheel(
     metadata: list[tuple[str, str]],
     description: str = "",
     entry_points: str = "",
+    tag: str = "py3-none-any",
 ) -> Path:
-    """Write `{distribution}-{version}-py3-none-any.whl` holding `files` (archive name -> bytes).
+    """Write `{distribution}-{version}-{tag}.whl` holding `files` (archive name -> bytes).
 
     METADATA gets Metadata-Version, Name, Version, then `metadata`'s fields in
-    order, then the description; RECORD lists every file's sha256 and size.
+    order, then the description; RECORD lists every file's sha256 and size. A tag
+    other than py3-none-any marks the wheel platlib (it carries a binary).
     """
     stem = f"{re.sub(r'[-_.]+', '_', distribution)}-{version}"
     dist_info = f"{stem}.dist-info"
@@ -73,7 +82,9 @@ def write_wheel(
         text += "\n" + description
     meta = {
         f"{dist_info}/METADATA": text.encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tkaot-build\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: tkaot-build\nRoot-Is-Purelib: {str(tag == 'py3-none-any').lower()}\nTag: {tag}\n"
+        ).encode(),
     }
     if entry_points:
         meta[f"{dist_info}/entry_points.txt"] = entry_points.encode()
@@ -84,7 +95,7 @@ def write_wheel(
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in entries) + f"{record_name},,\n"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{stem}-py3-none-any.whl"
+    path = out_dir / f"{stem}-{tag}.whl"
     tmp = path.with_name(f".{path.name}.tmp")
     with zipfile.ZipFile(tmp, "w") as zf:
         for name, data in entries:
@@ -102,8 +113,61 @@ def _requirement(text: str, extra: str | None = None) -> str:
     return f'{spec.strip()}; {marker}extra == "{extra}"'
 
 
-def runtime_wheel(out_dir: Path) -> Path:
-    """The `tkaot` wheel: the runtime plus build_tools and kernels_src for tkaot-build; no cubins."""
+_ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
+_MANYLINUX_LIBS = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2")
+_SHT_DYNAMIC, _SHT_VERNEED, _DT_NEEDED = 6, 0x6FFFFFFE, 1
+
+
+def elf_needs(data: bytes) -> tuple[str, list[str], list[str]]:
+    """(machine, the DT_NEEDED libraries, the symbol versions required) of a little-endian ELF64 shared object."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise WheelError("the compiled launcher is not a little-endian 64-bit ELF file")
+    machine = _ELF_MACHINES.get(struct.unpack_from("<H", data, 18)[0])
+    if machine is None:
+        raise WheelError(f"the compiled launcher is for ELF machine {struct.unpack_from('<H', data, 18)[0]}, not one tkaot tags")
+    shoff, (shentsize, shnum) = struct.unpack_from("<Q", data, 0x28)[0], struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+    def string(section: int, offset: int) -> str:
+        start = sections[section][4] + offset
+        return data[start : data.index(b"\0", start)].decode()
+
+    needed, versions = [], []
+    for _, kind, _, _, offset, size, link, info, _, _ in sections:
+        if kind == _SHT_DYNAMIC:
+            for pos in range(offset, offset + size, 16):
+                tag, value = struct.unpack_from("<qQ", data, pos)
+                if tag == _DT_NEEDED:
+                    needed.append(string(link, value))
+        elif kind == _SHT_VERNEED:
+            pos = offset
+            for _ in range(info):  # Verneed entries, each with its Vernaux list
+                _, count, _, aux, following = struct.unpack_from("<HHIII", data, pos)
+                apos = pos + aux
+                for _ in range(count):
+                    _, _, _, name, next_aux = struct.unpack_from("<IHHII", data, apos)
+                    versions.append(string(link, name))
+                    apos += next_aux
+                pos += following
+    return machine, needed, versions
+
+
+def platform_tag(data: bytes) -> str:
+    """The honest manylinux tag of a shared object: its machine, and glibc 2.17 or the newest version it needs."""
+    machine, needed, versions = elf_needs(data)
+    foreign = [lib for lib in needed if lib not in _MANYLINUX_LIBS]
+    if foreign:
+        raise WheelError(f"the compiled launcher links {foreign}, which no manylinux system promises")
+    glibc = [tuple(int(n) for n in v[6:].split(".")) for v in versions if re.fullmatch(r"GLIBC_\d+\.\d+", v)]
+    major, minor = max([(2, 17), *glibc])
+    return f"manylinux_{major}_{minor}_{machine}"
+
+
+def runtime_wheel(out_dir: Path, extension: Path | None = None) -> Path:
+    """The `tkaot` wheel: the runtime plus build_tools and kernels_src for tkaot-build; no cubins.
+
+    With `extension` (the built tkaot/_launch.abi3.so), the platform wheel that adds it.
+    """
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -129,7 +193,15 @@ def runtime_wheel(out_dir: Path) -> Path:
     metadata.append(("Description-Content-Type", "text/markdown"))
     scripts = "".join(f"{name} = {target}\n" for name, target in project.get("scripts", {}).items())
     description = (ROOT / project["readme"]).read_text()
-    return write_wheel(out_dir, project["name"], version, files, metadata, description, f"[console_scripts]\n{scripts}" if scripts else "")
+    tag = "py3-none-any"
+    if extension is not None:
+        from build_tools.ext import ABI3_SINCE
+
+        data = Path(extension).read_bytes()
+        files["tkaot/_launch.abi3.so"] = data
+        tag = f"{ABI3_SINCE}-abi3-{platform_tag(data)}"
+    entry_points = f"[console_scripts]\n{scripts}" if scripts else ""
+    return write_wheel(out_dir, project["name"], version, files, metadata, description, entry_points, tag)
 
 
 def artifact_package(arch: str, name: str | None = None) -> str:
@@ -202,8 +274,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", action="append", help="artifact sets from prebuilt/<arch> (default: every one there)")
     args = parser.parse_args(argv)
     arches = args.arch or sorted(p.parent.name for p in (ROOT / "prebuilt").glob("*/manifest.json"))
+    from build_tools import ext
+
     try:
         paths = [runtime_wheel(Path(args.out))]
+        if not ext.TARGET.exists():
+            print(f"no {ext.TARGET.relative_to(ROOT)} (make ext): the pure runtime wheel only")
+        elif ext.stale():
+            raise WheelError(f"{ext.TARGET.relative_to(ROOT)} is older than its source: run make ext")
+        else:
+            paths.append(runtime_wheel(Path(args.out), ext.TARGET))
         paths += [artifact_wheel(ROOT / "prebuilt" / arch, Path(args.out), expect_version=tkaot_version()) for arch in arches]
     except WheelError as exc:
         raise SystemExit(f"error: {exc}") from None

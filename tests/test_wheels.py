@@ -1,5 +1,5 @@
-"""Wheels: the PEP 427 writer, the runtime and artifact wheels, custom sets, precedence, the version lock,
-and an install into a fresh virtual environment with no index."""
+"""Wheels: the PEP 427 writer, the runtime wheels (pure, and with the compiled launcher), artifact wheels,
+custom sets, precedence, the version lock, and installs into fresh virtual environments with no index."""
 
 import base64
 import hashlib
@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 import tkaot
+from build_tools import ext
 from build_tools.cli import main
-from build_tools.wheel import WheelError, artifact_wheel, runtime_wheel, tkaot_version
+from build_tools.wheel import WheelError, artifact_wheel, platform_tag, runtime_wheel, tkaot_version
 from tkaot import registry as reg
 from tkaot.errors import ArtifactError
 
@@ -31,6 +32,14 @@ KEY = "hidden=512,dtype=bfloat16,with_weight=true,with_residual=true,with_rstd=t
 def dist(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     return out, runtime_wheel(out), artifact_wheel(PREBUILT, out, expect_version=tkaot.__version__)
+
+
+@pytest.fixture(scope="module")
+def platform_wheel(dist):
+    """The runtime wheel with the compiled launcher, beside the others in dist (`make test` builds the .so first)."""
+    if not ext.TARGET.exists() or ext.stale():
+        pytest.skip("tkaot/_launch.abi3.so is not built (make ext)")
+    return runtime_wheel(dist[0], ext.TARGET)
 
 
 def small_set(dst: Path, keys=(KEY,), **manifest_changes) -> Path:
@@ -86,10 +95,31 @@ def test_wheels_are_well_formed(dist):
     assert f"Requires-Dist: tkaot=={tkaot.__version__}\n" in art_files[f"tkaot_sm90-{tkaot.__version__}.dist-info/METADATA"].decode()
 
 
+def test_platform_wheel_is_the_runtime_plus_the_extension(dist, platform_wheel):
+    _, runtime, _ = dist
+    data = ext.TARGET.read_bytes()
+    tag = f"cp311-abi3-{platform_tag(data)}"
+    assert platform_wheel.name == f"tkaot-{tkaot.__version__}-{tag}.whl"
+    assert tag.startswith("cp311-abi3-manylinux_2_17_")  # nothing newer than glibc 2.17 needed
+    files, pure = members(platform_wheel), members(runtime)
+    dist_info = f"tkaot-{tkaot.__version__}.dist-info"
+    assert files["tkaot/_launch.abi3.so"] == data
+    assert f"Root-Is-Purelib: false\nTag: {tag}\n".encode() in files[f"{dist_info}/WHEEL"]
+    same = [n for n in pure if not n.endswith(("/WHEEL", "/RECORD"))]
+    assert sorted(files) == sorted([*pure, "tkaot/_launch.abi3.so"]) and all(files[n] == pure[n] for n in same)
+    with zipfile.ZipFile(platform_wheel) as zf:
+        assert zf.getinfo("tkaot/_launch.abi3.so").external_attr >> 16 == 0o100755
+    rows = files[f"{dist_info}/RECORD"].decode().splitlines()
+    assert any(r.startswith("tkaot/_launch.abi3.so,sha256=") for r in rows)
+
+
 def test_wheels_are_reproducible(dist, tmp_path):
     _, runtime, artifacts = dist
     assert runtime_wheel(tmp_path).read_bytes() == runtime.read_bytes()
     assert artifact_wheel(PREBUILT, tmp_path).read_bytes() == artifacts.read_bytes()
+    if ext.TARGET.exists() and not ext.stale():
+        first = runtime_wheel(tmp_path / "a", ext.TARGET)
+        assert runtime_wheel(tmp_path / "b", ext.TARGET).read_bytes() == first.read_bytes()
 
 
 def test_one_version_everywhere():
@@ -193,25 +223,34 @@ def _dependency_site(tmp_path: Path) -> Path | None:
     return farm
 
 
-def test_install_into_fresh_venv_and_check(dist, tmp_path):
-    out, _, _ = dist
-    deps = _dependency_site(tmp_path)
-    if deps is None:
-        pytest.skip("torch is not in this environment's purelib to lend the fresh venv")
-    custom = artifact_wheel(small_set(tmp_path / "custom", keys=(KEY.replace("512", "2048"),)), out, "extra")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
+def _fresh_venv(path: Path, deps: Path) -> Path:
+    """A venv without pip whose site-packages sees `deps` (torch, cffi, click, ... without downloading them)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
     site = Path(
         subprocess.run(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
         ).stdout.strip()
     )
-    (site / "tkaot-test-deps.pth").write_text(f"{deps}\n")  # torch, cffi, click, ... without downloading them
+    (site / "tkaot-test-deps.pth").write_text(f"{deps}\n")
+    return python
+
+
+def test_install_into_fresh_venv_and_check(dist, tmp_path):
+    out, runtime, _ = dist
+    deps = _dependency_site(tmp_path)
+    if deps is None:
+        pytest.skip("torch is not in this environment's purelib to lend the fresh venv")
+    compiled = ext.TARGET.exists() and not ext.stale()
+    if compiled:
+        runtime_wheel(out, ext.TARGET)  # beside the pure one: pip must prefer it
+    custom = artifact_wheel(small_set(tmp_path / "custom", keys=(KEY.replace("512", "2048"),)), out, "extra")
+    venv = tmp_path / "venv"
+    python = _fresh_venv(venv, deps)
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--find-links", str(out)]
     proc = subprocess.run([*pip, "tkaot[sm90]", str(custom)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    env = {k: v for k, v in os.environ.items() if k not in ("TKAOT_PATH", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TKAOT_PATH", "PYTHONPATH", "TKAOT_LAUNCHER")}
 
     def run(*argv):
         return subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -219,13 +258,17 @@ def test_install_into_fresh_venv_and_check(dist, tmp_path):
     code = (
         "import sys, tkaot; assert tkaot.__file__.startswith(sys.prefix), tkaot.__file__;"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('tilelang', 'tvm', 'tvm_ffi', 'build_tools', 'kernels_src')];"
-        "assert not bad, bad; import importlib.util; assert importlib.util.find_spec('tilelang') is None"
+        "assert not bad, bad; import importlib.util; assert importlib.util.find_spec('tilelang') is None;"
+        "print(tkaot.launcher_kind())"
     )
     imported = run(python, "-c", code)
     assert imported.returncode == 0, imported.stdout + imported.stderr
+    assert imported.stdout.split() == ["compiled" if compiled else "abi"]
     tkaot_build = venv / "bin" / "tkaot-build"
     listed = run(tkaot_build, "sets", "--variants")
     assert listed.returncode == 0, listed.stderr
+    if compiled:
+        assert f"launcher: compiled ({venv}/lib/" in listed.stdout and "/site-packages/tkaot/_launch.abi3.so)" in listed.stdout
     want = len(json.loads((PREBUILT / "manifest.json").read_text())["variants"])
     assert listed.stdout.index("package tkaot_sm90_extra") < listed.stdout.index("package tkaot_sm90 ")
     assert f"tkaot {tkaot.__version__}, {want} variants" in listed.stdout and f"rmsnorm {KEY}" in listed.stdout
@@ -238,3 +281,10 @@ def test_install_into_fresh_venv_and_check(dist, tmp_path):
     assert gap.returncode == 1
     assert "odd-model: needs 16 variants of rmsnorm; 16 missing" in gap.stdout and "missing rmsnorm hidden=1040," in gap.stdout
     assert "16 variants missing" in gap.stderr
+    if compiled:  # the pure wheel, where no platform wheel fits, runs the ABI launcher
+        pure = _fresh_venv(tmp_path / "pure", deps)
+        pip = [sys.executable, "-m", "pip", "--python", str(pure), "install", "-q", "--no-index", "--no-deps", str(runtime)]
+        proc = subprocess.run(pip, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        imported = run(pure, "-c", code)
+        assert imported.returncode == 0 and imported.stdout.split() == ["abi"], imported.stdout + imported.stderr

@@ -46,6 +46,16 @@ def preload(device=None) -> int:
     return REGISTRY.preload(index)
 
 
+def launcher_kind() -> str:
+    """Which launch path ops use in this process: "compiled" (the C extension) or "abi" (cffi).
+
+    The compiled one ships in the platform wheel; TKAOT_LAUNCHER=abi forces the other.
+    """
+    from tkaot._kernel import LAUNCHER_KIND
+
+    return LAUNCHER_KIND
+
+
 __all__ = [
     "ArtifactError",
     "CudaDriverError",
@@ -54,6 +64,7 @@ __all__ = [
     "TkaotError",
     "UnsupportedArchError",
     "VariantNotBuilt",
+    "launcher_kind",
     "moe",
     "preload",
     "quant",

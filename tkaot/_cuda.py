@@ -70,6 +70,11 @@ def lib():
     return _lib
 
 
+def launch_address() -> int:
+    """The address of the driver's cuLaunchKernel, for the compiled launcher to call."""
+    return int(ffi.cast("uintptr_t", lib().cuLaunchKernel))
+
+
 def _check(handle, result: int, call: str) -> None:
     if result != CUDA_SUCCESS:
         name, text = ffi.new("const char **"), ffi.new("const char **")

@@ -1,23 +1,49 @@
-"""Kernel: one prebuilt variant; Launcher: its hot launch path for one op's argument order.
+"""Kernel: one prebuilt variant; its launchers: the hot launch path for one op's argument order.
 
-The launcher does per call only what must be done per call: evaluate the
-pre-compiled grid, pack the argument values into this thread's pre-allocated
-buffer with one struct.pack_into, and call cuLaunchKernel on the given stream.
+Two launchers do the same thing per call: evaluate the grid, pack the argument
+values into the kernel's parameter layout, and call cuLaunchKernel on the given
+stream. The compiled one (tkaot/_launch.c, an abi3 extension shipped in the
+platform wheel) does it all in C with the parameters on its stack; the ABI one
+(`Launcher` below) does it in Python with one struct.pack_into into a per-thread
+buffer and a cffi ABI-mode call. The compiled one is used when its .so imports;
+TKAOT_LAUNCHER=abi forces the ABI one, TKAOT_LAUNCHER=compiled refuses to run
+without the compiled one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import threading
 from pathlib import Path
 
 from tkaot import _cuda
-from tkaot._spec import LaunchSpec, compile_grid
+from tkaot._spec import LaunchSpec, compile_grid, grid_program
 from tkaot.errors import ArtifactError
 
 _PACK_CODES = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
 _NULL = _cuda.ffi.NULL
+LAUNCHER_ENV = "TKAOT_LAUNCHER"
+
+
+def _select_launcher():
+    """(the compiled module or None, "compiled" or "abi", why), from TKAOT_LAUNCHER and what imports."""
+    choice = os.environ.get(LAUNCHER_ENV, "")
+    if choice not in ("", "compiled", "abi"):
+        raise ValueError(f"{LAUNCHER_ENV}={choice!r}: use 'compiled', 'abi' or leave it unset")
+    if choice == "abi":
+        return None, "abi", f"{LAUNCHER_ENV}=abi"
+    try:
+        from tkaot import _launch
+    except ImportError as exc:
+        if choice == "compiled":
+            raise ImportError(f"{LAUNCHER_ENV}=compiled, but the compiled launcher does not import: {exc}") from None
+        return None, "abi", f"no compiled launcher here ({exc})"
+    return _launch, "compiled", _launch.__file__
+
+
+_compiled, LAUNCHER_KIND, LAUNCHER_WHY = _select_launcher()
 
 
 class Kernel:
@@ -57,34 +83,70 @@ class Kernel:
                 self.functions[device_index] = fn
             return fn
 
-    def bind(self, arg_names: tuple[str, ...]) -> Launcher:
-        return Launcher(self, arg_names)
+    def bind(self, arg_names: tuple[str, ...], kind: str | None = None):
+        """A callable launcher(device_index, stream, *values in arg_names order) -> None.
+
+        `kind` is "compiled" or "abi"; by default the one this process selected (LAUNCHER_KIND).
+        """
+        kind = kind or LAUNCHER_KIND
+        if kind == "abi":
+            return Launcher(self, arg_names)
+        if kind != "compiled" or _compiled is None:
+            raise ValueError(f"launcher kind {kind!r} is not available here (this process uses {LAUNCHER_KIND!r}: {LAUNCHER_WHY})")
+        types, param_values = _layout(self, arg_names)
+        dims = {a.name for a in self.spec.args if a.role == "dim"}
+        launcher = _compiled.Launcher(
+            "".join(_PACK_CODES[t] for t in types), bytes(param_values), grid_program(self.spec.grid, arg_names, dims),
+            self.spec.block, self.spec.smem, self._addresses, self._launch_failed, self, arg_names,
+        )  # fmt: skip
+        # The bound method: a call through it skips the tuple a call of the object would build.
+        return launcher.launch
+
+    def _addresses(self, device_index: int) -> tuple[int, int]:
+        """For the compiled launcher's first call on a device: (cuLaunchKernel, CUfunction) addresses."""
+        fn = self.load(device_index)
+        return _cuda.launch_address(), int(_cuda.ffi.cast("uintptr_t", fn))
+
+    def _launch_failed(self, launcher, result: int, device_index: int, stream: int, *values) -> None:
+        """The compiled launcher's error path: the same retry and message as the ABI launcher's."""
+        if result == _cuda.CUDA_ERROR_INVALID_CONTEXT:
+            # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
+            _cuda.ensure_context(device_index)
+            result = launcher.try_launch(device_index, stream, *values)
+        _cuda.check(result, f"cuLaunchKernel({self.kernel} [{self.key}])")
+
+
+def _layout(kernel: Kernel, arg_names: tuple[str, ...]) -> tuple[list[str], list[int]]:
+    """(the type of each op argument, the argument index of each kernel parameter), checked."""
+    spec = kernel.spec
+    types = {a.name: a.type for a in spec.args}
+    unknown = [n for n in arg_names if n not in types]
+    if unknown:
+        raise ArtifactError(f"{kernel}: the manifest has no arguments {unknown}; the artifact set is from another tkaot version")
+    missing = [p.name for p in spec.params if p.name not in arg_names]
+    if missing:
+        raise ArtifactError(f"{kernel}: the kernel needs {missing}, which the op does not supply")
+    position = {name: i for i, name in enumerate(arg_names)}
+    return [types[n] for n in arg_names], [position[p.name] for p in spec.params]
 
 
 class Launcher:
-    """Launches one Kernel with values given positionally in `arg_names` order."""
+    """The ABI launcher: launches one Kernel with values given positionally in `arg_names` order."""
 
     __slots__ = ("kernel", "arg_names", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls", "_launch")
 
     def __init__(self, kernel: Kernel, arg_names: tuple[str, ...]):
         spec = kernel.spec
-        types = {a.name: a.type for a in spec.args}
-        unknown = [n for n in arg_names if n not in types]
-        if unknown:
-            raise ArtifactError(f"{kernel}: the manifest has no arguments {unknown}; the artifact set is from another tkaot version")
-        missing = [p.name for p in spec.params if p.name not in arg_names]
-        if missing:
-            raise ArtifactError(f"{kernel}: the kernel needs {missing}, which the op does not supply")
-        fmt = "=" + "".join(_PACK_CODES[types[n]] for n in arg_names)
-        offsets = {}
+        types, param_values = _layout(kernel, arg_names)
+        offsets = []
         pos = 0
-        for name in arg_names:
-            offsets[name] = pos
-            pos += struct.calcsize("=" + _PACK_CODES[types[name]])
+        for t in types:
+            offsets.append(pos)
+            pos += struct.calcsize("=" + _PACK_CODES[t])
         self.kernel, self.arg_names = kernel, arg_names
-        self._pack_into = struct.Struct(fmt).pack_into
+        self._pack_into = struct.Struct("=" + "".join(_PACK_CODES[t] for t in types)).pack_into
         self._size = pos
-        self._offsets = tuple(offsets[p.name] for p in spec.params)
+        self._offsets = tuple(offsets[i] for i in param_values)
         dims = {a.name for a in spec.args if a.role == "dim"}
         self._grid = compile_grid(spec.grid, arg_names, dims & set(arg_names))
         self._block = spec.block

@@ -8,6 +8,7 @@ arithmetic-only grammar before they are turned into a function.
 from __future__ import annotations
 
 import ast
+import struct
 from dataclasses import dataclass
 
 from tkaot.errors import ManifestError
@@ -147,3 +148,43 @@ def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: s
     ast.fix_missing_locations(tree)
     # Only items of v, integers, + - * // % and min/max survive the check above.
     return eval(compile(tree, "<grid>", "eval"), {"__builtins__": {}, "min": min, "max": max})
+
+
+# The compiled launcher's encoding of the same grammar: postfix steps of two int64 each,
+# (opcode, operand), every expression closed by END. tkaot/_launch.c holds the same numbers.
+_G_CONST, _G_ARG, _G_END = 0, 1, 9
+_G_BINOPS = {ast.Add: 2, ast.Sub: 3, ast.Mult: 4, ast.FloorDiv: 5, ast.Mod: 6}
+_G_CALLS = {"min": 7, "max": 8}
+_GRID_STEP = struct.Struct("=qq")
+
+
+def grid_program(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str]) -> bytes:
+    """The grid as a postfix program over values in `arg_names` order, for the compiled launcher.
+
+    Checked against the same grammar as compile_grid; evaluates to the same numbers
+    (Python's floor division and modulo), in 64-bit integers.
+    """
+    position = {name: i for i, name in enumerate(arg_names)}
+    steps: list[tuple[int, int]] = []
+
+    def emit(node: ast.expr) -> None:
+        if isinstance(node, ast.Constant):
+            steps.append((_G_CONST, node.value))
+        elif isinstance(node, ast.Name):
+            steps.append((_G_ARG, position[node.id]))
+        elif isinstance(node, ast.BinOp):
+            emit(node.left)
+            emit(node.right)
+            steps.append((_G_BINOPS[type(node.op)], 0))
+        else:  # min/max of two, the only calls check_grid_expr lets through
+            emit(node.args[0])
+            emit(node.args[1])
+            steps.append((_G_CALLS[node.func.id], 0))
+
+    for expr in grid:
+        emit(check_grid_expr(expr, dims & set(arg_names)))
+        steps.append((_G_END, 0))
+    try:
+        return b"".join(_GRID_STEP.pack(op, operand) for op, operand in steps)
+    except struct.error:
+        raise ManifestError(f"grid {grid} has a constant outside 64 bits") from None

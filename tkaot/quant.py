@@ -76,7 +76,7 @@ def norm_forward(
             fail(op, "x", "at most 65535 batches", f"shape {tuple(shape)}")
     else:
         fail(op, "x", "2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)", f"shape {tuple(shape)}")
-    if xs[-1] != 1 or x_ptr % 16 or (x_s % vec and num_tokens > 1) or (x_bs % vec and batch > 1) or max(x_s, x_bs) > MAX_I32:
+    if xs[-1] != 1 or x_ptr % 16 or (x_s % vec and num_tokens > 1) or (x_bs % vec and batch > 1) or x_s > MAX_I32 or x_bs > MAX_I32:
         check_rows(op, "x", x, vec)
     if weight is not None:
         try:
