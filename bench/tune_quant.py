@@ -13,8 +13,8 @@ for these cases (so "op (installed)" times the kernels the ops ship now), built 
         --out tune-artifacts/quant
     tkaot-build build --op cast_back --set hidden=7168 --set in_dtype=e4m3 --set in_block=1x128 --set in_sf=fp32 \
         --set out_dtype=bfloat16 --out tune-artifacts/quant
-    tkaot-build build --op per_channel_cast --set hidden=7168 --set in_dtype=bfloat16 --set block_m=128 --set sf=fp32 \
-        --out tune-artifacts/quant
+    tkaot-build build --op per_channel_cast --set hidden=7168 --set in_dtype=bfloat16 --set in_block=none --set in_sf=none \
+        --set block_m=128 --set sf=fp32 --out tune-artifacts/quant
 
 and run from the repository root as
 
@@ -55,7 +55,7 @@ TILE_KERNELS_US = {
 ARGS = {
     "per_token_cast": _casts._PER_TOKEN_ARGS,
     "cast_back": ("x", "x_sf", "out", "num_tokens", "x_stride", "sf_stride"),
-    "per_channel_cast": ("x", "out", "out_sf", "num_tokens"),
+    "per_channel_cast": _casts._PER_CHANNEL.args,
 }
 
 
@@ -92,7 +92,7 @@ def make_sets(case: str, device) -> list[dict]:
         else:
             out = torch.empty(TOKENS, HIDDEN, dtype=torch.float8_e4m3fn, device=device)
             out_sf = torch.empty(TOKENS // 128, HIDDEN, dtype=torch.float32, device=device)
-            args = (x, out, out_sf, TOKENS)
+            args = (x, None, out, out_sf, TOKENS, 0)
             outs = (out, out_sf)
             want = lambda x=x: ref.per_channel_cast(x, "e4m3", 128)
             op = lambda x=x: tkaot.quant.per_channel_cast(x, "e4m3", 128)

@@ -155,7 +155,7 @@ def FP8(*shape):
                                                  out_sf=meta(1, 16, dtype=torch.int32)), r"out_sf must be of shape \(1, 4\)"),
         (lambda q: q.per_channel_cast(meta(256, 512), "e2m1", 128), "fmt must be 'e4m3'"),
         (lambda q: q.per_channel_cast(meta(256, 512), "e4m3", 64), "num_per_tokens must be 32 or 128"),
-        (lambda q: q.per_channel_cast((FP8(256, 512), F32(256, 4)), "e4m3", 128, num_per_channels=128), "not supported yet"),
+        (lambda q: q.per_channel_cast((FP8(256, 512), F32(256, 4)), "e4m3", 128), "num_per_channels must be 32 or 128"),
         (lambda q: q.cast(meta(4, 512), torch.bfloat16), "other than x's dtype"),
         (lambda q: q.cast(meta(4, 512), torch.int8), "dtype must be"),
         (lambda q: q.cast(meta(4, 512), torch.float16, stochastic_rounding=True), "stochastic_rounding must be False"),

@@ -16,9 +16,10 @@ def test_import_leaves_tilelang_and_tvm_out():
 
 def test_lazy_op_lists_match_the_modules():
     import tkaot
-    from tkaot import _casts, _fused, quant
+    from tkaot import _casts, _fused, _weight_casts, quant
 
     assert set(quant._CAST_NAMES) == set(_casts.__all__)
+    assert set(quant._WEIGHT_CAST_NAMES) == set(_weight_casts.__all__)
     assert set(quant._FUSED_NAMES) == set(_fused.__all__)
     for name in quant.__all__:
         assert callable(getattr(quant, name)), name

@@ -16,6 +16,23 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._cast_common import (
+    _FMT_DTYPE,
+    _IN_NAMES,
+    _SF_DTYPE,
+    _SF_ITEM_BYTES,
+    _alloc_sf,
+    _ceil_div,
+    _check_block,
+    _check_contiguous_input,
+    _check_data,
+    _check_fmt,
+    _check_given_outputs,
+    _quantized_input,
+    _sf_cols,
+    _sf_kernel_stride,
+    _sf_kind,
+)
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, check_cuda, fail
 
@@ -34,10 +51,6 @@ __all__ = [
     "unpack_from_e2m1fn_x2",
 ]
 
-_FMT_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
-_IN_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
-_SF_DTYPE = {"fp32": torch.float32, "pow2": torch.float32, "ue8m0": torch.int32, "e4m3": torch.float8_e4m3fn}
-_IN_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (128, 128))
 _GROUPS = (16, 32, 64, 128)
 
 _PER_TOKEN_AXES = ("hidden", "in_dtype", "in_block", "in_sf", "fmt", "group", "sf", "sf_layout", "mode", "stochastic")
@@ -54,7 +67,10 @@ _PER_BLOCK = {
     for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")
 }  # fmt: skip
 _PER_CHANNEL = OpKernels(
-    "tkaot.quant.per_channel_cast", "per_channel_cast", ("hidden", "in_dtype", "block_m", "sf"), ("x", "out", "out_sf", "num_tokens")
+    "tkaot.quant.per_channel_cast",
+    "per_channel_cast",
+    ("hidden", "in_dtype", "in_block", "in_sf", "block_m", "sf"),
+    ("x", "x_sf", "out", "out_sf", "num_tokens", "in_sf_stride"),
 )
 _CAST = OpKernels("tkaot.quant.cast", "cast", ("in_dtype", "out_dtype", "stochastic"), ("x", "y", "n"))
 _CAST_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "e4m3"}
@@ -67,155 +83,6 @@ _CAST_BACK = {
     )
     for op in ("cast_back", "per_token_cast_back")
 }
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _align(a: int, b: int) -> int:
-    return _ceil_div(a, b) * b
-
-
-def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool) -> str:
-    if use_packed_ue8m0 and not round_sf:
-        fail(op, "use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)", "round_sf=False")
-    if round_sf and use_e4m3_sf:
-        fail(op, "use_e4m3_sf", "False when round_sf=True", "both True")
-    if use_packed_ue8m0:
-        return "ue8m0"
-    if round_sf:
-        return "pow2"
-    return "e4m3" if use_e4m3_sf else "fp32"
-
-
-def _check_fmt(op: str, fmt) -> None:
-    if fmt not in _FMT_DTYPE:
-        fail(op, "fmt", "'e4m3' or 'e2m1'", repr(fmt))
-
-
-def _check_block(op: str, name: str, block, allowed) -> tuple[int, int]:
-    if not (isinstance(block, (tuple, list)) and len(block) == 2 and all(isinstance(b, int) for b in block)):
-        fail(op, name, "a pair of ints", repr(block))
-    block = (int(block[0]), int(block[1]))
-    if block not in allowed:
-        fail(op, name, f"one of {list(allowed)}", block)
-    return block
-
-
-def _check_data(op: str, name: str, t, dtypes: tuple, device: int | None = None) -> int:
-    """A 2-D tensor of one of `dtypes`, last dim contiguous, rows 16-byte aligned; returns its device."""
-    device = check_cuda(op, name, t, device)
-    if t.dtype not in dtypes:
-        fail(op, name, " or ".join(str(d) for d in dtypes), t.dtype)
-    if t.dim() != 2:
-        fail(op, name, "2-D (num_tokens, hidden)", f"shape {tuple(t.shape)}")
-    if t.stride(1) != 1 and t.shape[1] > 1:
-        fail(op, name, "contiguous in its last dimension", f"strides {t.stride()}")
-    per_row = 16 // t.element_size()
-    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) % per_row or t.stride(0) > MAX_I32)):
-        fail(
-            op,
-            name,
-            f"16-byte aligned, with a row stride a multiple of {per_row} elements",
-            f"address {t.data_ptr():#x}, strides {t.stride()}",
-        )
-    return device
-
-
-def _sf_cols(k_blocks: int, kind: str) -> int:
-    return _ceil_div(k_blocks, 4) if kind == "ue8m0" else k_blocks
-
-
-def _sf_layout_of(t: torch.Tensor) -> str:
-    """TileKernels' rule: a scale-factor tensor with unit token stride and a non-unit channel stride is column-major."""
-    return "col" if t.stride(0) == 1 and t.stride(1) != 1 else "row"
-
-
-def _sf_kernel_stride(t: torch.Tensor, kind: str, layout: str) -> int:
-    """The sf buffer's row stride as the kernel addresses it (bytes for packed UE8M0)."""
-    stride = t.stride(0) if layout == "row" else t.stride(1)
-    return stride * 4 if kind == "ue8m0" else stride
-
-
-def _check_sf(op: str, name: str, t, device: int, m_blocks: int, k_blocks: int, kind: str, layout: str | None) -> str:
-    """A scale-factor tensor of the given kind and logical grid; returns its layout ("row"/"col")."""
-    check_cuda(op, name, t, device)
-    if t.dtype != _SF_DTYPE[kind]:
-        fail(op, name, f"{_SF_DTYPE[kind]} (sf kind {kind})", t.dtype)
-    shape = (m_blocks, _sf_cols(k_blocks, kind))
-    if tuple(t.shape) != shape:
-        fail(op, name, f"of shape {shape}", tuple(t.shape))
-    found = _sf_layout_of(t) if t.dim() == 2 else "row"
-    if layout is not None and m_blocks > 1 and shape[1] > 1 and found != layout:
-        want = "column-major (stride (1, >= num_tokens))" if layout == "col" else "row-major (stride (>= cols, 1))"
-        fail(op, name, want, f"strides {t.stride()}")
-    layout = layout or found
-    if m_blocks > 1 and shape[1] > 1:
-        if layout == "row" and (t.stride(1) != 1 or t.stride(0) < shape[1]):
-            fail(op, name, "row-major with unit channel stride", f"strides {t.stride()}")
-        if layout == "col" and (t.stride(0) != 1 or t.stride(1) < m_blocks):
-            fail(op, name, "column-major with unit token stride", f"strides {t.stride()}")
-    if max(t.stride()) * 4 > MAX_I32:
-        fail(op, name, "strided below 2**29 elements", f"strides {t.stride()}")
-    return layout
-
-
-def _alloc_sf(m_blocks: int, k_blocks: int, kind: str, layout: str, device) -> torch.Tensor:
-    """A new sf tensor; column-major ones pad the token stride to 16 bytes (TMA alignment)."""
-    dtype, cols = _SF_DTYPE[kind], _sf_cols(k_blocks, kind)
-    if layout == "row":
-        return torch.empty((m_blocks, cols), dtype=dtype, device=device)
-    pitch = max(_align(m_blocks, 16 // _SF_ITEM_BYTES[kind]), 1)
-    storage = torch.empty((cols, pitch), dtype=dtype, device=device)
-    return storage.as_strided((m_blocks, cols), (1, pitch))
-
-
-def _sf_flags(t: torch.Tensor) -> str:
-    return {torch.float32: "fp32", torch.int32: "ue8m0", torch.float8_e4m3fn: "e4m3"}.get(t.dtype, "")
-
-
-def _check_given_outputs(op, mode, sf, out_sf, out_x, device, sf_blocks, kind, layout, out_dtype, out_shape, rows_packed):
-    """Check a precomputed sf and the caller's output buffers; returns the sf tensor to write (None: allocate one)."""
-    if mode == "precomputed_sf":
-        if layout == "col" or kind == "ue8m0":
-            fail(
-                op,
-                "sf",
-                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
-                f"layout {layout}, kind {kind}",
-            )
-        _check_sf(op, "sf", sf, device, *sf_blocks, kind, "row")
-        out_sf = sf
-    elif out_sf is not None:
-        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, *sf_blocks, kind, layout)
-    if mode != "sf_only" and out_x is not None:
-        name = "out" if mode == "precomputed_sf" else "out[0]"
-        _check_data(op, name, out_x, (out_dtype,), device)
-        if tuple(out_x.shape) != out_shape or not rows_packed(out_x):
-            fail(op, name, f"contiguous of shape {out_shape}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
-    return out_sf
-
-
-def _quantized_input(op: str, x, x_block_size):
-    """(device, data, sf, in_dtype name, block, in_sf axis value, logical hidden) of a pre-quantized (x, sf) pair."""
-    if not (isinstance(x, (tuple, list)) and len(x) == 2):
-        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
-    data, sf = x
-    device = _check_data(op, "x[0]", data, (torch.float8_e4m3fn, torch.int8))
-    if x_block_size is None:
-        fail(op, "x_block_size", "given for a pre-quantized (data, sf) input", None)
-    block = _check_block(op, "x_block_size", x_block_size, _IN_BLOCKS)
-    check_cuda(op, "x[1]", sf, device)
-    kind = _sf_flags(sf)
-    if not kind or sf.dim() != 2:
-        fail(op, "x[1]", "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor", f"{sf.dtype} of shape {tuple(sf.shape)}")
-    tokens, hidden = data.shape[0], data.shape[1] * (2 if data.dtype == torch.int8 else 1)
-    if hidden % block[1]:
-        fail(op, "x[0]", f"a multiple of {block[1]} channels wide (x_block_size={block})", f"{hidden} channels")
-    layout = _check_sf(op, "x[1]", sf, device, _ceil_div(tokens, block[0]), hidden // block[1], kind, None)
-    in_sf = kind + ("_col" if layout == "col" else "")
-    return device, data, sf, _IN_NAMES[data.dtype], block, in_sf, hidden, layout, kind
 
 
 def _per_token_impl(op, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
@@ -344,7 +211,6 @@ def per_token_cast(
 
 # (device, dtype, hidden, fmt, group, *flags) -> what per_token_cast's hot path needs, filled after a full-path call succeeds
 _PTC_FAST: dict[tuple, tuple] = {}
-_SF_ITEM_BYTES = {"fp32": 4, "pow2": 4, "ue8m0": 4, "e4m3": 1}
 
 
 class _MaxTokens(dict):
@@ -468,13 +334,6 @@ def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
     return out
 
 
-def _check_contiguous_input(op: str, x) -> int:
-    device = _check_data(op, "x", x, (torch.bfloat16, torch.float32))
-    if not x.is_contiguous():
-        fail(op, "x", "contiguous", f"strides {x.stride()}")
-    return device
-
-
 def _per_block_impl(
     op, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, mode, sf=None, out_x=None, out_sf=None
 ):
@@ -576,31 +435,57 @@ def per_channel_cast(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast to E4M3 with one scale factor per channel for every num_per_tokens (32 or 128) tokens.
 
-    x is a contiguous (num_tokens, hidden) bf16/fp32 matrix, hidden a multiple of 128. Returns
-    (data, sf): sf (ceil(num_tokens / num_per_tokens), hidden), row-major; with use_packed_ue8m0
-    (needs round_sf) int32 of shape (ceil(that / 4), hidden), four token blocks a word.
-    Pre-quantized (data, sf) inputs are not supported yet.
+    Args:
+        x: a contiguous (num_tokens, hidden) bf16/fp32 matrix, hidden a multiple of 128; or a
+            pre-quantized (data, sf) pair: data contiguous float8_e4m3fn, sf its per-token scale
+            factors in blocks of (1, num_per_channels) (float32, float8_e4m3fn or packed UE8M0
+            int32; row-major, or column-major with any token stride, e.g. a slice along tokens).
+            Such an input is decoded as data * sf in fp32 first.
+        fmt: "e4m3".
+        num_per_tokens: tokens per scale factor, 32 or 128.
+        round_sf: round scale factors up to powers of two.
+        num_per_channels: the input's scale block width, 32 or 128, for (data, sf) inputs; None otherwise.
+        use_packed_ue8m0: store the powers of two as exponent bytes (needs round_sf).
+
+    Returns:
+        (data, sf): data (num_tokens, hidden) float8_e4m3fn; sf (ceil(num_tokens / num_per_tokens), hidden)
+        row-major float32, or with use_packed_ue8m0 int32 of shape (ceil(that / 4), hidden), four
+        token blocks a word.
     """
     op = "tkaot.quant.per_channel_cast"
     if fmt != "e4m3":
         fail(op, "fmt", "'e4m3'", repr(fmt))
-    if not isinstance(x, torch.Tensor) or num_per_channels is not None:
-        fail(op, "x", "a bf16/fp32 tensor with num_per_channels=None (pre-quantized inputs are not supported yet)", type(x).__name__)
     if num_per_tokens not in (32, 128):
         fail(op, "num_per_tokens", "32 or 128", repr(num_per_tokens))
     kind = _sf_kind(op, round_sf, use_packed_ue8m0, False)
-    device = _check_contiguous_input(op, x)
-    num_tokens, hidden = x.shape
+    if isinstance(x, torch.Tensor):
+        if num_per_channels is not None:
+            fail(op, "num_per_channels", "None for a bf16/fp32 input", repr(num_per_channels))
+        device = _check_contiguous_input(op, x)
+        data, in_sf_t, in_dtype, in_block, in_sf, in_sf_stride = x, None, _IN_NAMES[x.dtype], "none", "none", 0
+    else:
+        if num_per_channels not in (32, 128):
+            fail(op, "num_per_channels", "32 or 128 for a pre-quantized (data, sf) input", repr(num_per_channels))
+        if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], torch.Tensor) and x[0].dtype != torch.float8_e4m3fn:
+            fail(op, "x[0]", "torch.float8_e4m3fn (pre-quantized inputs are FP8 E4M3)", x[0].dtype)
+        device, data, in_sf_t, in_dtype, _, in_sf, _, in_layout, in_kind = _quantized_input(op, x, (1, num_per_channels))
+        if not data.is_contiguous():
+            fail(op, "x[0]", "contiguous", f"strides {data.stride()}")
+        in_block, in_sf_stride = f"1x{num_per_channels}", _sf_kernel_stride(in_sf_t, in_kind, in_layout)
+    num_tokens, hidden = data.shape
     if hidden % 128:
         fail(op, "x", "a multiple of 128 channels wide", f"{hidden} channels")
     m_blocks = _ceil_div(num_tokens, num_per_tokens)
     if m_blocks > 65535:
         fail(op, "x", f"at most {65535 * num_per_tokens} tokens", f"{num_tokens}")
-    launcher = _PER_CHANNEL.get(device, hidden, _IN_NAMES[x.dtype], num_per_tokens, kind)
-    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=x.device)
+    launcher = _PER_CHANNEL.get(device, hidden, in_dtype, in_block, in_sf, num_per_tokens, kind)
+    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)
     sf_rows = _ceil_div(m_blocks, 4) if kind == "ue8m0" else m_blocks
-    out_sf = torch.empty((sf_rows, hidden), dtype=_SF_DTYPE[kind], device=x.device)
-    launcher(device, current_stream(device), x.data_ptr(), out.data_ptr(), out_sf.data_ptr(), num_tokens)
+    out_sf = torch.empty((sf_rows, hidden), dtype=_SF_DTYPE[kind], device=data.device)
+    launcher(
+        device, current_stream(device), data.data_ptr(), in_sf_t.data_ptr() if in_sf_t is not None else 0, out.data_ptr(),
+        out_sf.data_ptr(), num_tokens, in_sf_stride,
+    )  # fmt: skip
     return out, out_sf
 
 

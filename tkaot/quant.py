@@ -138,8 +138,13 @@ _CAST_NAMES = (
     "per_channel_cast", "per_token_cast_and_cast_back", "per_token_cast", "per_token_cast_back",
     "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only", "unpack_from_e2m1fn_x2",
 )  # fmt: skip
+_WEIGHT_CAST_NAMES = ("batched_transpose_weight_sf", "per_block_cast_lossless")
 _FUSED_NAMES = ("norm_forward_and_per_token_cast", "swiglu_forward", "swiglu_forward_and_per_token_cast")
-_LAZY = {**{name: "tkaot._casts" for name in _CAST_NAMES}, **{name: "tkaot._fused" for name in _FUSED_NAMES}}
+_LAZY = {
+    **{name: "tkaot._casts" for name in _CAST_NAMES},
+    **{name: "tkaot._weight_casts" for name in _WEIGHT_CAST_NAMES},
+    **{name: "tkaot._fused" for name in _FUSED_NAMES},
+}
 __all__ = ["norm_forward", *_LAZY]
 
 

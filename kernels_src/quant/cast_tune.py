@@ -32,7 +32,7 @@ CASES = {
     ),
     "per_channel_128": (
         per_channel_cast,
-        dict(hidden=7168, in_dtype="bfloat16", block_m=128, sf="fp32"),
+        dict(hidden=7168, in_dtype="bfloat16", in_block="none", in_sf="none", block_m=128, sf="fp32"),
         {"c0": (256, 8), "c1": (512, 16), "c2": (256, 16), "c3": (256, 32)},
     ),
 }

@@ -6,6 +6,12 @@ stay coalesced while the reduction runs down the columns: each thread keeps the
 per-column amax of its rows, the row slots meet in shared memory, one thread per
 channel forms the scale factor, and every thread then scales its registers. UE8M0 scale factors pack
 four consecutive token blocks of a channel into one int32.
+
+An input may also be E4M3 data with per-token scale factors in blocks of
+`in_block` (1 x 32 or 1 x 128, fp32 / packed UE8M0 / E4M3, row- or column-major):
+each value is first decoded in fp32 as data * in_sf, then cast like a bf16/fp32
+value: out = E4M3((data * in_sf) * inv), the products in that order (as
+TileKernels computes them).
 """
 
 import tilelang.language as T
@@ -19,7 +25,9 @@ MAX_HIDDEN = 65536
 
 AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 128 == 0, rule=f"a multiple of 128 in (0, {MAX_HIDDEN}]"),
-    Axis("in_dtype", str, choices=("bfloat16", "float32")),
+    Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3")),
+    Axis("in_block", str, choices=("none", "1x32", "1x128")),
+    Axis("in_sf", str, choices=common.IN_SF),
     Axis("block_m", int, choices=(32, 128)),
     Axis("sf", str, choices=("fp32", "pow2", "ue8m0")),
 )
@@ -27,10 +35,26 @@ DYNAMIC_DIMS = ("num_tokens",)
 
 # (threads per CTA, column vectors a CTA covers): the tuning knob, see bench/tune_quant.py
 TILING = (256, 8)
+# in_dtype -> (storage dtype, bytes per element)
+STORAGE = {"bfloat16": ("bfloat16", 2), "float32": ("float32", 4), "e4m3": ("float8_e4m3", 1)}
 
 
-def build(hidden, in_dtype, block_m, sf, tiling: tuple[int, int] | None = None):
-    vec = 16 // (2 if in_dtype == "bfloat16" else 4)
+def check_static(hidden, in_dtype, in_block, in_sf, block_m, sf) -> None:
+    """Raise ValueError for a combination no kernel supports (each axis alone is checked by AXES)."""
+    quantized_in = in_dtype == "e4m3"
+    if quantized_in != (in_block != "none") or quantized_in != (in_sf != "none"):
+        raise ValueError(
+            f"{KERNEL}: in_block and in_sf go with e4m3 inputs only, and e4m3 inputs need both "
+            f"(in_dtype={in_dtype}, in_block={in_block}, in_sf={in_sf})"
+        )
+
+
+def build(hidden, in_dtype, in_block, in_sf, block_m, sf, tiling: tuple[int, int] | None = None):
+    check_static(hidden, in_dtype, in_block, in_sf, block_m, sf)
+    storage, storage_bytes = STORAGE[in_dtype]
+    quantized_in = in_dtype == "e4m3"
+    vec = 16 // storage_bytes
+    bk = common.block_shape(in_block)[1] if quantized_in else hidden
     num_threads, col_vecs = tiling or TILING
     tile_k = col_vecs * vec
     slots = num_threads // col_vecs  # rows read at once
@@ -40,13 +64,23 @@ def build(hidden, in_dtype, block_m, sf, tiling: tuple[int, int] | None = None):
     packed = sf == "ue8m0"
     out_dtype = "float8_e4m3"
 
+    sf_in = common.SfLayout.from_input(in_sf if quantized_in else "fp32", hidden // bk)
+
     num_tokens = T.dynamic("num_tokens")
+    in_sf_stride = T.dynamic("in_sf_stride")
     m_blocks = (num_tokens + block_m - 1) // block_m
     sf_shape = ((m_blocks + 3) // 4, hidden * 4) if packed else (m_blocks, hidden)
 
+    def value(x_reg, in_scale, p, j):
+        """The fp32 value of element j of pass p's vector: data * in_sf for E4M3 inputs."""
+        if quantized_in:
+            return T.Cast("float32", x_reg[p, j]) * in_scale[p]
+        return T.Cast("float32", x_reg[p, j])
+
     @T.prim_func
     def per_channel_cast(
-        x: T.Tensor[(num_tokens, hidden), in_dtype],
+        x: T.Tensor[(num_tokens, hidden), storage],
+        x_sf: T.StridedTensor[sf_in.shape(num_tokens), (in_sf_stride, 1), sf_in.dtype],
         out: T.Tensor[(num_tokens, hidden), out_dtype],
         out_sf: T.Tensor[sf_shape, common.SF_DTYPE[sf]],
     ):
@@ -54,7 +88,8 @@ def build(hidden, in_dtype, block_m, sf, tiling: tuple[int, int] | None = None):
             tid = T.get_thread_binding()
             slot = tid // col_vecs
             col = kb * tile_k + tid % col_vecs * vec
-            x_reg = T.alloc_local((passes, vec), in_dtype)
+            x_reg = T.alloc_local((passes, vec), storage)
+            in_scale = T.alloc_local((passes,), "float32")
             amax = T.alloc_local((vec,), "float32")
             inv = T.alloc_local((vec,), "float32")
             xf = T.alloc_local((vec,), "float32")
@@ -67,14 +102,18 @@ def build(hidden, in_dtype, block_m, sf, tiling: tuple[int, int] | None = None):
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(vec):
                         x_reg[p, j] = x[row, col + j]
+                    if quantized_in:
+                        in_scale[p] = common.decode_sf(x_sf[sf_in.index(row, col // bk)], sf_in.kind)
                 else:
                     for j in T.vectorized(vec):
-                        x_reg[p, j] = T.Cast(in_dtype, 0)
+                        x_reg[p, j] = T.Cast(storage, 0)
+                    if quantized_in:
+                        in_scale[p] = T.float32(0)
             for j in T.unroll(vec):
                 amax[j] = T.float32(0)
             for p in T.unroll(passes):
                 for j in T.unroll(vec):
-                    amax[j] = T.max(amax[j], T.abs(T.Cast("float32", x_reg[p, j])))
+                    amax[j] = T.max(amax[j], T.abs(value(x_reg, in_scale, p, j)))
             for j in T.unroll(vec):
                 col_max[slot, tid % col_vecs * vec + j] = amax[j]
             T.sync_threads()
@@ -105,7 +144,7 @@ def build(hidden, in_dtype, block_m, sf, tiling: tuple[int, int] | None = None):
                 row = mb * block_m + p * slots + slot
                 if row < num_tokens and col < hidden:
                     for j in T.unroll(vec):
-                        xf[j] = T.Cast("float32", x_reg[p, j]) * inv[j]
+                        xf[j] = value(x_reg, in_scale, p, j) * inv[j]
                     for j in T.vectorized(vec):
                         o_reg[j] = common.to_e4m3(xf[j])
                     for j in T.vectorized(vec):

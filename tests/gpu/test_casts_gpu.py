@@ -261,8 +261,8 @@ def test_per_block_cast_is_bit_exact(seed, v):
         assert_bytes_equal(got_sf, want_sf, f"sf, {tokens} tokens")
 
 
-@pytest.mark.parametrize("v", shapeset_variants("per_channel_cast"), ids=variant_id)
-def test_per_channel_cast_is_bit_exact(seed, v):
+@pytest.mark.parametrize("v", [v for v in shapeset_variants("per_channel_cast") if v["in_dtype"] != "e4m3"], ids=variant_id)
+def test_per_channel_cast_is_bit_exact(seed, v):  # FP8 inputs: tests/gpu/test_weight_casts_gpu.py
     kind = v["sf"]
     flags = dict(round_sf=kind in ("pow2", "ue8m0"), use_packed_ue8m0=kind == "ue8m0")
     for tokens in TOKENS + [128 * 5]:

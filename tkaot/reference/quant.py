@@ -263,9 +263,21 @@ def per_block_cast_with_precomputed_sf(
 
 
 def per_channel_cast(
-    x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, use_packed_ue8m0: bool = False
+    x,
+    fmt: str,
+    num_per_tokens: int,
+    round_sf: bool = False,
+    num_per_channels: int | None = None,
+    use_packed_ue8m0: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """tkaot.quant.per_channel_cast: blocks of (num_per_tokens, 1); UE8M0 packs four token blocks a word."""
+    """tkaot.quant.per_channel_cast: blocks of (num_per_tokens, 1); UE8M0 packs four token blocks a word.
+
+    A (data, sf) input (scale blocks (1, num_per_channels)) is decoded to fp32 first, data * sf
+    rounded once, and then cast like an fp32 input: out = round((data * sf) * inv).
+    """
+    if not isinstance(x, torch.Tensor):
+        raw, scale = _input(x, (1, num_per_channels))
+        x = raw * scale
     return block_cast(x, fmt, (num_per_tokens, 1), None, sf_kind_of(round_sf, use_packed_ue8m0, False))
 
 
@@ -289,3 +301,77 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
         rounded = ((bits & ~0xFFFF) + up.int() * 0x10000).view(torch.float32)
         return torch.where(torch.isnan(x), x, rounded).to(dtype)
     return x.to(dtype)
+
+
+# ---- weight preparation: lossless FP4 -> FP8, DeepGEMM scale-factor layouts -------------------------------------
+
+LOSSLESS_HEADROOM = 6  # an output block's exponent is its largest input exponent minus 6 (E4M3 holds 6 * 2**6)
+
+
+def sf_exponents(sf: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Biased exponents (int32) of a stored power-of-two sf tensor (fp32 or packed UE8M0, any layout), cropped to grid."""
+    values = sf_to_float(sf)[: grid[0], : grid[1]].contiguous()
+    return (values.view(torch.int32) >> 23) & 0xFF
+
+
+def per_block_cast_lossless(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str,
+    x_block_size: tuple[int, int],
+    out_block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tkaot.quant.per_block_cast_lossless, from exponents.
+
+    With e_in the biased exponent of each input block's sf and, per output block, e_out =
+    max(largest e_in inside it - 6, 0): out sf = 2**(e_out - 127) (0.0 for e_out = 0), and every
+    element is E4M3(code * 2**(e_in - e_out)) (0 once the shift passes 2**-126).
+    """
+    assert fmt == "e4m3"
+    data, sf = x
+    values = unpack_e2m1(data)
+    rows, cols = values.shape
+    (ibm, ibk), (obm, obk) = x_block_size, out_block_size
+    m_in, k_in = -(-rows // ibm), cols // ibk
+    m_out, k_out = -(-rows // obm), cols // obk
+    rm, rk = obm // ibm, obk // ibk
+    e_in = sf_exponents(sf, (m_in, k_in))
+    padded = torch.zeros(m_out * rm, k_out * rk, dtype=torch.int32, device=data.device)
+    padded[:m_in] = e_in
+    e_out = (padded.view(m_out, rm, k_out, rk).amax(dim=(1, 3)) - LOSSLESS_HEADROOM).clamp(min=0)
+    biased = e_in + 127 - e_out.repeat_interleave(rm, 0)[:m_in].repeat_interleave(rk, 1)
+    factor = torch.where(biased >= 1, (biased.clamp(1, 254) << 23).view(torch.float32), 0.0)
+    out = round_e4m3(values * expand_blocks(factor, x_block_size, values.shape))
+    out_sf = (e_out << 23).view(torch.float32)
+    return out, store_sf(out_sf, "ue8m0" if use_packed_ue8m0 else "pow2", use_tma_aligned_col_major_sf)
+
+
+def pack_exponents(exps: torch.Tensor) -> torch.Tensor:
+    """Exponent bytes (..., m) -> int32 words (..., ceil(m / 4)), four a word, lowest index in the lowest byte, zero-padded."""
+    words = -(-exps.shape[-1] // 4)
+    padded = torch.zeros(*exps.shape[:-1], words * 4, dtype=torch.uint8, device=exps.device)
+    padded[..., : exps.shape[-1]] = exps
+    return padded.view(torch.int32)
+
+
+def batched_transpose_weight_sf(sf, block_size: int, transpose_sf1s) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """tkaot.quant.batched_transpose_weight_sf: per weight (sf0, sf1) of per-row packed UE8M0 words.
+
+    sf0 row r holds the exponents of row block r // block_size along k; sf1 is sf0 of the
+    transposed weight. Both are (…, rows, words) views of (…, words, rows) storage (rows
+    contiguous); a transposed sf1 is returned as the storage itself.
+    """
+    results = []
+    for weight_sf, transpose in zip(sf, transpose_sf1s):
+        grouped = weight_sf.dim() == 3
+        blocks = weight_sf if grouped else weight_sf[None]
+        exps = ((blocks.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+        per_row = pack_exponents(exps.repeat_interleave(block_size, 1))  # (groups, n, words)
+        per_col = pack_exponents(exps.transpose(1, 2).repeat_interleave(block_size, 1))  # (groups, k, words)
+        sf0 = per_row.transpose(1, 2).contiguous().transpose(1, 2)
+        sf1 = per_col.transpose(1, 2).contiguous()
+        sf1 = sf1 if transpose else sf1.transpose(1, 2)
+        results.append((sf0, sf1) if grouped else (sf0[0], sf1[0]))
+    return results

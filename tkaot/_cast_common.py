@@ -1,0 +1,176 @@
+"""Argument checks and scale-factor layouts shared by tkaot.quant's cast ops (no op lives here).
+
+Formats: "e4m3" data is torch.float8_e4m3fn; "e2m1" data is torch.int8 holding two
+FP4 codes a byte. Scale-factor kinds: "fp32", "pow2" (fp32 powers of two), "ue8m0"
+(exponent bytes packed four to an int32) and "e4m3"; layouts "row" and "col"
+(column-major with the token stride padded to 16 bytes, DeepGEMM's layout). Every
+check raises ValueError/TypeError naming the argument, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tkaot._validate import MAX_I32, check_cuda, fail
+
+_FMT_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
+_IN_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
+_SF_DTYPE = {"fp32": torch.float32, "pow2": torch.float32, "ue8m0": torch.int32, "e4m3": torch.float8_e4m3fn}
+_IN_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (128, 128))
+_SF_ITEM_BYTES = {"fp32": 4, "pow2": 4, "ue8m0": 4, "e4m3": 1}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool) -> str:
+    if use_packed_ue8m0 and not round_sf:
+        fail(op, "use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)", "round_sf=False")
+    if round_sf and use_e4m3_sf:
+        fail(op, "use_e4m3_sf", "False when round_sf=True", "both True")
+    if use_packed_ue8m0:
+        return "ue8m0"
+    if round_sf:
+        return "pow2"
+    return "e4m3" if use_e4m3_sf else "fp32"
+
+
+def _check_fmt(op: str, fmt) -> None:
+    if fmt not in _FMT_DTYPE:
+        fail(op, "fmt", "'e4m3' or 'e2m1'", repr(fmt))
+
+
+def _check_block(op: str, name: str, block, allowed) -> tuple[int, int]:
+    if not (isinstance(block, (tuple, list)) and len(block) == 2 and all(isinstance(b, int) for b in block)):
+        fail(op, name, "a pair of ints", repr(block))
+    block = (int(block[0]), int(block[1]))
+    if block not in allowed:
+        fail(op, name, f"one of {list(allowed)}", block)
+    return block
+
+
+def _check_data(op: str, name: str, t, dtypes: tuple, device: int | None = None) -> int:
+    """A 2-D tensor of one of `dtypes`, last dim contiguous, rows 16-byte aligned; returns its device."""
+    device = check_cuda(op, name, t, device)
+    if t.dtype not in dtypes:
+        fail(op, name, " or ".join(str(d) for d in dtypes), t.dtype)
+    if t.dim() != 2:
+        fail(op, name, "2-D (num_tokens, hidden)", f"shape {tuple(t.shape)}")
+    if t.stride(1) != 1 and t.shape[1] > 1:
+        fail(op, name, "contiguous in its last dimension", f"strides {t.stride()}")
+    per_row = 16 // t.element_size()
+    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) % per_row or t.stride(0) > MAX_I32)):
+        fail(
+            op,
+            name,
+            f"16-byte aligned, with a row stride a multiple of {per_row} elements",
+            f"address {t.data_ptr():#x}, strides {t.stride()}",
+        )
+    return device
+
+
+def _sf_cols(k_blocks: int, kind: str) -> int:
+    return _ceil_div(k_blocks, 4) if kind == "ue8m0" else k_blocks
+
+
+def _sf_layout_of(t: torch.Tensor) -> str:
+    """TileKernels' rule: a scale-factor tensor with unit token stride and a non-unit channel stride is column-major."""
+    return "col" if t.stride(0) == 1 and t.stride(1) != 1 else "row"
+
+
+def _sf_kernel_stride(t: torch.Tensor, kind: str, layout: str) -> int:
+    """The sf buffer's row stride as the kernel addresses it (bytes for packed UE8M0)."""
+    stride = t.stride(0) if layout == "row" else t.stride(1)
+    return stride * 4 if kind == "ue8m0" else stride
+
+
+def _check_sf(op: str, name: str, t, device: int, m_blocks: int, k_blocks: int, kind: str, layout: str | None) -> str:
+    """A scale-factor tensor of the given kind and logical grid; returns its layout ("row"/"col")."""
+    check_cuda(op, name, t, device)
+    if t.dtype != _SF_DTYPE[kind]:
+        fail(op, name, f"{_SF_DTYPE[kind]} (sf kind {kind})", t.dtype)
+    shape = (m_blocks, _sf_cols(k_blocks, kind))
+    if tuple(t.shape) != shape:
+        fail(op, name, f"of shape {shape}", tuple(t.shape))
+    found = _sf_layout_of(t) if t.dim() == 2 else "row"
+    if layout is not None and m_blocks > 1 and shape[1] > 1 and found != layout:
+        want = "column-major (stride (1, >= num_tokens))" if layout == "col" else "row-major (stride (>= cols, 1))"
+        fail(op, name, want, f"strides {t.stride()}")
+    layout = layout or found
+    if m_blocks > 1 and shape[1] > 1:
+        if layout == "row" and (t.stride(1) != 1 or t.stride(0) < shape[1]):
+            fail(op, name, "row-major with unit channel stride", f"strides {t.stride()}")
+        if layout == "col" and (t.stride(0) != 1 or t.stride(1) < m_blocks):
+            fail(op, name, "column-major with unit token stride", f"strides {t.stride()}")
+    if max(t.stride()) * 4 > MAX_I32:
+        fail(op, name, "strided below 2**29 elements", f"strides {t.stride()}")
+    return layout
+
+
+def _alloc_sf(m_blocks: int, k_blocks: int, kind: str, layout: str, device) -> torch.Tensor:
+    """A new sf tensor; column-major ones pad the token stride to 16 bytes (TMA alignment)."""
+    dtype, cols = _SF_DTYPE[kind], _sf_cols(k_blocks, kind)
+    if layout == "row":
+        return torch.empty((m_blocks, cols), dtype=dtype, device=device)
+    pitch = max(_align(m_blocks, 16 // _SF_ITEM_BYTES[kind]), 1)
+    storage = torch.empty((cols, pitch), dtype=dtype, device=device)
+    return storage.as_strided((m_blocks, cols), (1, pitch))
+
+
+def _sf_flags(t: torch.Tensor) -> str:
+    return {torch.float32: "fp32", torch.int32: "ue8m0", torch.float8_e4m3fn: "e4m3"}.get(t.dtype, "")
+
+
+def _check_given_outputs(op, mode, sf, out_sf, out_x, device, sf_blocks, kind, layout, out_dtype, out_shape, rows_packed):
+    """Check a precomputed sf and the caller's output buffers; returns the sf tensor to write (None: allocate one)."""
+    if mode == "precomputed_sf":
+        if layout == "col" or kind == "ue8m0":
+            fail(
+                op,
+                "sf",
+                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
+                f"layout {layout}, kind {kind}",
+            )
+        _check_sf(op, "sf", sf, device, *sf_blocks, kind, "row")
+        out_sf = sf
+    elif out_sf is not None:
+        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, *sf_blocks, kind, layout)
+    if mode != "sf_only" and out_x is not None:
+        name = "out" if mode == "precomputed_sf" else "out[0]"
+        _check_data(op, name, out_x, (out_dtype,), device)
+        if tuple(out_x.shape) != out_shape or not rows_packed(out_x):
+            fail(op, name, f"contiguous of shape {out_shape}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
+    return out_sf
+
+
+def _quantized_input(op: str, x, x_block_size):
+    """(device, data, sf, in_dtype name, block, in_sf axis value, logical hidden) of a pre-quantized (x, sf) pair."""
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
+    data, sf = x
+    device = _check_data(op, "x[0]", data, (torch.float8_e4m3fn, torch.int8))
+    if x_block_size is None:
+        fail(op, "x_block_size", "given for a pre-quantized (data, sf) input", None)
+    block = _check_block(op, "x_block_size", x_block_size, _IN_BLOCKS)
+    check_cuda(op, "x[1]", sf, device)
+    kind = _sf_flags(sf)
+    if not kind or sf.dim() != 2:
+        fail(op, "x[1]", "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor", f"{sf.dtype} of shape {tuple(sf.shape)}")
+    tokens, hidden = data.shape[0], data.shape[1] * (2 if data.dtype == torch.int8 else 1)
+    if hidden % block[1]:
+        fail(op, "x[0]", f"a multiple of {block[1]} channels wide (x_block_size={block})", f"{hidden} channels")
+    layout = _check_sf(op, "x[1]", sf, device, _ceil_div(tokens, block[0]), hidden // block[1], kind, None)
+    in_sf = kind + ("_col" if layout == "col" else "")
+    return device, data, sf, _IN_NAMES[data.dtype], block, in_sf, hidden, layout, kind
+
+
+def _check_contiguous_input(op: str, x) -> int:
+    device = _check_data(op, "x", x, (torch.bfloat16, torch.float32))
+    if not x.is_contiguous():
+        fail(op, "x", "contiguous", f"strides {x.stride()}")
+    return device
