@@ -40,10 +40,11 @@ from tkaot import _fused, reference
 from tkaot.errors import VariantNotBuilt
 
 INPUT_SETS = 3
-# Run 3: the shipped tilings (lean, lean6) and leanw4 as controls; a thread owning 2 or 4 vectors of one
-# row (swiglu), the "fp32" scale factor by the fast-path division (norm_cast, the "d" tilings)
-SWIGLU_TILINGS = ("lean", "lean2v5", "lean2v6", "lean4v")
-NORM_CAST_TILINGS = ("lean6", "leanw4", "lean6d", "leanw4d", "lean8d")
+# Runs 4-7 (bench/results/tuning, with Nsight Compute instruction counts): swiglu's gate check per
+# vector on the bf16 bit patterns ("bits", 1 or 2 vectors a thread) against the per-gate check ("lean");
+# TileKernels' own kernels are timed beside them when tile_kernels is importable
+SWIGLU_TILINGS = ("lean", "bits", "bits2v5")
+NORM_CAST_TILINGS = ("lean6",)
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)
@@ -119,6 +120,30 @@ def _norm_cast_rows() -> list[tuple[str, float | None, str]]:
     return rows
 
 
+def _peer_rows() -> list[tuple[str, float | None, str]]:
+    """TileKernels on the same shapes, when it is importable (its first call compiles)."""
+    try:
+        import tile_kernels as tk
+    except ImportError:
+        return []
+    weight = torch.randn(NORM_HIDDEN, dtype=torch.bfloat16, device="cuda")
+    swiglu_inputs = [{"x": torch.randn(TOKENS, 2 * SWIGLU_HIDDEN, dtype=torch.bfloat16, device="cuda")} for _ in range(INPUT_SETS)]
+    norm_inputs = [{"x": torch.randn(TOKENS, NORM_HIDDEN, dtype=torch.bfloat16, device="cuda") * 3} for _ in range(INPUT_SETS)]
+    swiglu_bytes = TOKENS * SWIGLU_HIDDEN * (2 * 2 + 1) + TOKENS * (SWIGLU_HIDDEN // 128) * 4
+    norm_bytes = TOKENS * NORM_HIDDEN * (2 + 1) + TOKENS * (NORM_HIDDEN // 32) * 4 + NORM_HIDDEN * 2
+
+    def swiglu(a):
+        return tk.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128)
+
+    def norm_cast(a):
+        return tk.quant.norm_forward_and_per_token_cast(a["x"], weight, 1e-6, "e4m3", 32)
+
+    return [
+        _measure("TileKernels swiglu+cast", swiglu, swiglu_inputs, swiglu_bytes, lambda _: "-"),
+        _measure("TileKernels norm+cast", norm_cast, norm_inputs, norm_bytes, lambda _: "-"),
+    ]
+
+
 def _same(got, want) -> str:
     (q, sf), (want_q, want_sf) = got, want
     exact = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
@@ -137,7 +162,7 @@ def _measure(name, call, inputs, nbytes, check) -> tuple[str, float | None, str]
 def main() -> None:
     t0 = time.perf_counter()
     print(f"device: {torch.cuda.get_device_name()}, {INPUT_SETS} rotating input sets, {TOKENS} tokens")
-    rows = _swiglu_rows() + _norm_cast_rows()
+    rows = _swiglu_rows() + _norm_cast_rows() + _peer_rows()
     ceiling = copy_ceiling_tbps(1 << 30)
     print(f"{'candidate':24s} {'µs':>8s}  TB/s  check")
     for name, us, note in rows:

@@ -19,7 +19,7 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="pflean")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="bits")),
     "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="leanw4")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU, "norm_cast": _fused._NORM_CAST}
@@ -134,6 +134,49 @@ def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate():
             q = (gate.astype(np.float64) * r.astype(np.float64)).astype(np.float32)
             got = _fma32(_fma32(-den, q, gate), r, q)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kd, kr)
+
+
+def test_swiglu_gate_division_differs_from_div_normal_only_in_the_sign_of_zero():
+    """tkaot_div_gate takes the remainder as b * q - a: the same quotient as tkaot_div_normal wherever it
+    is not zero, and -0 / den stays -0 (tkaot_div_normal gives +0)."""
+    import numpy as np
+
+    g = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    g = g[np.isfinite(g) & (g > -64)]
+    with np.errstate(over="ignore"):
+        den = (1.0 + np.exp(-g.astype(np.float64))).astype(np.float32)
+    r = (1.0 / den.astype(np.float64)).astype(np.float32)
+    r = _fma32(r, _fma32(-den, r, 1.0), r)
+    q = (g.astype(np.float64) * r.astype(np.float64)).astype(np.float32)
+    normal = _fma32(_fma32(-den, q, g), r, q)
+    gate = _fma32(-_fma32(den, q, -g), r, q)
+    nonzero = normal != 0
+    assert np.array_equal(normal[nonzero].view(np.uint32), gate[nonzero].view(np.uint32))
+    want_zero = (g[~nonzero].astype(np.float64) / den[~nonzero].astype(np.float64)).astype(np.float32)
+    assert np.array_equal(gate[~nonzero].view(np.uint32), want_zero.view(np.uint32))  # +0 and -0
+
+
+def test_swiglu_gates_ok_admits_exactly_the_vectors_of_finite_gates_above_the_floor():
+    """kernels_src/fused/swiglu.py's tkaot_gates_ok, emulated on the bit patterns (max.u16x2 / max.s16x2
+    per pair, then across the pair's halves): a vector of eight bf16 gates is admitted exactly when every
+    gate is above -87.5 and at most the limit (not NaN)."""
+    import numpy as np
+
+    from kernels_src.fused.swiglu import FLT_MAX
+
+    rng = np.random.default_rng(5)
+    pats = np.arange(1 << 16, dtype=np.uint16)
+    vectors = np.concatenate([pats.reshape(-1, 8), rng.permutation(pats).reshape(-1, 8)])
+    vectors = np.concatenate([vectors, rng.choice(np.arange(0x0000, 0x4300, dtype=np.uint16), (8192, 8))])
+    for limit in (np.float32(FLT_MAX), np.float32(6.0), np.float32(-1.0)):
+        most_negative = vectors.max(axis=1).astype(np.uint32)  # unsigned maximum
+        largest_bits = vectors.view(np.int16).max(axis=1).astype(np.int32)  # signed maximum
+        largest = (largest_bits.astype(np.uint32) << 16).view(np.float32)
+        got = (most_negative < 0xC2AF) & (largest <= limit)
+        gates = (vectors.astype(np.uint32) << 16).view(np.float32)
+        with np.errstate(invalid="ignore"):
+            want = np.all((gates > -87.5) & (gates <= limit), axis=1)
+        assert np.array_equal(got, want), limit
 
 
 def _div_normal(a, b, kr):

@@ -61,7 +61,7 @@ _NORM_CAST = OpKernels(
 _NORM_CAST_GROUP = 32
 
 # The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
-SWIGLU_TILING = "lean"
+SWIGLU_TILING = "bits2v5"
 NORM_CAST_TILING = "lean6"
 
 

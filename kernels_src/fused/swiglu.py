@@ -11,19 +11,20 @@ Blocks stride over rows, so a block accumulates the clamp counts of many rows
 and adds them to clamped_count once. The `tiling` axis picks how many blocks
 are resident per SM (the register cap given to the compiler, and the grid, so
 every block is resident in one wave), how many rows a thread loads before it
-computes any (loads in flight per thread), whether the rows of the next
-iteration are prefetched into L2 while this one computes, whether the
-lean instruction sequence is used, and how many vectors of one row a thread
-owns at least (fewer threads a row, the per-row work shared by more elements);
-TILINGS says what each name means.
+computes any, whether the lean instruction sequence is used and how it is
+guarded, and how many vectors of one row a thread owns at least; TILINGS says
+what each name means.
 
 The lean sequence divides silu's g / (1 + exp(-g)) without the per-element
 branch of IEEE division: reciprocal, one Newton step, quotient and one
 remainder correction, the instructions CUDA's division runs on its fast path,
 so every quotient is the correctly rounded one while operands and results stay
-normal and the Newton step lands on the correctly rounded reciprocal (see
-lean_exact; checked for every bf16 gate, so fp32 inputs keep IEEE division); a vector holding any other gate is
-recomputed with IEEE division. FP8 values are converted two at a time.
+normal and the Newton step lands on the correctly rounded reciprocal. Which
+gates may take it is decided per vector: "full" tests every gate (lean_exact,
+proven for every bf16 gate in tests/test_fused_build.py), "bits" tests the
+vector's bf16 bit patterns at once (tkaot_gates_ok, checked for every bf16 gate
+on the GPU). A vector holding any other gate, and every fp32 input, takes IEEE
+division. FP8 values are converted two at a time.
 
 MoE options are runtime values: expert
 segments from psum_num_tokens_per_expert (rows in the alignment padding between
@@ -46,13 +47,34 @@ SF_KINDS = ("none", "fp32", "pow2", "ue8m0")
 MAX_HIDDEN = 32768
 MAX_HIDDEN_FP32 = 18432
 
+
+@dataclass(frozen=True)
+class Tiling:
+    threads_per_sm: int | None  # resident threads per SM the register cap aims at; None: no cap, a grid of THREADS_PER_SM
+    rows: int  # rows a thread loads before computing, at most
+    lean: bool = False  # branch-free exact division, FP8 conversion two values at a time
+    vecs: int = 1  # vectors of each half a thread owns in one row, at least (fewer threads a row), where hidden allows
+    check: str = "full"  # when a vector may take the lean division: "full" (lean_exact per gate), "bits" (gates_ok per vector)
+
+
+# H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2
+# (TileKernels 27.2 in that run). Tried and dropped: more rows a thread (r2, r4), bulk and per-line L2
+# prefetch of the next rows, 1024-thread blocks of 4 rows, 4 vectors a thread.
+TILINGS = {
+    "base": Tiling(None, 1),
+    "lean": Tiling(2048, 1, lean=True),
+    "bits": Tiling(2048, 1, lean=True, check="bits"),
+    "bits2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits"),
+}
+DEFAULT_TILING = "base"
+
 AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 256 == 0, rule=f"a multiple of 256 in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
     Axis("fmt", str, choices=FORMATS),
     Axis("group", int, choices=(0, 32, 128)),
     Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=("base", "r1", "r2", "r4", "pf", "lean", "pflean", "pflean6", "lean2v5", "lean2v6", "lean4v")),
+    Axis("tiling", str, choices=tuple(TILINGS)),
 )
 DYNAMIC_DIMS = ("num_rows",)
 
@@ -63,43 +85,40 @@ NUM_SMS = 132
 THREADS_PER_SM = 2048
 
 
-@dataclass(frozen=True)
-class Tiling:
-    threads_per_sm: int | None  # resident threads per SM the register cap aims at; None: no cap, a grid of THREADS_PER_SM
-    rows: int  # rows a thread loads before computing, at most
-    prefetch: bool = False  # bulk-prefetch the next iteration's rows into L2 before computing this one
-    lean: bool = False  # branch-free exact division, FP8 conversion two values at a time
-    vecs: int = 1  # vectors of each half a thread owns in one row, at least (fewer threads a row), where hidden allows
-
-
-TILINGS = {
-    "base": Tiling(None, 1),
-    "r1": Tiling(2048, 1),
-    "r2": Tiling(1536, 2),
-    "r4": Tiling(1024, 4),
-    "pf": Tiling(2048, 1, prefetch=True),
-    "lean": Tiling(2048, 1, lean=True),
-    "pflean": Tiling(2048, 1, prefetch=True, lean=True),
-    "pflean6": Tiling(1536, 1, prefetch=True, lean=True),
-    "lean2v5": Tiling(1280, 1, lean=True, vecs=2),
-    "lean2v6": Tiling(1536, 1, lean=True, vecs=2),
-    "lean4v": Tiling(1024, 1, lean=True, vecs=4),
-}
-DEFAULT_TILING = "base"
-
-# Bulk L2 prefetch (sm_90) and the fast path of IEEE fp32 division (rcp, Newton step, quotient,
-# remainder correction: correctly rounded while no operand or intermediate leaves the normal range)
+# The fast path of IEEE fp32 division (rcp, Newton step, quotient, remainder correction: correctly
+# rounded while no operand or intermediate leaves the normal range), and the per-vector gate check
+# of the "bits" tilings
 _DEVICE_HELPERS = """
-__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
-    return 0;
-}
 __device__ __forceinline__ float tkaot_div_normal(float a, float b) {
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
     r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
     float q = __fmul_rn(a, r);
     return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+}
+__device__ __forceinline__ float tkaot_div_gate(float a, float b) {
+    // tkaot_div_normal with the remainder taken as b * q - a: the same quotient wherever it is not
+    // zero, and a zero quotient keeps the sign of a (-0 / 2 is -0)
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    float q = __fmul_rn(a, r);
+    return __fmaf_rn(-__fmaf_rn(b, q, -a), r, q);
+}
+__device__ __forceinline__ int tkaot_gates_ok(const void* gate, float limit) {
+    // Eight bf16 gates, as four pairs of 16-bit patterns: the largest unsigned pattern is the most
+    // negative gate (or -inf, -NaN), the largest signed one is the largest gate
+    const unsigned* w = reinterpret_cast<const unsigned*>(gate);
+    unsigned u01, u23, s01, s23, u, s;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(u01) : "r"(w[0]), "r"(w[1]));
+    asm("max.u16x2 %0, %1, %2;" : "=r"(u23) : "r"(w[2]), "r"(w[3]));
+    asm("max.u16x2 %0, %1, %2;" : "=r"(u) : "r"(u01), "r"(u23));
+    asm("max.s16x2 %0, %1, %2;" : "=r"(s01) : "r"(w[0]), "r"(w[1]));
+    asm("max.s16x2 %0, %1, %2;" : "=r"(s23) : "r"(w[2]), "r"(w[3]));
+    asm("max.s16x2 %0, %1, %2;" : "=r"(s) : "r"(s01), "r"(s23));
+    unsigned most_negative = max(u & 0xFFFFu, u >> 16);
+    int largest = max((int)(short)(s & 0xFFFFu), ((int)s) >> 16);
+    return most_negative < 0xC2AFu && __int_as_float(largest << 16) <= limit;
 }
 """
 
@@ -113,6 +132,14 @@ def lean_exact(g, den):
     mag = T.abs(g)
     in_range = (mag >= T.float32(2.0**-60)) & (g > T.float32(-64.0)) & (g < T.float32(3.0e38))
     return in_range & ((T.reinterpret(den, "uint32") & T.uint32(0x7FFFFF)) != T.uint32(0x7FFFFF))
+
+
+# The "bits" check admits a vector when every gate is a bf16 value above -87.5 (bit pattern 0xC2AF;
+# below it 1 + exp(-g) nears 2**126 and rcp.approx.ftz flushes the reciprocal) and at most `limit`:
+# FLT_MAX (so not +inf or NaN), or the clamp value, so a clamped gate, which need not be a bf16 value,
+# takes IEEE division. tests/gpu/test_fused_gpu.py checks tkaot_div_gate against IEEE division for
+# every bf16 gate on the GPU (the hardware's expf and rcp.approx decide it).
+FLT_MAX = 3.4028234663852886e38
 
 
 _OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
@@ -172,9 +199,11 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     threads = row_threads * rows_per_block
     num_warps = threads // 32
     max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
-    prefetch, lean = TILINGS[tiling].prefetch, TILINGS[tiling].lean
+    lean = TILINGS[tiling].lean
     lean_div = lean and dtype == "bfloat16"  # lean_exact is checked for every bf16 gate, not for fp32 ones
-    row_bytes = 2 * hidden * (2 if dtype == "bfloat16" else 4)
+    check = TILINGS[tiling].check if lean_div else "none"
+    checked = check != "none"
+    divide = "tkaot_div_gate" if check == "bits" else "tkaot_div_normal"
     out_dtype = _OUT_DTYPES[fmt]
     quantized = fmt == "e4m3"
     group_lanes = group // vec if quantized else 1
@@ -213,7 +242,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
         with T.Kernel(grid, threads=threads) as block:
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if prefetch or lean:
+            if lean:
                 T.import_source(_DEVICE_HELPERS)
             T.assume(x_stride % vec == 0)
             tid = T.get_thread_binding()
@@ -233,10 +262,14 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             amax = T.alloc_var(T.float32)
             g = T.alloc_var(T.float32)
             u = T.alloc_var(T.float32)
-            if lean_div:
+            if checked:
                 exact = T.alloc_var(T.int32)
             for k in T.unroll(4):
                 counts[k] = 0
+            if check == "bits":
+                limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
+                if has_clamp != 0:
+                    limit = T.min(clamp_value, T.float32(FLT_MAX))
 
             # A thread loads all of its row_iters rows of an iteration before computing any (row_iters *
             # iters * 2 loads in flight); rows of one iteration are grid blocks apart, so in the last,
@@ -270,12 +303,6 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                 gate[r, v, j] = x[row, col + j]
                             for j in T.vectorized(vec):
                                 up[r, v, j] = x[row, hidden + col + j]
-                if prefetch:
-                    # The rows this thread's row group takes next iteration, one bulk prefetch each
-                    for r in T.unroll(row_iters):
-                        ahead = (((it + 1) * row_iters + r) * grid + block) * rows_per_block + sub
-                        if lane == 0 and ahead < num_rows:
-                            T.call_extern("int32", "tkaot_prefetch_l2", T.address_of(x[ahead, 0]), row_bytes)
                 for r in T.unroll(row_iters):
                     row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
                     if valid[r] != 0:
@@ -284,7 +311,10 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             counts[3] += hidden
                         for v in T.unroll(iters):
                             col = (v * row_threads + lane) * vec
-                            if lean_div:
+                            if check == "bits":
+                                # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
+                                exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[r, v, 0]), limit)
+                            elif checked:
                                 exact = 1
                             for j in T.unroll(vec):
                                 g = T.cast(gate[r, v, j], T.float32)
@@ -297,11 +327,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
                                 if lean_div:
                                     den = T.float32(1.0) + T.exp(-g)
-                                    val[j] = T.call_extern("float32", "tkaot_div_normal", g, den) * u
-                                    exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
+                                    val[j] = T.call_extern("float32", divide, g, den) * u
+                                    if check == "full":
+                                        exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
                                 else:
                                     val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                            if lean_div and exact == 0:
+                            if checked and exact == 0:
                                 # Recompute with IEEE division (values only: the clamp counts are taken)
                                 for j in T.unroll(vec):
                                     g = T.cast(gate[r, v, j], T.float32)

@@ -246,6 +246,39 @@ def test_swiglu_unquantized_through_the_cast_entry_point(seed):
     assert isinstance(out, torch.Tensor) and torch.equal(out, reference.fused.swiglu_forward(x, "bf16"))
 
 
+def _every_bf16_gate(admissible_first: bool) -> torch.Tensor:
+    """All 65536 bf16 patterns as gates, 2048 a row. With admissible_first, the gates the "bits" check
+    admits (above -87.5, finite) come first and the rest after, so only one 8-gate vector mixes both and
+    every admissible gate is divided on the lean path."""
+    bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    gates = bits.view(torch.bfloat16)
+    if admissible_first:
+        f = gates.float()
+        admitted = (f > -87.5) & torch.isfinite(f)
+        gates = torch.cat([gates[admitted], gates[~admitted]])
+    return gates.reshape(32, 2048).cuda()
+
+
+@pytest.mark.parametrize("admissible_first", [False, True])
+def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate(seed, admissible_first):
+    """The shipped tiling's lean division (kernels_src/fused/swiglu.py, tkaot_div_gate behind
+    tkaot_gates_ok) equals IEEE division for every bf16 gate, bit for bit: fp32 output, up 1 and random,
+    with weights, and with clamps (a clamped gate takes IEEE division)."""
+    g = _every_bf16_gate(admissible_first)
+    up = torch.randn(32, 2048, device="cuda").bfloat16()
+    cases = [
+        dict(x=torch.cat([g, torch.ones_like(g)], dim=1)),
+        dict(x=torch.cat([g, up], dim=1)),
+        dict(x=torch.cat([g, up], dim=1), topk_weights=torch.rand(32, device="cuda"), routed_scaling_factor=2.5),
+        dict(x=torch.cat([g, up * 8], dim=1), clamp_value=6.0),
+        dict(x=torch.cat([g, up], dim=1), clamp_value=3.0e38),
+    ]
+    for kw in cases:
+        got = tkaot.quant.swiglu_forward(fmt="fp32", **kw)
+        want = reference.fused.swiglu_forward(fmt="fp32", **kw)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def test_swiglu_empty_input():
     x = torch.empty(0, 4096, dtype=torch.bfloat16, device="cuda")
     out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
