@@ -165,7 +165,7 @@ CPU_SF0 = strided((512, 1), (1, 512), device="cpu")
          r"sf\[1\] must be 1 to 65535 groups"),
         (lambda q: q.batched_transpose_weight_sf([F32(0, 4, 4)], 128, [False], [None]), ValueError, "1 to 65535 groups"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(I32(512, 1),)]), TypeError, r"\(sf0, sf1\) pair"),
-        (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(I32(512, 1), I32(512, 1))]), ValueError,
+        (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(I32(512, 2)[:, :1], I32(512, 1))]), ValueError,
          r"outs\[0\]\[0\] must be of shape \(512, 1\) with strides \(1, 512\)"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [True], [(SF0, SF0)]),
          ValueError, r"outs\[0\]\[1\] must be of shape \(1, 512\) with strides \(512, 1\)"),

@@ -132,7 +132,7 @@ def test_both_launchers_write_the_same_bits(seed):
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(rstd, ref_rstd, rtol=1e-5, atol=0)
     assert torch.equal(residual_out, ref_sum)
-    want = reference.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0)
+    want = reference.moe.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0)
     assert torch.equal(idx, want.topk_idx)
     torch.testing.assert_close(weights, want.topk_weights, rtol=1e-5, atol=1e-6)
 
