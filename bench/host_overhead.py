@@ -63,7 +63,8 @@ def patch_for_cpu() -> None:
     import sys
 
     import tkaot._casts  # noqa: F401  (op modules load lazily: load them all before patching)
-    import tkaot._fused  # noqa: F401
+    import tkaot._norm_cast  # noqa: F401
+    import tkaot._swiglu  # noqa: F401
     import tkaot.moe  # noqa: F401
     import tkaot.quant  # noqa: F401
     import tkaot.transform  # noqa: F401

@@ -64,7 +64,10 @@ def fake_cuda(monkeypatch):
         return 0
 
     monkeypatch.setattr("tkaot._validate.check_cuda", check_cuda)
-    ops = ("tkaot.quant", "tkaot._cast_common", "tkaot._casts", "tkaot._weight_casts", "tkaot._fused", "tkaot.moe", "tkaot.transform")
+    ops = (
+        "tkaot.quant", "tkaot._cast_common", "tkaot._casts", "tkaot._weight_casts", "tkaot._swiglu", "tkaot._norm_cast",
+        "tkaot.moe", "tkaot.transform",
+    )  # fmt: skip
     for name in ops:
         module = importlib.import_module(name)
         if hasattr(module, "check_cuda"):

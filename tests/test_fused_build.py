@@ -12,7 +12,7 @@ from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
-from tkaot import _fused, reference, transform
+from tkaot import _fused, _norm_cast, _swiglu, reference, transform
 from tkaot._kernel import Kernel
 from tkaot._spec import LaunchSpec
 from tkaot.errors import NoGPUError
@@ -22,7 +22,7 @@ BUILT = {
     "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="bits")),
     "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="leanw4")),
 }
-OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _fused._SWIGLU, "norm_cast": _fused._NORM_CAST}
+OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _swiglu._SWIGLU, "norm_cast": _norm_cast._NORM_CAST}
 
 
 @pytest.fixture(scope="module")
@@ -360,13 +360,56 @@ def test_norm_cast_valid_input_reaches_the_registry(fake_cuda):
 
 def test_norm_cast_sf_layouts():
     x = torch.empty(3, 5, 7168)
-    sf, strides = _fused._alloc_norm_sf(x, 224, "ue8m0", col_major=True)
+    sf, strides = _norm_cast._alloc_norm_sf(x, 224, "ue8m0", col_major=True)
     assert sf.shape == (3, 5, 56) and sf.dtype == torch.int32 and sf.stride() == (56 * 8, 1, 8)
     assert strides == (56 * 8 * 4, 4, 32)  # bytes
-    sf, strides = _fused._alloc_norm_sf(x[0], 224, "fp32", col_major=False)
+    sf, strides = _norm_cast._alloc_norm_sf(x[0], 224, "fp32", col_major=False)
     assert sf.shape == (5, 224) and sf.is_contiguous() and strides == (5 * 224, 224, 1)
-    sf, token_stride, group_stride = _fused.alloc_token_sf(5, 6, "ue8m0", col_major=False, device="cpu")
+    sf, token_stride, group_stride = _swiglu.alloc_token_sf(5, 6, "ue8m0", col_major=False, device="cpu")
     assert sf.shape == (5, 2) and (token_stride, group_stride) == (8, 4)
+
+
+class _Launched(Exception):
+    pass
+
+
+class _OnDevice0:
+    """A meta tensor as the ops' hot paths see a valid one on cuda:0 (the only properties they read before the launch)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t, self.dtype, self.shape = t, t.dtype, t.shape
+
+    def get_device(self) -> int:
+        return 0
+
+    def stride(self) -> tuple[int, ...]:
+        return self.t.stride()
+
+    def data_ptr(self) -> int:
+        return 0
+
+
+def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
+    """bench/tune_fused.py and bench/profile_fused.py set tkaot._fused's tilings at run time: both paths of
+    both ops read them at each call (meta tensors take the checked path, _OnDevice0 the hot one)."""
+    tilings = []
+
+    def record(device, *values):
+        tilings.append(values[-1])  # tiling is the last static axis of both kernels
+        raise _Launched
+
+    for kernels in (_swiglu._SWIGLU, _norm_cast._NORM_CAST):
+        monkeypatch.setattr(kernels, "get", record)
+        monkeypatch.setattr(kernels, "cache", {})
+    for swiglu_tiling, norm_cast_tiling in ((_fused.SWIGLU_TILING, _fused.NORM_CAST_TILING), ("lean", "base")):
+        monkeypatch.setattr(_fused, "SWIGLU_TILING", swiglu_tiling)
+        monkeypatch.setattr(_fused, "NORM_CAST_TILING", norm_cast_tiling)
+        for wrap in (lambda t: t, _OnDevice0):
+            with pytest.raises(_Launched):
+                tkaot.quant.swiglu_forward_and_per_token_cast(wrap(meta(4, 4096)), "e4m3", 128)
+            with pytest.raises(_Launched):
+                tkaot.quant.norm_forward_and_per_token_cast(wrap(meta(4, 512)), None, 1e-6, "e4m3", 32)
+    assert tilings == ["bits2v5", "lean6"] * 2 + ["lean", "base"] * 2
 
 
 def test_apply_rotary_cpu_tensor_is_refused():

@@ -1,5 +1,6 @@
 """`import tkaot` stays light: no TileLang, no TVM, no compiler."""
 
+import json
 import subprocess
 import sys
 
@@ -16,13 +17,16 @@ def test_import_leaves_tilelang_and_tvm_out():
 
 def test_lazy_op_lists_match_the_modules():
     import tkaot
-    from tkaot import _casts, _fused, _weight_casts, quant
+    from tkaot import _casts, _norm_cast, _swiglu, _weight_casts, quant
 
     assert set(quant._CAST_NAMES) == set(_casts.__all__)
     assert set(quant._WEIGHT_CAST_NAMES) == set(_weight_casts.__all__)
-    assert set(quant._FUSED_NAMES) == set(_fused.__all__)
+    assert set(quant._NORM_CAST_NAMES) == set(_norm_cast.__all__)
+    assert set(quant._SWIGLU_NAMES) == set(_swiglu.__all__)
     for name in quant.__all__:
         assert callable(getattr(quant, name)), name
+    for name, module in quant._LAZY.items():
+        assert getattr(quant, name).__module__ == module, name  # each op maps to the module defining it
     assert {"quant", "moe", "transform"} <= set(dir(tkaot))
     assert callable(tkaot.moe.moe_topk_gate_forward) and callable(tkaot.transform.apply_rotary)
 
@@ -32,3 +36,16 @@ def test_import_is_light_until_first_use():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "tkaot._casts" not in proc.stdout and "tkaot.moe" not in proc.stdout
+
+
+def test_quant_loads_each_op_module_on_first_use():
+    code = (
+        "import json, sys, tkaot.quant; loaded = lambda: sorted(m for m in sys.modules if m.startswith('tkaot'));"
+        "before = loaded(); tkaot.quant.swiglu_forward; print(json.dumps([before, loaded()]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    before, after = (set(names) for names in json.loads(proc.stdout))
+    lazy = {"tkaot._casts", "tkaot._weight_casts", "tkaot._cast_common", "tkaot._fused", "tkaot._swiglu", "tkaot._norm_cast"}
+    assert not before & lazy
+    assert {"tkaot._swiglu", "tkaot._fused"} <= after and not after & {"tkaot._norm_cast", "tkaot._casts"}

@@ -139,11 +139,13 @@ _CAST_NAMES = (
     "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only", "unpack_from_e2m1fn_x2",
 )  # fmt: skip
 _WEIGHT_CAST_NAMES = ("batched_transpose_weight_sf", "per_block_cast_lossless")
-_FUSED_NAMES = ("norm_forward_and_per_token_cast", "swiglu_forward", "swiglu_forward_and_per_token_cast")
+_NORM_CAST_NAMES = ("norm_forward_and_per_token_cast",)
+_SWIGLU_NAMES = ("swiglu_forward", "swiglu_forward_and_per_token_cast")
 _LAZY = {
     **{name: "tkaot._casts" for name in _CAST_NAMES},
     **{name: "tkaot._weight_casts" for name in _WEIGHT_CAST_NAMES},
-    **{name: "tkaot._fused" for name in _FUSED_NAMES},
+    **{name: "tkaot._norm_cast" for name in _NORM_CAST_NAMES},
+    **{name: "tkaot._swiglu" for name in _SWIGLU_NAMES},
 }
 __all__ = ["norm_forward", *_LAZY]
 
