@@ -43,8 +43,8 @@ INPUT_SETS = 3
 # Runs 4-7 (bench/results/tuning, with Nsight Compute instruction counts): swiglu's gate check per
 # vector on the bf16 bit patterns ("bits", 1 or 2 vectors a thread) against the per-gate check ("lean");
 # TileKernels' own kernels are timed beside them when tile_kernels is importable
-SWIGLU_TILINGS = ("lean", "bits", "bits2v5")
-NORM_CAST_TILINGS = ("lean6",)
+SWIGLU_TILINGS = ("bits2v5", "bits2v5w")
+NORM_CAST_TILINGS = ("lean6", "lean6pl", "lean6plw", "lean6uplw", "lean6upw")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)
@@ -105,10 +105,17 @@ def _norm_cast_rows() -> list[tuple[str, float | None, str]]:
             return tkaot.quant.norm_forward_and_per_token_cast(a["x"], weight, 1e-6, "e4m3", 32)
 
         def check(_):
-            # The kernel's own rstd goes into the reference, so the cast is compared bit for bit
-            (q, sf), _, rstd, _ = tkaot.quant.norm_forward_and_per_token_cast(inputs[0]["x"], weight, 1e-6, "e4m3", 32, with_rstd=True)
-            (want_q, want_sf), _, _, _ = reference.fused.norm_forward_and_per_token_cast(inputs[0]["x"], weight, 1e-6, rstd=rstd)
-            return _same((q, sf), (want_q, want_sf))
+            # The kernel's own rstd goes into the reference, so the cast is compared bit for bit; out_scale 1
+            # and another value (the "unit" tilings run a separate loop for each)
+            verdicts = set()
+            for out_scale in (1.0, 0.75):
+                x = inputs[0]["x"]
+                (q, sf), _, rstd, _ = tkaot.quant.norm_forward_and_per_token_cast(
+                    x, weight, 1e-6, "e4m3", 32, out_scale=out_scale, with_rstd=True
+                )
+                (want_q, want_sf), _, _, _ = reference.fused.norm_forward_and_per_token_cast(x, weight, 1e-6, None, out_scale, rstd=rstd)
+                verdicts.add(_same((q, sf), (want_q, want_sf)))
+            return "exact" if verdicts == {"exact"} else "MISMATCH"
 
         rows.append(_measure(f"norm+cast {tiling}", call, inputs, nbytes, check))
     _fused.NORM_CAST_TILING = "base"

@@ -22,6 +22,8 @@ factors are written through (batch, token, group) strides, so row-major and
 TMA-aligned column-major layouts are one kernel.
 """
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 from kernels_src.axes import Axis
@@ -35,18 +37,14 @@ GROUP = 32
 FP8 = "float8_e4m3"
 MAX_HIDDEN = 8192
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
-    Axis("dtype", str, choices=DTYPES),
-    Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=("base", "pre", "pre6", "w4", "lean", "lean6", "leanw4", "lean6d", "leanw4d", "lean8d")),
-)
 DYNAMIC_DIMS = ("num_tokens", "batch")
 
 NUM_THREADS = 128
 MAX_VECS_PER_THREAD = 4
 # "w4" rows: whole warps, at most this many threads a row, every thread the same number of vectors
 MAX_ROW_THREADS = 256
+
+
 # tiling -> (layout, blocks per SM the compiler must fit or None (for "warps": resident threads per
 #            SM it aims at), weight read before the row reduction, lean instruction sequence,
 #            lean fp32 scale factors: see lean_scale_factor)
@@ -54,6 +52,18 @@ MAX_ROW_THREADS = 256
 #           beyond 128 threads (7 for hidden 7168); "warps": see row_tiling.
 # Reading the weight with x keeps its loads off the path after the reduction (the weight is a runtime
 # option, so the compiler cannot hoist them), at the cost of holding it in registers.
+class Tiling(NamedTuple):
+    layout: str
+    blocks: int | None
+    preload: bool
+    lean: bool
+    lean_sf: bool
+    unit: bool = False
+    pairs: bool = False
+    late_sf: bool = False
+    all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
+
+
 TILINGS = {
     "base": ("pow2", None, False, False, False),
     "pre": ("pow2", None, True, False, False),
@@ -65,7 +75,32 @@ TILINGS = {
     "lean6d": ("pow2", 6, True, True, True),
     "leanw4d": ("warps", 1280, True, True, True),
     "lean8d": ("pow2", 8, False, True, True),
+    "lean6u": ("pow2", 6, True, True, False, True, False),
+    "lean6p": ("pow2", 6, True, True, False, False, True),
+    "lean6up": ("pow2", 6, True, True, False, True, True),
+    "lean6upd": ("pow2", 6, True, True, True, True, True),
+    "lean5up": ("pow2", 5, True, True, False, True, True),
+    "lean8up": ("pow2", 8, True, True, False, True, True),
+    "lean6upl": ("pow2", 6, True, True, False, True, True, True),
+    "lean5upl": ("pow2", 5, True, True, False, True, True, True),
+    "lean6upld": ("pow2", 6, True, True, True, True, True, True),
+    "lean6pl": ("pow2", 6, True, True, False, False, True, True),
+    "lean6upw": ("pow2", 6, True, True, False, True, True, False, True),
+    "lean6pw": ("pow2", 6, True, True, False, False, True, False, True),
+    "lean6plw": ("pow2", 6, True, True, False, False, True, True, True),
+    "lean6uplw": ("pow2", 6, True, True, False, True, True, True, True),
 }
+TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
+# Three more fields where given (off otherwise): "unit", the output loop twice, once for out_scale == 1
+# (no multiply by it) and once for any other value; "pairs", the outputs rounded to bf16 two at a time
+# into one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's
+# scale factors kept in registers and stored after its last vector, under one branch.
+AXES = (
+    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
+    Axis("dtype", str, choices=DTYPES),
+    Axis("sf", str, choices=SF_KINDS),
+    Axis("tiling", str, choices=tuple(TILINGS)),
+)
 DEFAULT_TILING = "base"
 
 # The fast path of IEEE fp32 division (as in kernels_src/fused/swiglu.py): rcp, Newton step, quotient,
@@ -77,6 +112,11 @@ __device__ __forceinline__ float tkaot_div_normal(float a, float b) {
     r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
     float q = __fmul_rn(a, r);
     return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+}
+__device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
+    unsigned word;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+    return word;
 }
 """
 # Below this clamped amax, 1 / amax and the quotients amax / 448 and 448 / amax are normal fp32 numbers, so
@@ -112,7 +152,10 @@ def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[i
 
 def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
-    preload, lean, lean_sf = TILINGS[tiling][2:]
+    preload, lean, lean_sf = TILINGS[tiling][2:5]
+    unit, pairs, late_sf = TILINGS[tiling].unit, TILINGS[tiling].pairs, TILINGS[tiling].late_sf
+    all_lanes_sf = TILINGS[tiling].all_lanes_sf
+    pairs = pairs and lean and dtype == "bfloat16"  # an fp32 row rounds to itself
     lean_sf = lean_sf and sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
     rows_per_block = threads // row_threads
     lanes = min(row_threads, 32)
@@ -156,7 +199,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean_sf:
+            if lean_sf or pairs:
                 T.import_source(_DEVICE_HELPERS)
             # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
             T.assume(x_stride % vec == 0)
@@ -180,6 +223,11 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             q_reg = T.alloc_local((vec,), FP8)
             part = T.alloc_local((vec,), T.float32)
             yf = T.alloc_local((vec,), T.float32)
+            if late_sf:
+                sf_keep = T.alloc_local((vecs_per_thread,), sf_dtype)
+            if pairs:
+                yv = T.alloc_local((vec,), T.float32)
+                word = T.alloc_var(T.uint32)
             acc = T.alloc_var(T.float32, init=0.0)
             amax = T.alloc_var(T.float32)
             scale = T.alloc_var(T.float32)
@@ -229,73 +277,106 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             if has_rstd != 0 and lane == 0 and token < num_tokens:
                 rstd[b, token] = inv_rms
 
-            for v in T.unroll(vecs_per_thread):
-                col = (v * row_threads + lane) * vec
-                in_row = exact or col < hidden
-                wv = v if preload else 0
-                if not preload and has_weight != 0 and in_row:
-                    for j in T.vectorized(vec):
-                        w_reg[0, j] = weight[col + j]
-                if lean:
-                    for j in T.unroll(vec):
-                        scale = out_scale
-                        if has_weight != 0:
-                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
-                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                    # Vectorized, the rounded outputs are unpacked two at a time
-                    for j in T.vectorized(vec):
-                        yf[j] = T.cast(y_reg[j], T.float32)
-                    # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
-                    amax = T.abs(yf[0])
-                    for j in T.unroll(1, vec):
-                        amax = T.max(amax, T.abs(yf[j]))
-                else:
-                    for j in T.unroll(vec):
-                        scale = out_scale
-                        if has_weight != 0:
-                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
-                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                    amax = T.abs(T.cast(y_reg[0], T.float32))
-                    for j in T.unroll(1, vec):
-                        amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
-                for i in T.unroll(group_lanes.bit_length() - 1):
-                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                if lean_sf:
-                    # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
-                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                    if clamped < T.float32(LEAN_SF_LIMIT):
-                        sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
-                        inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
-                    else:
-                        sf_lean = clamped / T.float32(448.0)
-                        inv_lean = T.float32(448.0) / clamped
-                    stored, inv = sf_lean, inv_lean
-                else:
-                    stored, inv = scale_factor(amax, "e4m3", sf)
-                if lean:
-                    for j in T.vectorized(vec):
-                        yf[j] = yf[j] * inv
-                    for j in T.vectorized(vec):
-                        q_reg[j] = T.cast(yf[j], FP8)
-                else:
-                    for j in T.unroll(vec):
-                        q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
-                if token < num_tokens and in_row:
-                    for j in T.vectorized(vec):
-                        out[b, token, col + j] = q_reg[j]
-                    if has_out_bf16 != 0:
-                        for j in T.unroll(vec):
-                            yb_reg[j] = T.cast(y_reg[j], T.bfloat16)
-                        for j in T.vectorized(vec):
-                            out_bf16[b, token, col + j] = yb_reg[j]
-                    if lane % group_lanes == 0:
-                        gi = col // GROUP
-                        if packed:
-                            out_sf[b, token, gi // 4, gi % 4] = stored
-                            if num_groups % 4 != 0 and gi == num_groups - 1:
-                                for p in T.unroll(num_groups % 4, 4):
-                                    out_sf[b, token, num_words - 1, p] = T.uint8(0)
+            # "unit": the loop twice, for out_scale == 1 (unit_case True: no multiply by it) and for any other
+            for unit_case in (True, False) if unit else (False,):
+                if not unit or (out_scale == T.float32(1.0)) == unit_case:
+                    for v in T.unroll(vecs_per_thread):
+                        col = (v * row_threads + lane) * vec
+                        in_row = exact or col < hidden
+                        wv = v if preload else 0
+                        if not preload and has_weight != 0 and in_row:
+                            for j in T.vectorized(vec):
+                                w_reg[0, j] = weight[col + j]
+                        if lean:
+                            for j in T.unroll(vec):
+                                if unit_case:
+                                    scale = T.float32(1.0)
+                                    if has_weight != 0:
+                                        scale = T.cast(w_reg[wv, j], T.float32)
+                                else:
+                                    scale = out_scale
+                                    if has_weight != 0:
+                                        scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                                if pairs:
+                                    yv[j] = T.cast(x_reg[v, j], T.float32) * inv_rms * scale
+                                else:
+                                    y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                            if pairs:
+                                # Rounded two at a time into one word; the low half shifted up, the high half masked
+                                for j in T.unroll(vec // 2):
+                                    word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
+                                    yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
+                                    yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                            else:
+                                # Vectorized, the rounded outputs are unpacked two at a time
+                                for j in T.vectorized(vec):
+                                    yf[j] = T.cast(y_reg[j], T.float32)
+                            # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                            amax = T.abs(yf[0])
+                            for j in T.unroll(1, vec):
+                                amax = T.max(amax, T.abs(yf[j]))
                         else:
-                            out_sf[b, token, gi] = stored
+                            for j in T.unroll(vec):
+                                scale = out_scale
+                                if has_weight != 0:
+                                    scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                                y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                            amax = T.abs(T.cast(y_reg[0], T.float32))
+                            for j in T.unroll(1, vec):
+                                amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
+                        for i in T.unroll(group_lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                        if lean_sf:
+                            # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
+                            clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                            if clamped < T.float32(LEAN_SF_LIMIT):
+                                sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
+                                inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
+                            else:
+                                sf_lean = clamped / T.float32(448.0)
+                                inv_lean = T.float32(448.0) / clamped
+                            stored, inv = sf_lean, inv_lean
+                        else:
+                            stored, inv = scale_factor(amax, "e4m3", sf)
+                        if lean:
+                            for j in T.vectorized(vec):
+                                yf[j] = yf[j] * inv
+                            for j in T.vectorized(vec):
+                                q_reg[j] = T.cast(yf[j], FP8)
+                        else:
+                            for j in T.unroll(vec):
+                                q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
+                        if token < num_tokens and in_row:
+                            for j in T.vectorized(vec):
+                                out[b, token, col + j] = q_reg[j]
+                            if has_out_bf16 != 0:
+                                for j in T.unroll(vec):
+                                    yb_reg[j] = T.cast(yf[j] if pairs else y_reg[j], T.bfloat16)
+                                for j in T.vectorized(vec):
+                                    out_bf16[b, token, col + j] = yb_reg[j]
+                            if late_sf:
+                                sf_keep[v] = stored
+                            elif all_lanes_sf or lane % group_lanes == 0:
+                                gi = col // GROUP
+                                if packed:
+                                    out_sf[b, token, gi // 4, gi % 4] = stored
+                                    if num_groups % 4 != 0 and gi == num_groups - 1:
+                                        for p in T.unroll(num_groups % 4, 4):
+                                            out_sf[b, token, num_words - 1, p] = T.uint8(0)
+                                else:
+                                    out_sf[b, token, gi] = stored
+            if late_sf:
+                if token < num_tokens and (all_lanes_sf or lane % group_lanes == 0):
+                    for v in T.unroll(vecs_per_thread):
+                        col = (v * row_threads + lane) * vec
+                        if exact or col < hidden:
+                            gi = col // GROUP
+                            if packed:
+                                out_sf[b, token, gi // 4, gi % 4] = sf_keep[v]
+                                if num_groups % 4 != 0 and gi == num_groups - 1:
+                                    for p in T.unroll(num_groups % 4, 4):
+                                        out_sf[b, token, num_words - 1, p] = T.uint8(0)
+                            else:
+                                out_sf[b, token, gi] = sf_keep[v]
 
     return norm_cast

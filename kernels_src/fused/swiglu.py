@@ -55,6 +55,7 @@ class Tiling:
     lean: bool = False  # branch-free exact division, FP8 conversion two values at a time
     vecs: int = 1  # vectors of each half a thread owns in one row, at least (fewer threads a row), where hidden allows
     check: str = "full"  # when a vector may take the lean division: "full" (lean_exact per gate), "bits" (gates_ok per vector)
+    all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2
@@ -65,6 +66,8 @@ TILINGS = {
     "lean": Tiling(2048, 1, lean=True),
     "bits": Tiling(2048, 1, lean=True, check="bits"),
     "bits2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits"),
+    "bits2v5w": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True),
+    "bitsw": Tiling(2048, 1, lean=True, check="bits", all_lanes_sf=True),
 }
 DEFAULT_TILING = "base"
 
@@ -361,7 +364,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                 else:
                                     for j in T.unroll(vec):
                                         res[j] = to_e4m3(val[j] * inv)
-                                if lane % group_lanes == 0:
+                                if TILINGS[tiling].all_lanes_sf or lane % group_lanes == 0:
                                     gi = col // group
                                     if packed:
                                         out_sf[row, gi // 4, gi % 4] = stored
