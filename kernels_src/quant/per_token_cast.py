@@ -9,6 +9,9 @@ stores the group's scale factor (with tiling.one_scale, lane i of a group forms
 the scale of the group's vector i and the others fetch it with a shuffle). Addresses are constant offsets plus a multiple
 of the row stride, and one cubin serves every token count.
 
+tiling.fp4 picks leaner code paths for bf16 -> E2M1 (FP4_PATHS: the word helpers of
+fp4_words, fewer shuffles, no token checks in full CTAs); the shipped tilings use none.
+
 Inputs are bf16 / fp32, or already quantized (E4M3 or packed E2M1) with their
 own scale factors in blocks of `in_block` (the decoded input is data * sf).
 Modes: "cast" writes values and scale factors, "sf_only" only the scale
@@ -21,7 +24,7 @@ from dataclasses import replace
 import tilelang.language as T
 
 from kernels_src.axes import Axis
-from kernels_src.quant import common
+from kernels_src.quant import common, fp4_words
 from kernels_src.quant.tiling import RowTiling
 
 KERNEL = "per_token_cast"
@@ -52,6 +55,8 @@ DYNAMIC_DIMS = ("num_tokens",)
 # e2m1/32 t128r4c1s 46.0 µs (t128r4c1 53.3, t128r4c1hs 46.8).
 TILING = RowTiling(128, 4, 1, walk="hidden")
 TILING_E2M1 = RowTiling(128, 4, 1, one_scale=True)
+# tiling.fp4 -> (fp4_words helpers, amax scattered over a group's lanes, unchecked full CTAs); see build()
+FP4_PATHS = {0: (False, False, False), 1: (True, False, False), 2: (True, True, False), 3: (True, False, True), 4: (True, True, True)}
 # in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
 STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
 
@@ -104,6 +109,18 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     fp4_out = fmt == "e2m1"
     # FP4 output goes out as whole words of packed codes: uint32 (8 codes), or uint16 for 4-element vectors
     word_codes = 8 if vec % 8 == 0 else 4
+    # tiling.fp4 (FP4_PATHS): 1 casts eight bf16 values to one word of codes by the fp4_words helpers (amax and
+    # cast); 2 also reduces the group amax by halving exchanges that leave lane i with vector i's (one_scale, as many
+    # vectors a thread as lanes a group: log2(lanes) shuffles instead of vecs * log2(lanes)); 3 is 1 with a CTA whose
+    # tokens are all in range checking none (one CTA-uniform branch; registers capped at 64); 4 is 2 and 3
+    if tiling.fp4 not in FP4_PATHS:
+        raise ValueError(f"{KERNEL}: tiling {tiling}: no FP4 code path {tiling.fp4} (one of {sorted(FP4_PATHS)})")
+    fp4_helpers, scatter_amax, full_tiles = FP4_PATHS[tiling.fp4]
+    full_tiles = 65536 // (64 * num_threads) if full_tiles else 0  # CTAs an SM must hold: 64 registers a thread
+    if fp4_helpers and not (fp4_out and in_dtype == "bfloat16" and vec == 8 and mode == "cast" and not stochastic):
+        raise ValueError(f"{KERNEL}: tiling {tiling} casts bf16 to e2m1 in 8-element vectors with mode=cast, stochastic=false")
+    if scatter_amax and not (one_scale and vecs_per_thread == lanes):
+        raise ValueError(f"{KERNEL}: tiling {tiling} needs one_scale with {lanes} vectors a thread (as many as lanes a group)")
     out_vec = vec // word_codes if fp4_out else vec
     out_storage = ("uint32" if word_codes == 8 else "uint16") if fp4_out else "float8_e4m3"
     out_cols = hidden // word_codes if fp4_out else hidden
@@ -129,16 +146,15 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             return common.e2m1_value(common.e2m1_code(v))
         return T.Cast("float32", common.to_e4m3(v))
 
-    @T.prim_func
-    def per_token_cast(
-        x: T.StridedTensor[(num_tokens, hidden // per_storage), (x_stride, 1), storage],
-        x_sf: T.StridedTensor[sf_in.shape(in_sf_rows), (in_sf_stride, 1), sf_in.dtype],
-        out: T.Tensor[(num_tokens, out_cols), out_storage],
-        out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
-    ):
-        with T.Kernel(*tiling.grid(T.ceildiv(num_tokens, rows_per_cta), segs), threads=num_threads) as (gx, gy):
-            T.assume(x_stride % (16 // storage_bytes) == 0)
-            bx, by = tiling.block(gx, gy, segs)
+    def cta(guarded: bool):
+        """The body of one CTA; guarded=False: every token of the CTA is in range, so no token is checked."""
+
+        def in_range(token):
+            return token < num_tokens if guarded else True
+
+        @T.macro
+        def body(x, x_sf, out, out_sf):
+            bx, by = tiling.block(T.get_block_binding(0), T.get_block_binding(1), segs)
             tid = T.get_thread_binding()
             first_row = bx * rows_per_cta + tid // tpr
             first_vec = by * (tpr * cols) + tid % tpr
@@ -156,7 +172,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             for u in T.unroll(vecs_per_thread):
                 token = first_row + u // cols * slots
                 col = (first_vec + u % cols * tpr) * vec
-                if token < num_tokens:
+                if in_range(token):
                     for j in T.vectorized(regs):
                         x_reg[u, j] = x[token, col // per_storage + j]
                     if quantized_in:
@@ -168,30 +184,46 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
 
             if mode != "precomputed_sf":
                 for u in T.unroll(vecs_per_thread):
-                    amax[u] = T.float32(0)
-                    for j in T.unroll(vec):
-                        amax[u] = T.max(amax[u], T.abs(decode(x_reg, u, j)))
+                    if fp4_helpers:
+                        amax[u] = fp4_words.absmax8(T.address_of(x_reg[u, 0]))
+                    else:
+                        amax[u] = T.float32(0)
+                        for j in T.unroll(vec):
+                            amax[u] = T.max(amax[u], T.abs(decode(x_reg, u, j)))
                     if quantized_in:
                         amax[u] = amax[u] * in_scale[u]
                 # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes
-                for u in T.unroll(vecs_per_thread):
+                if scatter_amax:
+                    # Exchange at distance d: the lane whose bit d is clear keeps the first half of its vectors
+                    # and sends the second; after all halvings lane i holds the group amax of vector i in amax[0]
                     for s in T.unroll(lanes.bit_length() - 1):
-                        amax[u] = T.max(amax[u], T.shfl_xor(amax[u], lanes >> (s + 1)))
+                        upper = (tid & (lanes >> (s + 1))) != 0
+                        for i in T.unroll(lanes >> (s + 1)):
+                            half = lanes >> (s + 1)
+                            amax[i] = T.max(
+                                T.if_then_else(upper, amax[i + half], amax[i]),
+                                T.shfl_xor(T.if_then_else(upper, amax[i], amax[i + half]), half),
+                            )
+                else:
+                    for u in T.unroll(vecs_per_thread):
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax[u] = T.max(amax[u], T.shfl_xor(amax[u], lanes >> (s + 1)))
 
             if one_scale:
                 # Lane i of each group (i < vecs_per_thread) forms the scale of the group's vector i
                 mine = tid % lanes
                 picked = T.alloc_var("float32")
                 picked = amax[0]
-                for u in T.unroll(vecs_per_thread - 1):
-                    picked = T.if_then_else(mine == u + 1, amax[u + 1], picked)
+                if not scatter_amax:
+                    for u in T.unroll(vecs_per_thread - 1):
+                        picked = T.if_then_else(mine == u + 1, amax[u + 1], picked)
                 stored, inv_value = common.scale_factor(picked, fmt, sf)
                 inv = inv_value
                 for u in T.unroll(vecs_per_thread):
                     group_inv[u] = T.shfl_sync(inv, u, lanes)
                 token = first_row + mine // cols * slots
                 col = (first_vec + mine % cols * tpr) * vec
-                if mine < vecs_per_thread and token < num_tokens:
+                if mine < vecs_per_thread and in_range(token):
                     out_sf[sf_out.index(token, col // group)] = stored
                     if sf_out.pad > 0:
                         if col // group == num_groups - 1:
@@ -201,7 +233,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             for u in T.unroll(vecs_per_thread):
                 token = first_row + u // cols * slots
                 col = (first_vec + u % cols * tpr) * vec
-                if token < num_tokens:
+                if in_range(token):
                     if mode == "precomputed_sf":
                         inv = T.float32(1.0) / common.decode_sf(out_sf[sf_out.index(token, col // group)], sf)
                         if inv_bf16:
@@ -226,7 +258,10 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                                 if col // group == num_groups - 1:
                                     for p in T.unroll(sf_out.pad):
                                         out_sf[sf_out.index(token, num_groups + p)] = T.uint8(0)
-                    if mode in ("cast", "precomputed_sf"):
+                    if fp4_helpers:
+                        o_reg[0] = fp4_words.e2m1x8(T.address_of(x_reg[u, 0]), inv)
+                        out[token, col // word_codes] = o_reg[0]
+                    elif mode in ("cast", "precomputed_sf"):
                         factor = inv
                         if quantized_in:
                             factor = in_scale[u] * inv
@@ -246,5 +281,29 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                                 o_reg[j] = common.to_e4m3(xf[j])
                         for j in T.vectorized(out_vec):
                             out[token, col // (word_codes if fp4_out else 1) + j] = o_reg[j]
+
+        return body
+
+    cta_guarded, cta_full = cta(True), cta(False)
+
+    @T.prim_func
+    def per_token_cast(
+        x: T.StridedTensor[(num_tokens, hidden // per_storage), (x_stride, 1), storage],
+        x_sf: T.StridedTensor[sf_in.shape(in_sf_rows), (in_sf_stride, 1), sf_in.dtype],
+        out: T.Tensor[(num_tokens, out_cols), out_storage],
+        out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
+    ):
+        with T.Kernel(*tiling.grid(T.ceildiv(num_tokens, rows_per_cta), segs), threads=num_threads) as (gx, gy):
+            if fp4_helpers:
+                T.import_source(fp4_words.DEVICE_HELPERS)
+            T.assume(x_stride % (16 // storage_bytes) == 0)
+            if full_tiles:
+                T.annotate_min_blocks_per_sm(full_tiles)
+                if (tiling.block(gx, gy, segs)[0] + 1) * rows_per_cta <= num_tokens:
+                    cta_full(x, x_sf, out, out_sf)
+                else:
+                    cta_guarded(x, x_sf, out, out_sf)
+            else:
+                cta_guarded(x, x_sf, out, out_sf)
 
     return per_token_cast

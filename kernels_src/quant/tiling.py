@@ -15,6 +15,11 @@ so the resident CTAs cover one contiguous band of rows, as a flat copy does.
 `one_scale`: when a thread's vectors are no more than the lanes sharing a group,
 each group's scale factor is formed by one lane and fetched by the others with
 a shuffle, instead of by every lane for every vector (per_token_cast only).
+
+`fp4`: which code path casts bf16 to FP4 (per_token_cast.FP4_PATHS): 0 the TIR
+expressions of common.e2m1_code; 1-4 the word helpers of fp4_words (eight codes
+a call, fewer instructions a value), with the group amax scattered over the
+group's lanes (2, 4) and no token checks in CTAs whose tokens are all in range (3, 4).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_TEXT = re.compile(r"t(\d+)r(\d+)c(\d+)(?:v(\d+))?(h?)(s?)")
+_TEXT = re.compile(r"t(\d+)r(\d+)c(\d+)(?:v(\d+))?(h?)(s?)(?:f(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class RowTiling:
     vec_bytes: int = 16  # most input bytes one vector load reads
     walk: str = "tokens"  # "tokens" or "hidden": which way consecutive CTAs go
     one_scale: bool = False  # one lane forms each group's scale factor
+    fp4: int = 0  # FP4 code path: 0 TIR expressions, 1-4 fp4_words helpers (per_token_cast.FP4_PATHS)
 
     def threads_per_row(self, vecs_per_row: int, lanes: int = 1) -> int:
         """Threads spanning one row segment: a power of two dividing the row, a multiple of `lanes`."""
@@ -52,13 +58,14 @@ class RowTiling:
 
     def __str__(self) -> str:
         vec = "" if self.vec_bytes == 16 else f"v{self.vec_bytes}"
-        return f"t{self.threads}r{self.rows}c{self.cols}{vec}{'h' if self.walk == 'hidden' else ''}{'s' if self.one_scale else ''}"
+        fp4 = f"f{self.fp4}" if self.fp4 else ""
+        return f"t{self.threads}r{self.rows}c{self.cols}{vec}{'h' if self.walk == 'hidden' else ''}{'s' if self.one_scale else ''}{fp4}"
 
     @staticmethod
     def parse(text: str) -> RowTiling:
-        """'t128r4c1' -> RowTiling(128, 4, 1); suffixes: 'v8' 8-byte vectors, 'h' walk="hidden", 's' one_scale."""
+        """'t128r4c1' -> RowTiling(128, 4, 1); suffixes: 'v8' 8-byte vectors, 'h' walk="hidden", 's' one_scale, 'f1' fp4=1."""
         m = _TEXT.fullmatch(text)
         if m is None:
-            raise ValueError(f"not a row tiling: {text!r} (want t<threads>r<rows>c<cols>[v<bytes>][h][s])")
-        t, r, c, v, h, s = m.groups()
-        return RowTiling(int(t), int(r), int(c), int(v or 16), "hidden" if h else "tokens", bool(s))
+            raise ValueError(f"not a row tiling: {text!r} (want t<threads>r<rows>c<cols>[v<bytes>][h][s][f<n>])")
+        t, r, c, v, h, s, f = m.groups()
+        return RowTiling(int(t), int(r), int(c), int(v or 16), "hidden" if h else "tokens", bool(s), int(f or 0))
