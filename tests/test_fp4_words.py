@@ -175,7 +175,7 @@ E2M1_KEY = dict(
 
 @pytest.mark.parametrize("tiling", ["t128r4c1sf1", "t128r2c2sf4"])
 def test_helper_tilings_build(tiling, monkeypatch):
-    monkeypatch.setattr(per_token_cast, "TILING_E2M1", RowTiling.parse(tiling))
+    monkeypatch.setattr(per_token_cast, "TILING_E2M1_BF16", RowTiling.parse(tiling))
     variant = Variant.make("per_token_cast", E2M1_KEY)
     _, _, source = lower(variant, "sm90")
     assert "tkaot_e2m1x8" in source and "tkaot_absmax_bf16x8" in source
@@ -189,15 +189,20 @@ def test_fp4_tiling_text_round_trips():
         assert str(RowTiling.parse(text)) == text
 
 
-def test_shipped_tiling_keeps_the_expression_path():
+def test_shipped_tilings_take_the_helpers_only_where_timed():
+    """bf16 -> e2m1/32 casts with fp32 or UE8M0 sf take TILING_E2M1_BF16 (the helpers, unchecked full CTAs);
+    other e2m1 variants (E4M3 sf, group 16, stochastic, fp32 input) keep the expression path."""
     _, _, source = lower(Variant.make("per_token_cast", E2M1_KEY), "sm90")
-    assert "tkaot_" not in source and "__launch_bounds__(128, 1)" in source
+    assert "tkaot_e2m1x8" in source and "__launch_bounds__(128, 8)" in source
+    for other in (dict(sf="e4m3"), dict(group=16), dict(stochastic=True), dict(in_dtype="float32")):
+        _, _, source = lower(Variant.make("per_token_cast", {**E2M1_KEY, **other}), "sm90")
+        assert "tkaot_" not in source and "__launch_bounds__(128, 1)" in source, other
 
 
 def test_full_tile_tilings_check_tokens_only_in_the_last_ctas(monkeypatch):
     sources = {}
     for tiling in ("t128r4c1sf1", "t128r4c1sf3"):
-        monkeypatch.setattr(per_token_cast, "TILING_E2M1", RowTiling.parse(tiling))
+        monkeypatch.setattr(per_token_cast, "TILING_E2M1_BF16", RowTiling.parse(tiling))
         sources[tiling] = lower(Variant.make("per_token_cast", E2M1_KEY), "sm90")[2]
     checked, full = sources["t128r4c1sf1"], sources["t128r4c1sf3"]
     # one CTA-uniform test of its four tokens; the token checks all sit in the other branch, as many as f1 has
