@@ -351,7 +351,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                                 out[b, token, col + j] = q_reg[j]
                             if has_out_bf16 != 0:
                                 for j in T.unroll(vec):
-                                    yb_reg[j] = T.cast(yf[j] if pairs else y_reg[j], T.bfloat16)
+                                    # yf is scaled by now; under "pairs" the bf16 output is yv rounded
+                                    yb_reg[j] = T.cast(yv[j] if pairs else y_reg[j], T.bfloat16)
                                 for j in T.vectorized(vec):
                                     out_bf16[b, token, col + j] = yb_reg[j]
                             if late_sf:
