@@ -62,6 +62,7 @@ class Tiling(NamedTuple):
     pairs: bool = False
     late_sf: bool = False
     all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
+    early_bf16: bool = False  # with pairs: the extra bf16 output written before the scale is applied
 
 
 TILINGS = {
@@ -89,6 +90,7 @@ TILINGS = {
     "lean6pw": ("pow2", 6, True, True, False, False, True, False, True),
     "lean6plw": ("pow2", 6, True, True, False, False, True, True, True),
     "lean6uplw": ("pow2", 6, True, True, False, True, True, True, True),
+    "lean6plb": ("pow2", 6, True, True, False, False, True, True, False, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # Three more fields where given (off otherwise): "unit", the output loop twice, once for out_scale == 1
@@ -155,6 +157,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     preload, lean, lean_sf = TILINGS[tiling][2:5]
     unit, pairs, late_sf = TILINGS[tiling].unit, TILINGS[tiling].pairs, TILINGS[tiling].late_sf
     all_lanes_sf = TILINGS[tiling].all_lanes_sf
+    early_bf16 = pairs and TILINGS[tiling].early_bf16
     pairs = pairs and lean and dtype == "bfloat16"  # an fp32 row rounds to itself
     lean_sf = lean_sf and sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
     rows_per_block = threads // row_threads
@@ -338,6 +341,12 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                             stored, inv = sf_lean, inv_lean
                         else:
                             stored, inv = scale_factor(amax, "e4m3", sf)
+                        if early_bf16 and has_out_bf16 != 0 and token < num_tokens and in_row:
+                            # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
+                            for j in T.unroll(vec):
+                                yb_reg[j] = T.cast(yf[j], T.bfloat16)
+                            for j in T.vectorized(vec):
+                                out_bf16[b, token, col + j] = yb_reg[j]
                         if lean:
                             for j in T.vectorized(vec):
                                 yf[j] = yf[j] * inv
@@ -349,7 +358,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         if token < num_tokens and in_row:
                             for j in T.vectorized(vec):
                                 out[b, token, col + j] = q_reg[j]
-                            if has_out_bf16 != 0:
+                            if has_out_bf16 != 0 and not early_bf16:
                                 for j in T.unroll(vec):
                                     # yf is scaled by now; under "pairs" the bf16 output is yv rounded
                                     yb_reg[j] = T.cast(yv[j] if pairs else y_reg[j], T.bfloat16)
