@@ -58,11 +58,9 @@ class Tiling(NamedTuple):
     preload: bool
     lean: bool
     lean_sf: bool
-    unit: bool = False
     pairs: bool = False
     late_sf: bool = False
-    all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
-    early_bf16: bool = False  # with pairs: the extra bf16 output written before the scale is applied
+    early_bf16: bool = False
 
 
 TILINGS = {
@@ -76,27 +74,17 @@ TILINGS = {
     "lean6d": ("pow2", 6, True, True, True),
     "leanw4d": ("warps", 1280, True, True, True),
     "lean8d": ("pow2", 8, False, True, True),
-    "lean6u": ("pow2", 6, True, True, False, True, False),
-    "lean6p": ("pow2", 6, True, True, False, False, True),
-    "lean6up": ("pow2", 6, True, True, False, True, True),
-    "lean6upd": ("pow2", 6, True, True, True, True, True),
-    "lean5up": ("pow2", 5, True, True, False, True, True),
-    "lean8up": ("pow2", 8, True, True, False, True, True),
-    "lean6upl": ("pow2", 6, True, True, False, True, True, True),
-    "lean5upl": ("pow2", 5, True, True, False, True, True, True),
-    "lean6upld": ("pow2", 6, True, True, True, True, True, True),
-    "lean6pl": ("pow2", 6, True, True, False, False, True, True),
-    "lean6upw": ("pow2", 6, True, True, False, True, True, False, True),
-    "lean6pw": ("pow2", 6, True, True, False, False, True, False, True),
-    "lean6plw": ("pow2", 6, True, True, False, False, True, True, True),
-    "lean6uplw": ("pow2", 6, True, True, False, True, True, True, True),
-    "lean6plb": ("pow2", 6, True, True, False, False, True, True, False, True),
+    "lean6pl": ("pow2", 6, True, True, False, True, True),
+    "lean6plb": ("pow2", 6, True, True, False, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
-# Three more fields where given (off otherwise): "unit", the output loop twice, once for out_scale == 1
-# (no multiply by it) and once for any other value; "pairs", the outputs rounded to bf16 two at a time
-# into one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's
-# scale factors kept in registers and stored after its last vector, under one branch.
+# Three more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
+# one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
+# factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
+# the extra bf16 output written before the scale is applied, so the unrounded outputs need not stay live.
+# H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
+# 53.5 after its bf16-output fix (TileKernels 51.5). Tried and dropped: an out_scale == 1 loop (spills),
+# every lane storing its group's sf, 5 and 8 blocks an SM.
 AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
@@ -155,8 +143,7 @@ def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[i
 def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
     preload, lean, lean_sf = TILINGS[tiling][2:5]
-    unit, pairs, late_sf = TILINGS[tiling].unit, TILINGS[tiling].pairs, TILINGS[tiling].late_sf
-    all_lanes_sf = TILINGS[tiling].all_lanes_sf
+    pairs, late_sf = TILINGS[tiling].pairs, TILINGS[tiling].late_sf
     early_bf16 = pairs and TILINGS[tiling].early_bf16
     pairs = pairs and lean and dtype == "bfloat16"  # an fp32 row rounds to itself
     lean_sf = lean_sf and sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
@@ -280,103 +267,95 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             if has_rstd != 0 and lane == 0 and token < num_tokens:
                 rstd[b, token] = inv_rms
 
-            # "unit": the loop twice, for out_scale == 1 (unit_case True: no multiply by it) and for any other
-            for unit_case in (True, False) if unit else (False,):
-                if not unit or (out_scale == T.float32(1.0)) == unit_case:
-                    for v in T.unroll(vecs_per_thread):
-                        col = (v * row_threads + lane) * vec
-                        in_row = exact or col < hidden
-                        wv = v if preload else 0
-                        if not preload and has_weight != 0 and in_row:
-                            for j in T.vectorized(vec):
-                                w_reg[0, j] = weight[col + j]
-                        if lean:
-                            for j in T.unroll(vec):
-                                if unit_case:
-                                    scale = T.float32(1.0)
-                                    if has_weight != 0:
-                                        scale = T.cast(w_reg[wv, j], T.float32)
-                                else:
-                                    scale = out_scale
-                                    if has_weight != 0:
-                                        scale = T.cast(w_reg[wv, j], T.float32) * out_scale
-                                if pairs:
-                                    yv[j] = T.cast(x_reg[v, j], T.float32) * inv_rms * scale
-                                else:
-                                    y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                            if pairs:
-                                # Rounded two at a time into one word; the low half shifted up, the high half masked
-                                for j in T.unroll(vec // 2):
-                                    word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
-                                    yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
-                                    yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
-                            else:
-                                # Vectorized, the rounded outputs are unpacked two at a time
-                                for j in T.vectorized(vec):
-                                    yf[j] = T.cast(y_reg[j], T.float32)
-                            # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
-                            amax = T.abs(yf[0])
-                            for j in T.unroll(1, vec):
-                                amax = T.max(amax, T.abs(yf[j]))
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                in_row = exact or col < hidden
+                wv = v if preload else 0
+                if not preload and has_weight != 0 and in_row:
+                    for j in T.vectorized(vec):
+                        w_reg[0, j] = weight[col + j]
+                if lean:
+                    for j in T.unroll(vec):
+                        scale = out_scale
+                        if has_weight != 0:
+                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                        if pairs:
+                            yv[j] = T.cast(x_reg[v, j], T.float32) * inv_rms * scale
                         else:
-                            for j in T.unroll(vec):
-                                scale = out_scale
-                                if has_weight != 0:
-                                    scale = T.cast(w_reg[wv, j], T.float32) * out_scale
-                                y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                            amax = T.abs(T.cast(y_reg[0], T.float32))
-                            for j in T.unroll(1, vec):
-                                amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
-                        for i in T.unroll(group_lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                        if lean_sf:
-                            # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
-                            clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                            if clamped < T.float32(LEAN_SF_LIMIT):
-                                sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
-                                inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
-                            else:
-                                sf_lean = clamped / T.float32(448.0)
-                                inv_lean = T.float32(448.0) / clamped
-                            stored, inv = sf_lean, inv_lean
+                            y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                    if pairs:
+                        # Rounded two at a time into one word; the low half shifted up, the high half masked
+                        for j in T.unroll(vec // 2):
+                            word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
+                            yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
+                            yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                    else:
+                        # Vectorized, the rounded outputs are unpacked two at a time
+                        for j in T.vectorized(vec):
+                            yf[j] = T.cast(y_reg[j], T.float32)
+                    # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                    amax = T.abs(yf[0])
+                    for j in T.unroll(1, vec):
+                        amax = T.max(amax, T.abs(yf[j]))
+                else:
+                    for j in T.unroll(vec):
+                        scale = out_scale
+                        if has_weight != 0:
+                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                    amax = T.abs(T.cast(y_reg[0], T.float32))
+                    for j in T.unroll(1, vec):
+                        amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
+                for i in T.unroll(group_lanes.bit_length() - 1):
+                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                if lean_sf:
+                    # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
+                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                    if clamped < T.float32(LEAN_SF_LIMIT):
+                        sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
+                        inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
+                    else:
+                        sf_lean = clamped / T.float32(448.0)
+                        inv_lean = T.float32(448.0) / clamped
+                    stored, inv = sf_lean, inv_lean
+                else:
+                    stored, inv = scale_factor(amax, "e4m3", sf)
+                if early_bf16 and has_out_bf16 != 0 and token < num_tokens and in_row:
+                    # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
+                    for j in T.unroll(vec):
+                        yb_reg[j] = T.cast(yf[j], T.bfloat16)
+                    for j in T.vectorized(vec):
+                        out_bf16[b, token, col + j] = yb_reg[j]
+                if lean:
+                    for j in T.vectorized(vec):
+                        yf[j] = yf[j] * inv
+                    for j in T.vectorized(vec):
+                        q_reg[j] = T.cast(yf[j], FP8)
+                else:
+                    for j in T.unroll(vec):
+                        q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
+                if token < num_tokens and in_row:
+                    for j in T.vectorized(vec):
+                        out[b, token, col + j] = q_reg[j]
+                    if has_out_bf16 != 0 and not early_bf16:
+                        for j in T.unroll(vec):
+                            # yf is scaled by now; under "pairs" the bf16 output is yv rounded
+                            yb_reg[j] = T.cast(yv[j] if pairs else y_reg[j], T.bfloat16)
+                        for j in T.vectorized(vec):
+                            out_bf16[b, token, col + j] = yb_reg[j]
+                    if late_sf:
+                        sf_keep[v] = stored
+                    elif lane % group_lanes == 0:
+                        gi = col // GROUP
+                        if packed:
+                            out_sf[b, token, gi // 4, gi % 4] = stored
+                            if num_groups % 4 != 0 and gi == num_groups - 1:
+                                for p in T.unroll(num_groups % 4, 4):
+                                    out_sf[b, token, num_words - 1, p] = T.uint8(0)
                         else:
-                            stored, inv = scale_factor(amax, "e4m3", sf)
-                        if early_bf16 and has_out_bf16 != 0 and token < num_tokens and in_row:
-                            # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
-                            for j in T.unroll(vec):
-                                yb_reg[j] = T.cast(yf[j], T.bfloat16)
-                            for j in T.vectorized(vec):
-                                out_bf16[b, token, col + j] = yb_reg[j]
-                        if lean:
-                            for j in T.vectorized(vec):
-                                yf[j] = yf[j] * inv
-                            for j in T.vectorized(vec):
-                                q_reg[j] = T.cast(yf[j], FP8)
-                        else:
-                            for j in T.unroll(vec):
-                                q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
-                        if token < num_tokens and in_row:
-                            for j in T.vectorized(vec):
-                                out[b, token, col + j] = q_reg[j]
-                            if has_out_bf16 != 0 and not early_bf16:
-                                for j in T.unroll(vec):
-                                    # yf is scaled by now; under "pairs" the bf16 output is yv rounded
-                                    yb_reg[j] = T.cast(yv[j] if pairs else y_reg[j], T.bfloat16)
-                                for j in T.vectorized(vec):
-                                    out_bf16[b, token, col + j] = yb_reg[j]
-                            if late_sf:
-                                sf_keep[v] = stored
-                            elif all_lanes_sf or lane % group_lanes == 0:
-                                gi = col // GROUP
-                                if packed:
-                                    out_sf[b, token, gi // 4, gi % 4] = stored
-                                    if num_groups % 4 != 0 and gi == num_groups - 1:
-                                        for p in T.unroll(num_groups % 4, 4):
-                                            out_sf[b, token, num_words - 1, p] = T.uint8(0)
-                                else:
-                                    out_sf[b, token, gi] = stored
+                            out_sf[b, token, gi] = stored
             if late_sf:
-                if token < num_tokens and (all_lanes_sf or lane % group_lanes == 0):
+                if token < num_tokens and lane % group_lanes == 0:
                     for v in T.unroll(vecs_per_thread):
                         col = (v * row_threads + lane) * vec
                         if exact or col < hidden:

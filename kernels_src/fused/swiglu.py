@@ -58,16 +58,15 @@ class Tiling:
     all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
 
 
-# H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2
-# (TileKernels 27.2 in that run). Tried and dropped: more rows a thread (r2, r4), bulk and per-line L2
-# prefetch of the next rows, 1024-thread blocks of 4 rows, 4 vectors a thread.
+# H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
+# bits2v5w 26.9 (TileKernels 27.2-27.4 in those runs). Tried and dropped: more rows a thread (r2, r4), bulk
+# and per-line L2 prefetch of the next rows, 1024-thread blocks of 4 rows, 4 vectors a thread.
 TILINGS = {
     "base": Tiling(None, 1),
     "lean": Tiling(2048, 1, lean=True),
     "bits": Tiling(2048, 1, lean=True, check="bits"),
     "bits2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits"),
     "bits2v5w": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True),
-    "bitsw": Tiling(2048, 1, lean=True, check="bits", all_lanes_sf=True),
 }
 DEFAULT_TILING = "base"
 
