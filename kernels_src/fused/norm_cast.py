@@ -27,6 +27,7 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.fused.division import DIV_NORMAL
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "norm_cast"
@@ -93,22 +94,17 @@ AXES = (
 )
 DEFAULT_TILING = "base"
 
-# The fast path of IEEE fp32 division (as in kernels_src/fused/swiglu.py): rcp, Newton step, quotient,
-# remainder correction
-_DEVICE_HELPERS = """
-__device__ __forceinline__ float tkaot_div_normal(float a, float b) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
-    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
-    float q = __fmul_rn(a, r);
-    return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
-}
-__device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
+# tkaot_div_normal (kernels_src/fused/division.py) for the lean "fp32" scale factors, and the bf16 pair
+# rounding of the "pairs" tilings
+_DEVICE_HELPERS = (
+    DIV_NORMAL
+    + """__device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
     unsigned word;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
     return word;
 }
 """
+)
 # Below this clamped amax, 1 / amax and the quotients amax / 448 and 448 / amax are normal fp32 numbers, so
 # tkaot_div_normal gives the IEEE quotients for every bf16 amax (or the floor 1e-4) there (checked in
 # tests/test_fused_build.py); larger ones take IEEE division.

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.fused.division import DIV_NORMAL
 from kernels_src.quant.common import scale_factor, to_e4m3
 
 KERNEL = "swiglu"
@@ -87,18 +88,11 @@ NUM_SMS = 132
 THREADS_PER_SM = 2048
 
 
-# The fast path of IEEE fp32 division (rcp, Newton step, quotient, remainder correction: correctly
-# rounded while no operand or intermediate leaves the normal range), and the per-vector gate check
-# of the "bits" tilings
-_DEVICE_HELPERS = """
-__device__ __forceinline__ float tkaot_div_normal(float a, float b) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
-    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
-    float q = __fmul_rn(a, r);
-    return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
-}
-__device__ __forceinline__ float tkaot_div_gate(float a, float b) {
+# tkaot_div_normal (kernels_src/fused/division.py), its zero-sign-exact form tkaot_div_gate, and the
+# per-vector gate check of the "bits" tilings
+_DEVICE_HELPERS = (
+    DIV_NORMAL
+    + """__device__ __forceinline__ float tkaot_div_gate(float a, float b) {
     // tkaot_div_normal with the remainder taken as b * q - a: the same quotient wherever it is not
     // zero, and a zero quotient keeps the sign of a (-0 / 2 is -0)
     float r;
@@ -123,6 +117,7 @@ __device__ __forceinline__ int tkaot_gates_ok(const void* gate, float limit) {
     return most_negative < 0xC2AFu && __int_as_float(largest << 16) <= limit;
 }
 """
+)
 
 
 def lean_exact(g, den):
