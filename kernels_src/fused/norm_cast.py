@@ -165,6 +165,17 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     else:
         sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_groups), (sf_bstride, sf_stride, sf_gstride), "float32"
 
+    @T.macro
+    def store_sf(out_sf, b, token, gi, stored):
+        # Group gi's scale factor; packed, the unused bytes of a row's last word are written as 0
+        if packed:
+            out_sf[b, token, gi // 4, gi % 4] = stored
+            if num_groups % 4 != 0 and gi == num_groups - 1:
+                for p in T.unroll(num_groups % 4, 4):
+                    out_sf[b, token, num_words - 1, p] = T.uint8(0)
+        else:
+            out_sf[b, token, gi] = stored
+
     @T.prim_func
     def norm_cast(
         x: T.StridedTensor[rows, (x_bstride, x_stride, 1), dtype],
@@ -342,26 +353,12 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                     if late_sf:
                         sf_keep[v] = stored
                     elif lane % group_lanes == 0:
-                        gi = col // GROUP
-                        if packed:
-                            out_sf[b, token, gi // 4, gi % 4] = stored
-                            if num_groups % 4 != 0 and gi == num_groups - 1:
-                                for p in T.unroll(num_groups % 4, 4):
-                                    out_sf[b, token, num_words - 1, p] = T.uint8(0)
-                        else:
-                            out_sf[b, token, gi] = stored
+                        store_sf(out_sf, b, token, col // GROUP, stored)
             if late_sf:
                 if token < num_tokens and lane % group_lanes == 0:
                     for v in T.unroll(vecs_per_thread):
                         col = (v * row_threads + lane) * vec
                         if exact or col < hidden:
-                            gi = col // GROUP
-                            if packed:
-                                out_sf[b, token, gi // 4, gi % 4] = sf_keep[v]
-                                if num_groups % 4 != 0 and gi == num_groups - 1:
-                                    for p in T.unroll(num_groups % 4, 4):
-                                        out_sf[b, token, num_words - 1, p] = T.uint8(0)
-                            else:
-                                out_sf[b, token, gi] = sf_keep[v]
+                            store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
 
     return norm_cast
