@@ -27,6 +27,7 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
@@ -62,6 +63,7 @@ class Tiling(NamedTuple):
     pairs: bool = False
     late_sf: bool = False
     early_bf16: bool = False
+    words: bool = False
 
 
 TILINGS = {
@@ -77,12 +79,16 @@ TILINGS = {
     "lean8d": ("pow2", 8, False, True, True),
     "lean6pl": ("pow2", 6, True, True, False, True, True),
     "lean6plb": ("pow2", 6, True, True, False, True, True, True),
+    "lean6plw": ("pow2", 6, True, True, False, True, True, False, True),
+    "lean6plbw": ("pow2", 6, True, True, False, True, True, True, True),
+    "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # Three more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
 # one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
 # factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
-# the extra bf16 output written before the scale is applied, so the unrounded outputs need not stay live.
+# the extra bf16 output written before the scale is applied, so the unrounded outputs need not stay live;
+# "words", bf16 inputs and weights widened from their 32-bit words (tkaot_bf16_at).
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
 # 53.5 after its bf16-output fix (TileKernels 51.5). Tried and dropped: an out_scale == 1 loop (spills),
 # every lane storing its group's sf, 5 and 8 blocks an SM.
@@ -98,6 +104,7 @@ DEFAULT_TILING = "base"
 # rounding of the "pairs" tilings
 _DEVICE_HELPERS = (
     DIV_NORMAL
+    + BF16_AT
     + """__device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
     unsigned word;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
@@ -141,6 +148,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     preload, lean, lean_sf = TILINGS[tiling][2:5]
     pairs, late_sf = TILINGS[tiling].pairs, TILINGS[tiling].late_sf
     early_bf16 = pairs and TILINGS[tiling].early_bf16
+    words = TILINGS[tiling].words and dtype == "bfloat16"
     pairs = pairs and lean and dtype == "bfloat16"  # an fp32 row rounds to itself
     lean_sf = lean_sf and sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
     rows_per_block = threads // row_threads
@@ -164,6 +172,12 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_words, 4), (sf_bstride, sf_stride, sf_gstride, 1), "uint8"
     else:
         sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_groups), (sf_bstride, sf_stride, sf_gstride), "float32"
+
+    def widen(vectors, v, j):
+        # Value j of vector v as fp32: from its 32-bit word where "words" says so
+        if words:
+            return T.call_extern("float32", "tkaot_bf16_at", T.address_of(vectors[v, 0]), j)
+        return T.cast(vectors[v, j], T.float32)
 
     @T.macro
     def store_sf(out_sf, b, token, gi, stored):
@@ -196,7 +210,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean_sf or pairs:
+            if lean_sf or pairs or words:
                 T.import_source(_DEVICE_HELPERS)
             # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
             T.assume(x_stride % vec == 0)
@@ -256,8 +270,12 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         for j in T.vectorized(vec):
                             w_reg[v, j] = weight[col + j]
             for v in T.unroll(vecs_per_thread):
-                for j in T.vectorized(vec):
-                    part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
+                if words:
+                    for j in T.unroll(vec):
+                        part[j] = widen(x_reg, v, j) * widen(x_reg, v, j)
+                else:
+                    for j in T.vectorized(vec):
+                        part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
                 for j in T.unroll(vec):
                     acc += part[j]
 
@@ -285,9 +303,9 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                     for j in T.unroll(vec):
                         scale = out_scale
                         if has_weight != 0:
-                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                            scale = widen(w_reg, wv, j) * out_scale
                         if pairs:
-                            yv[j] = T.cast(x_reg[v, j], T.float32) * inv_rms * scale
+                            yv[j] = widen(x_reg, v, j) * inv_rms * scale
                         else:
                             y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
                     if pairs:

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL
-from kernels_src.quant.common import scale_factor, to_e4m3
+from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "swiglu"
 OPS = ("tkaot.quant.swiglu_forward", "tkaot.quant.swiglu_forward_and_per_token_cast")
@@ -57,6 +58,8 @@ class Tiling:
     vecs: int = 1  # vectors of each half a thread owns in one row, at least (fewer threads a row), where hidden allows
     check: str = "full"  # when a vector may take the lean division: "full" (lean_exact per gate), "bits" (gates_ok per vector)
     all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
+    words: bool = False  # the row index computed once a row, bf16 gates/ups widened from their 32-bit words
+    lean_sf: bool = False  # the "fp32" scale factor by tkaot_div_normal below LEAN_SF_LIMIT (no IEEE branch)
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -68,6 +71,12 @@ TILINGS = {
     "bits": Tiling(2048, 1, lean=True, check="bits"),
     "bits2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits"),
     "bits2v5w": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True),
+    "words2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True),
+    "sf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, lean_sf=True),
+    "ws2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
+    "ws2v6": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
+    "ws1v8": Tiling(2048, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
+    "ws4v4": Tiling(1024, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
 }
 DEFAULT_TILING = "base"
 
@@ -88,8 +97,8 @@ NUM_SMS = 132
 THREADS_PER_SM = 2048
 
 
-# tkaot_div_normal (kernels_src/fused/division.py), its zero-sign-exact form tkaot_div_gate, and the
-# per-vector gate check of the "bits" tilings
+# tkaot_div_normal (kernels_src/fused/division.py), its zero-sign-exact form tkaot_div_gate, the per-vector
+# gate check of the "bits" tilings and tkaot_bf16_at (kernels_src/fused/bf16.py)
 _DEVICE_HELPERS = (
     DIV_NORMAL
     + """__device__ __forceinline__ float tkaot_div_gate(float a, float b) {
@@ -117,6 +126,7 @@ __device__ __forceinline__ int tkaot_gates_ok(const void* gate, float limit) {
     return most_negative < 0xC2AFu && __int_as_float(largest << 16) <= limit;
 }
 """
+    + BF16_AT
 )
 
 
@@ -137,6 +147,9 @@ def lean_exact(g, den):
 # takes IEEE division. tests/gpu/test_fused_gpu.py checks tkaot_div_gate against IEEE division for
 # every bf16 gate on the GPU (the hardware's expf and rcp.approx decide it).
 FLT_MAX = 3.4028234663852886e38
+# Below this clamped amax, amax / 448 and 448 / amax by tkaot_div_normal are IEEE quotients for every fp32
+# amax (checked for every fp32 mantissa in tests/test_fused_build.py); larger ones take IEEE division.
+LEAN_SF_LIMIT = 2.0**125
 
 
 _OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
@@ -207,6 +220,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     num_groups = hidden // group if quantized else 1
     num_words = -(-num_groups // 4)
     packed = sf == "ue8m0"
+    words = TILINGS[tiling].words and dtype == "bfloat16"
+    lean_sf = TILINGS[tiling].lean_sf and quantized and sf == "fp32"
 
     num_rows = T.dynamic("num_rows")
     num_experts = T.dynamic("num_experts")
@@ -248,6 +263,11 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             gate = T.alloc_local((row_iters, iters, vec), dtype)
             up = T.alloc_local((row_iters, iters, vec), dtype)
             valid = T.alloc_local((row_iters,), T.int32)
+            if words:
+                row_of = T.alloc_local((row_iters,), T.int32)
+            if lean_sf:
+                sf_lean = T.alloc_var(T.float32)
+                inv_lean = T.alloc_var(T.float32)
             weight = T.alloc_local((row_iters,), T.float32)
             val = T.alloc_local((vec,), T.float32)
             res = T.alloc_local((vec,), out_dtype)
@@ -274,6 +294,9 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             for it in T.serial(T.ceildiv(num_rows, rows_per_block * row_iters * grid)):
                 for r in T.unroll(row_iters):
                     row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                    if words:
+                        row_of[r] = row
+                        row = row_of[r]
                     valid[r] = T.if_then_else(row < num_rows, 1, 0)
                     if has_psum != 0 and valid[r] != 0:
                         # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
@@ -291,6 +314,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                         valid[r] = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
                     if valid[r] != 0:
                         T.assume(row < num_rows)
+                        if words:
+                            T.assume(row >= 0)
                         weight[r] = 1.0
                         if has_weights != 0:
                             weight[r] = topk_weights[row] * routed_scaling_factor
@@ -301,9 +326,11 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             for j in T.vectorized(vec):
                                 up[r, v, j] = x[row, hidden + col + j]
                 for r in T.unroll(row_iters):
-                    row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                    row = row_of[r] if words else ((it * row_iters + r) * grid + block) * rows_per_block + sub
                     if valid[r] != 0:
                         T.assume(row < num_rows)
+                        if words:
+                            T.assume(row >= 0)
                         if lane == 0:
                             counts[3] += hidden
                         for v in T.unroll(iters):
@@ -314,8 +341,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             elif checked:
                                 exact = 1
                             for j in T.unroll(vec):
-                                g = T.cast(gate[r, v, j], T.float32)
-                                u = T.cast(up[r, v, j], T.float32)
+                                if words:
+                                    g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[r, v, 0]), j)
+                                    u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[r, v, 0]), j)
+                                else:
+                                    g = T.cast(gate[r, v, j], T.float32)
+                                    u = T.cast(up[r, v, j], T.float32)
                                 if has_clamp != 0:
                                     counts[0] += T.if_then_else(g > clamp_value, 1, 0)
                                     counts[1] += T.if_then_else(u > clamp_value, 1, 0)
@@ -348,7 +379,18 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     amax = T.max(amax, T.abs(val[j]))
                                 for i in T.unroll(group_lanes.bit_length() - 1):
                                     amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                                stored, inv = scale_factor(amax, "e4m3", sf)
+                                if lean_sf:
+                                    # The "fp32" scale factor without IEEE division's range check and branch
+                                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                                    if clamped < T.float32(LEAN_SF_LIMIT):
+                                        sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
+                                        inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
+                                    else:
+                                        sf_lean = clamped / T.float32(448.0)
+                                        inv_lean = T.float32(448.0) / clamped
+                                    stored, inv = sf_lean, inv_lean
+                                else:
+                                    stored, inv = scale_factor(amax, "e4m3", sf)
                                 if lean:
                                     # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
                                     for j in T.vectorized(vec):
