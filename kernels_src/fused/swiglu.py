@@ -60,6 +60,7 @@ class Tiling:
     all_lanes_sf: bool = False  # every lane of a group stores its (equal) scale factor: no branch
     words: bool = False  # the row index computed once a row, bf16 gates/ups widened from their 32-bit words
     lean_sf: bool = False  # the "fp32" scale factor by tkaot_div_normal below LEAN_SF_LIMIT (no IEEE branch)
+    contig: bool = False  # a thread's vectors are adjacent columns, one amax, sf and store per group ("chunk")
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -77,6 +78,11 @@ TILINGS = {
     "ws2v6": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
     "ws1v8": Tiling(2048, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
     "ws4v4": Tiling(1024, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
+    "wsc2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
+    "wsc2v6": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
+    "wsc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
+    "wsc4v4": Tiling(1024, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
+    "wsc4v5": Tiling(1280, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
 }
 DEFAULT_TILING = "base"
 
@@ -216,7 +222,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     divide = "tkaot_div_gate" if check == "bits" else "tkaot_div_normal"
     out_dtype = _OUT_DTYPES[fmt]
     quantized = fmt == "e4m3"
-    group_lanes = group // vec if quantized else 1
+    # "contig": a thread's vectors are adjacent columns, and the `chunk` of them in one group share one
+    # amax, scale factor and store; otherwise vector v of a thread is v * row_threads + lane, one a group
+    group_vecs = group // vec if quantized else 1
+    contig = TILINGS[tiling].contig and quantized and (group_vecs % iters == 0 or iters % group_vecs == 0)
+    chunk = min(iters, group_vecs) if contig else 1
+    group_lanes = group_vecs // chunk
     num_groups = hidden // group if quantized else 1
     num_words = -(-num_groups // 4)
     packed = sf == "ue8m0"
@@ -233,6 +244,10 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     else:
         sf_shape, sf_strides, sf_dtype = (num_rows, num_groups), (sf_stride, sf_group_stride), "float32"
     grid = T.min(T.ceildiv(num_rows, rows_per_block), max_blocks)
+
+    def vector_col(v, lane):
+        # The first column of the thread's vector v in its row
+        return (lane * iters + v) * vec if contig else (v * row_threads + lane) * vec
 
     @T.prim_func
     def swiglu(
@@ -269,8 +284,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                 sf_lean = T.alloc_var(T.float32)
                 inv_lean = T.alloc_var(T.float32)
             weight = T.alloc_local((row_iters,), T.float32)
-            val = T.alloc_local((vec,), T.float32)
-            res = T.alloc_local((vec,), out_dtype)
+            val = T.alloc_local((chunk * vec,), T.float32)
+            res = T.alloc_local((chunk * vec,), out_dtype)
             counts = T.alloc_local((4,), T.int32)
             count_sums = T.alloc_shared((4, num_warps), T.int32)
             lo = T.alloc_var(T.int32)
@@ -320,7 +335,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                         if has_weights != 0:
                             weight[r] = topk_weights[row] * routed_scaling_factor
                         for v in T.unroll(iters):
-                            col = (v * row_threads + lane) * vec
+                            col = vector_col(v, lane)
                             for j in T.vectorized(vec):
                                 gate[r, v, j] = x[row, col + j]
                             for j in T.vectorized(vec):
@@ -333,49 +348,51 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             T.assume(row >= 0)
                         if lane == 0:
                             counts[3] += hidden
-                        for v in T.unroll(iters):
-                            col = (v * row_threads + lane) * vec
-                            if check == "bits":
-                                # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
-                                exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[r, v, 0]), limit)
-                            elif checked:
-                                exact = 1
-                            for j in T.unroll(vec):
-                                if words:
-                                    g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[r, v, 0]), j)
-                                    u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[r, v, 0]), j)
-                                else:
-                                    g = T.cast(gate[r, v, j], T.float32)
-                                    u = T.cast(up[r, v, j], T.float32)
-                                if has_clamp != 0:
-                                    counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                    counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                    counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
-                                    g = T.if_then_else(g > clamp_value, clamp_value, g)
-                                    u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                if lean_div:
-                                    den = T.float32(1.0) + T.exp(-g)
-                                    val[j] = T.call_extern("float32", divide, g, den) * u
-                                    if check == "full":
-                                        exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
-                                else:
-                                    val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                            if checked and exact == 0:
-                                # Recompute with IEEE division (values only: the clamp counts are taken)
+                        for c in T.unroll(iters // chunk):
+                            for k in T.unroll(chunk):
+                                v = c * chunk + k
+                                if check == "bits":
+                                    # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
+                                    exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[r, v, 0]), limit)
+                                elif checked:
+                                    exact = 1
                                 for j in T.unroll(vec):
-                                    g = T.cast(gate[r, v, j], T.float32)
-                                    u = T.cast(up[r, v, j], T.float32)
+                                    if words:
+                                        g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[r, v, 0]), j)
+                                        u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[r, v, 0]), j)
+                                    else:
+                                        g = T.cast(gate[r, v, j], T.float32)
+                                        u = T.cast(up[r, v, j], T.float32)
                                     if has_clamp != 0:
+                                        counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                        counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                        counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
                                         g = T.if_then_else(g > clamp_value, clamp_value, g)
                                         u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                    val[j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                            # Multiplying by a weight of 1 is exact, so rows without weights skip it
-                            if has_weights != 0:
-                                for j in T.unroll(vec):
-                                    val[j] = val[j] * weight[r]
+                                    if lean_div:
+                                        den = T.float32(1.0) + T.exp(-g)
+                                        val[k * vec + j] = T.call_extern("float32", divide, g, den) * u
+                                        if check == "full":
+                                            exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
+                                    else:
+                                        val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                if checked and exact == 0:
+                                    # Recompute with IEEE division (values only: the clamp counts are taken)
+                                    for j in T.unroll(vec):
+                                        g = T.cast(gate[r, v, j], T.float32)
+                                        u = T.cast(up[r, v, j], T.float32)
+                                        if has_clamp != 0:
+                                            g = T.if_then_else(g > clamp_value, clamp_value, g)
+                                            u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+                                        val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                # Multiplying by a weight of 1 is exact, so rows without weights skip it
+                                if has_weights != 0:
+                                    for j in T.unroll(vec):
+                                        val[k * vec + j] = val[k * vec + j] * weight[r]
+                            col = vector_col(c * chunk, lane)
                             if quantized:
                                 amax = T.abs(val[0])
-                                for j in T.unroll(1, vec):
+                                for j in T.unroll(1, chunk * vec):
                                     amax = T.max(amax, T.abs(val[j]))
                                 for i in T.unroll(group_lanes.bit_length() - 1):
                                     amax = T.max(amax, T.shfl_xor(amax, 1 << i))
@@ -393,12 +410,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     stored, inv = scale_factor(amax, "e4m3", sf)
                                 if lean:
                                     # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
-                                    for j in T.vectorized(vec):
+                                    for j in T.vectorized(chunk * vec):
                                         val[j] = val[j] * inv
-                                    for j in T.vectorized(vec):
+                                    for j in T.vectorized(chunk * vec):
                                         res[j] = T.cast(val[j], out_dtype)
                                 else:
-                                    for j in T.unroll(vec):
+                                    for j in T.unroll(chunk * vec):
                                         res[j] = to_e4m3(val[j] * inv)
                                 if TILINGS[tiling].all_lanes_sf or lane % group_lanes == 0:
                                     gi = col // group
@@ -412,7 +429,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             else:
                                 for j in T.unroll(vec):
                                     res[j] = T.cast(val[j], out_dtype)
-                            for j in T.vectorized(vec):
+                            for j in T.vectorized(chunk * vec):
                                 out[row, col + j] = res[j]
 
             if count_clamp != 0:
