@@ -45,9 +45,10 @@ INPUT_SETS = 3
 # TileKernels' own kernels are timed beside them when tile_kernels is importable
 # Run 12: the row index computed once a row and bf16 values widened from their words ("words"), the
 # fp32 scale factor by the lean division ("sf"), both ("ws"), at other occupancies and vector counts
-# Run 13: a thread's vectors in adjacent columns, one amax, scale factor and store a group ("contig")
-SWIGLU_TILINGS = ("bits2v5w", "ws2v5", "wsc2v5", "wsc2v6", "wsc2v4", "wsc4v4")
-NORM_CAST_TILINGS = ("lean6pl", "lean6plbw", "lean6plbwd")
+# Run 13: a thread's vectors in adjacent columns, one amax, scale factor and store a group ("contig");
+# run 14: a row's loads issued before the previous row is computed ("pipe")
+SWIGLU_TILINGS = ("bits2v5w", "wsc2v5", "wscp2v4", "wscp2v3", "wsp1v5", "wsp1v6")
+NORM_CAST_TILINGS = ("lean6plbwd",)
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)

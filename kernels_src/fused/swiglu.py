@@ -61,6 +61,7 @@ class Tiling:
     words: bool = False  # the row index computed once a row, bf16 gates/ups widened from their 32-bit words
     lean_sf: bool = False  # the "fp32" scale factor by tkaot_div_normal below LEAN_SF_LIMIT (no IEEE branch)
     contig: bool = False  # a thread's vectors are adjacent columns, one amax, sf and store per group ("chunk")
+    pipe: bool = False  # (with words, rows=1) a row's loads issued before the previous row is computed
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -83,6 +84,11 @@ TILINGS = {
     "wsc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
     "wsc4v4": Tiling(1024, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
     "wsc4v5": Tiling(1280, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
+    "wscp2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
+    "wscp2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
+    "wscp2v3": Tiling(768, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
+    "wsp1v5": Tiling(1280, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
+    "wsp1v6": Tiling(1536, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
 }
 DEFAULT_TILING = "base"
 
@@ -245,6 +251,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
         sf_shape, sf_strides, sf_dtype = (num_rows, num_groups), (sf_stride, sf_group_stride), "float32"
     grid = T.min(T.ceildiv(num_rows, rows_per_block), max_blocks)
 
+    # "pipe": two slots, a step per row (the last only computes); else row_iters slots, loaded together
+    pipe = TILINGS[tiling].pipe and words
+    slots = 2 if pipe else row_iters
+    steps = T.ceildiv(num_rows, rows_per_block * grid)
+    outer = T.ceildiv(steps + 1, 2) if pipe else T.ceildiv(num_rows, rows_per_block * row_iters * grid)
+
     def vector_col(v, lane):
         # The first column of the thread's vector v in its row
         return (lane * iters + v) * vec if contig else (v * row_threads + lane) * vec
@@ -275,15 +287,15 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             tid = T.get_thread_binding()
             lane = tid % row_threads
             sub = tid // row_threads
-            gate = T.alloc_local((row_iters, iters, vec), dtype)
-            up = T.alloc_local((row_iters, iters, vec), dtype)
-            valid = T.alloc_local((row_iters,), T.int32)
+            gate = T.alloc_local((slots, iters, vec), dtype)
+            up = T.alloc_local((slots, iters, vec), dtype)
+            valid = T.alloc_local((slots,), T.int32)
             if words:
-                row_of = T.alloc_local((row_iters,), T.int32)
+                row_of = T.alloc_local((slots,), T.int32)
             if lean_sf:
                 sf_lean = T.alloc_var(T.float32)
                 inv_lean = T.alloc_var(T.float32)
-            weight = T.alloc_local((row_iters,), T.float32)
+            weight = T.alloc_local((slots,), T.float32)
             val = T.alloc_local((chunk * vec,), T.float32)
             res = T.alloc_local((chunk * vec,), out_dtype)
             counts = T.alloc_local((4,), T.int32)
@@ -305,132 +317,140 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
 
             # A thread loads all of its row_iters rows of an iteration before computing any (row_iters *
             # iters * 2 loads in flight); rows of one iteration are grid blocks apart, so in the last,
-            # partial iteration every block has at most one row more than any other
-            for it in T.serial(T.ceildiv(num_rows, rows_per_block * row_iters * grid)):
-                for r in T.unroll(row_iters):
-                    row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
-                    if words:
-                        row_of[r] = row
-                        row = row_of[r]
-                    valid[r] = T.if_then_else(row < num_rows, 1, 0)
-                    if has_psum != 0 and valid[r] != 0:
-                        # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
-                        lo = 0
-                        hi = num_experts
-                        for _ in T.serial(search_steps):
-                            if lo < hi:
-                                if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
-                                    lo = (lo + hi) // 2 + 1
-                                else:
-                                    hi = (lo + hi) // 2
-                        begin = 0
-                        if lo > 0 and lo < num_experts:
-                            begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
-                        valid[r] = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
-                    if valid[r] != 0:
-                        T.assume(row < num_rows)
+            # partial iteration every block has at most one row more than any other. With "pipe", step
+            # `step` loads its row into slot step % 2 and computes the row of step - 1 from the other slot,
+            # so a row's loads are in flight while the previous row is computed
+            if pipe:
+                valid[1] = 0
+            for it in T.serial(outer):
+                for s in T.unroll(2 if pipe else 1):
+                    for r in T.unroll(row_iters):
+                        ls = s if pipe else r  # the slot this row is loaded into
+                        step = 2 * it + s if pipe else it * row_iters + r
+                        row = (step * grid + block) * rows_per_block + sub
                         if words:
-                            T.assume(row >= 0)
-                        weight[r] = 1.0
-                        if has_weights != 0:
-                            weight[r] = topk_weights[row] * routed_scaling_factor
-                        for v in T.unroll(iters):
-                            col = vector_col(v, lane)
-                            for j in T.vectorized(vec):
-                                gate[r, v, j] = x[row, col + j]
-                            for j in T.vectorized(vec):
-                                up[r, v, j] = x[row, hidden + col + j]
-                for r in T.unroll(row_iters):
-                    row = row_of[r] if words else ((it * row_iters + r) * grid + block) * rows_per_block + sub
-                    if valid[r] != 0:
-                        T.assume(row < num_rows)
-                        if words:
-                            T.assume(row >= 0)
-                        if lane == 0:
-                            counts[3] += hidden
-                        for c in T.unroll(iters // chunk):
-                            for k in T.unroll(chunk):
-                                v = c * chunk + k
-                                if check == "bits":
-                                    # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
-                                    exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[r, v, 0]), limit)
-                                elif checked:
-                                    exact = 1
-                                for j in T.unroll(vec):
-                                    if words:
-                                        g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[r, v, 0]), j)
-                                        u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[r, v, 0]), j)
+                            row_of[ls] = row
+                            row = row_of[ls]
+                        valid[ls] = T.if_then_else(row < num_rows, 1, 0)
+                        if has_psum != 0 and valid[ls] != 0:
+                            # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
+                            lo = 0
+                            hi = num_experts
+                            for _ in T.serial(search_steps):
+                                if lo < hi:
+                                    if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
+                                        lo = (lo + hi) // 2 + 1
                                     else:
-                                        g = T.cast(gate[r, v, j], T.float32)
-                                        u = T.cast(up[r, v, j], T.float32)
-                                    if has_clamp != 0:
-                                        counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                        counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                        counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
-                                        g = T.if_then_else(g > clamp_value, clamp_value, g)
-                                        u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                    if lean_div:
-                                        den = T.float32(1.0) + T.exp(-g)
-                                        val[k * vec + j] = T.call_extern("float32", divide, g, den) * u
-                                        if check == "full":
-                                            exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
-                                    else:
-                                        val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                                if checked and exact == 0:
-                                    # Recompute with IEEE division (values only: the clamp counts are taken)
+                                        hi = (lo + hi) // 2
+                            begin = 0
+                            if lo > 0 and lo < num_experts:
+                                begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
+                            valid[ls] = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
+                        if valid[ls] != 0:
+                            T.assume(row < num_rows)
+                            if words:
+                                T.assume(row >= 0)
+                            weight[ls] = 1.0
+                            if has_weights != 0:
+                                weight[ls] = topk_weights[row] * routed_scaling_factor
+                            for v in T.unroll(iters):
+                                col = vector_col(v, lane)
+                                for j in T.vectorized(vec):
+                                    gate[ls, v, j] = x[row, col + j]
+                                for j in T.vectorized(vec):
+                                    up[ls, v, j] = x[row, hidden + col + j]
+                    for r in T.unroll(row_iters):
+                        cs = 1 - s if pipe else r  # the slot computed: with pipe, the row loaded one step before
+                        row = row_of[cs] if words else ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                        if valid[cs] != 0:
+                            T.assume(row < num_rows)
+                            if words:
+                                T.assume(row >= 0)
+                            if lane == 0:
+                                counts[3] += hidden
+                            for c in T.unroll(iters // chunk):
+                                for k in T.unroll(chunk):
+                                    v = c * chunk + k
+                                    if check == "bits":
+                                        # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
+                                        exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[cs, v, 0]), limit)
+                                    elif checked:
+                                        exact = 1
                                     for j in T.unroll(vec):
-                                        g = T.cast(gate[r, v, j], T.float32)
-                                        u = T.cast(up[r, v, j], T.float32)
+                                        if words:
+                                            g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[cs, v, 0]), j)
+                                            u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[cs, v, 0]), j)
+                                        else:
+                                            g = T.cast(gate[cs, v, j], T.float32)
+                                            u = T.cast(up[cs, v, j], T.float32)
                                         if has_clamp != 0:
+                                            counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                            counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                            counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
                                             g = T.if_then_else(g > clamp_value, clamp_value, g)
                                             u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                        val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                                # Multiplying by a weight of 1 is exact, so rows without weights skip it
-                                if has_weights != 0:
+                                        if lean_div:
+                                            den = T.float32(1.0) + T.exp(-g)
+                                            val[k * vec + j] = T.call_extern("float32", divide, g, den) * u
+                                            if check == "full":
+                                                exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
+                                        else:
+                                            val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                    if checked and exact == 0:
+                                        # Recompute with IEEE division (values only: the clamp counts are taken)
+                                        for j in T.unroll(vec):
+                                            g = T.cast(gate[cs, v, j], T.float32)
+                                            u = T.cast(up[cs, v, j], T.float32)
+                                            if has_clamp != 0:
+                                                g = T.if_then_else(g > clamp_value, clamp_value, g)
+                                                u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+                                            val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                    # Multiplying by a weight of 1 is exact, so rows without weights skip it
+                                    if has_weights != 0:
+                                        for j in T.unroll(vec):
+                                            val[k * vec + j] = val[k * vec + j] * weight[cs]
+                                col = vector_col(c * chunk, lane)
+                                if quantized:
+                                    amax = T.abs(val[0])
+                                    for j in T.unroll(1, chunk * vec):
+                                        amax = T.max(amax, T.abs(val[j]))
+                                    for i in T.unroll(group_lanes.bit_length() - 1):
+                                        amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                                    if lean_sf:
+                                        # The "fp32" scale factor without IEEE division's range check and branch
+                                        clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                                        if clamped < T.float32(LEAN_SF_LIMIT):
+                                            sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
+                                            inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
+                                        else:
+                                            sf_lean = clamped / T.float32(448.0)
+                                            inv_lean = T.float32(448.0) / clamped
+                                        stored, inv = sf_lean, inv_lean
+                                    else:
+                                        stored, inv = scale_factor(amax, "e4m3", sf)
+                                    if lean:
+                                        # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
+                                        for j in T.vectorized(chunk * vec):
+                                            val[j] = val[j] * inv
+                                        for j in T.vectorized(chunk * vec):
+                                            res[j] = T.cast(val[j], out_dtype)
+                                    else:
+                                        for j in T.unroll(chunk * vec):
+                                            res[j] = to_e4m3(val[j] * inv)
+                                    if TILINGS[tiling].all_lanes_sf or lane % group_lanes == 0:
+                                        gi = col // group
+                                        if packed:
+                                            out_sf[row, gi // 4, gi % 4] = stored
+                                            if num_groups % 4 != 0 and gi == num_groups - 1:
+                                                for p in T.unroll(num_groups % 4, 4):
+                                                    out_sf[row, num_words - 1, p] = T.uint8(0)
+                                        else:
+                                            out_sf[row, gi] = stored
+                                else:
                                     for j in T.unroll(vec):
-                                        val[k * vec + j] = val[k * vec + j] * weight[r]
-                            col = vector_col(c * chunk, lane)
-                            if quantized:
-                                amax = T.abs(val[0])
-                                for j in T.unroll(1, chunk * vec):
-                                    amax = T.max(amax, T.abs(val[j]))
-                                for i in T.unroll(group_lanes.bit_length() - 1):
-                                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                                if lean_sf:
-                                    # The "fp32" scale factor without IEEE division's range check and branch
-                                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                                    if clamped < T.float32(LEAN_SF_LIMIT):
-                                        sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
-                                        inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
-                                    else:
-                                        sf_lean = clamped / T.float32(448.0)
-                                        inv_lean = T.float32(448.0) / clamped
-                                    stored, inv = sf_lean, inv_lean
-                                else:
-                                    stored, inv = scale_factor(amax, "e4m3", sf)
-                                if lean:
-                                    # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
-                                    for j in T.vectorized(chunk * vec):
-                                        val[j] = val[j] * inv
-                                    for j in T.vectorized(chunk * vec):
                                         res[j] = T.cast(val[j], out_dtype)
-                                else:
-                                    for j in T.unroll(chunk * vec):
-                                        res[j] = to_e4m3(val[j] * inv)
-                                if TILINGS[tiling].all_lanes_sf or lane % group_lanes == 0:
-                                    gi = col // group
-                                    if packed:
-                                        out_sf[row, gi // 4, gi % 4] = stored
-                                        if num_groups % 4 != 0 and gi == num_groups - 1:
-                                            for p in T.unroll(num_groups % 4, 4):
-                                                out_sf[row, num_words - 1, p] = T.uint8(0)
-                                    else:
-                                        out_sf[row, gi] = stored
-                            else:
-                                for j in T.unroll(vec):
-                                    res[j] = T.cast(val[j], out_dtype)
-                            for j in T.vectorized(chunk * vec):
-                                out[row, col + j] = res[j]
+                                for j in T.vectorized(chunk * vec):
+                                    out[row, col + j] = res[j]
 
             if count_clamp != 0:
                 for k in T.unroll(4):
