@@ -62,6 +62,7 @@ class Tiling:
     lean_sf: bool = False  # the "fp32" scale factor by tkaot_div_normal below LEAN_SF_LIMIT (no IEEE branch)
     contig: bool = False  # a thread's vectors are adjacent columns, one amax, sf and store per group ("chunk")
     pipe: bool = False  # (with words, rows=1) a row's loads issued before the previous row is computed
+    per_chunk: bool = False  # one gate check and one weight multiply per chunk, the weight read late
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -87,6 +88,8 @@ TILINGS = {
     "wscp2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
     "wscp2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
     "wscp2v3": Tiling(768, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
+    "wscc2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
+    "wscc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
     "wsp1v5": Tiling(1280, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
     "wsp1v6": Tiling(1536, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
 }
@@ -122,20 +125,42 @@ _DEVICE_HELPERS = (
     float q = __fmul_rn(a, r);
     return __fmaf_rn(-__fmaf_rn(b, q, -a), r, q);
 }
-__device__ __forceinline__ int tkaot_gates_ok(const void* gate, float limit) {
-    // Eight bf16 gates, as four pairs of 16-bit patterns: the largest unsigned pattern is the most
-    // negative gate (or -inf, -NaN), the largest signed one is the largest gate
-    const unsigned* w = reinterpret_cast<const unsigned*>(gate);
-    unsigned u01, u23, s01, s23, u, s;
-    asm("max.u16x2 %0, %1, %2;" : "=r"(u01) : "r"(w[0]), "r"(w[1]));
-    asm("max.u16x2 %0, %1, %2;" : "=r"(u23) : "r"(w[2]), "r"(w[3]));
-    asm("max.u16x2 %0, %1, %2;" : "=r"(u) : "r"(u01), "r"(u23));
-    asm("max.s16x2 %0, %1, %2;" : "=r"(s01) : "r"(w[0]), "r"(w[1]));
-    asm("max.s16x2 %0, %1, %2;" : "=r"(s23) : "r"(w[2]), "r"(w[3]));
-    asm("max.s16x2 %0, %1, %2;" : "=r"(s) : "r"(s01), "r"(s23));
+__device__ __forceinline__ int tkaot_gates_verdict(unsigned u, unsigned s, float limit) {
+    // u, s: the pairwise unsigned and signed 16-bit maxima of a vector's gate words; the largest
+    // unsigned pattern is the most negative gate (or -inf, -NaN), the largest signed one the largest gate
     unsigned most_negative = max(u & 0xFFFFu, u >> 16);
     int largest = max((int)(short)(s & 0xFFFFu), ((int)s) >> 16);
     return most_negative < 0xC2AFu && __int_as_float(largest << 16) <= limit;
+}
+__device__ __forceinline__ void tkaot_max16x2(unsigned& u, unsigned& s, unsigned a, unsigned b) {
+    asm("max.u16x2 %0, %1, %2;" : "=r"(u) : "r"(a), "r"(b));
+    asm("max.s16x2 %0, %1, %2;" : "=r"(s) : "r"(a), "r"(b));
+}
+__device__ __forceinline__ void tkaot_max16x2_acc(unsigned& u, unsigned& s, unsigned u1, unsigned s1) {
+    asm("max.u16x2 %0, %1, %2;" : "=r"(u) : "r"(u), "r"(u1));
+    asm("max.s16x2 %0, %1, %2;" : "=r"(s) : "r"(s), "r"(s1));
+}
+__device__ __forceinline__ int tkaot_gates_ok(const void* gate, float limit) {
+    // Eight bf16 gates, as four pairs of 16-bit patterns
+    const unsigned* w = reinterpret_cast<const unsigned*>(gate);
+    unsigned u, s, u23, s23;
+    tkaot_max16x2(u, s, w[0], w[1]);
+    tkaot_max16x2(u23, s23, w[2], w[3]);
+    tkaot_max16x2_acc(u, s, u23, s23);
+    return tkaot_gates_verdict(u, s, limit);
+}
+__device__ __forceinline__ int tkaot_gates_ok2(const void* gate, float limit) {
+    // Sixteen bf16 gates (two adjacent vectors) at once
+    const unsigned* w = reinterpret_cast<const unsigned*>(gate);
+    unsigned u, s, u1, s1, u2, s2, u3, s3;
+    tkaot_max16x2(u, s, w[0], w[1]);
+    tkaot_max16x2(u1, s1, w[2], w[3]);
+    tkaot_max16x2(u2, s2, w[4], w[5]);
+    tkaot_max16x2(u3, s3, w[6], w[7]);
+    tkaot_max16x2_acc(u, s, u1, s1);
+    tkaot_max16x2_acc(u2, s2, u3, s3);
+    tkaot_max16x2_acc(u, s, u2, s2);
+    return tkaot_gates_verdict(u, s, limit);
 }
 """
     + BF16_AT
@@ -253,9 +278,24 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
 
     # "pipe": two slots, a step per row (the last only computes); else row_iters slots, loaded together
     pipe = TILINGS[tiling].pipe and words
+    # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
+    per_chunk = TILINGS[tiling].per_chunk and chunk <= 2
+    gates_ok = "tkaot_gates_ok2" if chunk == 2 else "tkaot_gates_ok"
     slots = 2 if pipe else row_iters
     steps = T.ceildiv(num_rows, rows_per_block * grid)
     outer = T.ceildiv(steps + 1, 2) if pipe else T.ceildiv(num_rows, rows_per_block * row_iters * grid)
+
+    @T.macro
+    def ieee_silu(gate, up, val, cs, v, k, has_clamp, clamp_value):
+        # Vector v of slot cs recomputed with IEEE division into val[k * vec:] (values only: the clamp
+        # counts are taken)
+        for j in T.unroll(vec):
+            g = T.cast(gate[cs, v, j], T.float32)
+            u = T.cast(up[cs, v, j], T.float32)
+            clamped_u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+            g = T.if_then_else(has_clamp != 0 and g > clamp_value, clamp_value, g)
+            u = T.if_then_else(has_clamp != 0, clamped_u, u)
+            val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
 
     def vector_col(v, lane):
         # The first column of the thread's vector v in its row
@@ -298,8 +338,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             weight = T.alloc_local((slots,), T.float32)
             val = T.alloc_local((chunk * vec,), T.float32)
             res = T.alloc_local((chunk * vec,), out_dtype)
-            counts = T.alloc_local((4,), T.int32)
-            count_sums = T.alloc_shared((4, num_warps), T.int32)
+            counts = T.alloc_local((3,), T.int32)
+            count_sums = T.alloc_shared((3, num_warps), T.int32)
             lo = T.alloc_var(T.int32)
             hi = T.alloc_var(T.int32)
             begin = T.alloc_var(T.int32)
@@ -308,7 +348,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             u = T.alloc_var(T.float32)
             if checked:
                 exact = T.alloc_var(T.int32)
-            for k in T.unroll(4):
+            for k in T.unroll(3):
                 counts[k] = 0
             if check == "bits":
                 limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
@@ -350,9 +390,10 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             T.assume(row < num_rows)
                             if words:
                                 T.assume(row >= 0)
-                            weight[ls] = 1.0
-                            if has_weights != 0:
-                                weight[ls] = topk_weights[row] * routed_scaling_factor
+                            if not per_chunk:
+                                weight[ls] = 1.0
+                                if has_weights != 0:
+                                    weight[ls] = topk_weights[row] * routed_scaling_factor
                             for v in T.unroll(iters):
                                 col = vector_col(v, lane)
                                 for j in T.vectorized(vec):
@@ -366,16 +407,21 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             T.assume(row < num_rows)
                             if words:
                                 T.assume(row >= 0)
-                            if lane == 0:
-                                counts[3] += hidden
                             for c in T.unroll(iters // chunk):
+                                if per_chunk and checked:
+                                    # One check for the chunk's gates (1 or 2 vectors)
+                                    if check == "bits":
+                                        exact = T.call_extern("int32", gates_ok, T.address_of(gate[cs, c * chunk, 0]), limit)
+                                    else:
+                                        exact = 1
                                 for k in T.unroll(chunk):
                                     v = c * chunk + k
-                                    if check == "bits":
-                                        # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
-                                        exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[cs, v, 0]), limit)
-                                    elif checked:
-                                        exact = 1
+                                    if not per_chunk:
+                                        if check == "bits":
+                                            # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
+                                            exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[cs, v, 0]), limit)
+                                        elif checked:
+                                            exact = 1
                                     for j in T.unroll(vec):
                                         if words:
                                             g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[cs, v, 0]), j)
@@ -396,19 +442,22 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                                 exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
                                         else:
                                             val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                    if not per_chunk:
+                                        if checked and exact == 0:
+                                            ieee_silu(gate, up, val, cs, v, k, has_clamp, clamp_value)
+                                        # Multiplying by a weight of 1 is exact, so rows without weights skip it
+                                        if has_weights != 0:
+                                            for j in T.unroll(vec):
+                                                val[k * vec + j] = val[k * vec + j] * weight[cs]
+                                if per_chunk:
                                     if checked and exact == 0:
-                                        # Recompute with IEEE division (values only: the clamp counts are taken)
-                                        for j in T.unroll(vec):
-                                            g = T.cast(gate[cs, v, j], T.float32)
-                                            u = T.cast(up[cs, v, j], T.float32)
-                                            if has_clamp != 0:
-                                                g = T.if_then_else(g > clamp_value, clamp_value, g)
-                                                u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                            val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                                    # Multiplying by a weight of 1 is exact, so rows without weights skip it
+                                        for k in T.unroll(chunk):
+                                            ieee_silu(gate, up, val, cs, c * chunk + k, k, has_clamp, clamp_value)
                                     if has_weights != 0:
-                                        for j in T.unroll(vec):
-                                            val[k * vec + j] = val[k * vec + j] * weight[cs]
+                                        # The row's weight read here, off the load path of rows without weights
+                                        row_weight = topk_weights[row] * routed_scaling_factor
+                                        for j in T.unroll(chunk * vec):
+                                            val[j] = val[j] * row_weight
                                 col = vector_col(c * chunk, lane)
                                 if quantized:
                                     amax = T.abs(val[0])
@@ -453,17 +502,30 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     out[row, col + j] = res[j]
 
             if count_clamp != 0:
-                for k in T.unroll(4):
+                # Clamp counts: warp sums, then block sums, one atomic add each; the element count
+                # (clamped_count[3]) is the computed rows times hidden, added once by block 0
+                for k in T.unroll(3):
                     for r in T.unroll(5):
                         counts[k] += T.shfl_xor(counts[k], 1 << r)
                 if tid % 32 == 0:
-                    for k in T.unroll(4):
+                    for k in T.unroll(3):
                         count_sums[k, tid // 32] = counts[k]
                 T.sync_threads()
-                if tid < 4:
+                if tid < 3:
                     total = T.alloc_var(T.int32, init=0)
                     for w in T.unroll(num_warps):
                         total += count_sums[tid, w]
                     T.atomic_add(clamped_count[tid], T.cast(total, T.int64))
+                if tid == 3 and block == 0:
+                    computed = T.alloc_var(T.int64, init=T.cast(num_rows, T.int64))
+                    if has_psum != 0:
+                        # The rows of expert e: [align(psum[e - 1]), min(psum[e], num_rows)), as load_row admits them
+                        computed = T.int64(0)
+                        seg_begin = T.alloc_var(T.int32, init=0)
+                        for e in T.serial(num_experts):
+                            seg_end = T.min(psum_num_tokens_per_expert[e], num_rows)
+                            computed += T.cast(T.max(seg_end - seg_begin, 0), T.int64)
+                            seg_begin = T.ceildiv(psum_num_tokens_per_expert[e], alignment) * alignment
+                    T.atomic_add(clamped_count[3], computed * T.int64(hidden))
 
     return swiglu
