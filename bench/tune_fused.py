@@ -47,8 +47,9 @@ INPUT_SETS = 3
 # fp32 scale factor by the lean division ("sf"), both ("ws"), at other occupancies and vector counts
 # Run 13: a thread's vectors in adjacent columns, one amax, scale factor and store a group ("contig");
 # run 14: a row's loads issued before the previous row is computed ("pipe"); run 15: one gate check and
-# weight multiply a chunk ("per_chunk"), the element count added once at the end
-SWIGLU_TILINGS = ("bits2v5w", "wsc2v5", "wscc2v5", "wscc2v4")
+# weight multiply a chunk ("per_chunk"), the element count added once at the end; run 16: a bulk L2
+# prefetch of the next iteration's row ("prefetch")
+SWIGLU_TILINGS = ("wsc2v5", "wscc2v4", "wsccf2v4", "wsccf2v5", "wscf2v5")
 NORM_CAST_TILINGS = ("lean6plbwd",)
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)

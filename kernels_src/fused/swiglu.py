@@ -63,6 +63,7 @@ class Tiling:
     contig: bool = False  # a thread's vectors are adjacent columns, one amax, sf and store per group ("chunk")
     pipe: bool = False  # (with words, rows=1) a row's loads issued before the previous row is computed
     per_chunk: bool = False  # one gate check and one weight multiply per chunk, the weight read late
+    prefetch: bool = False  # (not with pipe) a bulk L2 prefetch of each row the thread takes next iteration
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -90,6 +91,9 @@ TILINGS = {
     "wscp2v3": Tiling(768, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
     "wscc2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
     "wscc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
+    "wsccf2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, prefetch=True),
+    "wsccf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, prefetch=True),
+    "wscf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, prefetch=True),
     "wsp1v5": Tiling(1280, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
     "wsp1v6": Tiling(1536, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
 }
@@ -124,6 +128,10 @@ _DEVICE_HELPERS = (
     r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
     float q = __fmul_rn(a, r);
     return __fmaf_rn(-__fmaf_rn(b, q, -a), r, q);
+}
+__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
+    return 0;
 }
 __device__ __forceinline__ int tkaot_gates_verdict(unsigned u, unsigned s, float limit) {
     // u, s: the pairwise unsigned and signed 16-bit maxima of a vector's gate words; the largest
@@ -281,6 +289,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
     per_chunk = TILINGS[tiling].per_chunk and chunk <= 2
     gates_ok = "tkaot_gates_ok2" if chunk == 2 else "tkaot_gates_ok"
+    prefetch = TILINGS[tiling].prefetch and not pipe and dtype == "bfloat16"
     slots = 2 if pipe else row_iters
     steps = T.ceildiv(num_rows, rows_per_block * grid)
     outer = T.ceildiv(steps + 1, 2) if pipe else T.ceildiv(num_rows, rows_per_block * row_iters * grid)
@@ -400,6 +409,13 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     gate[ls, v, j] = x[row, col + j]
                                 for j in T.vectorized(vec):
                                     up[ls, v, j] = x[row, hidden + col + j]
+                    if prefetch:
+                        # The rows this thread's row takes next iteration, one bulk prefetch each (x rows are
+                        # 16-byte aligned, 4 * hidden bytes long)
+                        for r in T.unroll(row_iters):
+                            ahead = (((it + 1) * row_iters + r) * grid + block) * rows_per_block + sub
+                            if lane == 0 and ahead < num_rows:
+                                T.call_extern("int32", "tkaot_prefetch_l2", T.address_of(x[ahead, 0]), 2 * hidden * 2)
                     for r in T.unroll(row_iters):
                         cs = 1 - s if pipe else r  # the slot computed: with pipe, the row loaded one step before
                         row = row_of[cs] if words else ((it * row_iters + r) * grid + block) * rows_per_block + sub
