@@ -48,8 +48,8 @@ INPUT_SETS = 3
 # Run 13: a thread's vectors in adjacent columns, one amax, scale factor and store a group ("contig");
 # run 14: a row's loads issued before the previous row is computed ("pipe"); run 15: one gate check and
 # weight multiply a chunk ("per_chunk"), the element count added once at the end; run 16: a bulk L2
-# prefetch of the next iteration's row ("prefetch")
-SWIGLU_TILINGS = ("wsc2v5", "wscc2v4", "wsccf2v4", "wsccf2v5", "wscf2v5")
+# prefetch of the next iteration's row ("prefetch"); run 17: one row a block (128 threads), 7-9 blocks an SM
+SWIGLU_TILINGS = ("wsc2v5", "wscc2v4", "wscc2v8b1", "wscc2v9b1", "wscc2v7b1")
 NORM_CAST_TILINGS = ("lean6plbwd",)
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)

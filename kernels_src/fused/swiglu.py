@@ -64,6 +64,7 @@ class Tiling:
     pipe: bool = False  # (with words, rows=1) a row's loads issued before the previous row is computed
     per_chunk: bool = False  # one gate check and one weight multiply per chunk, the weight read late
     prefetch: bool = False  # (not with pipe) a bulk L2 prefetch of each row the thread takes next iteration
+    block_rows: int | None = None  # rows a block (else as many as fit 256 threads)
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -94,6 +95,10 @@ TILINGS = {
     "wsccf2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, prefetch=True),
     "wsccf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, prefetch=True),
     "wscf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, prefetch=True),
+    "wscc2v8b1": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1),
+    "wscc2v9b1": Tiling(1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1),
+    "wscc2v7b1": Tiling(896, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1),
+    "wscc2v6b4": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=4),
     "wsp1v5": Tiling(1280, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
     "wsp1v6": Tiling(1536, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
 }
@@ -240,6 +245,7 @@ def row_tiling(hidden: int, dtype: str, vecs: int = 1) -> tuple[int, int, int, i
 def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
     """(blocks per SM the compiler must fit, or None; rows each thread loads before computing)."""
     _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[name].vecs)
+    rows_per_block = TILINGS[name].block_rows or rows_per_block
     target, rows = TILINGS[name].threads_per_sm, TILINGS[name].rows
     threads = row_threads * rows_per_block
     # More rows per thread only while a thread holds at most MAX_VECS vectors of each half
@@ -251,6 +257,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     check_static(hidden, dtype, fmt, group, sf)
     min_blocks, row_iters = residency(hidden, dtype, tiling)
     vec, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[tiling].vecs)
+    rows_per_block = TILINGS[tiling].block_rows or rows_per_block
     threads = row_threads * rows_per_block
     num_warps = threads // 32
     max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
