@@ -41,16 +41,12 @@ from tkaot.errors import VariantNotBuilt
 
 INPUT_SETS = 3
 # Runs 4-7 (bench/results/tuning, with Nsight Compute instruction counts): swiglu's gate check per
-# vector on the bf16 bit patterns ("bits", 1 or 2 vectors a thread) against the per-gate check ("lean");
-# TileKernels' own kernels are timed beside them when tile_kernels is importable
-# Run 12: the row index computed once a row and bf16 values widened from their words ("words"), the
-# fp32 scale factor by the lean division ("sf"), both ("ws"), at other occupancies and vector counts
-# Run 13: a thread's vectors in adjacent columns, one amax, scale factor and store a group ("contig");
-# run 14: a row's loads issued before the previous row is computed ("pipe"); run 15: one gate check and
-# weight multiply a chunk ("per_chunk"), the element count added once at the end; run 16: a bulk L2
-# prefetch of the next iteration's row ("prefetch"); run 17: one row a block (128 threads), 7-9 blocks an SM
-SWIGLU_TILINGS = ("wsc2v5", "wscc2v4", "wscc2v8b1", "wscc2v9b1", "wscc2v7b1")
-NORM_CAST_TILINGS = ("lean6plbwd",)
+# vector on the bf16 bit patterns ("bits", 1 or 2 vectors a thread) against the per-gate check ("lean").
+# Runs 12-17 (2026-12-01): bf16 widened from words and the lean fp32 sf ("ws"), adjacent vectors with one
+# amax/sf/store a group ("wsc"), one gate check and weight a chunk ("wscc"), one row a block ("b1");
+# norm_cast with words and the lean sf. The last shipped tilings stay as controls.
+SWIGLU_TILINGS = ("bits2v5w", "wsc2v5", "wscc2v4", "wscc2v9b1")
+NORM_CAST_TILINGS = ("lean6pl", "lean6plbwd")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)

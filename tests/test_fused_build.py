@@ -19,7 +19,7 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="bits")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1")),
     "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="leanw4")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _swiglu._SWIGLU, "norm_cast": _norm_cast._NORM_CAST}
@@ -55,9 +55,10 @@ def test_rotary_launch_spec(built):
 
 def test_swiglu_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["swiglu"]["launch"])
-    # 768 bf16: 96 threads a row, 2 rows a block, blocks striding over rows; tiling pflean fits 10 blocks an SM
-    assert spec.grid == ("min(((num_rows + 1) // 2), 1320)", "1", "1")
-    assert spec.block == (192, 1, 1) and spec.smem == 3 * 4 * 6  # three clamp counts, per warp
+    # 768 bf16, tiling wscc2v9b1: 32 threads a row (3 vectors each), a row a block, blocks striding over
+    # rows; 1152 threads an SM would be 36 blocks, capped at the 32 an SM holds
+    assert spec.grid == ("min(num_rows, 4224)", "1", "1")
+    assert spec.block == (32, 1, 1) and spec.smem == 3 * 4 * 1  # three clamp counts, per warp
     types = {p.name: p.type for p in spec.params}
     assert types["clamp_value"] == "f32" and types["out_sf"] == "ptr" and types["sf_group_stride"] == "i32"
 
@@ -197,7 +198,7 @@ def test_norm_cast_lean_scale_factor_is_ieee_division_for_every_bf16_amax():
     reciprocal estimate within 4 ulp (rcp.approx's error is below 1 ulp)."""
     import numpy as np
 
-    from kernels_src.fused.norm_cast import LEAN_SF_LIMIT
+    from kernels_src.fused.division import LEAN_SF_LIMIT
     from kernels_src.quant.common import amax_floor
 
     floor = np.float32(amax_floor("e4m3", "fp32"))
@@ -209,6 +210,51 @@ def test_norm_cast_lean_scale_factor_is_ieee_division_for_every_bf16_amax():
         for kr in range(-4, 5):
             got = _div_normal(a, b, kr)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kr
+
+
+def test_lean_scale_factor_is_ieee_division_for_every_fp32_mantissa():
+    """kernels_src/fused/division.py's lean_e4m3_scale_factor (amax / 448, 448 / amax by tkaot_div_normal, as
+    swiglu's "lean_sf" tilings take it for any fp32 amax) equals IEEE division for every fp32 mantissa, in the
+    lowest, a middle and the highest binade it admits, with reciprocal estimates within 1 ulp. Scaling an
+    operand by a power of two scales every step exactly while all stay normal, so the binades between follow."""
+    import numpy as np
+
+    from kernels_src.fused.division import LEAN_SF_LIMIT
+    from kernels_src.quant.common import amax_floor
+
+    floor = np.float32(amax_floor("e4m3", "fp32"))
+    mantissas = np.arange(1 << 23, dtype=np.uint32)
+    for exponent in (int(np.floor(np.log2(floor))), 0, int(np.log2(LEAN_SF_LIMIT)) - 1):
+        c = (mantissas | np.uint32((127 + exponent) << 23)).view(np.float32)
+        c = c[(c >= floor) & (c < LEAN_SF_LIMIT)]
+        fmax = np.full_like(c, 448.0)
+        for a, b in ((c, fmax), (fmax, c)):
+            want = (a.astype(np.float64) / b.astype(np.float64)).astype(np.float32)
+            for kr in (-1, 0, 1):
+                got = _div_normal(a, b, kr)
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (exponent, kr)
+
+
+def test_swiglu_gates_ok2_admits_exactly_the_chunks_of_finite_gates_above_the_floor():
+    """tkaot_gates_ok2 (sixteen gates, two adjacent vectors, of the "per_chunk" tilings), emulated on the bit
+    patterns: admitted exactly when every gate is above -87.5 and at most the limit (not NaN)."""
+    import numpy as np
+
+    from kernels_src.fused.swiglu import FLT_MAX
+
+    rng = np.random.default_rng(7)
+    pats = np.arange(1 << 16, dtype=np.uint16)
+    chunks = np.concatenate([pats.reshape(-1, 16), rng.permutation(pats).reshape(-1, 16)])
+    chunks = np.concatenate([chunks, rng.choice(np.arange(0x0000, 0x4300, dtype=np.uint16), (8192, 16))])
+    for limit in (np.float32(FLT_MAX), np.float32(6.0), np.float32(-1.0)):
+        # max.u16x2 / max.s16x2 over the eight words pairwise (lanes stay apart), then across the two lanes
+        most_negative = chunks.max(axis=1).astype(np.uint32)
+        largest = (chunks.view(np.int16).max(axis=1).astype(np.int32).astype(np.uint32) << 16).view(np.float32)
+        got = (most_negative < 0xC2AF) & (largest <= limit)
+        gates = (chunks.astype(np.uint32) << 16).view(np.float32)
+        with np.errstate(invalid="ignore"):
+            want = np.all((gates > -87.5) & (gates <= limit), axis=1)
+        assert np.array_equal(got, want), limit
 
 
 # --- validation, with meta tensors standing in for CUDA ones (the fake_cuda fixture, tests/conftest.py)

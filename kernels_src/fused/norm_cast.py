@@ -28,7 +28,7 @@ import tilelang.language as T
 
 from kernels_src.axes import Axis
 from kernels_src.fused.bf16 import BF16_AT
-from kernels_src.fused.division import DIV_NORMAL
+from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "norm_cast"
@@ -78,20 +78,18 @@ TILINGS = {
     "leanw4d": ("warps", 1280, True, True, True),
     "lean8d": ("pow2", 8, False, True, True),
     "lean6pl": ("pow2", 6, True, True, False, True, True),
-    "lean6plb": ("pow2", 6, True, True, False, True, True, True),
-    "lean6plw": ("pow2", 6, True, True, False, True, True, False, True),
-    "lean6plbw": ("pow2", 6, True, True, False, True, True, True, True),
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
-# Three more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
+# Four more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
 # one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
 # factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
 # the extra bf16 output written before the scale is applied, so the unrounded outputs need not stay live;
 # "words", bf16 inputs and weights widened from their 32-bit words (tkaot_bf16_at).
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
-# 53.5 after its bf16-output fix (TileKernels 51.5). Tried and dropped: an out_scale == 1 loop (spills),
-# every lane storing its group's sf, 5 and 8 blocks an SM.
+# 53.5 after its bf16-output fix (TileKernels 51.5); 2026-12-01 runs 12-17: lean6pl 52.5-52.6, early_bf16
+# 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.18 (TileKernels 50.5-51.4).
+# Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM.
 AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
@@ -112,10 +110,6 @@ _DEVICE_HELPERS = (
 }
 """
 )
-# Below this clamped amax, 1 / amax and the quotients amax / 448 and 448 / amax are normal fp32 numbers, so
-# tkaot_div_normal gives the IEEE quotients for every bf16 amax (or the floor 1e-4) there (checked in
-# tests/test_fused_build.py); larger ones take IEEE division.
-LEAN_SF_LIMIT = 2.0**125
 
 
 def row_tiling(hidden: int, dtype: str, tiling: str = DEFAULT_TILING) -> tuple[int, int, int, int, int | None]:
@@ -244,8 +238,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             scale = T.alloc_var(T.float32)
             if lean_sf:
                 clamped = T.alloc_var(T.float32)
-                sf_lean = T.alloc_var(T.float32)
-                inv_lean = T.alloc_var(T.float32)
+                sf_lean = T.alloc_local((1,), T.float32)
+                inv_lean = T.alloc_local((1,), T.float32)
             warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
 
             for v in T.unroll(vecs_per_thread):
@@ -336,13 +330,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 if lean_sf:
                     # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
                     clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                    if clamped < T.float32(LEAN_SF_LIMIT):
-                        sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
-                        inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
-                    else:
-                        sf_lean = clamped / T.float32(448.0)
-                        inv_lean = T.float32(448.0) / clamped
-                    stored, inv = sf_lean, inv_lean
+                    lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
+                    stored, inv = sf_lean[0], inv_lean[0]
                 else:
                     stored, inv = scale_factor(amax, "e4m3", sf)
                 if early_bf16 and has_out_bf16 != 0 and token < num_tokens and in_row:

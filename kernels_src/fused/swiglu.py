@@ -1,30 +1,37 @@
 """SwiGLU forward, optionally with the per-token FP8 cast fused: out = silu(gate) * up * weight.
 
 x rows are [gate | up], each `hidden` wide. A row is spread over `row_threads`
-threads (whole warps); thread `lane` owns the 16-byte vectors
-`it * row_threads + lane`, reading the gate and the up vector of the same
-columns, so the row is read once with 16-byte loads. For an FP8 output the
-absolute maximum of each group of `group` outputs is reduced with warp
-shuffles among the group's lanes; the scale factor follows kernels_src/quant/common.py.
+threads (whole warps); thread `lane` owns 16-byte vectors of gate and the up
+vectors of the same columns, so the row is read once with 16-byte loads:
+vectors `v * row_threads + lane`, or with "contig" the adjacent vectors
+`lane * iters + v`, so a thread's vectors in one group (a "chunk") share one
+amax, one scale factor and one store. For an FP8 output the absolute maximum
+of each group of `group` outputs is reduced with warp shuffles among the
+group's lanes; the scale factor follows kernels_src/quant/common.py.
 
 Blocks stride over rows, so a block accumulates the clamp counts of many rows
-and adds them to clamped_count once. The `tiling` axis picks how many blocks
-are resident per SM (the register cap given to the compiler, and the grid, so
-every block is resident in one wave), how many rows a thread loads before it
-computes any, whether the lean instruction sequence is used and how it is
-guarded, and how many vectors of one row a thread owns at least; TILINGS says
-what each name means.
+and adds them to clamped_count once (the element count, clamped_count[3], is
+added once from num_rows or the expert segments). The `tiling` axis picks how
+many blocks are resident per SM (the register cap given to the compiler, and
+the grid, so every block is resident in one wave), rows a block, how many rows
+a thread loads before it computes any, whether the lean instruction sequence is
+used and how it is guarded, and how many vectors of one row a thread owns at
+least; TILINGS says what each name means.
 
 The lean sequence divides silu's g / (1 + exp(-g)) without the per-element
 branch of IEEE division: reciprocal, one Newton step, quotient and one
 remainder correction, the instructions CUDA's division runs on its fast path,
 so every quotient is the correctly rounded one while operands and results stay
 normal and the Newton step lands on the correctly rounded reciprocal. Which
-gates may take it is decided per vector: "full" tests every gate (lean_exact,
-proven for every bf16 gate in tests/test_fused_build.py), "bits" tests the
-vector's bf16 bit patterns at once (tkaot_gates_ok, checked for every bf16 gate
-on the GPU). A vector holding any other gate, and every fp32 input, takes IEEE
-division. FP8 values are converted two at a time.
+gates may take it is decided per vector or chunk: "full" tests every gate
+(lean_exact, proven for every bf16 gate in tests/test_fused_build.py), "bits"
+tests the bf16 bit patterns at once (tkaot_gates_ok / tkaot_gates_ok2, checked
+for every bf16 gate on the GPU). A vector holding any other gate, and every
+fp32 input, takes IEEE division. With "words", bf16 values are widened from
+their 32-bit words (kernels_src/fused/bf16.py) and the row index is computed
+once a row; with "lean_sf", the "fp32" scale factor and its inverse take the
+same lean division (kernels_src/fused/division.py). FP8 values are converted
+two at a time.
 
 MoE options are runtime values: expert
 segments from psum_num_tokens_per_expert (rows in the alignment padding between
@@ -38,7 +45,7 @@ import tilelang.language as T
 
 from kernels_src.axes import Axis
 from kernels_src.fused.bf16 import BF16_AT
-from kernels_src.fused.division import DIV_NORMAL
+from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "swiglu"
@@ -61,46 +68,26 @@ class Tiling:
     words: bool = False  # the row index computed once a row, bf16 gates/ups widened from their 32-bit words
     lean_sf: bool = False  # the "fp32" scale factor by tkaot_div_normal below LEAN_SF_LIMIT (no IEEE branch)
     contig: bool = False  # a thread's vectors are adjacent columns, one amax, sf and store per group ("chunk")
-    pipe: bool = False  # (with words, rows=1) a row's loads issued before the previous row is computed
     per_chunk: bool = False  # one gate check and one weight multiply per chunk, the weight read late
-    prefetch: bool = False  # (not with pipe) a bulk L2 prefetch of each row the thread takes next iteration
     block_rows: int | None = None  # rows a block (else as many as fit 256 threads)
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
-# bits2v5w 26.9 (TileKernels 27.2-27.4 in those runs). Tried and dropped: more rows a thread (r2, r4), bulk
-# and per-line L2 prefetch of the next rows, 1024-thread blocks of 4 rows, 4 vectors a thread.
+# bits2v5w 26.9 (TileKernels 27.2-27.4 in those runs); runs 12-17 (2026-12-01, TileKernels 27.1-27.9):
+# words + lean_sf 24.7, + contig 23.7-24.1, + per_chunk 23.4-23.7, + one row a block at 1152 threads an
+# SM (wscc2v9b1) 23.3-23.5. Tried and dropped: more rows a thread (r2, r4), bulk and per-line L2 prefetch
+# of the next rows (again on wscc: 25.5), 1024-thread blocks of 4 rows, 4 vectors a thread (contig too:
+# 26.5, fewer instructions but less issue), the next row's loads issued before the current row is
+# computed in a second register slot (25.7-27.8), 1536-2048 threads an SM (spills).
 TILINGS = {
     "base": Tiling(None, 1),
     "lean": Tiling(2048, 1, lean=True),
-    "bits": Tiling(2048, 1, lean=True, check="bits"),
-    "bits2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits"),
     "bits2v5w": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True),
-    "words2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True),
-    "sf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, lean_sf=True),
-    "ws2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
-    "ws2v6": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
-    "ws1v8": Tiling(2048, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
-    "ws4v4": Tiling(1024, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True),
     "wsc2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
-    "wsc2v6": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
-    "wsc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
-    "wsc4v4": Tiling(1024, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
-    "wsc4v5": Tiling(1280, 1, lean=True, vecs=4, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True),
-    "wscp2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
-    "wscp2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
-    "wscp2v3": Tiling(768, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, pipe=True),
-    "wscc2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
     "wscc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
-    "wsccf2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, prefetch=True),
-    "wsccf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, prefetch=True),
-    "wscf2v5": Tiling(1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, prefetch=True),
-    "wscc2v8b1": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1),
-    "wscc2v9b1": Tiling(1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1),
-    "wscc2v7b1": Tiling(896, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1),
-    "wscc2v6b4": Tiling(1536, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=4),
-    "wsp1v5": Tiling(1280, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
-    "wsp1v6": Tiling(1536, 1, lean=True, check="bits", all_lanes_sf=True, words=True, lean_sf=True, pipe=True),
+    "wscc2v9b1": Tiling(
+        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
+    ),
 }
 DEFAULT_TILING = "base"
 
@@ -119,6 +106,7 @@ MAX_VECS = 4
 # Enough blocks to fill an H200 (132 SMs) at full occupancy; further rows are strided over
 NUM_SMS = 132
 THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
 
 
 # tkaot_div_normal (kernels_src/fused/division.py), its zero-sign-exact form tkaot_div_gate, the per-vector
@@ -133,10 +121,6 @@ _DEVICE_HELPERS = (
     r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
     float q = __fmul_rn(a, r);
     return __fmaf_rn(-__fmaf_rn(b, q, -a), r, q);
-}
-__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
-    return 0;
 }
 __device__ __forceinline__ int tkaot_gates_verdict(unsigned u, unsigned s, float limit) {
     // u, s: the pairwise unsigned and signed 16-bit maxima of a vector's gate words; the largest
@@ -197,9 +181,6 @@ def lean_exact(g, den):
 # takes IEEE division. tests/gpu/test_fused_gpu.py checks tkaot_div_gate against IEEE division for
 # every bf16 gate on the GPU (the hardware's expf and rcp.approx decide it).
 FLT_MAX = 3.4028234663852886e38
-# Below this clamped amax, amax / 448 and 448 / amax by tkaot_div_normal are IEEE quotients for every fp32
-# amax (checked for every fp32 mantissa in tests/test_fused_build.py); larger ones take IEEE division.
-LEAN_SF_LIMIT = 2.0**125
 
 
 _OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
@@ -250,7 +231,8 @@ def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
     threads = row_threads * rows_per_block
     # More rows per thread only while a thread holds at most MAX_VECS vectors of each half
     rows = max(1, min(rows, MAX_VECS // iters))
-    return (None if target is None else max(1, target // threads)), rows
+    # At most MAX_BLOCKS_PER_SM resident (small rows in one-row blocks), so the grid stays one wave
+    return (None if target is None else max(1, min(target // threads, MAX_BLOCKS_PER_SM))), rows
 
 
 def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = DEFAULT_TILING):
@@ -291,23 +273,17 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
         sf_shape, sf_strides, sf_dtype = (num_rows, num_groups), (sf_stride, sf_group_stride), "float32"
     grid = T.min(T.ceildiv(num_rows, rows_per_block), max_blocks)
 
-    # "pipe": two slots, a step per row (the last only computes); else row_iters slots, loaded together
-    pipe = TILINGS[tiling].pipe and words
     # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
     per_chunk = TILINGS[tiling].per_chunk and chunk <= 2
     gates_ok = "tkaot_gates_ok2" if chunk == 2 else "tkaot_gates_ok"
-    prefetch = TILINGS[tiling].prefetch and not pipe and dtype == "bfloat16"
-    slots = 2 if pipe else row_iters
-    steps = T.ceildiv(num_rows, rows_per_block * grid)
-    outer = T.ceildiv(steps + 1, 2) if pipe else T.ceildiv(num_rows, rows_per_block * row_iters * grid)
 
     @T.macro
-    def ieee_silu(gate, up, val, cs, v, k, has_clamp, clamp_value):
-        # Vector v of slot cs recomputed with IEEE division into val[k * vec:] (values only: the clamp
+    def ieee_silu(gate, up, val, r, v, k, has_clamp, clamp_value):
+        # Vector v of row slot r recomputed with IEEE division into val[k * vec:] (values only: the clamp
         # counts are taken)
         for j in T.unroll(vec):
-            g = T.cast(gate[cs, v, j], T.float32)
-            u = T.cast(up[cs, v, j], T.float32)
+            g = T.cast(gate[r, v, j], T.float32)
+            u = T.cast(up[r, v, j], T.float32)
             clamped_u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
             g = T.if_then_else(has_clamp != 0 and g > clamp_value, clamp_value, g)
             u = T.if_then_else(has_clamp != 0, clamped_u, u)
@@ -343,15 +319,15 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
             tid = T.get_thread_binding()
             lane = tid % row_threads
             sub = tid // row_threads
-            gate = T.alloc_local((slots, iters, vec), dtype)
-            up = T.alloc_local((slots, iters, vec), dtype)
-            valid = T.alloc_local((slots,), T.int32)
+            gate = T.alloc_local((row_iters, iters, vec), dtype)
+            up = T.alloc_local((row_iters, iters, vec), dtype)
+            valid = T.alloc_local((row_iters,), T.int32)
             if words:
-                row_of = T.alloc_local((slots,), T.int32)
+                row_of = T.alloc_local((row_iters,), T.int32)
             if lean_sf:
-                sf_lean = T.alloc_var(T.float32)
-                inv_lean = T.alloc_var(T.float32)
-            weight = T.alloc_local((slots,), T.float32)
+                sf_lean = T.alloc_local((1,), T.float32)
+                inv_lean = T.alloc_local((1,), T.float32)
+            weight = T.alloc_local((row_iters,), T.float32)
             val = T.alloc_local((chunk * vec,), T.float32)
             res = T.alloc_local((chunk * vec,), out_dtype)
             counts = T.alloc_local((3,), T.int32)
@@ -373,156 +349,135 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
 
             # A thread loads all of its row_iters rows of an iteration before computing any (row_iters *
             # iters * 2 loads in flight); rows of one iteration are grid blocks apart, so in the last,
-            # partial iteration every block has at most one row more than any other. With "pipe", step
-            # `step` loads its row into slot step % 2 and computes the row of step - 1 from the other slot,
-            # so a row's loads are in flight while the previous row is computed
-            if pipe:
-                valid[1] = 0
-            for it in T.serial(outer):
-                for s in T.unroll(2 if pipe else 1):
-                    for r in T.unroll(row_iters):
-                        ls = s if pipe else r  # the slot this row is loaded into
-                        step = 2 * it + s if pipe else it * row_iters + r
-                        row = (step * grid + block) * rows_per_block + sub
-                        if words:
-                            row_of[ls] = row
-                            row = row_of[ls]
-                        valid[ls] = T.if_then_else(row < num_rows, 1, 0)
-                        if has_psum != 0 and valid[ls] != 0:
-                            # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
-                            lo = 0
-                            hi = num_experts
-                            for _ in T.serial(search_steps):
-                                if lo < hi:
-                                    if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
-                                        lo = (lo + hi) // 2 + 1
-                                    else:
-                                        hi = (lo + hi) // 2
-                            begin = 0
-                            if lo > 0 and lo < num_experts:
-                                begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
-                            valid[ls] = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
-                        if valid[ls] != 0:
-                            T.assume(row < num_rows)
-                            if words:
-                                T.assume(row >= 0)
-                            if not per_chunk:
-                                weight[ls] = 1.0
-                                if has_weights != 0:
-                                    weight[ls] = topk_weights[row] * routed_scaling_factor
-                            for v in T.unroll(iters):
-                                col = vector_col(v, lane)
-                                for j in T.vectorized(vec):
-                                    gate[ls, v, j] = x[row, col + j]
-                                for j in T.vectorized(vec):
-                                    up[ls, v, j] = x[row, hidden + col + j]
-                    if prefetch:
-                        # The rows this thread's row takes next iteration, one bulk prefetch each (x rows are
-                        # 16-byte aligned, 4 * hidden bytes long)
-                        for r in T.unroll(row_iters):
-                            ahead = (((it + 1) * row_iters + r) * grid + block) * rows_per_block + sub
-                            if lane == 0 and ahead < num_rows:
-                                T.call_extern("int32", "tkaot_prefetch_l2", T.address_of(x[ahead, 0]), 2 * hidden * 2)
-                    for r in T.unroll(row_iters):
-                        cs = 1 - s if pipe else r  # the slot computed: with pipe, the row loaded one step before
-                        row = row_of[cs] if words else ((it * row_iters + r) * grid + block) * rows_per_block + sub
-                        if valid[cs] != 0:
-                            T.assume(row < num_rows)
-                            if words:
-                                T.assume(row >= 0)
-                            for c in T.unroll(iters // chunk):
-                                if per_chunk and checked:
-                                    # One check for the chunk's gates (1 or 2 vectors)
-                                    if check == "bits":
-                                        exact = T.call_extern("int32", gates_ok, T.address_of(gate[cs, c * chunk, 0]), limit)
-                                    else:
-                                        exact = 1
-                                for k in T.unroll(chunk):
-                                    v = c * chunk + k
-                                    if not per_chunk:
-                                        if check == "bits":
-                                            # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
-                                            exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[cs, v, 0]), limit)
-                                        elif checked:
-                                            exact = 1
-                                    for j in T.unroll(vec):
-                                        if words:
-                                            g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[cs, v, 0]), j)
-                                            u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[cs, v, 0]), j)
-                                        else:
-                                            g = T.cast(gate[cs, v, j], T.float32)
-                                            u = T.cast(up[cs, v, j], T.float32)
-                                        if has_clamp != 0:
-                                            counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                            counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                            counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
-                                            g = T.if_then_else(g > clamp_value, clamp_value, g)
-                                            u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
-                                        if lean_div:
-                                            den = T.float32(1.0) + T.exp(-g)
-                                            val[k * vec + j] = T.call_extern("float32", divide, g, den) * u
-                                            if check == "full":
-                                                exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
-                                        else:
-                                            val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
-                                    if not per_chunk:
-                                        if checked and exact == 0:
-                                            ieee_silu(gate, up, val, cs, v, k, has_clamp, clamp_value)
-                                        # Multiplying by a weight of 1 is exact, so rows without weights skip it
-                                        if has_weights != 0:
-                                            for j in T.unroll(vec):
-                                                val[k * vec + j] = val[k * vec + j] * weight[cs]
-                                if per_chunk:
-                                    if checked and exact == 0:
-                                        for k in T.unroll(chunk):
-                                            ieee_silu(gate, up, val, cs, c * chunk + k, k, has_clamp, clamp_value)
-                                    if has_weights != 0:
-                                        # The row's weight read here, off the load path of rows without weights
-                                        row_weight = topk_weights[row] * routed_scaling_factor
-                                        for j in T.unroll(chunk * vec):
-                                            val[j] = val[j] * row_weight
-                                col = vector_col(c * chunk, lane)
-                                if quantized:
-                                    amax = T.abs(val[0])
-                                    for j in T.unroll(1, chunk * vec):
-                                        amax = T.max(amax, T.abs(val[j]))
-                                    for i in T.unroll(group_lanes.bit_length() - 1):
-                                        amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                                    if lean_sf:
-                                        # The "fp32" scale factor without IEEE division's range check and branch
-                                        clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                                        if clamped < T.float32(LEAN_SF_LIMIT):
-                                            sf_lean = T.call_extern("float32", "tkaot_div_normal", clamped, T.float32(448.0))
-                                            inv_lean = T.call_extern("float32", "tkaot_div_normal", T.float32(448.0), clamped)
-                                        else:
-                                            sf_lean = clamped / T.float32(448.0)
-                                            inv_lean = T.float32(448.0) / clamped
-                                        stored, inv = sf_lean, inv_lean
-                                    else:
-                                        stored, inv = scale_factor(amax, "e4m3", sf)
-                                    if lean:
-                                        # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
-                                        for j in T.vectorized(chunk * vec):
-                                            val[j] = val[j] * inv
-                                        for j in T.vectorized(chunk * vec):
-                                            res[j] = T.cast(val[j], out_dtype)
-                                    else:
-                                        for j in T.unroll(chunk * vec):
-                                            res[j] = to_e4m3(val[j] * inv)
-                                    if TILINGS[tiling].all_lanes_sf or lane % group_lanes == 0:
-                                        gi = col // group
-                                        if packed:
-                                            out_sf[row, gi // 4, gi % 4] = stored
-                                            if num_groups % 4 != 0 and gi == num_groups - 1:
-                                                for p in T.unroll(num_groups % 4, 4):
-                                                    out_sf[row, num_words - 1, p] = T.uint8(0)
-                                        else:
-                                            out_sf[row, gi] = stored
+            # partial iteration every block has at most one row more than any other
+            for it in T.serial(T.ceildiv(num_rows, rows_per_block * row_iters * grid)):
+                for r in T.unroll(row_iters):
+                    row = ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                    if words:
+                        row_of[r] = row
+                        row = row_of[r]
+                    valid[r] = T.if_then_else(row < num_rows, 1, 0)
+                    if has_psum != 0 and valid[r] != 0:
+                        # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
+                        lo = 0
+                        hi = num_experts
+                        for _ in T.serial(search_steps):
+                            if lo < hi:
+                                if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
+                                    lo = (lo + hi) // 2 + 1
                                 else:
-                                    for j in T.unroll(vec):
+                                    hi = (lo + hi) // 2
+                        begin = 0
+                        if lo > 0 and lo < num_experts:
+                            begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment
+                        valid[r] = T.if_then_else(lo < num_experts and row >= begin, 1, 0)
+                    if valid[r] != 0:
+                        T.assume(row < num_rows)
+                        if words:
+                            T.assume(row >= 0)
+                        if not per_chunk:
+                            weight[r] = 1.0
+                            if has_weights != 0:
+                                weight[r] = topk_weights[row] * routed_scaling_factor
+                        for v in T.unroll(iters):
+                            col = vector_col(v, lane)
+                            for j in T.vectorized(vec):
+                                gate[r, v, j] = x[row, col + j]
+                            for j in T.vectorized(vec):
+                                up[r, v, j] = x[row, hidden + col + j]
+                for r in T.unroll(row_iters):
+                    row = row_of[r] if words else ((it * row_iters + r) * grid + block) * rows_per_block + sub
+                    if valid[r] != 0:
+                        T.assume(row < num_rows)
+                        if words:
+                            T.assume(row >= 0)
+                        for c in T.unroll(iters // chunk):
+                            if per_chunk and checked:
+                                # One check for the chunk's gates (1 or 2 vectors)
+                                if check == "bits":
+                                    exact = T.call_extern("int32", gates_ok, T.address_of(gate[r, c * chunk, 0]), limit)
+                                else:
+                                    exact = 1
+                            for k in T.unroll(chunk):
+                                v = c * chunk + k
+                                if not per_chunk:
+                                    if check == "bits":
+                                        # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
+                                        exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[r, v, 0]), limit)
+                                    elif checked:
+                                        exact = 1
+                                for j in T.unroll(vec):
+                                    if words:
+                                        g = T.call_extern("float32", "tkaot_bf16_at", T.address_of(gate[r, v, 0]), j)
+                                        u = T.call_extern("float32", "tkaot_bf16_at", T.address_of(up[r, v, 0]), j)
+                                    else:
+                                        g = T.cast(gate[r, v, j], T.float32)
+                                        u = T.cast(up[r, v, j], T.float32)
+                                    if has_clamp != 0:
+                                        counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                        counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                        counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                        g = T.if_then_else(g > clamp_value, clamp_value, g)
+                                        u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
+                                    if lean_div:
+                                        den = T.float32(1.0) + T.exp(-g)
+                                        val[k * vec + j] = T.call_extern("float32", divide, g, den) * u
+                                        if check == "full":
+                                            exact = exact & T.if_then_else(lean_exact(g, den), 1, 0)
+                                    else:
+                                        val[k * vec + j] = g / (T.float32(1.0) + T.exp(-g)) * u
+                                if not per_chunk:
+                                    if checked and exact == 0:
+                                        ieee_silu(gate, up, val, r, v, k, has_clamp, clamp_value)
+                                    # Multiplying by a weight of 1 is exact, so rows without weights skip it
+                                    if has_weights != 0:
+                                        for j in T.unroll(vec):
+                                            val[k * vec + j] = val[k * vec + j] * weight[r]
+                            if per_chunk:
+                                if checked and exact == 0:
+                                    for k in T.unroll(chunk):
+                                        ieee_silu(gate, up, val, r, c * chunk + k, k, has_clamp, clamp_value)
+                                if has_weights != 0:
+                                    # The row's weight read here, off the load path of rows without weights
+                                    row_weight = topk_weights[row] * routed_scaling_factor
+                                    for j in T.unroll(chunk * vec):
+                                        val[j] = val[j] * row_weight
+                            col = vector_col(c * chunk, lane)
+                            if quantized:
+                                amax = T.abs(val[0])
+                                for j in T.unroll(1, chunk * vec):
+                                    amax = T.max(amax, T.abs(val[j]))
+                                for i in T.unroll(group_lanes.bit_length() - 1):
+                                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                                if lean_sf:
+                                    # The "fp32" scale factor without IEEE division's range check and branch
+                                    lean_e4m3_scale_factor(T.max(amax, T.float32(amax_floor("e4m3", sf))), sf_lean, inv_lean)
+                                    stored, inv = sf_lean[0], inv_lean[0]
+                                else:
+                                    stored, inv = scale_factor(amax, "e4m3", sf)
+                                if lean:
+                                    # Vectorized, the cast becomes one cvt per two values (same rounding, satfinite)
+                                    for j in T.vectorized(chunk * vec):
+                                        val[j] = val[j] * inv
+                                    for j in T.vectorized(chunk * vec):
                                         res[j] = T.cast(val[j], out_dtype)
-                                for j in T.vectorized(chunk * vec):
-                                    out[row, col + j] = res[j]
+                                else:
+                                    for j in T.unroll(chunk * vec):
+                                        res[j] = to_e4m3(val[j] * inv)
+                                if TILINGS[tiling].all_lanes_sf or lane % group_lanes == 0:
+                                    gi = col // group
+                                    if packed:
+                                        out_sf[row, gi // 4, gi % 4] = stored
+                                        if num_groups % 4 != 0 and gi == num_groups - 1:
+                                            for p in T.unroll(num_groups % 4, 4):
+                                                out_sf[row, num_words - 1, p] = T.uint8(0)
+                                    else:
+                                        out_sf[row, gi] = stored
+                            else:
+                                for j in T.unroll(vec):
+                                    res[j] = T.cast(val[j], out_dtype)
+                            for j in T.vectorized(chunk * vec):
+                                out[row, col + j] = res[j]
 
             if count_clamp != 0:
                 # Clamp counts: warp sums, then block sums, one atomic add each; the element count

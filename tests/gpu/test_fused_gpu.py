@@ -263,7 +263,7 @@ def _every_bf16_gate(admissible_first: bool) -> torch.Tensor:
 def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate(seed, admissible_first):
     """The shipped tiling's lean division (kernels_src/fused/swiglu.py, tkaot_div_gate behind
     tkaot_gates_ok) equals IEEE division for every bf16 gate, bit for bit: fp32 output, up 1 and random,
-    with weights, and with clamps (a clamped gate takes IEEE division)."""
+    with weights, and with clamps (a clamped gate takes IEEE division); the E4M3 cast of the same rows too."""
     g = _every_bf16_gate(admissible_first)
     up = torch.randn(32, 2048, device="cuda").bfloat16()
     cases = [
@@ -277,6 +277,10 @@ def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate(seed, admissi
         got = tkaot.quant.swiglu_forward(fmt="fp32", **kw)
         want = reference.fused.swiglu_forward(fmt="fp32", **kw)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        # The quantized path checks 16 adjacent gates at once (tkaot_gates_ok2) and takes the same division
+        q, sf = tkaot.quant.swiglu_forward_and_per_token_cast(fmt="e4m3", num_per_channels=128, **kw)
+        want_q, want_sf = reference.fused.swiglu_forward_and_per_token_cast(fmt="e4m3", num_per_channels=128, **kw)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
 
 
 def test_swiglu_empty_input():
