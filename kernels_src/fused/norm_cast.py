@@ -79,6 +79,9 @@ TILINGS = {
     "lean8d": ("pow2", 8, False, True, True),
     "lean6pl": ("pow2", 6, True, True, False, True, True),
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
+    "lean7nlbwd": ("pow2", 7, False, True, True, True, True, True, True),
+    "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
+    "lean6nlbwd": ("pow2", 6, False, True, True, True, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # Four more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into

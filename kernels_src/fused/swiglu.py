@@ -88,6 +88,12 @@ TILINGS = {
     "wscc2v9b1": Tiling(
         1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
     ),
+    "wscc2v10b1": Tiling(
+        1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
+    ),
+    "wscc2v9b3": Tiling(
+        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=3
+    ),
 }
 DEFAULT_TILING = "base"
 
