@@ -81,6 +81,8 @@ TILINGS = {
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
     "lean7nlbwd": ("pow2", 7, False, True, True, True, True, True, True),
     "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
+    "leanw5nlbwd": ("warps", 1280, False, True, True, True, True, True, True),
+    "leanw6nlbwd": ("warps", 1536, False, True, True, True, True, True, True),
     "lean6nlbwd": ("pow2", 6, False, True, True, True, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
