@@ -79,11 +79,7 @@ TILINGS = {
     "lean8d": ("pow2", 8, False, True, True),
     "lean6pl": ("pow2", 6, True, True, False, True, True),
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
-    "lean7nlbwd": ("pow2", 7, False, True, True, True, True, True, True),
     "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
-    "leanw5nlbwd": ("warps", 1280, False, True, True, True, True, True, True),
-    "leanw6nlbwd": ("warps", 1536, False, True, True, True, True, True, True),
-    "lean6nlbwd": ("pow2", 6, False, True, True, True, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # Four more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
@@ -93,7 +89,9 @@ TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # "words", bf16 inputs and weights widened from their 32-bit words (tkaot_bf16_at).
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
 # 53.5 after its bf16-output fix (TileKernels 51.5); 2026-12-01 runs 12-17: lean6pl 52.5-52.6, early_bf16
-# 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.18 (TileKernels 50.5-51.4).
+# 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.36 (TileKernels 50.5-51.4);
+# runs 18-19: the weight read after the reduction at 8 blocks an SM, lean8nlbwd, 49.5-49.7 (6 and 7 blocks
+# 50.8-51.0, rows over 7 warps at 5-6 blocks 51.3-51.9, TileKernels 50.9-51.2).
 # Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM.
 AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),

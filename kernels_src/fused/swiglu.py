@@ -78,7 +78,8 @@ class Tiling:
 # SM (wscc2v9b1) 23.3-23.5. Tried and dropped: more rows a thread (r2, r4), bulk and per-line L2 prefetch
 # of the next rows (again on wscc: 25.5), 1024-thread blocks of 4 rows, 4 vectors a thread (contig too:
 # 26.5, fewer instructions but less issue), the next row's loads issued before the current row is
-# computed in a second register slot (25.7-27.8), 1536-2048 threads an SM (spills).
+# computed in a second register slot (25.7-27.8), 1536-2048 threads an SM (spills), one-row blocks at
+# 1280 threads an SM or 3-row blocks (23.6-23.7; run 18).
 TILINGS = {
     "base": Tiling(None, 1),
     "lean": Tiling(2048, 1, lean=True),
@@ -87,12 +88,6 @@ TILINGS = {
     "wscc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
     "wscc2v9b1": Tiling(
         1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
-    ),
-    "wscc2v10b1": Tiling(
-        1280, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
-    ),
-    "wscc2v9b3": Tiling(
-        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=3
     ),
 }
 DEFAULT_TILING = "base"
