@@ -80,6 +80,9 @@ TILINGS = {
     "lean6pl": ("pow2", 6, True, True, False, True, True),
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
     "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
+    "lean9nlbwd": ("pow2", 9, False, True, True, True, True, True, True),
+    "lean10nlbwd": ("pow2", 10, False, True, True, True, True, True, True),
+    "lean8nlwd": ("pow2", 8, False, True, True, True, True, False, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # Four more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
