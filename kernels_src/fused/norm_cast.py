@@ -80,9 +80,6 @@ TILINGS = {
     "lean6pl": ("pow2", 6, True, True, False, True, True),
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
     "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
-    "lean9nlbwd": ("pow2", 9, False, True, True, True, True, True, True),
-    "lean10nlbwd": ("pow2", 10, False, True, True, True, True, True, True),
-    "lean8nlwd": ("pow2", 8, False, True, True, True, True, False, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # Four more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
@@ -93,9 +90,11 @@ TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
 # 53.5 after its bf16-output fix (TileKernels 51.5); 2026-12-01 runs 12-17: lean6pl 52.5-52.6, early_bf16
 # 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.36 (TileKernels 50.5-51.4);
-# runs 18-19: the weight read after the reduction at 8 blocks an SM, lean8nlbwd, 49.5-49.7 (6 and 7 blocks
-# 50.8-51.0, rows over 7 warps at 5-6 blocks 51.3-51.9, TileKernels 50.9-51.2).
-# Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM.
+# runs 18-20: the weight read after the reduction at 8 blocks an SM, lean8nlbwd, 49.5-49.7 (6 and 7 blocks
+# 50.8-51.0, 9 and 10 blocks 49.9-50.1 and 50.7-50.8, rows over 7 warps at 5-6 blocks 51.3-51.9, without
+# early_bf16 49.7-49.8; TileKernels 50.9-51.4).
+# Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM
+# (with the preloading tilings of the time).
 AXES = (
     Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % GROUP == 0, rule=f"a multiple of {GROUP} in (0, {MAX_HIDDEN}]"),
     Axis("dtype", str, choices=DTYPES),
