@@ -343,6 +343,7 @@ def swiglu_forward_and_per_token_cast(
     For each group: amax = max(|v|, 1e-4); sf = amax / 448 (or its power-of-two ceiling);
     stored = e4m3(v / sf). Returns (out e4m3 (num_tokens, hidden), sf (num_tokens, hidden /
     num_per_channels) fp32 or (num_tokens, ceil(hidden / num_per_channels / 4)) int32).
+    A NaN output does not enter its group's amax (the other values set the sf) and is stored as NaN.
     """
     return _swiglu("tkaot.quant.swiglu_forward_and_per_token_cast", x, fmt, num_per_channels, psum_num_tokens_per_expert,
                    topk_weights, routed_scaling_factor, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
