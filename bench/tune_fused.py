@@ -1,26 +1,11 @@
 """Time the tiling candidates of the fused kernels (swiglu + cast, RMSNorm + cast) side by side.
 
 Each candidate is one value of the kernel's `tiling` axis, built into an artifact set
-on TKAOT_PATH (the op's own tiling comes from the default set):
+on TKAOT_PATH (the op's own tiling comes from the default set); bench/tune_fused.toml
+lists the candidates below (SWIGLU_TILINGS, NORM_CAST_TILINGS) at the bench shapes:
 
-    tkaot-build build --shapeset <candidates>.toml --out tune-artifacts/fused
+    tkaot-build build --shapeset bench/tune_fused.toml --out tune-artifacts/fused
     TKAOT_PATH=tune-artifacts/fused python -m bench.tune_fused
-
-with <candidates>.toml the bench shapes and the tilings below (SWIGLU_TILINGS, NORM_CAST_TILINGS):
-
-    [[swiglu]]
-    hidden = 2048
-    dtype = "bfloat16"
-    fmt = "e4m3"
-    group = 128
-    sf = "fp32"
-    tiling = ["lean", "lean2v5", "lean2v6", "lean4v"]
-
-    [[norm_cast]]
-    hidden = 7168
-    dtype = "bfloat16"
-    sf = "fp32"
-    tiling = ["lean6", "leanw4", "lean6d", "leanw4d", "lean8d"]
 
 Every candidate's output is first checked bit for bit against the pure-torch reference (swiglu
 also on gates that send the lean division to its IEEE fallback, with weights and clamping), then
@@ -50,7 +35,7 @@ INPUT_SETS = 3
 # Run 19: norm_cast rows over 7 warps (4 vectors a thread) at 5-6 blocks an SM; run 20: 9-10 blocks. Candidates
 # of the next run go here; the shipped tilings and their predecessors as controls:
 SWIGLU_TILINGS = ("wsc2v5", "wscc2v9b1")
-NORM_CAST_TILINGS = ("lean6plbwd", "lean8nlbwd")
+NORM_CAST_TILINGS = ("lean6plbwd", "lean8nlbwd", "lean8nlbwdp", "lean8nlbwdpf")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)

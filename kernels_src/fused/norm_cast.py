@@ -42,6 +42,7 @@ MAX_HIDDEN = 8192
 DYNAMIC_DIMS = ("num_tokens", "batch")
 
 NUM_THREADS = 128
+NUM_SMS = 132  # H200: the "persist" grid is NUM_SMS times the blocks an SM holds
 MAX_VECS_PER_THREAD = 4
 # "w4" rows: whole warps, at most this many threads a row, every thread the same number of vectors
 MAX_ROW_THREADS = 256
@@ -64,6 +65,8 @@ class Tiling(NamedTuple):
     late_sf: bool = False
     early_bf16: bool = False
     words: bool = False
+    persist: bool = False
+    l2_prefetch: bool = False
 
 
 TILINGS = {
@@ -80,13 +83,18 @@ TILINGS = {
     "lean6pl": ("pow2", 6, True, True, False, True, True),
     "lean6plbwd": ("pow2", 6, True, True, True, True, True, True, True),
     "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
+    "lean8nlbwdp": ("pow2", 8, False, True, True, True, True, True, True, True),
+    "lean8nlbwdpf": ("pow2", 8, False, True, True, True, True, True, True, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
-# Four more fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
+# More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
 # one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
 # factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
 # the extra bf16 output written before the scale is applied, so the unrounded outputs need not stay live;
-# "words", bf16 inputs and weights widened from their 32-bit words (tkaot_bf16_at).
+# "words", bf16 inputs and weights widened from their 32-bit words (tkaot_bf16_at); "persist", a grid of
+# NUM_SMS times the resident blocks striding over the rows (needs a blocks count); "l2_prefetch" (with
+# persist), each row's next x row bulk-prefetched into L2 before the row is loaded. lean8nlbwdp and
+# lean8nlbwdpf are candidates built on the CPU and not yet timed on a GPU.
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
 # 53.5 after its bf16-output fix (TileKernels 51.5); 2026-12-01 runs 12-17: lean6pl 52.5-52.6, early_bf16
 # 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.36 (TileKernels 50.5-51.4);
@@ -108,7 +116,11 @@ DEFAULT_TILING = "base"
 _DEVICE_HELPERS = (
     DIV_NORMAL
     + BF16_AT
-    + """__device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
+    + """__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
+    return 0;
+}
+__device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
     unsigned word;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
     return word;
@@ -172,6 +184,14 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     else:
         sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_groups), (sf_bstride, sf_stride, sf_gstride), "float32"
 
+    persist = TILINGS[tiling].persist and min_blocks is not None
+    l2_prefetch = persist and TILINGS[tiling].l2_prefetch
+    grid_x = T.ceildiv(num_tokens, rows_per_block)
+    passes = 1
+    if persist:
+        grid_x = T.min(grid_x, NUM_SMS * min_blocks)
+        passes = T.ceildiv(num_tokens, rows_per_block * grid_x)
+
     def widen(vectors, v, j):
         # Value j of vector v as fp32: from its 32-bit word where "words" says so
         if words:
@@ -206,7 +226,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         has_rstd: T.int32,
         has_out_bf16: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=threads) as (block, b):
+        with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
             if lean_sf or pairs or words:
@@ -224,7 +244,6 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             T.assume(ob_bstride % vec == 0)
             tid = T.get_thread_binding()
             lane = tid % row_threads
-            token = block * rows_per_block + tid // row_threads
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
             r_reg = T.alloc_local((vec,), dtype)
             w_reg = T.alloc_local((vecs_per_thread if preload else 1, vec), dtype)
@@ -247,130 +266,143 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 inv_lean = T.alloc_local((1,), T.float32)
             warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
 
-            for v in T.unroll(vecs_per_thread):
-                col = (v * row_threads + lane) * vec
-                if token < num_tokens and (exact or col < hidden):
-                    for j in T.vectorized(vec):
-                        x_reg[v, j] = x[b, token, col + j]
-                    if has_residual != 0:
-                        for j in T.vectorized(vec):
-                            r_reg[j] = residual[b, token, col + j]
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = x_reg[v, j] + r_reg[j]
-                        for j in T.vectorized(vec):
-                            residual_out[b, token, col + j] = x_reg[v, j]
-                else:
-                    for j in T.vectorized(vec):
-                        x_reg[v, j] = T.cast(0, dtype)
-            if preload and has_weight != 0:
+            # With "persist", a grid of resident blocks strides over the rows, and with "l2_prefetch" one thread
+            # of a row bulk-prefetches the x row it takes next into L2; otherwise a block a row group (one pass)
+            for it in T.serial(passes):
+                token = (it * grid_x + block) * rows_per_block + tid // row_threads
+                if persist:
+                    acc = 0.0
+                    if l2_prefetch and lane == 0 and token + grid_x * rows_per_block < num_tokens:
+                        T.call_extern(
+                            "int32", "tkaot_prefetch_l2", T.address_of(x[b, token + grid_x * rows_per_block, 0]), hidden * (16 // vec)
+                        )
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
-                    if exact or col < hidden:
+                    if token < num_tokens and (exact or col < hidden):
                         for j in T.vectorized(vec):
-                            w_reg[v, j] = weight[col + j]
-            for v in T.unroll(vecs_per_thread):
-                if words:
-                    for j in T.unroll(vec):
-                        part[j] = widen(x_reg, v, j) * widen(x_reg, v, j)
-                else:
-                    for j in T.vectorized(vec):
-                        part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
-                for j in T.unroll(vec):
-                    acc += part[j]
-
-            for i in T.unroll(lanes.bit_length() - 1):
-                acc += T.shfl_xor(acc, lanes >> (i + 1))
-            if row_warps > 1:
-                if lane % 32 == 0:
-                    warp_sums[tid // row_threads, lane // 32] = acc
-                T.sync_threads()
-                acc = 0.0
-                for w in T.unroll(row_warps):
-                    acc += warp_sums[tid // row_threads, w]
-            inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc / hidden + eps))
-            if has_rstd != 0 and lane == 0 and token < num_tokens:
-                rstd[b, token] = inv_rms
-
-            for v in T.unroll(vecs_per_thread):
-                col = (v * row_threads + lane) * vec
-                in_row = exact or col < hidden
-                wv = v if preload else 0
-                if not preload and has_weight != 0 and in_row:
-                    for j in T.vectorized(vec):
-                        w_reg[0, j] = weight[col + j]
-                if lean:
-                    for j in T.unroll(vec):
-                        scale = out_scale
-                        if has_weight != 0:
-                            scale = widen(w_reg, wv, j) * out_scale
-                        if pairs:
-                            yv[j] = widen(x_reg, v, j) * inv_rms * scale
-                        else:
-                            y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                    if pairs:
-                        # Rounded two at a time into one word; the low half shifted up, the high half masked
-                        for j in T.unroll(vec // 2):
-                            word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
-                            yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
-                            yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                            x_reg[v, j] = x[b, token, col + j]
+                        if has_residual != 0:
+                            for j in T.vectorized(vec):
+                                r_reg[j] = residual[b, token, col + j]
+                            for j in T.vectorized(vec):
+                                x_reg[v, j] = x_reg[v, j] + r_reg[j]
+                            for j in T.vectorized(vec):
+                                residual_out[b, token, col + j] = x_reg[v, j]
                     else:
-                        # Vectorized, the rounded outputs are unpacked two at a time
                         for j in T.vectorized(vec):
-                            yf[j] = T.cast(y_reg[j], T.float32)
-                    # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
-                    amax = T.abs(yf[0])
-                    for j in T.unroll(1, vec):
-                        amax = T.max(amax, T.abs(yf[j]))
-                else:
-                    for j in T.unroll(vec):
-                        scale = out_scale
-                        if has_weight != 0:
-                            scale = T.cast(w_reg[wv, j], T.float32) * out_scale
-                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                    amax = T.abs(T.cast(y_reg[0], T.float32))
-                    for j in T.unroll(1, vec):
-                        amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
-                for i in T.unroll(group_lanes.bit_length() - 1):
-                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                if lean_sf:
-                    # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
-                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                    lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
-                    stored, inv = sf_lean[0], inv_lean[0]
-                else:
-                    stored, inv = scale_factor(amax, "e4m3", sf)
-                if early_bf16 and has_out_bf16 != 0 and token < num_tokens and in_row:
-                    # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
-                    for j in T.unroll(vec):
-                        yb_reg[j] = T.cast(yf[j], T.bfloat16)
-                    for j in T.vectorized(vec):
-                        out_bf16[b, token, col + j] = yb_reg[j]
-                if lean:
-                    for j in T.vectorized(vec):
-                        yf[j] = yf[j] * inv
-                    for j in T.vectorized(vec):
-                        q_reg[j] = T.cast(yf[j], FP8)
-                else:
-                    for j in T.unroll(vec):
-                        q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
-                if token < num_tokens and in_row:
-                    for j in T.vectorized(vec):
-                        out[b, token, col + j] = q_reg[j]
-                    if has_out_bf16 != 0 and not early_bf16:
-                        for j in T.unroll(vec):
-                            # yf is scaled by now; under "pairs" the bf16 output is yv rounded
-                            yb_reg[j] = T.cast(yv[j] if pairs else y_reg[j], T.bfloat16)
-                        for j in T.vectorized(vec):
-                            out_bf16[b, token, col + j] = yb_reg[j]
-                    if late_sf:
-                        sf_keep[v] = stored
-                    elif lane % group_lanes == 0:
-                        store_sf(out_sf, b, token, col // GROUP, stored)
-            if late_sf:
-                if token < num_tokens and lane % group_lanes == 0:
+                            x_reg[v, j] = T.cast(0, dtype)
+                if preload and has_weight != 0:
                     for v in T.unroll(vecs_per_thread):
                         col = (v * row_threads + lane) * vec
                         if exact or col < hidden:
-                            store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
+                            for j in T.vectorized(vec):
+                                w_reg[v, j] = weight[col + j]
+                for v in T.unroll(vecs_per_thread):
+                    if words:
+                        for j in T.unroll(vec):
+                            part[j] = widen(x_reg, v, j) * widen(x_reg, v, j)
+                    else:
+                        for j in T.vectorized(vec):
+                            part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
+                    for j in T.unroll(vec):
+                        acc += part[j]
+
+                for i in T.unroll(lanes.bit_length() - 1):
+                    acc += T.shfl_xor(acc, lanes >> (i + 1))
+                if row_warps > 1:
+                    if lane % 32 == 0:
+                        warp_sums[tid // row_threads, lane // 32] = acc
+                    T.sync_threads()
+                    acc = 0.0
+                    for w in T.unroll(row_warps):
+                        acc += warp_sums[tid // row_threads, w]
+                inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc / hidden + eps))
+                if has_rstd != 0 and lane == 0 and token < num_tokens:
+                    rstd[b, token] = inv_rms
+
+                for v in T.unroll(vecs_per_thread):
+                    col = (v * row_threads + lane) * vec
+                    in_row = exact or col < hidden
+                    wv = v if preload else 0
+                    if not preload and has_weight != 0 and in_row:
+                        for j in T.vectorized(vec):
+                            w_reg[0, j] = weight[col + j]
+                    if lean:
+                        for j in T.unroll(vec):
+                            scale = out_scale
+                            if has_weight != 0:
+                                scale = widen(w_reg, wv, j) * out_scale
+                            if pairs:
+                                yv[j] = widen(x_reg, v, j) * inv_rms * scale
+                            else:
+                                y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                        if pairs:
+                            # Rounded two at a time into one word; the low half shifted up, the high half masked
+                            for j in T.unroll(vec // 2):
+                                word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
+                                yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
+                                yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                        else:
+                            # Vectorized, the rounded outputs are unpacked two at a time
+                            for j in T.vectorized(vec):
+                                yf[j] = T.cast(y_reg[j], T.float32)
+                        # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                        amax = T.abs(yf[0])
+                        for j in T.unroll(1, vec):
+                            amax = T.max(amax, T.abs(yf[j]))
+                    else:
+                        for j in T.unroll(vec):
+                            scale = out_scale
+                            if has_weight != 0:
+                                scale = T.cast(w_reg[wv, j], T.float32) * out_scale
+                            y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                        amax = T.abs(T.cast(y_reg[0], T.float32))
+                        for j in T.unroll(1, vec):
+                            amax = T.max(amax, T.abs(T.cast(y_reg[j], T.float32)))
+                    for i in T.unroll(group_lanes.bit_length() - 1):
+                        amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                    if lean_sf:
+                        # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
+                        clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                        lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
+                        stored, inv = sf_lean[0], inv_lean[0]
+                    else:
+                        stored, inv = scale_factor(amax, "e4m3", sf)
+                    if early_bf16 and has_out_bf16 != 0 and token < num_tokens and in_row:
+                        # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
+                        for j in T.unroll(vec):
+                            yb_reg[j] = T.cast(yf[j], T.bfloat16)
+                        for j in T.vectorized(vec):
+                            out_bf16[b, token, col + j] = yb_reg[j]
+                    if lean:
+                        for j in T.vectorized(vec):
+                            yf[j] = yf[j] * inv
+                        for j in T.vectorized(vec):
+                            q_reg[j] = T.cast(yf[j], FP8)
+                    else:
+                        for j in T.unroll(vec):
+                            q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
+                    if token < num_tokens and in_row:
+                        for j in T.vectorized(vec):
+                            out[b, token, col + j] = q_reg[j]
+                        if has_out_bf16 != 0 and not early_bf16:
+                            for j in T.unroll(vec):
+                                # yf is scaled by now; under "pairs" the bf16 output is yv rounded
+                                yb_reg[j] = T.cast(yv[j] if pairs else y_reg[j], T.bfloat16)
+                            for j in T.vectorized(vec):
+                                out_bf16[b, token, col + j] = yb_reg[j]
+                        if late_sf:
+                            sf_keep[v] = stored
+                        elif lane % group_lanes == 0:
+                            store_sf(out_sf, b, token, col // GROUP, stored)
+                if late_sf:
+                    if token < num_tokens and lane % group_lanes == 0:
+                        for v in T.unroll(vecs_per_thread):
+                            col = (v * row_threads + lane) * vec
+                            if exact or col < hidden:
+                                store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
+
+                if persist and row_warps > 1:
+                    T.sync_threads()  # warp_sums is written again next pass
 
     return norm_cast
