@@ -200,13 +200,14 @@ def check_static(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling:
         raise ValueError(f"fmt={fmt} takes group=0 and sf=none, got group={group} sf={sf}")
 
 
-def row_tiling(hidden: int, dtype: str, vecs: int = 1) -> tuple[int, int, int, int]:
+def row_tiling(hidden: int, dtype: str, vecs: int = 1, block_rows: int | None = None) -> tuple[int, int, int, int]:
     """(elements per vector, threads per row, vectors per thread, rows per block).
 
     Whole warps per row, no idle lanes; up to 256 threads a row, or up to 1024
     when that would leave a thread more than MAX_VECS vectors of each half.
     A thread owns at least `vecs` vectors of each half where the row has enough
-    whole warps for that, else as many as with vecs = 1.
+    whole warps for that, else as many as with vecs = 1. A block holds `block_rows`
+    rows, or as many as fit MAX_ROW_THREADS threads.
     """
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = hidden // vec  # a multiple of 32, since hidden is a multiple of 256
@@ -221,13 +222,12 @@ def row_tiling(hidden: int, dtype: str, vecs: int = 1) -> tuple[int, int, int, i
             if iters <= MAX_VECS:
                 break
     row_threads = num_vecs // iters
-    return vec, row_threads, iters, max(1, MAX_ROW_THREADS // row_threads)
+    return vec, row_threads, iters, block_rows or max(1, MAX_ROW_THREADS // row_threads)
 
 
 def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
     """(blocks per SM the compiler must fit, or None; rows each thread loads before computing)."""
-    _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[name].vecs)
-    rows_per_block = TILINGS[name].block_rows or rows_per_block
+    _, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[name].vecs, TILINGS[name].block_rows)
     target, rows = TILINGS[name].threads_per_sm, TILINGS[name].rows
     threads = row_threads * rows_per_block
     # More rows per thread only while a thread holds at most MAX_VECS vectors of each half
@@ -239,8 +239,7 @@ def residency(hidden: int, dtype: str, name: str) -> tuple[int | None, int]:
 def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = DEFAULT_TILING):
     check_static(hidden, dtype, fmt, group, sf)
     min_blocks, row_iters = residency(hidden, dtype, tiling)
-    vec, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[tiling].vecs)
-    rows_per_block = TILINGS[tiling].block_rows or rows_per_block
+    vec, row_threads, iters, rows_per_block = row_tiling(hidden, dtype, TILINGS[tiling].vecs, TILINGS[tiling].block_rows)
     threads = row_threads * rows_per_block
     num_warps = threads // 32
     max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
