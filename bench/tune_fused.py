@@ -35,7 +35,7 @@ INPUT_SETS = 3
 # Run 19: norm_cast rows over 7 warps (4 vectors a thread) at 5-6 blocks an SM; run 20: 9-10 blocks. Candidates
 # of the next run go here; the shipped tilings and their predecessors as controls:
 SWIGLU_TILINGS = ("wsc2v5", "wscc2v9b1")
-NORM_CAST_TILINGS = ("lean6plbwd", "lean8nlbwd", "lean8nlbwdp", "lean8nlbwdpf")
+NORM_CAST_TILINGS = ("lean6plbwd", "lean8nlbwd", "lean8nlbwdp", "lean8nlbwdpf", "lean8nlbwds")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)

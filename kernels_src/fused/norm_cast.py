@@ -67,6 +67,7 @@ class Tiling(NamedTuple):
     words: bool = False
     persist: bool = False
     l2_prefetch: bool = False
+    smem_prefetch: bool = False
 
 
 TILINGS = {
@@ -85,6 +86,7 @@ TILINGS = {
     "lean8nlbwd": ("pow2", 8, False, True, True, True, True, True, True),
     "lean8nlbwdp": ("pow2", 8, False, True, True, True, True, True, True, True),
     "lean8nlbwdpf": ("pow2", 8, False, True, True, True, True, True, True, True, True),
+    "lean8nlbwds": ("pow2", 8, False, True, True, True, True, True, True, True, False, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
@@ -93,8 +95,9 @@ TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # the extra bf16 output written before the scale is applied, so the unrounded outputs need not stay live;
 # "words", bf16 inputs and weights widened from their 32-bit words (tkaot_bf16_at); "persist", a grid of
 # NUM_SMS times the resident blocks striding over the rows (needs a blocks count); "l2_prefetch" (with
-# persist), each row's next x row bulk-prefetched into L2 before the row is loaded. lean8nlbwdp and
-# lean8nlbwdpf are candidates built on the CPU and not yet timed on a GPU.
+# persist), each row's next x row bulk-prefetched into L2 before the row is loaded; "smem_prefetch" (with
+# persist), each thread's vectors of its next row copied into shared memory (cp.async) while the current row
+# computes. lean8nlbwdp, lean8nlbwdpf and lean8nlbwds are candidates built on the CPU, not yet run on a GPU.
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
 # 53.5 after its bf16-output fix (TileKernels 51.5); 2026-12-01 runs 12-17: lean6pl 52.5-52.6, early_bf16
 # 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.36 (TileKernels 50.5-51.4);
@@ -118,6 +121,19 @@ _DEVICE_HELPERS = (
     + BF16_AT
     + """__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
+    return 0;
+}
+__device__ __forceinline__ int tkaot_cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem) : "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
     return 0;
 }
 __device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
@@ -186,6 +202,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
 
     persist = TILINGS[tiling].persist and min_blocks is not None
     l2_prefetch = persist and TILINGS[tiling].l2_prefetch
+    smem_prefetch = persist and TILINGS[tiling].smem_prefetch
     grid_x = T.ceildiv(num_tokens, rows_per_block)
     passes = 1
     if persist:
@@ -265,6 +282,17 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 sf_lean = T.alloc_local((1,), T.float32)
                 inv_lean = T.alloc_local((1,), T.float32)
             warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
+            if smem_prefetch:
+                # The row a thread's row takes next pass: each thread copies, and later reads, its own vectors
+                x_next = T.alloc_shared((rows_per_block, hidden), dtype)
+                first = block * rows_per_block + tid // row_threads
+                for v in T.unroll(vecs_per_thread):
+                    col = (v * row_threads + lane) * vec
+                    if first < num_tokens and (exact or col < hidden):
+                        T.call_extern(
+                            "int32", "tkaot_cp_async16", T.address_of(x_next[tid // row_threads, col]), T.address_of(x[b, first, col])
+                        )
+                T.call_extern("int32", "tkaot_cp_async_commit")
 
             # With "persist", a grid of resident blocks strides over the rows, and with "l2_prefetch" one thread
             # of a row bulk-prefetches the x row it takes next into L2; otherwise a block a row group (one pass)
@@ -276,11 +304,17 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         T.call_extern(
                             "int32", "tkaot_prefetch_l2", T.address_of(x[b, token + grid_x * rows_per_block, 0]), hidden * (16 // vec)
                         )
+                if smem_prefetch:
+                    T.call_extern("int32", "tkaot_cp_async_wait_all")
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
                     if token < num_tokens and (exact or col < hidden):
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = x[b, token, col + j]
+                        if smem_prefetch:
+                            for j in T.vectorized(vec):
+                                x_reg[v, j] = x_next[tid // row_threads, col + j]
+                        else:
+                            for j in T.vectorized(vec):
+                                x_reg[v, j] = x[b, token, col + j]
                         if has_residual != 0:
                             for j in T.vectorized(vec):
                                 r_reg[j] = residual[b, token, col + j]
@@ -317,6 +351,20 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                     for w in T.unroll(row_warps):
                         acc += warp_sums[tid // row_threads, w]
                 inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc / hidden + eps))
+                if smem_prefetch:
+                    # This thread's vectors of the row it takes next pass, in flight while this row computes;
+                    # issued after the row reduction, which has consumed every value read from x_next (and, over
+                    # several warps, passed a barrier), so the copies cannot overwrite them early
+                    for v in T.unroll(vecs_per_thread):
+                        col = (v * row_threads + lane) * vec
+                        if token + grid_x * rows_per_block < num_tokens and (exact or col < hidden):
+                            T.call_extern(
+                                "int32",
+                                "tkaot_cp_async16",
+                                T.address_of(x_next[tid // row_threads, col]),
+                                T.address_of(x[b, token + grid_x * rows_per_block, col]),
+                            )
+                    T.call_extern("int32", "tkaot_cp_async_commit")
                 if has_rstd != 0 and lane == 0 and token < num_tokens:
                     rstd[b, token] = inv_rms
 
