@@ -29,6 +29,7 @@ import tilelang.language as T
 from kernels_src.axes import Axis
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
+from kernels_src.norm.row_sum import row_sum
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "norm_cast"
@@ -274,7 +275,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             if pairs:
                 yv = T.alloc_local((vec,), T.float32)
                 word = T.alloc_var(T.uint32)
-            acc = T.alloc_var(T.float32, init=0.0)
+            acc = T.alloc_local((1,), T.float32)
+            acc[0] = 0.0
             amax = T.alloc_var(T.float32)
             scale = T.alloc_var(T.float32)
             if lean_sf:
@@ -299,7 +301,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             for it in T.serial(passes):
                 token = (it * grid_x + block) * rows_per_block + tid // row_threads
                 if persist:
-                    acc = 0.0
+                    acc[0] = 0.0
                     if l2_prefetch and lane == 0 and token + grid_x * rows_per_block < num_tokens:
                         T.call_extern(
                             "int32", "tkaot_prefetch_l2", T.address_of(x[b, token + grid_x * rows_per_block, 0]), hidden * (16 // vec)
@@ -339,18 +341,10 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         for j in T.vectorized(vec):
                             part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
                     for j in T.unroll(vec):
-                        acc += part[j]
+                        acc[0] += part[j]
 
-                for i in T.unroll(lanes.bit_length() - 1):
-                    acc += T.shfl_xor(acc, lanes >> (i + 1))
-                if row_warps > 1:
-                    if lane % 32 == 0:
-                        warp_sums[tid // row_threads, lane // 32] = acc
-                    T.sync_threads()
-                    acc = 0.0
-                    for w in T.unroll(row_warps):
-                        acc += warp_sums[tid // row_threads, w]
-                inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc / hidden + eps))
+                row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
+                inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / hidden + eps))
                 if smem_prefetch:
                     # This thread's vectors of the row it takes next pass, in flight while this row computes;
                     # issued after the row reduction, which has consumed every value read from x_next (and, over

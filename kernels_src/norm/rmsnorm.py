@@ -10,6 +10,7 @@ Tokens and batch are dynamic; `eps` and `out_scale` are runtime scalars.
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.norm.row_sum import row_sum
 
 KERNEL = "rmsnorm"
 OPS = ("tkaot.quant.norm_forward",)
@@ -83,7 +84,8 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
             r_reg = T.alloc_local((vec,), dtype)
             w_reg = T.alloc_local((vec,), dtype)
             part = T.alloc_local((vec,), "float32")
-            acc = T.alloc_var("float32", init=0.0)
+            acc = T.alloc_local((1,), "float32")
+            acc[0] = 0.0
             warp_sums = T.alloc_shared((rows_per_block, row_warps), "float32")
 
             for v in T.unroll(vecs_per_thread):
@@ -105,18 +107,10 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
                 for j in T.vectorized(vec):
                     part[j] = T.cast(x_reg[v, j], "float32") * T.cast(x_reg[v, j], "float32")
                 for j in T.unroll(vec):
-                    acc += part[j]
+                    acc[0] += part[j]
 
-            for i in T.unroll(lanes.bit_length() - 1):
-                acc += T.shfl_xor(acc, lanes >> (i + 1))
-            if row_warps > 1:
-                if lane % 32 == 0:
-                    warp_sums[tid // row_threads, lane // 32] = acc
-                T.sync_threads()
-                acc = 0.0
-                for w in T.unroll(row_warps):
-                    acc += warp_sums[tid // row_threads, w]
-            inv_rms = T.alloc_var("float32", init=T.rsqrt(acc / hidden + eps))
+            row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
+            inv_rms = T.alloc_var("float32", init=T.rsqrt(acc[0] / hidden + eps))
             if with_rstd:
                 if lane == 0 and token < num_tokens:
                     rstd[b, token] = inv_rms
