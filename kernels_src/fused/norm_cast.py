@@ -30,6 +30,7 @@ from kernels_src.axes import Axis
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
 from kernels_src.norm.row_sum import row_sum
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "norm_cast"
@@ -69,6 +70,7 @@ class Tiling(NamedTuple):
     persist: bool = False
     l2_prefetch: bool = False
     smem_prefetch: bool = False
+    pdl: bool = False
 
 
 TILINGS = {
@@ -88,6 +90,7 @@ TILINGS = {
     "lean8nlbwdp": ("pow2", 8, False, True, True, True, True, True, True, True),
     "lean8nlbwdpf": ("pow2", 8, False, True, True, True, True, True, True, True, True),
     "lean8nlbwds": ("pow2", 8, False, True, True, True, True, True, True, True, False, True),
+    "lean8nlbwdg": ("pow2", 8, False, True, True, True, True, True, True, False, False, False, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
@@ -204,6 +207,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     persist = TILINGS[tiling].persist and min_blocks is not None
     l2_prefetch = persist and TILINGS[tiling].l2_prefetch
     smem_prefetch = persist and TILINGS[tiling].smem_prefetch
+    pdl = TILINGS[tiling].pdl
     grid_x = T.ceildiv(num_tokens, rows_per_block)
     passes = 1
     if persist:
@@ -247,8 +251,10 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean_sf or pairs or words:
-                T.import_source(_DEVICE_HELPERS)
+            if lean_sf or pairs or words or pdl:
+                T.import_source(_DEVICE_HELPERS + (PDL_SOURCE if pdl else ""))
+            if pdl:
+                pdl_entry()
             # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
             T.assume(x_stride % vec == 0)
             T.assume(x_bstride % vec == 0)

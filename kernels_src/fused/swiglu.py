@@ -46,6 +46,7 @@ import tilelang.language as T
 from kernels_src.axes import Axis
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
 
 KERNEL = "swiglu"
@@ -70,6 +71,7 @@ class Tiling:
     contig: bool = False  # a thread's vectors are adjacent columns, one amax, sf and store per group ("chunk")
     per_chunk: bool = False  # one gate check and one weight multiply per chunk, the weight read late
     block_rows: int | None = None  # rows a block (else as many as fit 256 threads)
+    pdl: bool = False  # launched with programmatic dependent launch (kernels_src/pdl.py)
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -88,6 +90,10 @@ TILINGS = {
     "wscc2v4": Tiling(1024, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True),
     "wscc2v9b1": Tiling(
         1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
+    ),
+    "wscc2v9b1g": Tiling(
+        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1,
+        pdl=True,
     ),
 }
 DEFAULT_TILING = "base"
@@ -313,8 +319,11 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
         with T.Kernel(grid, threads=threads) as block:
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean:
-                T.import_source(_DEVICE_HELPERS)
+            pdl = TILINGS[tiling].pdl
+            if lean or pdl:
+                T.import_source((_DEVICE_HELPERS if lean else "") + (PDL_SOURCE if pdl else ""))
+            if pdl:
+                pdl_entry()
             T.assume(x_stride % vec == 0)
             tid = T.get_thread_binding()
             lane = tid % row_threads
