@@ -58,6 +58,11 @@ def nvcc_command(arch: str) -> list[str]:
     return ["nvcc", *NVCC_FLAGS, "-gencode", gencode, "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
 
 
+# Raised when launch_spec reads more from a compiled kernel, so cached entries from before are rebuilt
+# (2: the "pdl" flag)
+LAUNCH_SPEC_VERSION = 2
+
+
 def cache_key(variant: Variant, arch: str, source: str | None = None) -> str:
     """Everything that decides the cubin's bytes, hashed."""
     inputs = {
@@ -68,6 +73,7 @@ def cache_key(variant: Variant, arch: str, source: str | None = None) -> str:
         "tilelang": tilelang_version(),
         "nvcc": nvcc_version(),
         "flags": list(NVCC_FLAGS) + [ARCHES[arch][1]],
+        "launch_spec": LAUNCH_SPEC_VERSION,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -184,9 +190,25 @@ def launch_spec(variant: Variant, prim_func, device_func, kernel_source: str) ->
         grid=grid,
         block=tuple(block),
         smem=int(smem if isinstance(smem, int) else smem.value),
+        pdl=waits_at_entry(kernel_source, [p.name for p in func.params if p.dtype == "handle"], where),
     )
     spec.check()
     return spec
+
+
+def waits_at_entry(kernel_source: str, pointers: list[str], where: str) -> bool:
+    """Whether the kernel runs kernels_src/pdl.py's pdl_entry (griddepcontrol.wait) before it names any of
+    its pointer parameters, so it may be launched with programmatic dependent launch; a kernel that
+    waits later is refused (it would read or write memory the kernel before it still owns)."""
+    if "griddepcontrol.wait" not in kernel_source:
+        return False
+    body = kernel_source[kernel_source.rfind("__global__") :]
+    body = body[body.find("{") + 1 :]
+    before = body.split("tkaot_pdl_wait();", 1)[0]
+    named = [p for p in pointers if re.search(rf"\b{re.escape(p)}\b", before)]
+    if "tkaot_pdl_wait();" not in body or named:
+        raise BuildError(f"{where}: the kernel waits for the grids before it (PDL), but not before it touches {named or 'memory'}")
+    return True
 
 
 def nvcc_compile(source: str, arch: str, where: str) -> bytes:

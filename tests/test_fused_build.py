@@ -3,6 +3,7 @@ the ops' argument lists, bad input is refused before launch, and the references 
 independent formulations."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,8 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1")),
-    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwd")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1g")),
+    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwdg")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _swiglu._SWIGLU, "norm_cast": _norm_cast._NORM_CAST}
 
@@ -568,3 +569,25 @@ def test_norm_cast_reference_is_per_token_cast_of_norm_forward(round_sf, packed)
     assert q.shape == x.shape and sf.shape == (2, 7, want_sf.shape[-1])
     assert torch.equal(q.flatten(0, 1).view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(sf.flatten(0, 1), want_sf)
+
+
+def test_fused_kernels_wait_at_entry_for_pdl(built):
+    """rotary, swiglu and norm_cast run kernels_src/pdl.py's wait first, so their specs allow PDL launches;
+    in the prebuilt set exactly those kernels do."""
+    for kernel in BUILT:
+        assert LaunchSpec.from_json(built[1][kernel]["launch"]).pdl is True
+    manifest = json.loads((Path(__file__).resolve().parent.parent / "prebuilt" / "sm90" / "manifest.json").read_text())
+    pdl_kernels = {e["kernel"] for e in manifest["variants"] if e["launch"].get("pdl")}
+    assert pdl_kernels == {"rotary", "swiglu", "norm_cast"}
+    assert all(e["launch"].get("pdl") for e in manifest["variants"] if e["kernel"] in pdl_kernels)
+
+
+def test_a_late_wait_is_refused():
+    from build_tools.compile import BuildError, waits_at_entry
+
+    head = '__device__ int tkaot_pdl_wait() { asm volatile("griddepcontrol.wait;"); return 0; }\n'
+    head += 'extern "C" __global__ void k(float* x, float* out);\nextern "C" __global__ void k(float* x, float* out) {\n'
+    assert waits_at_entry(head + "  float r[4];\n  tkaot_pdl_wait();\n  out[0] = x[0];\n}\n", ["x", "out"], "k") is True
+    assert waits_at_entry('extern "C" __global__ void k(float* x) {\n  x[0] = 1;\n}\n', ["x"], "k") is False
+    with pytest.raises(BuildError, match=r"not before it touches \['x'\]"):
+        waits_at_entry(head + "  float r = x[0];\n  tkaot_pdl_wait();\n  out[0] = r;\n}\n", ["x", "out"], "k")

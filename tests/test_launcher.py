@@ -9,6 +9,7 @@ pick the ABI launcher.
 """
 
 import ctypes
+import dataclasses
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from click.testing import CliRunner
 from tkaot import _cuda, _kernel
 from tkaot._kernel import Kernel
 from tkaot._spec import Arg, LaunchSpec, Param, compile_grid
-from tkaot.errors import ArtifactError, CudaDriverError
+from tkaot.errors import ArtifactError, CudaDriverError, ManifestError
 
 try:
     from tkaot import _launch
@@ -45,11 +46,29 @@ CFFI_LAUNCH_TYPE = (
     "CUresult(*)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, "
     "unsigned int, uintptr_t, void **, void **)"
 )
+PDL_ATTRS = ((6, 1),)  # what a pdl launch hands cuLaunchKernelEx: programmatic stream serialization, allowed
+
+
+class LaunchAttribute(ctypes.Structure):  # cuda.h's CUlaunchAttribute
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):  # cuda.h's CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint), ("stream", ctypes.c_size_t),
+        ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint),
+    ]  # fmt: skip
+
+
+LAUNCH_EX_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p
+)
 
 
 class FakeDriver:
     """A C-callable cuLaunchKernel that records each launch (bytes of every parameter included) and
-    returns the next code of `codes` (0 once they run out); both launchers call it."""
+    returns the next code of `codes` (0 once they run out); both launchers call it. Its
+    cuLaunchKernelEx records the same, and the (id, first value word) of every launch attribute."""
 
     def __init__(self):
         self.sizes: list[int] = []
@@ -59,12 +78,21 @@ class FakeDriver:
         self.callback = LAUNCH_TYPE(self._launch)  # kept alive as long as the driver
         self.address = ctypes.cast(self.callback, ctypes.c_void_p).value
         self.cuLaunchKernel = _cuda.ffi.cast(CFFI_LAUNCH_TYPE, self.address)
+        self.callback_ex = LAUNCH_EX_TYPE(self._launch_ex)
+        self.ex_address = ctypes.cast(self.callback_ex, ctypes.c_void_p).value
+        self.cuLaunchKernelEx = _cuda.ffi.cast("CUresult(*)(const CUlaunchConfig *, CUfunction, void **, void **)", self.ex_address)
         self._names = {}
 
     def _launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         data = tuple(ctypes.string_at(params[i], size) for i, size in enumerate(self.sizes))
         self.calls.append((threading.get_ident(), fn, (gx, gy, gz), (bx, by, bz), smem, stream, data, extra))
         return self.codes.pop(0) if self.codes else 0
+
+    def _launch_ex(self, config, fn, params, extra):
+        c = config.contents
+        result = self._launch(fn, *c.grid, *c.block, c.smem, c.stream, params, extra)
+        self.calls[-1] += (tuple((c.attrs[i].id, c.attrs[i].value[0]) for i in range(c.num_attrs)),)
+        return result
 
     def _string(self, text: str, out) -> int:
         out[0] = self._names.setdefault(text, _cuda.ffi.new("char[]", text.encode()))
@@ -82,7 +110,7 @@ def driver(monkeypatch):
     fake = FakeDriver()
     monkeypatch.setattr(_cuda, "_lib", fake)
     monkeypatch.setattr(_cuda, "lib", lambda: fake)
-    monkeypatch.setattr(_cuda, "launch_address", lambda: fake.address)
+    monkeypatch.setattr(_cuda, "launch_address", lambda pdl=False: fake.ex_address if pdl else fake.address)
     monkeypatch.setattr(_cuda, "ensure_context", fake.contexts.append)
     monkeypatch.setattr(Kernel, "load", lambda self, device: self.functions.setdefault(device, _cuda.ffi.cast("CUfunction", FUNCTION)))
     return fake
@@ -124,25 +152,26 @@ def values_for(spec: LaunchSpec, arg_names, rng: random.Random, dims=(1, 4097)) 
     return tuple(out)
 
 
-def expected(spec: LaunchSpec, arg_names, values, stream=0x5EED) -> tuple:
+def expected(spec: LaunchSpec, arg_names, values, stream=0x5EED, pdl=False) -> tuple:
     """The record the driver must see, (function, grid, block, smem, stream, parameter bytes, extra),
-    computed from the spec alone; None if the grid is empty (nothing launched)."""
+    and with `pdl` the launch attributes, computed from the spec alone; None if the grid is empty
+    (nothing launched)."""
     by_name = dict(zip(arg_names, values))
     grid = compile_grid(spec.grid, arg_names, {a.name for a in spec.args if a.role == "dim"})(values)
     if min(grid) <= 0:
         return None
     data = tuple(struct.pack(CODES[p.type], by_name[p.name]) for p in spec.params)
-    return FUNCTION, grid, spec.block, spec.smem, stream, data, None
+    return (FUNCTION, grid, spec.block, spec.smem, stream, data, None) + ((PDL_ATTRS,) if pdl else ())
 
 
-def launch_both(driver, spec, arg_names, values, stream=0x5EED):
+def launch_both(driver, spec, arg_names, values, stream=0x5EED, pdl=None):
     """Launch through the ABI and the compiled launcher; return each one's record."""
     driver.sizes = [SIZES[p.type] for p in spec.params]
     kernel = make_kernel(spec)
     records = []
     for kind in ("abi", "compiled"):
         driver.calls.clear()
-        kernel.bind(arg_names, kind)(0, stream, *values)
+        kernel.bind(arg_names, kind, pdl)(0, stream, *values)
         records.append(list(driver.calls))
     return records
 
@@ -155,6 +184,52 @@ def test_compiled_packs_what_the_abi_launcher_packs(driver):
         abi, compiled = launch_both(driver, SPEC, ARGS, values)
         # records hold bytes, not floats: a NaN parameter compares by its bits
         assert [c[1:] for c in compiled] == [c[1:] for c in abi] == [expected(SPEC, ARGS, values)]
+
+
+@needs_ext
+def test_pdl_launches_go_through_cuLaunchKernelEx_alike_both_ways(driver, monkeypatch):
+    """A pdl spec: cuLaunchKernelEx with the same launch, plus programmatic stream serialization allowed;
+    TKAOT_PDL=0 (PDL_ALLOWED false) or pdl=False: plain cuLaunchKernel. A spec without pdl refuses it."""
+    pdl_spec = dataclasses.replace(SPEC, pdl=True)
+    rng = random.Random(7)
+    for _ in range(100):
+        values = values_for(pdl_spec, ARGS, rng)
+        want = expected(pdl_spec, ARGS, values, pdl=True)
+        abi, compiled = launch_both(driver, pdl_spec, ARGS, values)
+        assert [c[1:] for c in compiled] == [c[1:] for c in abi] == ([want] if want else [])
+        abi, compiled = launch_both(driver, pdl_spec, ARGS, values, pdl=False)
+        assert [c[1:] for c in compiled] == [c[1:] for c in abi] == [expected(pdl_spec, ARGS, values)]
+    monkeypatch.setattr(_kernel, "PDL_ALLOWED", False)
+    abi, compiled = launch_both(driver, pdl_spec, ARGS, values)
+    assert [c[1:] for c in compiled] == [c[1:] for c in abi] == [expected(pdl_spec, ARGS, values)]
+    for kind in ("abi", "compiled"):
+        with pytest.raises(ValueError, match="cannot be launched with PDL"):
+            make_kernel(SPEC).bind(ARGS, kind, pdl=True)
+    # a driver error names cuLaunchKernelEx
+    for kind in ("abi", "compiled"):
+        driver.codes = [700]
+        with pytest.raises(CudaDriverError, match=r"cuLaunchKernelEx\(fake \[key=1\]\) failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+            make_kernel(pdl_spec).bind(ARGS, kind, True)(0, 0, *values)
+    launch = make_kernel(pdl_spec).bind(ARGS, "compiled", True)
+    assert launch.__self__.pdl is True and make_kernel(pdl_spec).bind(ARGS, "compiled", False).__self__.pdl is False
+
+
+def test_pdl_setting(monkeypatch):
+    for value, allowed in (("", True), ("1", True), ("0", False)):
+        monkeypatch.setenv("TKAOT_PDL", value)
+        assert _kernel._pdl_allowed() is allowed
+    monkeypatch.setenv("TKAOT_PDL", "off")
+    with pytest.raises(ValueError, match="TKAOT_PDL='off'"):
+        _kernel._pdl_allowed()
+
+
+def test_pdl_in_the_manifest():
+    """Written only when set, read back; anything but a bool is refused."""
+    assert "pdl" not in SPEC.to_json() and LaunchSpec.from_json(SPEC.to_json()).pdl is False
+    pdl_spec = dataclasses.replace(SPEC, pdl=True)
+    assert pdl_spec.to_json()["pdl"] is True and LaunchSpec.from_json(pdl_spec.to_json()) == pdl_spec
+    with pytest.raises(ManifestError, match="pdl must be true or false"):
+        LaunchSpec.from_json({**SPEC.to_json(), "pdl": 1})
 
 
 def _prebuilt_specs() -> list[LaunchSpec]:
@@ -176,7 +251,8 @@ def test_every_prebuilt_kernel_launches_alike_both_ways(driver):
         for _ in range(5):
             values = values_for(spec, arg_names, rng, dims=(1, 70000))
             abi, compiled = launch_both(driver, spec, arg_names, values)
-            assert [c[1:] for c in compiled] == [c[1:] for c in abi] == [expected(spec, arg_names, values)]
+            want = expected(spec, arg_names, values, pdl=spec.pdl and _kernel.PDL_ALLOWED)
+            assert [c[1:] for c in compiled] == [c[1:] for c in abi] == [want]
 
 
 @needs_ext

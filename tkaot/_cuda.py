@@ -35,6 +35,18 @@ CDEF = (
     CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                             unsigned int sharedMemBytes, uintptr_t hStream, void **kernelParams, void **extra);
+    typedef struct {
+        int id;
+        char pad[4];
+        int value[16];  /* CUlaunchAttributeValue: 64 bytes, 8-byte aligned after the pad */
+    } CUlaunchAttribute;
+    typedef struct {
+        unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+        uintptr_t hStream;
+        CUlaunchAttribute *attrs;
+        unsigned int numAttrs;
+    } CUlaunchConfig;
+    CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
     """
 )
 
@@ -49,6 +61,7 @@ except Exception:  # pragma: no cover - regenerating, or a cffi that cannot read
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_CONTEXT = 201
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 
 _lib = None
@@ -70,9 +83,9 @@ def lib():
     return _lib
 
 
-def launch_address() -> int:
-    """The address of the driver's cuLaunchKernel, for the compiled launcher to call."""
-    return int(ffi.cast("uintptr_t", lib().cuLaunchKernel))
+def launch_address(pdl: bool = False) -> int:
+    """The address of the driver's cuLaunchKernel (cuLaunchKernelEx for `pdl`), for the compiled launcher to call."""
+    return int(ffi.cast("uintptr_t", lib().cuLaunchKernelEx if pdl else lib().cuLaunchKernel))
 
 
 def _check(handle, result: int, call: str) -> None:

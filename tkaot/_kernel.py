@@ -8,6 +8,12 @@ platform wheel) does it all in C with the parameters on its stack; the ABI one
 buffer and a cffi ABI-mode call. The compiled one is used when its .so imports;
 TKAOT_LAUNCHER=abi forces the ABI one, TKAOT_LAUNCHER=compiled refuses to run
 without the compiled one.
+
+A variant whose spec says `pdl` (it waits for the grids ahead of it at entry,
+kernels_src/pdl.py) is launched by both through cuLaunchKernelEx with
+programmatic dependent launch, so its launch and block ramp overlap the tail of
+the kernel before it. TKAOT_PDL=0 launches every kernel plainly (the wait is
+then a no-op).
 """
 
 from __future__ import annotations
@@ -25,6 +31,15 @@ from tkaot.errors import ArtifactError
 _PACK_CODES = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
 _NULL = _cuda.ffi.NULL
 LAUNCHER_ENV = "TKAOT_LAUNCHER"
+PDL_ENV = "TKAOT_PDL"
+
+
+def _pdl_allowed() -> bool:
+    """Whether kernels built for it are launched with programmatic dependent launch (TKAOT_PDL, default 1)."""
+    choice = os.environ.get(PDL_ENV, "")
+    if choice not in ("", "0", "1"):
+        raise ValueError(f"{PDL_ENV}={choice!r}: use 0 (plain launches), 1 or leave it unset (the default, 1)")
+    return choice != "0"
 
 
 def _select_launcher():
@@ -44,6 +59,7 @@ def _select_launcher():
 
 
 _compiled, LAUNCHER_KIND, LAUNCHER_WHY = _select_launcher()
+PDL_ALLOWED = _pdl_allowed()
 
 
 class Kernel:
@@ -83,21 +99,27 @@ class Kernel:
                 self.functions[device_index] = fn
             return fn
 
-    def bind(self, arg_names: tuple[str, ...], kind: str | None = None):
+    def bind(self, arg_names: tuple[str, ...], kind: str | None = None, pdl: bool | None = None):
         """A callable launcher(device_index, stream, *values in arg_names order) -> None.
 
         `kind` is "compiled" or "abi"; by default the one this process selected (LAUNCHER_KIND).
+        `pdl`: launch with programmatic dependent launch; by default when the spec allows it and
+        TKAOT_PDL does not say 0. A spec without `pdl` is never launched so (ValueError).
         """
         kind = kind or LAUNCHER_KIND
+        pdl = self.spec.pdl and PDL_ALLOWED if pdl is None else pdl
+        if pdl and not self.spec.pdl:
+            raise ValueError(f"{self} does not wait for the kernel before it, so it cannot be launched with PDL")
         if kind == "abi":
-            return Launcher(self, arg_names)
+            return Launcher(self, arg_names, pdl)
         if kind != "compiled" or _compiled is None:
             raise ValueError(f"launcher kind {kind!r} is not available here (this process uses {LAUNCHER_KIND!r}: {LAUNCHER_WHY})")
         types, param_values = _layout(self, arg_names)
         dims = {a.name for a in self.spec.args if a.role == "dim"}
         launcher = _compiled.Launcher(
             "".join(_PACK_CODES[t] for t in types), bytes(param_values), grid_program(self.spec.grid, arg_names, dims),
-            self.spec.block, self.spec.smem, self._addresses, self._launch_failed, self, arg_names,
+            self.spec.block, self.spec.smem, self._pdl_addresses if pdl else self._addresses, self._launch_failed, self,
+            arg_names, pdl,
         )  # fmt: skip
         # The bound method: a call through it skips the tuple a call of the object would build.
         return launcher.launch
@@ -107,13 +129,18 @@ class Kernel:
         fn = self.load(device_index)
         return _cuda.launch_address(), int(_cuda.ffi.cast("uintptr_t", fn))
 
+    def _pdl_addresses(self, device_index: int) -> tuple[int, int]:
+        """_addresses for a pdl launcher: (cuLaunchKernelEx, CUfunction)."""
+        fn = self.load(device_index)
+        return _cuda.launch_address(pdl=True), int(_cuda.ffi.cast("uintptr_t", fn))
+
     def _launch_failed(self, launcher, result: int, device_index: int, stream: int, *values) -> None:
         """The compiled launcher's error path: the same retry and message as the ABI launcher's."""
         if result == _cuda.CUDA_ERROR_INVALID_CONTEXT:
             # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
             _cuda.ensure_context(device_index)
             result = launcher.try_launch(device_index, stream, *values)
-        _cuda.check(result, f"cuLaunchKernel({self.kernel} [{self.key}])")
+        _cuda.check(result, f"{'cuLaunchKernelEx' if launcher.pdl else 'cuLaunchKernel'}({self.kernel} [{self.key}])")
 
 
 def _layout(kernel: Kernel, arg_names: tuple[str, ...]) -> tuple[list[str], list[int]]:
@@ -133,9 +160,11 @@ def _layout(kernel: Kernel, arg_names: tuple[str, ...]) -> tuple[list[str], list
 class Launcher:
     """The ABI launcher: launches one Kernel with values given positionally in `arg_names` order."""
 
-    __slots__ = ("kernel", "arg_names", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls", "_launch")
+    __slots__ = (
+        "kernel", "arg_names", "pdl", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls", "_launch",
+    )  # fmt: skip
 
-    def __init__(self, kernel: Kernel, arg_names: tuple[str, ...]):
+    def __init__(self, kernel: Kernel, arg_names: tuple[str, ...], pdl: bool = False):
         spec = kernel.spec
         types, param_values = _layout(kernel, arg_names)
         offsets = []
@@ -143,7 +172,7 @@ class Launcher:
         for t in types:
             offsets.append(pos)
             pos += struct.calcsize("=" + _PACK_CODES[t])
-        self.kernel, self.arg_names = kernel, arg_names
+        self.kernel, self.arg_names, self.pdl = kernel, arg_names, pdl
         self._pack_into = struct.Struct("=" + "".join(_PACK_CODES[t] for t in types)).pack_into
         self._size = pos
         self._offsets = tuple(offsets[i] for i in param_values)
@@ -153,7 +182,7 @@ class Launcher:
         self._smem = spec.smem
         self._functions = kernel.functions
         self._tls = threading.local()
-        self._launch = None  # the driver's cuLaunchKernel, bound at the first launch
+        self._launch = None  # the driver's cuLaunchKernel (or _launch_pdl), bound at the first launch
 
     def _buffers(self):
         storage = bytearray(self._size)
@@ -177,15 +206,31 @@ class Launcher:
         fn = self._functions.get(device_index)
         if fn is None or self._launch is None:
             fn = self.kernel.load(device_index)
-            self._launch = _cuda.lib().cuLaunchKernel
+            self._launch = self._launch_pdl if self.pdl else _cuda.lib().cuLaunchKernel
         bx, by, bz = self._block
         result = self._launch(fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _NULL)
         if result:
             self._retry(result, device_index, (fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _NULL))
+
+    def _launch_pdl(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
+        """cuLaunchKernel's arguments, launched through cuLaunchKernelEx with programmatic dependent launch."""
+        try:
+            config = self._tls.config
+        except AttributeError:
+            attr = _cuda.ffi.new("CUlaunchAttribute *")
+            attr.id = _cuda.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value[0] = 1
+            config = _cuda.ffi.new("CUlaunchConfig *")
+            config.attrs, config.numAttrs = attr, 1
+            self._tls.config, self._tls.attr = config, attr
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+        config.sharedMemBytes, config.hStream = smem, stream
+        return _cuda.lib().cuLaunchKernelEx(config, fn, params, extra)
 
     def _retry(self, result: int, device_index: int, launch_args: tuple) -> None:
         if result == _cuda.CUDA_ERROR_INVALID_CONTEXT:
             # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
             _cuda.ensure_context(device_index)
             result = self._launch(*launch_args)
-        _cuda.check(result, f"cuLaunchKernel({self.kernel.kernel} [{self.kernel.key}])")
+        _cuda.check(result, f"{'cuLaunchKernelEx' if self.pdl else 'cuLaunchKernel'}({self.kernel.kernel} [{self.kernel.key}])")

@@ -8,9 +8,15 @@
    parameters before it returns). Only the CPython Limited API of 3.11 is
    used, so one abi3 .so serves 3.11 and later.
 
+   A launcher made with pdl=1 calls cuLaunchKernelEx instead, with the
+   programmatic-stream-serialization attribute (programmatic dependent
+   launch: the kernel may start while the one ahead of it finishes; it waits
+   for it itself, see kernels_src/pdl.py); the launch config and its one
+   attribute are on the stack too.
+
    Python keeps the slow paths: `loader(device)` loads the module the first
-   time a device is seen and returns (cuLaunchKernel address, CUfunction
-   address); `on_error(launcher, result, device, stream, *values)` turns a
+   time a device is seen and returns (cuLaunchKernel or, for pdl,
+   cuLaunchKernelEx address, CUfunction address); `on_error(launcher, result, device, stream, *values)` turns a
    non-zero CUresult into an exception (after a context retry).
 
    Build: see the Makefile's `ext` target. */
@@ -28,6 +34,26 @@
 
 typedef int (*launch_fn)(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                          unsigned int bz, unsigned int smem, uintptr_t stream, void **params, void **extra);
+
+/* cuLaunchKernelEx and the parts of its config tkaot fills (cuda.h's layout: the attribute value, a 64-byte
+   union, starts 8 bytes in) */
+#define CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
+typedef struct {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int programmatic_stream_serialization_allowed;
+        uint64_t align;
+    } value;
+} launch_attribute;
+typedef struct {
+    unsigned int grid[3], block[3], smem;
+    uintptr_t stream;
+    launch_attribute *attrs;
+    unsigned int num_attrs;
+} launch_config;
+typedef int (*launch_ex_fn)(const launch_config *config, void *f, void **params, void **extra);
 
 /* value types: the struct codes of tkaot._kernel._PACK_CODES */
 enum { V_PTR = 'Q', V_I64 = 'q', V_I32 = 'i', V_F32 = 'f' };
@@ -51,7 +77,8 @@ typedef union {
 
 typedef struct {
     PyObject_HEAD
-    launch_fn launch; /* set by the first loader call */
+    void *launch; /* cuLaunchKernel (launch_fn) or, for pdl, cuLaunchKernelEx (launch_ex_fn); set by the first loader call */
+    int pdl;
     Py_ssize_t nvalues, nparams, nsteps;
     unsigned int block[3], smem;
     unsigned char types[MAX_VALUES];
@@ -65,6 +92,12 @@ static int noop_launch(void *f, unsigned int gx, unsigned int gy, unsigned int g
                        unsigned int bz, unsigned int smem, uintptr_t stream, void **params, void **extra)
 {
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)stream, (void)params, (void)extra;
+    return 0;
+}
+
+static int noop_launch_ex(const launch_config *config, void *f, void **params, void **extra)
+{
+    (void)config, (void)f, (void)params, (void)extra;
     return 0;
 }
 
@@ -109,13 +142,14 @@ bad:
 
 static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"fmt", "params", "grid", "block", "smem", "loader", "on_error", "kernel", "arg_names", NULL};
+    static char *names[] = {"fmt", "params", "grid", "block", "smem", "loader", "on_error", "kernel", "arg_names", "pdl", NULL};
     const char *fmt, *params, *grid;
     Py_ssize_t nfmt, nparams, ngrid;
     unsigned int bx, by, bz, smem;
     PyObject *loader, *on_error, *kernel = Py_None, *arg_names = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s#y#y#(III)IOO|OO", names, &fmt, &nfmt, &params, &nparams, &grid, &ngrid,
-                                     &bx, &by, &bz, &smem, &loader, &on_error, &kernel, &arg_names))
+    int pdl = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s#y#y#(III)IOO|OOp", names, &fmt, &nfmt, &params, &nparams, &grid, &ngrid,
+                                     &bx, &by, &bz, &smem, &loader, &on_error, &kernel, &arg_names, &pdl))
         return NULL;
     if (nfmt > MAX_VALUES || nparams > nfmt || ngrid % sizeof(grid_step) || ngrid / (Py_ssize_t)sizeof(grid_step) > MAX_GRID_STEPS) {
         PyErr_SetString(PyExc_ValueError, "too many values, parameters or grid steps for the compiled launcher");
@@ -131,6 +165,7 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->nparams = nparams;
     self->nsteps = ngrid / (Py_ssize_t)sizeof(grid_step);
     self->block[0] = bx, self->block[1] = by, self->block[2] = bz, self->smem = smem;
+    self->pdl = pdl;
     memcpy(self->grid, grid, ngrid);
     for (Py_ssize_t i = 0; i < nfmt; i++) {
         char c = fmt[i];
@@ -352,17 +387,34 @@ static int try_launch(Launcher *self, PyObject *const *args, Py_ssize_t nargs, i
             PyErr_SetString(PyExc_ValueError, "loader returned a null address");
             return -1;
         }
-        self->launch = (launch_fn)(uintptr_t)launch_address;
+        self->launch = (void *)(uintptr_t)launch_address;
         self->functions[device] = fn = (void *)(uintptr_t)fn_address;
     }
     void *params[MAX_VALUES];
     for (Py_ssize_t i = 0; i < self->nparams; i++) params[i] = &values[self->param_value[i]];
-    launch_fn launch = self->launch;
     int r;
-    Py_BEGIN_ALLOW_THREADS
-    r = launch(fn, (unsigned int)grid[0], (unsigned int)grid[1], (unsigned int)grid[2], self->block[0], self->block[1],
-               self->block[2], self->smem, (uintptr_t)stream, params, NULL);
-    Py_END_ALLOW_THREADS
+    if (self->pdl) {
+        launch_attribute attr;
+        memset(&attr, 0, sizeof attr);
+        attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmatic_stream_serialization_allowed = 1;
+        launch_config config = {{(unsigned int)grid[0], (unsigned int)grid[1], (unsigned int)grid[2]},
+                                {self->block[0], self->block[1], self->block[2]},
+                                self->smem,
+                                (uintptr_t)stream,
+                                &attr,
+                                1};
+        launch_ex_fn launch_ex = (launch_ex_fn)self->launch;
+        Py_BEGIN_ALLOW_THREADS
+        r = launch_ex(&config, fn, params, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        launch_fn launch = (launch_fn)self->launch;
+        Py_BEGIN_ALLOW_THREADS
+        r = launch(fn, (unsigned int)grid[0], (unsigned int)grid[1], (unsigned int)grid[2], self->block[0], self->block[1],
+                   self->block[2], self->smem, (uintptr_t)stream, params, NULL);
+        Py_END_ALLOW_THREADS
+    }
     *result = r;
     return 0;
 }
@@ -445,6 +497,12 @@ static PyObject *get_kernel(Launcher *self, void *closure)
     return self->kernel;
 }
 
+static PyObject *get_pdl(Launcher *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->pdl);
+}
+
 static PyObject *get_arg_names(Launcher *self, void *closure)
 {
     (void)closure;
@@ -464,6 +522,7 @@ static PyMethodDef launcher_methods[] = {
 static PyGetSetDef launcher_getset[] = {
     {"kernel", (getter)get_kernel, NULL, "the Kernel this launches", NULL},
     {"arg_names", (getter)get_arg_names, NULL, "the op's argument order", NULL},
+    {"pdl", (getter)get_pdl, NULL, "whether launches go through cuLaunchKernelEx with programmatic dependent launch", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -474,7 +533,7 @@ static PyType_Slot launcher_slots[] = {
     {Py_tp_repr, launcher_repr},
     {Py_tp_methods, launcher_methods},
     {Py_tp_getset, launcher_getset},
-    {Py_tp_doc, "Launcher(fmt, params, grid, (bx, by, bz), smem, loader, on_error, kernel=None, arg_names=None)\n\n"
+    {Py_tp_doc, "Launcher(fmt, params, grid, (bx, by, bz), smem, loader, on_error, kernel=None, arg_names=None, pdl=False)\n\n"
                 "fmt: one struct code per value (Q ptr, q i64, i i32, f f32); params: bytes, the value index of each "
                 "kernel parameter; grid: the postfix program of tkaot._spec.grid_program."},
     {0, NULL},
@@ -503,6 +562,11 @@ static int exec_module(PyObject *module)
         Py_XDECREF(noop);
         return -1;
     }
+    PyObject *noop_ex = PyLong_FromVoidPtr((void *)(uintptr_t)noop_launch_ex);
+    if (noop_ex == NULL || PyModule_AddObject(module, "NOOP_LAUNCH_EX", noop_ex) < 0) {
+        Py_XDECREF(noop_ex);
+        return -1;
+    }
     return 0;
 }
 
@@ -514,7 +578,8 @@ static PyModuleDef_Slot module_slots[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     "tkaot._launch",
-    "The compiled launch path (see tkaot/_kernel.py); NOOP_LAUNCH is a cuLaunchKernel stand-in for benchmarks and tests.",
+    "The compiled launch path (see tkaot/_kernel.py); NOOP_LAUNCH and NOOP_LAUNCH_EX are cuLaunchKernel and cuLaunchKernelEx "
+    "stand-ins for benchmarks and tests.",
     0,
     NULL,
     module_slots,

@@ -46,9 +46,13 @@ class LaunchSpec:
     grid: tuple[str, str, str]
     block: tuple[int, int, int]
     smem: int
+    # The kernel waits for the grids ahead of it before it touches memory (kernels_src/pdl.py), so it may be
+    # launched with programmatic dependent launch. Written only when set: a manifest without it, or a
+    # runtime that does not read it, launches the kernel plainly, which is always correct.
+    pdl: bool = False
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "symbol": self.symbol,
             "params": [[p.name, p.type] for p in self.params],
             "args": [[a.name, a.role, a.type] for a in self.args],
@@ -56,6 +60,9 @@ class LaunchSpec:
             "block": list(self.block),
             "smem": self.smem,
         }
+        if self.pdl:
+            data["pdl"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> LaunchSpec:
@@ -67,6 +74,7 @@ class LaunchSpec:
                 grid=tuple(str(g) for g in data["grid"]),
                 block=tuple(int(b) for b in data["block"]),
                 smem=int(data["smem"]),
+                pdl=data.get("pdl", False),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"malformed launch spec: {exc!r}") from None
@@ -94,6 +102,8 @@ class LaunchSpec:
             check_grid_expr(expr, dims)
         if not all(0 < b <= 1024 for b in self.block) or self.smem < 0:
             raise ManifestError(f"bad block {self.block} or shared memory {self.smem}")
+        if type(self.pdl) is not bool:
+            raise ManifestError(f"pdl must be true or false, got {self.pdl!r}")
 
 
 def check_grid_expr(text: str, names: set[str]) -> ast.expr:

@@ -10,11 +10,15 @@ Runtime flags instead of static axes, to keep the variant count small:
 `has_positions` (else the position is the token index), `conjugate` (negates
 sin). Positions are read as int32 words with a runtime element stride, so
 int64 positions are read through their low word (stride 2).
+
+Launched with programmatic dependent launch (kernels_src/pdl.py): the kernel
+waits for the grids before it at entry.
 """
 
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 
 KERNEL = "rotary"
 OPS = ("tkaot.transform.apply_rotary",)
@@ -59,6 +63,8 @@ def build(rot_dim: int, dtype: str, interleaved: bool):
         seqlen_offset: T.int32,
     ):
         with T.Kernel(T.ceildiv(seqlen * num_heads, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
             # Callers guarantee 16-byte aligned head rows and cache rows
             T.assume(x_bstride % vec == 0)
             T.assume(x_stride % vec == 0)
