@@ -34,8 +34,10 @@ INPUT_SETS = 3
 # reduction ("nl", no preload: fewer registers) at 6-8 blocks an SM.
 # Run 19: norm_cast rows over 7 warps (4 vectors a thread) at 5-6 blocks an SM; run 20: 9-10 blocks. Candidates
 # of the next run go here; the shipped tilings and their predecessors as controls:
-SWIGLU_TILINGS = ("wsc2v5", "wscc2v9b1")
-NORM_CAST_TILINGS = ("lean6plbwd", "lean8nlbwd", "lean8nlbwdp", "lean8nlbwdpf", "lean8nlbwds")
+# Run 21: the persistent norm_cast tilings (p, pf, s) 60.4-79.0 µs against lean8nlbwd 49.5. Run 22: with the
+# PDL wait at entry ("g", launched with programmatic dependent launch) at 7-9 blocks an SM, persistent too.
+SWIGLU_TILINGS = ("wscc2v9b1", "wscc2v9b1g")
+NORM_CAST_TILINGS = ("lean8nlbwd", "lean8nlbwdg", "lean7nlbwdg", "lean9nlbwdg", "lean8nlbwdpg", "lean8nlbwdsg")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)

@@ -91,6 +91,10 @@ TILINGS = {
     "lean8nlbwdpf": ("pow2", 8, False, True, True, True, True, True, True, True, True),
     "lean8nlbwds": ("pow2", 8, False, True, True, True, True, True, True, True, False, True),
     "lean8nlbwdg": ("pow2", 8, False, True, True, True, True, True, True, False, False, False, True),
+    "lean7nlbwdg": ("pow2", 7, False, True, True, True, True, True, True, False, False, False, True),
+    "lean9nlbwdg": ("pow2", 9, False, True, True, True, True, True, True, False, False, False, True),
+    "lean8nlbwdpg": ("pow2", 8, False, True, True, True, True, True, True, True, False, False, True),
+    "lean8nlbwdsg": ("pow2", 8, False, True, True, True, True, True, True, True, False, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
