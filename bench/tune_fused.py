@@ -35,9 +35,11 @@ INPUT_SETS = 3
 # Run 19: norm_cast rows over 7 warps (4 vectors a thread) at 5-6 blocks an SM; run 20: 9-10 blocks. Candidates
 # of the next run go here; the shipped tilings and their predecessors as controls:
 # Run 21: the persistent norm_cast tilings (p, pf, s) 60.4-79.0 µs against lean8nlbwd 49.5. Run 22: with the
-# PDL wait at entry ("g", launched with programmatic dependent launch) at 7-9 blocks an SM, persistent too.
+# PDL wait at entry ("g", launched with programmatic dependent launch) at 7-9 blocks an SM, persistent too:
+# g 47.7-48.1, 7 blocks 48.6-49.0, 9 blocks 48.2-48.4, persistent 59.8-60.5 (lean8nlbwd 49.5-49.8; a weight
+# shared by every call). Run 23: a weight per input set; "w", the weight's lines prefetched into L2 at entry.
 SWIGLU_TILINGS = ("wscc2v9b1", "wscc2v9b1g")
-NORM_CAST_TILINGS = ("lean8nlbwd", "lean8nlbwdg", "lean7nlbwdg", "lean9nlbwdg", "lean8nlbwdpg", "lean8nlbwdsg")
+NORM_CAST_TILINGS = ("lean8nlbwd", "lean8nlbwdg", "lean8nlbwdgw", "lean9nlbwdg", "lean9nlbwdgw")
 # Gates outside the lean division's exact range (zeros, tiny, below -64, huge) and ones whose
 # 1 + exp(-g) may have an all-ones mantissa (2**-23, 2**-21, about -ln 3)
 EDGE_GATES = (0.0, -0.0, 2.0**-23, 2.0**-21, -1.0986, 1e-30, -1e-30, -70.0, -100.0, 1e30, 3.0, -3.0)
@@ -87,15 +89,23 @@ def _edge_verdict(edge: dict) -> str:
 
 
 def _norm_cast_rows() -> list[tuple[str, float | None, str]]:
-    weight = torch.randn(NORM_HIDDEN, dtype=torch.bfloat16, device="cuda")
-    inputs = [{"x": torch.randn(TOKENS, NORM_HIDDEN, dtype=torch.bfloat16, device="cuda") * 3} for _ in range(INPUT_SETS)]
+    # Each input set has its own weight, as bench/cases/fused.py's (and a model's layers) do: a weight shared by
+    # every call stays in L2, which hides the weight's first read (runs before 23 shared one, 1.5 µs faster)
+    def norm_set():
+        return {
+            "x": torch.randn(TOKENS, NORM_HIDDEN, dtype=torch.bfloat16, device="cuda") * 3,
+            "w": torch.randn(NORM_HIDDEN, dtype=torch.bfloat16, device="cuda"),
+        }
+
+    inputs = [norm_set() for _ in range(INPUT_SETS)]
+    weight = inputs[0]["w"]
     nbytes = TOKENS * NORM_HIDDEN * (2 + 1) + TOKENS * (NORM_HIDDEN // 32) * 4 + NORM_HIDDEN * 2
     rows = []
     for tiling in NORM_CAST_TILINGS:
         _fused.NORM_CAST_TILING = tiling
 
         def call(a):
-            return tkaot.quant.norm_forward_and_per_token_cast(a["x"], weight, 1e-6, "e4m3", 32)
+            return tkaot.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32)
 
         def check(_):
             # The kernel's own rstd goes into the reference, so the cast is compared bit for bit; out_scale 1
@@ -117,7 +127,7 @@ def _norm_cast_rows() -> list[tuple[str, float | None, str]]:
     _fused.NORM_CAST_TILING = "base"
 
     def plain(a):
-        return tkaot.quant.norm_forward(a["x"], weight, 1e-6)
+        return tkaot.quant.norm_forward(a["x"], a["w"], 1e-6)
 
     rows.append(_measure("norm_forward (anchor)", plain, inputs, 2 * TOKENS * NORM_HIDDEN * 2 + NORM_HIDDEN * 2, lambda _: "-"))
     return rows
@@ -129,9 +139,11 @@ def _peer_rows() -> list[tuple[str, float | None, str]]:
         import tile_kernels as tk
     except ImportError:
         return []
-    weight = torch.randn(NORM_HIDDEN, dtype=torch.bfloat16, device="cuda")
     swiglu_inputs = [{"x": torch.randn(TOKENS, 2 * SWIGLU_HIDDEN, dtype=torch.bfloat16, device="cuda")} for _ in range(INPUT_SETS)]
-    norm_inputs = [{"x": torch.randn(TOKENS, NORM_HIDDEN, dtype=torch.bfloat16, device="cuda") * 3} for _ in range(INPUT_SETS)]
+    norm_inputs = [
+        {"x": torch.randn(TOKENS, NORM_HIDDEN, device="cuda").bfloat16() * 3, "w": torch.randn(NORM_HIDDEN, device="cuda").bfloat16()}
+        for _ in range(INPUT_SETS)
+    ]
     swiglu_bytes = TOKENS * SWIGLU_HIDDEN * (2 * 2 + 1) + TOKENS * (SWIGLU_HIDDEN // 128) * 4
     norm_bytes = TOKENS * NORM_HIDDEN * (2 + 1) + TOKENS * (NORM_HIDDEN // 32) * 4 + NORM_HIDDEN * 2
 
@@ -139,7 +151,7 @@ def _peer_rows() -> list[tuple[str, float | None, str]]:
         return tk.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128)
 
     def norm_cast(a):
-        return tk.quant.norm_forward_and_per_token_cast(a["x"], weight, 1e-6, "e4m3", 32)
+        return tk.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32)
 
     return [
         _measure("TileKernels swiglu+cast", swiglu, swiglu_inputs, swiglu_bytes, lambda _: "-"),

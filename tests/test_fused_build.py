@@ -21,7 +21,7 @@ from tkaot.errors import NoGPUError
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
     "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1g")),
-    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwdg")),
+    "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwdgw")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _swiglu._SWIGLU, "norm_cast": _norm_cast._NORM_CAST}
 
@@ -66,7 +66,7 @@ def test_swiglu_launch_spec(built):
 
 def test_norm_cast_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["norm_cast"]["launch"])
-    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16, tiling lean8nlbwd: a row per block of 4 warps
+    assert spec.grid == ("num_tokens", "batch", "1")  # 7168 bf16, tiling lean8nlbwdgw: a row per block of 4 warps
     assert spec.block == (128, 1, 1)
     types = {p.name: p.type for p in spec.params}
     assert types["eps"] == "f32" and types["has_residual"] == "i32" and types["out_sf"] == "ptr"

@@ -21,7 +21,7 @@ from tkaot._validate import fail
 
 # The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
 SWIGLU_TILING = "wscc2v9b1g"
-NORM_CAST_TILING = "lean8nlbwdg"
+NORM_CAST_TILING = "lean8nlbwdgw"
 
 _IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
 _F32, _I32, _I64, _BF16, _FP8 = torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.float8_e4m3fn

@@ -71,6 +71,7 @@ class Tiling(NamedTuple):
     l2_prefetch: bool = False
     smem_prefetch: bool = False
     pdl: bool = False
+    weight_prefetch: bool = False
 
 
 TILINGS = {
@@ -95,6 +96,8 @@ TILINGS = {
     "lean9nlbwdg": ("pow2", 9, False, True, True, True, True, True, True, False, False, False, True),
     "lean8nlbwdpg": ("pow2", 8, False, True, True, True, True, True, True, True, False, False, True),
     "lean8nlbwdsg": ("pow2", 8, False, True, True, True, True, True, True, True, False, True, True),
+    "lean8nlbwdgw": ("pow2", 8, False, True, True, True, True, True, True, False, False, False, True, True),
+    "lean9nlbwdgw": ("pow2", 9, False, True, True, True, True, True, True, False, False, False, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
@@ -105,13 +108,19 @@ TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # NUM_SMS times the resident blocks striding over the rows (needs a blocks count); "l2_prefetch" (with
 # persist), each row's next x row bulk-prefetched into L2 before the row is loaded; "smem_prefetch" (with
 # persist), each thread's vectors of its next row copied into shared memory (cp.async) while the current row
-# computes. lean8nlbwdp, lean8nlbwdpf and lean8nlbwds are candidates built on the CPU, not yet run on a GPU.
+# computes; "pdl", the kernel waits for the grid before it at entry and is launched with programmatic dependent
+# launch (kernels_src/pdl.py); "weight_prefetch", the first NUM_SMS blocks ask L2 for the weight's lines at entry.
 # H200 tuning (bench/results/tuning, 8192x7168 -> e4m3/32): lean6 56.4 µs, lean6pl 50.5 (TileKernels 51.2),
 # 53.5 after its bf16-output fix (TileKernels 51.5); 2026-12-01 runs 12-17: lean6pl 52.5-52.6, early_bf16
 # 52.7, words 50.4-50.9, lean6plbwd (early_bf16, words, lean fp32 sf) 49.98-50.36 (TileKernels 50.5-51.4);
 # runs 18-20: the weight read after the reduction at 8 blocks an SM, lean8nlbwd, 49.5-49.7 (6 and 7 blocks
 # 50.8-51.0, 9 and 10 blocks 49.9-50.1 and 50.7-50.8, rows over 7 warps at 5-6 blocks 51.3-51.9, without
 # early_bf16 49.7-49.8; TileKernels 50.9-51.4).
+# 2026-12-01 runs 21-23 (bench/results/tuning): persistent grids (p, pf, s; with PDL pg, sg) 59.8-79.0; with the PDL
+# wait, lean8nlbwdg 47.7-48.1 while every call shares one weight, but 49.2-49.4 with a weight per input set (as
+# bench/cases/fused.py and a model's layers have; lean8nlbwd 50.0): the weight, read after the row reduction, came
+# from DRAM on the first rows' critical path; prefetched into L2 at entry, lean8nlbwdgw 47.8-47.9 (9 blocks 48.0-
+# 48.1; TileKernels 50.8-50.9, copy ceiling 4.19-4.20 TB/s).
 # Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM
 # (with the preloading tilings of the time).
 AXES = (
@@ -129,6 +138,10 @@ _DEVICE_HELPERS = (
     + BF16_AT
     + """__device__ __forceinline__ int tkaot_prefetch_l2(const void* ptr, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(__cvta_generic_to_global(ptr)), "r"(bytes));
+    return 0;
+}
+__device__ __forceinline__ int tkaot_prefetch_line_l2(const void* ptr) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(__cvta_generic_to_global(ptr)));
     return 0;
 }
 __device__ __forceinline__ int tkaot_cp_async16(void* smem, const void* gmem) {
@@ -212,6 +225,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     l2_prefetch = persist and TILINGS[tiling].l2_prefetch
     smem_prefetch = persist and TILINGS[tiling].smem_prefetch
     pdl = TILINGS[tiling].pdl
+    weight_prefetch = TILINGS[tiling].weight_prefetch
     grid_x = T.ceildiv(num_tokens, rows_per_block)
     passes = 1
     if persist:
@@ -255,10 +269,16 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean_sf or pairs or words or pdl:
+            if lean_sf or pairs or words or pdl or weight_prefetch:
                 T.import_source(_DEVICE_HELPERS + (PDL_SOURCE if pdl else ""))
             if pdl:
                 pdl_entry()
+            if weight_prefetch:
+                # The first blocks of the grid ask L2 for the weight's lines (one a thread) before they load x, so
+                # the weight, read after the row reduction, is no DRAM round trip on the first rows' critical path
+                weight_lines = T.ceildiv(hidden * (16 // vec), 128)
+                if has_weight != 0 and block < NUM_SMS and b == 0 and T.get_thread_binding() < weight_lines:
+                    T.call_extern("int32", "tkaot_prefetch_line_l2", T.address_of(weight[T.get_thread_binding() * (128 * vec // 16)]))
             # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
             T.assume(x_stride % vec == 0)
             T.assume(x_bstride % vec == 0)
