@@ -1,4 +1,5 @@
-"""Fused inference cases: SwiGLU + per-token FP8 cast, rotary embedding, RMSNorm + per-token FP8 cast."""
+"""Fused inference cases: SwiGLU (bf16 out, + per-token FP8 cast, + the MoE options), rotary embedding,
+RMSNorm + per-token FP8 cast (with and without a residual)."""
 
 import torch
 
@@ -20,6 +21,10 @@ def _swiglu_cases() -> list[Case]:
     def make():
         return {"x": torch.randn(tokens, width, dtype=torch.bfloat16, device="cuda")}
 
+    def make_moe():
+        weights = torch.rand(tokens, dtype=torch.float32, device="cuda")
+        return {**make(), "moe": dict(topk_weights=weights, routed_scaling_factor=2.5, clamp_value=7.0)}
+
     def torch_swiglu(a):
         return torch.nn.functional.silu(a["x"][:, :hidden]) * a["x"][:, hidden:]
 
@@ -32,7 +37,25 @@ def _swiglu_cases() -> list[Case]:
             tkaot=lambda a: tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128),
             torch=torch_swiglu,
             tile_kernels=lambda tk, a: tk.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128),
-        )
+        ),
+        Case(
+            op="swiglu_forward",
+            shape=f"{tokens}x{width} bf16 -> bf16",
+            bytes=tokens * width * 2 + tokens * hidden * 2,
+            make=make,
+            tkaot=lambda a: tkaot.quant.swiglu_forward(a["x"], "bf16"),
+            torch=torch_swiglu,
+            tile_kernels=lambda tk, a: tk.quant.swiglu_forward(a["x"], "bf16"),
+        ),
+        # An MoE expert's rows: per-row routing weights times the routed scaling factor, activations clamped
+        Case(
+            op="swiglu_forward_and_per_token_cast",
+            shape=f"{tokens}x{width} bf16 -> e4m3/128, weights, clamp",
+            bytes=tokens * width * 2 + tokens * 4 + tokens * hidden + tokens * (hidden // 128) * 4,
+            make=make_moe,
+            tkaot=lambda a: tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128, **a["moe"]),
+            tile_kernels=lambda tk, a: tk.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128, **a["moe"]),
+        ),
     ]
 
 
@@ -64,6 +87,9 @@ def _norm_cast_cases() -> list[Case]:
             "w": torch.randn(hidden, dtype=torch.bfloat16, device="cuda"),
         }
 
+    def make_residual():
+        return {**make(), "r": torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")}
+
     return [
         Case(
             op="norm_forward_and_per_token_cast",
@@ -72,7 +98,16 @@ def _norm_cast_cases() -> list[Case]:
             make=make,
             tkaot=lambda a: tkaot.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32),
             tile_kernels=lambda tk, a: tk.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32),
-        )
+        ),
+        # A decoder layer's pre-norm: x + residual, the sum written back as the next residual
+        Case(
+            op="norm_forward_and_per_token_cast",
+            shape=f"{tokens}x{hidden} bf16 + residual -> e4m3/32",
+            bytes=tokens * hidden * 2 * 3 + tokens * hidden + tokens * (hidden // 32) * 4 + hidden * 2,
+            make=make_residual,
+            tkaot=lambda a: tkaot.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32, residual=a["r"]),
+            tile_kernels=lambda tk, a: tk.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32, residual=a["r"]),
+        ),
     ]
 
 
