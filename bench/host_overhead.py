@@ -2,7 +2,7 @@
 
 CPU tensors stand in for CUDA ones (get_device/is_cuda are patched to claim device 0),
 the registry believes the device is sm90 and reads this checkout's prebuilt set, and
-cuLaunchKernel is replaced by a C no-op (the compiled extension's NOOP_LAUNCH, called
+cuLaunchKernel(Ex) is replaced by a C no-op (the compiled extension's NOOP_LAUNCH(_EX), called
 through cffi by the ABI launcher and directly by the compiled one; a Python no-op for the
 ABI launcher when the extension is not built), so the number is everything tkaot does
 per call except the driver call itself (allocation included, at CPU cost). Compare
@@ -39,17 +39,22 @@ def patch_for_cpu() -> None:
     REGISTRY.device_arch = lambda index: "sm90"
 
     try:
-        from tkaot._launch import NOOP_LAUNCH
+        from tkaot._launch import NOOP_LAUNCH, NOOP_LAUNCH_EX
     except ImportError:
-        NOOP_LAUNCH = None
+        NOOP_LAUNCH = NOOP_LAUNCH_EX = None
 
     class NoDriver:
         if NOOP_LAUNCH is not None:
             cuLaunchKernel = _cuda.ffi.cast(_LAUNCH_TYPE, NOOP_LAUNCH)
+            cuLaunchKernelEx = _cuda.ffi.cast("CUresult(*)(const CUlaunchConfig *, CUfunction, void **, void **)", NOOP_LAUNCH_EX)
         else:
 
             @staticmethod
             def cuLaunchKernel(*args):
+                return 0
+
+            @staticmethod
+            def cuLaunchKernelEx(*args):
                 return 0
 
     _cuda._lib = NoDriver()
@@ -58,7 +63,7 @@ def patch_for_cpu() -> None:
     fake_function = _cuda.ffi.cast("CUfunction", 0x1000)
     Kernel.load = lambda self, device_index: self.functions.setdefault(device_index, fake_function)
     _cuda.lib = lambda: NoDriver
-    _cuda.launch_address = lambda: NOOP_LAUNCH
+    _cuda.launch_address = lambda pdl=False: NOOP_LAUNCH_EX if pdl else NOOP_LAUNCH
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     import sys
 

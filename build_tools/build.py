@@ -59,11 +59,16 @@ def build_variants(
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
                 futures = {pool.submit(_compile_in_worker, v, arch): v for v, _ in todo}
-                for fut in as_completed(futures):
-                    compiled = fut.result()
-                    cache.put(compiled)
-                    done.append(compiled)
-                    if progress:
-                        progress(futures[fut], False)
+                try:
+                    for fut in as_completed(futures):
+                        compiled = fut.result()
+                        cache.put(compiled)
+                        done.append(compiled)
+                        if progress:
+                            progress(futures[fut], False)
+                except BaseException:
+                    # The first failure ends the build: the variants not started are dropped, not compiled first
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
     manifest = write_artifacts(Path(out_dir), arch, done)
     return BuildReport(built=len(todo), cached=len(variants) - len(todo), manifest=manifest)

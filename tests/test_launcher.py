@@ -427,7 +427,7 @@ def test_threads_launch_concurrently_without_mixing_arguments(driver, kind):
 @needs_ext
 def test_many_threads_through_the_c_noop(driver, monkeypatch):
     """The compiled path with the GIL released around the launch, at full speed, from 16 threads."""
-    monkeypatch.setattr(_cuda, "launch_address", lambda: _launch.NOOP_LAUNCH)
+    monkeypatch.setattr(_cuda, "launch_address", lambda pdl=False: _launch.NOOP_LAUNCH_EX if pdl else _launch.NOOP_LAUNCH)
     launch = make_kernel(SPEC).bind(ARGS, "compiled")
     values = values_for(SPEC, ARGS, random.Random(6))
 
@@ -435,6 +435,13 @@ def test_many_threads_through_the_c_noop(driver, monkeypatch):
         for _ in range(20000):
             launch(0, 0, *values)
 
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # and through cuLaunchKernelEx (the config and its attribute on each thread's C stack)
+    launch = make_kernel(dataclasses.replace(SPEC, pdl=True)).bind(ARGS, "compiled", True)
     threads = [threading.Thread(target=worker) for _ in range(16)]
     for t in threads:
         t.start()

@@ -24,6 +24,7 @@ from kernels_src.moe.common import (
     warp_topk,
     warp_topk_ballot,
 )
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 
 KERNEL = "moe_topk_gate"
 OPS = ("tkaot.moe.moe_topk_gate_forward",)
@@ -82,6 +83,8 @@ def build(num_experts: int, num_topk: int, tiling: str):
         flags: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             lane = tid % WARP
             token = block * warps + tid // WARP

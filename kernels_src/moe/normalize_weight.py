@@ -8,6 +8,7 @@ denominator here equals the one that kernel divides by.
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 
 KERNEL = "normalize_weight"
 OPS = ("tkaot.moe.normalize_weight",)
@@ -29,6 +30,8 @@ def build(num_topk: int):
         normalized_weights: T.Tensor[(num_tokens, num_topk), T.float32],
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             token = block * THREADS + T.get_thread_binding()
             w = T.alloc_local((num_topk,), T.float32)
             part = T.alloc_local((num_topk,), T.float32)

@@ -8,6 +8,7 @@ import tilelang.language as T
 
 from kernels_src.axes import Axis
 from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_topk, warp_topk_ballot
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 
 KERNEL = "topk_gate"
 OPS = ("tkaot.moe.topk_gate",)
@@ -35,6 +36,8 @@ def build(num_experts: int, num_topk: int, tiling: str):
         topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
     ):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             lane = tid % WARP
             token = block * warps + tid // WARP

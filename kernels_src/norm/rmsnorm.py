@@ -11,6 +11,7 @@ import tilelang.language as T
 
 from kernels_src.axes import Axis
 from kernels_src.norm.row_sum import row_sum
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 
 KERNEL = "rmsnorm"
 OPS = ("tkaot.quant.norm_forward",)
@@ -67,6 +68,8 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
         out_scale: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             # Callers guarantee 16-byte aligned rows, so every vector access is one 16-byte access
             T.assume(x_stride % vec == 0)
             T.assume(x_bstride % vec == 0)

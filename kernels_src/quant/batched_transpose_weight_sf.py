@@ -21,6 +21,7 @@ stores it four times with one 16-byte store.
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
 
 KERNEL = "batched_transpose_weight_sf"
@@ -56,6 +57,8 @@ def build(block_size):
         sf1: T.Tensor[(num_groups, packs_n, k), WORD],
     ):
         with T.Kernel(packs_k + packs_n, T.ceildiv(T.max(n, k), CHUNK), num_groups, threads=NUM_THREADS) as (row, chunk, g):
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             pos = chunk * CHUNK + tid * WORDS  # first word of this thread in its output row
             word = T.alloc_var(WORD)

@@ -17,6 +17,7 @@ TileKernels computes them).
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
 
 KERNEL = "per_channel_cast"
@@ -85,6 +86,8 @@ def build(hidden, in_dtype, in_block, in_sf, block_m, sf, tiling: tuple[int, int
         out_sf: T.Tensor[sf_shape, common.SF_DTYPE[sf]],
     ):
         with T.Kernel(T.ceildiv(hidden, tile_k), m_blocks, threads=num_threads) as (kb, mb):
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             slot = tid // col_vecs
             col = kb * tile_k + tid % col_vecs * vec

@@ -24,6 +24,7 @@ from dataclasses import replace
 import tilelang.language as T
 
 from kernels_src.axes import Axis
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.tiling import RowTiling
 
@@ -307,8 +308,8 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
         out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
     ):
         with T.Kernel(*tiling.grid(T.ceildiv(num_tokens, rows_per_cta), segs), threads=num_threads) as (gx, gy):
-            if fp4_helpers:
-                T.import_source(fp4_words.DEVICE_HELPERS)
+            T.import_source(PDL_SOURCE + (fp4_words.DEVICE_HELPERS if fp4_helpers else ""))  # one import a kernel
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % (16 // storage_bytes) == 0)
             if full_tiles:
                 T.annotate_min_blocks_per_sm(full_tiles)

@@ -4,8 +4,9 @@ must still see every byte it wrote.
 A chain where each launch reads what the launch before it wrote — a torch kernel, then
 RMSNorm + cast (its bf16 output), SwiGLU of that, rotary in place on the result, RMSNorm + cast
 of the rotated rows — eagerly and replayed from a CUDA graph, with every step checked against
-the pure-torch reference on the input that step saw. The same chain with TKAOT_PDL=0 (plain
-launches) in a fresh process.
+the pure-torch reference on the input that step saw; a second chain through the other families
+(RMSNorm with a residual, per-token cast, cast back, top-k gate, per-block cast). The same chains
+with TKAOT_PDL=0 (plain launches) in a fresh process.
 """
 
 import os
@@ -54,6 +55,47 @@ def check_chain(got: dict, w1: torch.Tensor, w2: torch.Tensor, cache: torch.Tens
     torch.testing.assert_close(got["y"].view_as(rotated), rotated, rtol=2**-7, atol=2**-7)
     (q2, sf2), b2, _, _ = reference.fused.norm_forward_and_per_token_cast(got["y"], w2, 1e-6, rstd=got["rstd2"])
     assert same(got["q2"], q2) and torch.equal(got["sf2"], sf2) and torch.equal(got["b2"], b2)
+
+
+def run_family_chain(src: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> dict:
+    """RMSNorm (+ residual) -> per-token E4M3 cast -> cast back to bf16 -> top-k of its first 256 columns as
+    fp32 scores (a torch kernel in between) -> per-block cast of the norm's output."""
+    y, _, s = tkaot.quant.norm_forward(src, w, 1e-6, residual=res)
+    q, sf = tkaot.quant.per_token_cast(y, "e4m3", 128)
+    back = tkaot.quant.per_token_cast_back((q, sf), "bf16", 128)
+    scores = back[:, :256].float()
+    idx = tkaot.moe.topk_gate(scores, 8)
+    bq, bsf = tkaot.quant.per_block_cast(y, "e4m3", (128, 128))
+    return dict(y=y, s=s, q=q, sf=sf, back=back, scores=scores, idx=idx, bq=bq, bsf=bsf)
+
+
+def check_family_chain(got: dict, src: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> None:
+    def same(a, b):
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+    ref_y, _, ref_s = reference.norm_forward(src, w, 1e-6, res)
+    assert torch.equal(got["s"], ref_s)
+    torch.testing.assert_close(got["y"], ref_y, rtol=2**-7, atol=2**-7)
+    q, sf = reference.quant.per_token_cast(got["y"], "e4m3", 128)
+    assert same(got["q"], q) and torch.equal(got["sf"], sf)
+    assert torch.equal(got["back"], reference.quant.per_token_cast_back((got["q"], got["sf"]), "bf16", 128))
+    assert torch.equal(got["idx"].long(), reference.moe.topk_gate(got["scores"], 8).long())
+    bq, bsf = reference.quant.per_block_cast(got["y"], "e4m3", (128, 128))
+    assert same(got["bq"], bq) and torch.equal(got["bsf"], bsf)
+
+
+def family_inputs(tokens: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    src = torch.randn(tokens, HIDDEN, generator=g, device="cuda").bfloat16()
+    res = torch.randn(tokens, HIDDEN, generator=g, device="cuda").bfloat16()
+    return src, res, torch.randn(HIDDEN, generator=g, device="cuda").bfloat16()
+
+
+@pytest.mark.parametrize("tokens", [1, 127, 4097])
+def test_family_chain_eager(tokens):
+    for seed in range(3):
+        src, res, w = family_inputs(tokens, seed)
+        check_family_chain(run_family_chain(src, res, w), src, res, w)
 
 
 def inputs(tokens: int, seed: int):
@@ -117,6 +159,8 @@ def test_chain_with_plain_launches():
         "    src, w1, w2, cache = t.inputs(tokens, 1)\n"
         "    t.check_chain(t.run_chain(src, w1, w2, cache), w1, w2, cache)\n"
         "assert all(not launcher.pdl for launcher in t.bound_launchers())\n"
+        "src, res, w = t.family_inputs(4097, 2)\n"
+        "t.check_family_chain(t.run_family_chain(src, res, w), src, res, w)\n"
         "print('ok')\n"
     )
     env = {**os.environ, "TKAOT_PDL": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
