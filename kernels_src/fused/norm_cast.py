@@ -98,6 +98,9 @@ TILINGS = {
     "lean8nlbwdsg": ("pow2", 8, False, True, True, True, True, True, True, True, False, True, True),
     "lean8nlbwdgw": ("pow2", 8, False, True, True, True, True, True, True, False, False, False, True, True),
     "lean9nlbwdgw": ("pow2", 9, False, True, True, True, True, True, True, False, False, False, True, True),
+    "lean6nlbwdgw": ("pow2", 6, False, True, True, True, True, True, True, False, False, False, True, True),
+    "lean7nlbwdgw": ("pow2", 7, False, True, True, True, True, True, True, False, False, False, True, True),
+    "lean6plbwdgw": ("pow2", 6, True, True, True, True, True, True, True, False, False, False, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into

@@ -72,6 +72,7 @@ class Tiling:
     per_chunk: bool = False  # one gate check and one weight multiply per chunk, the weight read late
     block_rows: int | None = None  # rows a block (else as many as fit 256 threads)
     pdl: bool = False  # launched with programmatic dependent launch (kernels_src/pdl.py)
+    gated_counts: bool = False  # clamp counts taken only when the caller asks for them (count_clamp)
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -94,6 +95,10 @@ TILINGS = {
     "wscc2v9b1g": Tiling(
         1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1,
         pdl=True,
+    ),
+    "wscc2v9b1gk": Tiling(
+        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1,
+        pdl=True, gated_counts=True,
     ),
 }
 DEFAULT_TILING = "base"
@@ -250,6 +255,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     num_warps = threads // 32
     max_blocks = NUM_SMS * (min_blocks or THREADS_PER_SM // threads)
     lean = TILINGS[tiling].lean
+    gated_counts = TILINGS[tiling].gated_counts
     lean_div = lean and dtype == "bfloat16"  # lean_exact is checked for every bf16 gate, not for fp32 ones
     check = TILINGS[tiling].check if lean_div else "none"
     checked = check != "none"
@@ -423,9 +429,15 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                         g = T.cast(gate[r, v, j], T.float32)
                                         u = T.cast(up[r, v, j], T.float32)
                                     if has_clamp != 0:
-                                        counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                        counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                        counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                        if gated_counts:
+                                            if count_clamp != 0:
+                                                counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                                counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                                counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                        else:
+                                            counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+                                            counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+                                            counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
                                         g = T.if_then_else(g > clamp_value, clamp_value, g)
                                         u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
                                     if lean_div:

@@ -1,0 +1,106 @@
+"""Time fused-kernel tilings on the option rows of bench/cases/fused.py, beside TileKernels.
+
+SwiGLU + cast with routing weights and a clamp (no counts asked), and plain; RMSNorm + cast with a
+residual, and without. Each candidate's output is first compared bit for bit with the pure-torch
+reference (swiglu: also with clamped_count, counts compared). Candidates are built from
+bench/tune_options.toml:
+
+    tkaot-build build --shapeset bench/tune_options.toml --out tune-artifacts/opt
+    TKAOT_PATH=$PWD/tune-artifacts/opt python -m bench.tune_options
+"""
+
+from __future__ import annotations
+
+import torch
+
+import tkaot
+from bench.timing import copy_ceiling_tbps, device_us
+from tkaot import _fused, reference
+
+SWIGLU_TILINGS = ("wscc2v9b1g", "wscc2v9b1gk")
+NORM_CAST_TILINGS = ("lean8nlbwdgw", "lean6nlbwdgw", "lean7nlbwdgw", "lean9nlbwdgw", "lean6plbwdgw")
+TOKENS, WIDTH, HIDDEN = 8192, 4096, 7168
+SETS = 3
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _time(call, sets, nbytes) -> str:
+    us, mode = device_us(call, sets)
+    return f"{us:8.2f} µs {nbytes / us / 1e6:5.2f} TB/s{'' if mode == 'graph' else ' (events)'}"
+
+
+def swiglu_rows(tk) -> list[str]:
+    moe = lambda: dict(topk_weights=torch.rand(TOKENS, device="cuda"), routed_scaling_factor=2.5, clamp_value=7.0)  # noqa: E731
+    sets = [{"x": torch.randn(TOKENS, WIDTH, device="cuda").bfloat16(), "moe": moe()} for _ in range(SETS)]
+    half = WIDTH // 2
+    moe_bytes = TOKENS * WIDTH * 2 + TOKENS * 4 + TOKENS * half + TOKENS * (half // 128) * 4
+    plain_bytes = TOKENS * WIDTH * 2 + TOKENS * half + TOKENS * (half // 128) * 4
+    rows = []
+    for tiling in SWIGLU_TILINGS:
+        _fused.SWIGLU_TILING = tiling
+        a = sets[0]
+        got = tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128, **a["moe"])
+        want = reference.fused.swiglu_forward_and_per_token_cast(a["x"], "e4m3", 128, **a["moe"])
+        counts = [torch.zeros(4, dtype=torch.int64, device="cuda") for _ in range(2)]
+        got_c = tkaot.quant.swiglu_forward_and_per_token_cast(a["x"] * 4, "e4m3", 128, **a["moe"], clamped_count=counts[0])
+        want_c = reference.fused.swiglu_forward_and_per_token_cast(a["x"] * 4, "e4m3", 128, **a["moe"], clamped_count=counts[1])
+        exact = _same(got[0], want[0]) and torch.equal(got[1], want[1]) and _same(got_c[0], want_c[0])
+        exact = exact and torch.equal(got_c[1], want_c[1]) and torch.equal(counts[0], counts[1]) and int(counts[0][0]) > 0
+        verdict = "exact" if exact else "MISMATCH"
+        rows += _swiglu_timings(tiling, tkaot, sets, moe_bytes, plain_bytes, verdict)
+    if tk is not None:
+        rows += _swiglu_timings("TileKernels", tk, sets, moe_bytes, plain_bytes, "")
+    return rows
+
+
+def _swiglu_timings(name, module, sets, moe_bytes, plain_bytes, verdict) -> list[str]:
+    cast = module.quant.swiglu_forward_and_per_token_cast
+    return [
+        f"swiglu+cast moe   {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, **a['moe']), sets, moe_bytes)}  {verdict}",
+        f"swiglu+cast plain {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128), sets, plain_bytes)}",
+    ]
+
+
+def norm_rows(tk) -> list[str]:
+    def make():
+        r = lambda *s: torch.randn(*s, device="cuda").bfloat16()  # noqa: E731
+        return {"x": r(TOKENS, HIDDEN), "r": r(TOKENS, HIDDEN), "w": r(HIDDEN)}
+
+    sets = [make() for _ in range(SETS)]
+    base = TOKENS * HIDDEN + TOKENS * (HIDDEN // 32) * 4 + HIDDEN * 2
+    res_bytes, plain_bytes = TOKENS * HIDDEN * 6 + base, TOKENS * HIDDEN * 2 + base
+    rows = []
+    for tiling in NORM_CAST_TILINGS:
+        _fused.NORM_CAST_TILING = tiling
+        a = sets[0]
+        (q, sf), _, rstd, s = tkaot.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32, residual=a["r"], with_rstd=True)
+        (wq, wsf), _, _, ws = reference.fused.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, a["r"], rstd=rstd)
+        verdict = "exact" if _same(q, wq) and torch.equal(sf, wsf) and torch.equal(s, ws) else "MISMATCH"
+        res = lambda a: tkaot.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32, residual=a["r"])  # noqa: E731
+        plain = lambda a: tkaot.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32)  # noqa: E731
+        rows.append(f"norm+cast residual {tiling:13s} {_time(res, sets, res_bytes)}  {verdict}")
+        rows.append(f"norm+cast plain    {tiling:13s} {_time(plain, sets, plain_bytes)}")
+    if tk is not None:
+        res = lambda a: tk.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32, residual=a["r"])  # noqa: E731
+        plain = lambda a: tk.quant.norm_forward_and_per_token_cast(a["x"], a["w"], 1e-6, "e4m3", 32)  # noqa: E731
+        rows.append(f"norm+cast residual {'TileKernels':13s} {_time(res, sets, res_bytes)}")
+        rows.append(f"norm+cast plain    {'TileKernels':13s} {_time(plain, sets, plain_bytes)}")
+    return rows
+
+
+def main() -> None:
+    try:
+        import tile_kernels as tk
+    except ImportError:
+        tk = None
+    print(f"device: {torch.cuda.get_device_name()}, {SETS} rotating input sets")
+    rows = swiglu_rows(tk) + norm_rows(tk)
+    print("\n".join(rows))
+    print(f"copy ceiling {copy_ceiling_tbps(1 << 30):.2f} TB/s")
+
+
+if __name__ == "__main__":
+    main()
