@@ -20,7 +20,7 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1g")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1gk")),
     "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwdgw")),
 }
 OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _swiglu._SWIGLU, "norm_cast": _norm_cast._NORM_CAST}

@@ -20,7 +20,7 @@ import torch
 from tkaot._validate import fail
 
 # The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
-SWIGLU_TILING = "wscc2v9b1g"
+SWIGLU_TILING = "wscc2v9b1gk"
 NORM_CAST_TILING = "lean8nlbwdgw"
 
 _IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}

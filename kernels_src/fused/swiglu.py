@@ -82,7 +82,9 @@ class Tiling:
 # of the next rows (again on wscc: 25.5), 1024-thread blocks of 4 rows, 4 vectors a thread (contig too:
 # 26.5, fewer instructions but less issue), the next row's loads issued before the current row is
 # computed in a second register slot (25.7-27.8), 1536-2048 threads an SM (spills), one-row blocks at
-# 1280 threads an SM or 3-row blocks (23.6-23.7; run 18).
+# 1280 threads an SM or 3-row blocks (23.6-23.7; run 18). Runs 21-24 (PDL, "g"): wscc2v9b1g 22.8-23.5; with
+# routing weights and a clamp (no counts asked) 30.8-31.4 (TileKernels 30.5-30.9), 28.0-28.6 with the clamp
+# counts taken only when asked ("k", wscc2v9b1gk; plain 23.4-23.6).
 TILINGS = {
     "base": Tiling(None, 1),
     "lean": Tiling(2048, 1, lean=True),
