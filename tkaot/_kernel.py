@@ -18,6 +18,7 @@ then a no-op).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -118,21 +119,17 @@ class Kernel:
         dims = {a.name for a in self.spec.args if a.role == "dim"}
         launcher = _compiled.Launcher(
             "".join(_PACK_CODES[t] for t in types), bytes(param_values), grid_program(self.spec.grid, arg_names, dims),
-            self.spec.block, self.spec.smem, self._pdl_addresses if pdl else self._addresses, self._launch_failed, self,
+            self.spec.block, self.spec.smem, functools.partial(self._addresses, pdl=pdl), self._launch_failed, self,
             arg_names, pdl,
         )  # fmt: skip
         # The bound method: a call through it skips the tuple a call of the object would build.
         return launcher.launch
 
-    def _addresses(self, device_index: int) -> tuple[int, int]:
-        """For the compiled launcher's first call on a device: (cuLaunchKernel, CUfunction) addresses."""
+    def _addresses(self, device_index: int, pdl: bool = False) -> tuple[int, int]:
+        """For the compiled launcher's first call on a device: (cuLaunchKernel or, for pdl, cuLaunchKernelEx,
+        CUfunction) addresses."""
         fn = self.load(device_index)
-        return _cuda.launch_address(), int(_cuda.ffi.cast("uintptr_t", fn))
-
-    def _pdl_addresses(self, device_index: int) -> tuple[int, int]:
-        """_addresses for a pdl launcher: (cuLaunchKernelEx, CUfunction)."""
-        fn = self.load(device_index)
-        return _cuda.launch_address(pdl=True), int(_cuda.ffi.cast("uintptr_t", fn))
+        return _cuda.launch_address(pdl), int(_cuda.ffi.cast("uintptr_t", fn))
 
     def _launch_failed(self, launcher, result: int, device_index: int, stream: int, *values) -> None:
         """The compiled launcher's error path: the same retry and message as the ABI launcher's."""
