@@ -101,6 +101,7 @@ TILINGS = {
     "lean6nlbwdgw": ("pow2", 6, False, True, True, True, True, True, True, False, False, False, True, True),
     "lean7nlbwdgw": ("pow2", 7, False, True, True, True, True, True, True, False, False, False, True, True),
     "lean6plbwdgw": ("pow2", 6, True, True, True, True, True, True, True, False, False, False, True, True),
+    "lean7plbwdgw": ("pow2", 7, True, True, True, True, True, True, True, False, False, False, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
@@ -123,7 +124,11 @@ TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
 # wait, lean8nlbwdg 47.7-48.1 while every call shares one weight, but 49.2-49.4 with a weight per input set (as
 # bench/cases/fused.py and a model's layers have; lean8nlbwd 50.0): the weight, read after the row reduction, came
 # from DRAM on the first rows' critical path; prefetched into L2 at entry, lean8nlbwdgw 47.8-47.9 (9 blocks 48.0-
-# 48.1; TileKernels 50.8-50.9, copy ceiling 4.19-4.20 TB/s).
+# 48.1; TileKernels 50.8-50.9, copy ceiling 4.19-4.20 TB/s). Run 24 (bench/tune_options.py), with a residual:
+# lean8nlbwdgw 106.4-107.7, 6/7/9 blocks the same, the weight preloaded at 6 blocks (lean6plbwdgw) 103.9-105.0
+# (1.6 µs slower without a residual; TileKernels 103.3-104.4). lean7plbwdgw (72 registers, no spills): a
+# candidate for the residual rows, built and SASS-checked on the CPU, not yet run on a GPU. (At 4-5 blocks the
+# preloading kernel still takes 80 registers, so the SM holds 6 blocks anyway: fewer would need another limit.)
 # Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM
 # (with the preloading tilings of the time).
 AXES = (
