@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from tkaot import _cuda, _kernel
 from tkaot._kernel import Kernel
 from tkaot._spec import Arg, LaunchSpec, Param, compile_grid
-from tkaot.errors import ArtifactError, CudaDriverError, ManifestError
+from tkaot.errors import ArtifactError, CudaDriverError, ManifestError, NoGPUError
 
 try:
     from tkaot import _launch
@@ -34,6 +34,7 @@ except ImportError:
     _launch = None
 
 ROOT = Path(__file__).resolve().parent.parent
+ORIGINAL_LAUNCH_ADDRESS = _cuda.launch_address  # before any fixture patches it
 needs_ext = pytest.mark.skipif(_launch is None, reason="the compiled launcher is not built here (make ext)")
 KINDS = ["abi", pytest.param("compiled", marks=needs_ext)]
 SIZES = {"ptr": 8, "i64": 8, "i32": 4, "f32": 4}
@@ -212,6 +213,16 @@ def test_pdl_launches_go_through_cuLaunchKernelEx_alike_both_ways(driver, monkey
             make_kernel(pdl_spec).bind(ARGS, kind, True)(0, 0, *values)
     launch = make_kernel(pdl_spec).bind(ARGS, "compiled", True)
     assert launch.__self__.pdl is True and make_kernel(pdl_spec).bind(ARGS, "compiled", False).__self__.pdl is False
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_driver_without_cuLaunchKernelEx_says_so_before_any_launch(driver, monkeypatch, kind):
+    monkeypatch.setattr(_cuda, "launch_address", ORIGINAL_LAUNCH_ADDRESS)
+    del driver.cuLaunchKernelEx
+    values = values_for(SPEC, ARGS, random.Random(8))
+    with pytest.raises(NoGPUError, match="no cuLaunchKernelEx.*TKAOT_PDL=0"):
+        make_kernel(dataclasses.replace(SPEC, pdl=True)).bind(ARGS, kind, True)(0, 0, *values)
+    assert driver.calls == []
 
 
 def test_pdl_setting(monkeypatch):

@@ -83,9 +83,20 @@ def lib():
     return _lib
 
 
+def launch_ex():
+    """The driver's cuLaunchKernelEx (programmatic dependent launch goes through it)."""
+    try:
+        return lib().cuLaunchKernelEx
+    except AttributeError:  # a driver older than CUDA 12, which cannot run sm90 cubins with PDL anyway
+        raise NoGPUError(
+            "the CUDA driver (libcuda.so.1) has no cuLaunchKernelEx, which programmatic dependent launch needs: "
+            "update the driver, or set TKAOT_PDL=0 to launch every kernel plainly"
+        ) from None
+
+
 def launch_address(pdl: bool = False) -> int:
     """The address of the driver's cuLaunchKernel (cuLaunchKernelEx for `pdl`), for the compiled launcher to call."""
-    return int(ffi.cast("uintptr_t", lib().cuLaunchKernelEx if pdl else lib().cuLaunchKernel))
+    return int(ffi.cast("uintptr_t", launch_ex() if pdl else lib().cuLaunchKernel))
 
 
 def _check(handle, result: int, call: str) -> None:

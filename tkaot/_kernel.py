@@ -159,6 +159,7 @@ class Launcher:
 
     __slots__ = (
         "kernel", "arg_names", "pdl", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls", "_launch",
+        "_launch_ex",
     )  # fmt: skip
 
     def __init__(self, kernel: Kernel, arg_names: tuple[str, ...], pdl: bool = False):
@@ -180,6 +181,7 @@ class Launcher:
         self._functions = kernel.functions
         self._tls = threading.local()
         self._launch = None  # the driver's cuLaunchKernel (or _launch_pdl), bound at the first launch
+        self._launch_ex = None  # the driver's cuLaunchKernelEx, for _launch_pdl
 
     def _buffers(self):
         storage = bytearray(self._size)
@@ -203,7 +205,10 @@ class Launcher:
         fn = self._functions.get(device_index)
         if fn is None or self._launch is None:
             fn = self.kernel.load(device_index)
-            self._launch = self._launch_pdl if self.pdl else _cuda.lib().cuLaunchKernel
+            if self.pdl:
+                self._launch_ex, self._launch = _cuda.launch_ex(), self._launch_pdl
+            else:
+                self._launch = _cuda.lib().cuLaunchKernel
         bx, by, bz = self._block
         result = self._launch(fn, gx, gy, gz, bx, by, bz, self._smem, stream, params, _NULL)
         if result:
@@ -223,7 +228,7 @@ class Launcher:
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
         config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
         config.sharedMemBytes, config.hStream = smem, stream
-        return _cuda.lib().cuLaunchKernelEx(config, fn, params, extra)
+        return self._launch_ex(config, fn, params, extra)
 
     def _retry(self, result: int, device_index: int, launch_args: tuple) -> None:
         if result == _cuda.CUDA_ERROR_INVALID_CONTEXT:
