@@ -205,9 +205,10 @@ def rmsnorm_tables(model: ModelConfig) -> ShapeTables:
 
 
 # --- the other kernels --------------------------------------------------------
-# The tilings the ops launch (tkaot/_fused.py SWIGLU_TILING / NORM_CAST_TILING, tkaot/moe.py
+# The tilings the ops launch (tkaot/_fused.py SWIGLU_TILING / SWIGLU_CLAMP_TILING / NORM_CAST_TILING, tkaot/moe.py
 # _GATE_TILING / _TOPK_TILING); tests/test_model_shapes.py holds these equal to the ops'.
-SWIGLU_TILING, NORM_CAST_TILING, GATE_TILING = "wscc2v9b1gk", "lean8nlbwdgw", "ballot4"
+SWIGLU_TILING, NORM_CAST_TILING, GATE_TILING = "wscc2v9b1g", "lean8nlbwdgw", "ballot4"
+SWIGLU_CLAMP_TILING = "wscc2v9b1gk"
 FP8_SF = ["fp32", "pow2", "ue8m0"]  # plain, power-of-two and packed-UE8M0 scale factors (DeepGEMM)
 
 
@@ -251,8 +252,8 @@ def swiglu_tables(model: ModelConfig) -> ShapeTables:
     widths = mlp_widths(model)
     common = {"hidden": widths, "dtype": ["bfloat16"]}
     return [
-        {**common, "fmt": ["bf16"], "group": [0], "sf": ["none"], "tiling": [SWIGLU_TILING]},
-        {**common, "fmt": ["e4m3"], "group": [128], "sf": FP8_SF, "tiling": [SWIGLU_TILING]},
+        {**common, "fmt": ["bf16"], "group": [0], "sf": ["none"], "tiling": [SWIGLU_TILING, SWIGLU_CLAMP_TILING]},
+        {**common, "fmt": ["e4m3"], "group": [128], "sf": FP8_SF, "tiling": [SWIGLU_TILING, SWIGLU_CLAMP_TILING]},
     ]
 
 

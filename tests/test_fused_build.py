@@ -93,7 +93,11 @@ def test_fused_shapeset_expands():
     variants = load_shapeset("fused")
     kernels = {v.kernel for v in variants}
     assert kernels == {"rotary", "swiglu", "norm_cast"}
-    assert len(variants) == 102
+    # rotary 8, norm_cast 42, swiglu 52 in each of its two tilings (without and with a clamp)
+    counts = {k: sum(v.kernel == k for v in variants) for k in kernels}
+    assert counts == {"rotary": 8, "norm_cast": 42, "swiglu": 104}
+    swiglu_tilings = {dict(v.static)["tiling"] for v in variants if v.kernel == "swiglu"}
+    assert swiglu_tilings == {_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING}
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)
 
 
@@ -448,16 +452,20 @@ def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
     for kernels in (_swiglu._SWIGLU, _norm_cast._NORM_CAST):
         monkeypatch.setattr(kernels, "get", record)
         monkeypatch.setattr(kernels, "cache", {})
-    shipped = [_fused.SWIGLU_TILING, _fused.NORM_CAST_TILING]
-    for swiglu_tiling, norm_cast_tiling in (shipped, ("lean", "base")):
+    shipped = [_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING, _fused.NORM_CAST_TILING]
+    assert _fused.SWIGLU_TILING != _fused.SWIGLU_CLAMP_TILING
+    for swiglu_tiling, clamp_tiling, norm_cast_tiling in (shipped, ("lean", "bits2v5w", "base")):
         monkeypatch.setattr(_fused, "SWIGLU_TILING", swiglu_tiling)
+        monkeypatch.setattr(_fused, "SWIGLU_CLAMP_TILING", clamp_tiling)
         monkeypatch.setattr(_fused, "NORM_CAST_TILING", norm_cast_tiling)
         for wrap in (lambda t: t, _OnDevice0):
             with pytest.raises(_Launched):
                 tkaot.quant.swiglu_forward_and_per_token_cast(wrap(meta(4, 4096)), "e4m3", 128)
+            with pytest.raises(_Launched):  # a call with a clamp takes the clamp tiling
+                tkaot.quant.swiglu_forward_and_per_token_cast(wrap(meta(4, 4096)), "e4m3", 128, clamp_value=7.0)
             with pytest.raises(_Launched):
                 tkaot.quant.norm_forward_and_per_token_cast(wrap(meta(4, 512)), None, 1e-6, "e4m3", 32)
-    assert tilings == shipped * 2 + ["lean", "base"] * 2
+    assert tilings == shipped * 2 + ["lean", "bits2v5w", "base"] * 2
 
 
 def test_apply_rotary_cpu_tensor_is_refused():

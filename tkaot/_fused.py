@@ -2,7 +2,8 @@
 
 The ops live in tkaot/_swiglu.py (swiglu_forward, swiglu_forward_and_per_token_cast) and
 tkaot/_norm_cast.py (norm_forward_and_per_token_cast); tkaot.quant loads each on first use.
-They read SWIGLU_TILING and NORM_CAST_TILING from this module at every call (the tiling is part
+They read SWIGLU_TILING (SWIGLU_CLAMP_TILING for calls with a clamp_value) and NORM_CAST_TILING from this
+module at every call (the tiling is part
 of their launcher cache key), so a benchmark that sets them here (bench/tune_fused.py,
 bench/profile_fused.py) changes the variant the next call launches.
 
@@ -20,7 +21,11 @@ import torch
 from tkaot._validate import fail
 
 # The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
-SWIGLU_TILING = "wscc2v9b1gk"
+SWIGLU_TILING = "wscc2v9b1g"
+# Calls with a clamp_value: the tiling that counts clamped elements only when clamped_count is given (H200: with
+# routing weights and a clamp 28.0-28.6 µs against 30.8-31.4; without a clamp it is 0.1-0.3 µs slower than
+# SWIGLU_TILING, bench/results/tuning/2026-12-01-H200-tune24*_options.log)
+SWIGLU_CLAMP_TILING = "wscc2v9b1gk"
 NORM_CAST_TILING = "lean8nlbwdgw"
 
 _IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}

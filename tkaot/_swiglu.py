@@ -1,7 +1,7 @@
 """tkaot.quant's SwiGLU ops: swiglu_forward, and swiglu_forward_and_per_token_cast (+ per-token FP8 cast).
 
 Scale factors follow TileKernels 2.1.0 (tkaot/_fused.py's docstring); the tiling launched is
-tkaot._fused.SWIGLU_TILING, read at each call.
+tkaot._fused.SWIGLU_TILING, or SWIGLU_CLAMP_TILING when clamp_value is given, read at each call.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def _swiglu(
     except Exception:  # _Fallback, or a non-tensor argument: the checked path raises what applies
         return _swiglu_checked(op, x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
                                use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count)  # fmt: skip
-    tiling = _fused.SWIGLU_TILING  # read at each call: benchmarks switch it at run time
+    tiling = _fused.SWIGLU_CLAMP_TILING if has_clamp else _fused.SWIGLU_TILING  # read at each call: benchmarks switch it
     launcher = _SWIGLU.cache.get((device, hidden, dtype_name, key_fmt, group, sf_kind, tiling))
     if launcher is None:
         launcher = _SWIGLU.get(device, hidden, dtype_name, key_fmt, group, sf_kind, tiling)
@@ -267,7 +267,8 @@ def _swiglu_checked(
     if quantized:
         out_sf, *sf_strides = alloc_token_sf(num_rows, hidden // group, sf_kind, bool(use_tma_aligned_col_major_sf), x.device)
     if num_rows:
-        launcher = _SWIGLU.get(device, hidden, dtype_name, fmt, group, sf_kind, _fused.SWIGLU_TILING)
+        tiling = _fused.SWIGLU_TILING if clamp_value is None else _fused.SWIGLU_CLAMP_TILING
+        launcher = _SWIGLU.get(device, hidden, dtype_name, fmt, group, sf_kind, tiling)
         launcher(
             device, current_stream(device),
             x.data_ptr(), out.data_ptr(), out_sf.data_ptr() if quantized else 0,
