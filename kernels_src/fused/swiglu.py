@@ -292,6 +292,13 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
     gates_ok = "tkaot_gates_ok2" if chunk == 2 else "tkaot_gates_ok"
 
     @T.macro
+    def add_clamp_counts(counts, g, u, clamp_value):
+        # Gate elements above the clamp, up elements above it and below its negative
+        counts[0] += T.if_then_else(g > clamp_value, 1, 0)
+        counts[1] += T.if_then_else(u > clamp_value, 1, 0)
+        counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+
+    @T.macro
     def ieee_silu(gate, up, val, r, v, k, has_clamp, clamp_value):
         # Vector v of row slot r recomputed with IEEE division into val[k * vec:] (values only: the clamp
         # counts are taken)
@@ -433,13 +440,9 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                     if has_clamp != 0:
                                         if gated_counts:
                                             if count_clamp != 0:
-                                                counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                                counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                                counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                                add_clamp_counts(counts, g, u, clamp_value)
                                         else:
-                                            counts[0] += T.if_then_else(g > clamp_value, 1, 0)
-                                            counts[1] += T.if_then_else(u > clamp_value, 1, 0)
-                                            counts[2] += T.if_then_else(u < -clamp_value, 1, 0)
+                                            add_clamp_counts(counts, g, u, clamp_value)
                                         g = T.if_then_else(g > clamp_value, clamp_value, g)
                                         u = T.if_then_else(u > clamp_value, clamp_value, T.if_then_else(u < -clamp_value, -clamp_value, u))
                                     if lean_div:
