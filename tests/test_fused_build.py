@@ -452,12 +452,15 @@ def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
     for kernels in (_swiglu._SWIGLU, _norm_cast._NORM_CAST):
         monkeypatch.setattr(kernels, "get", record)
         monkeypatch.setattr(kernels, "cache", {})
-    shipped = [_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING, _fused.NORM_CAST_TILING]
+    shipped = [_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING, _fused.NORM_CAST_TILING, _fused.NORM_CAST_RESIDUAL_TILING]
     assert _fused.SWIGLU_TILING != _fused.SWIGLU_CLAMP_TILING
-    for swiglu_tiling, clamp_tiling, norm_cast_tiling in (shipped, ("lean", "bits2v5w", "base")):
+    assert not _fused.NORM_CAST_TILING.endswith("R")  # "R" tilings take a residual as given
+    others = ["lean", "bits2v5w", "base", "pre"]
+    for swiglu_tiling, clamp_tiling, norm_cast_tiling, residual_tiling in (shipped, others):
         monkeypatch.setattr(_fused, "SWIGLU_TILING", swiglu_tiling)
         monkeypatch.setattr(_fused, "SWIGLU_CLAMP_TILING", clamp_tiling)
         monkeypatch.setattr(_fused, "NORM_CAST_TILING", norm_cast_tiling)
+        monkeypatch.setattr(_fused, "NORM_CAST_RESIDUAL_TILING", residual_tiling)
         for wrap in (lambda t: t, _OnDevice0):
             with pytest.raises(_Launched):
                 tkaot.quant.swiglu_forward_and_per_token_cast(wrap(meta(4, 4096)), "e4m3", 128)
@@ -465,7 +468,9 @@ def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
                 tkaot.quant.swiglu_forward_and_per_token_cast(wrap(meta(4, 4096)), "e4m3", 128, clamp_value=7.0)
             with pytest.raises(_Launched):
                 tkaot.quant.norm_forward_and_per_token_cast(wrap(meta(4, 512)), None, 1e-6, "e4m3", 32)
-    assert tilings == shipped * 2 + ["lean", "bits2v5w", "base"] * 2
+            with pytest.raises(_Launched):  # a call with a residual takes the residual tiling
+                tkaot.quant.norm_forward_and_per_token_cast(wrap(meta(4, 512)), None, 1e-6, "e4m3", 32, residual=wrap(meta(4, 512)))
+    assert tilings == shipped * 2 + others * 2
 
 
 def test_apply_rotary_cpu_tensor_is_refused():

@@ -2,8 +2,8 @@
 
 The ops live in tkaot/_swiglu.py (swiglu_forward, swiglu_forward_and_per_token_cast) and
 tkaot/_norm_cast.py (norm_forward_and_per_token_cast); tkaot.quant loads each on first use.
-They read SWIGLU_TILING (SWIGLU_CLAMP_TILING for calls with a clamp_value) and NORM_CAST_TILING from this
-module at every call (the tiling is part
+They read SWIGLU_TILING (SWIGLU_CLAMP_TILING for calls with a clamp_value) and NORM_CAST_TILING
+(NORM_CAST_RESIDUAL_TILING for calls with a residual) from this module at every call (the tiling is part
 of their launcher cache key), so a benchmark that sets them here (bench/tune_fused.py,
 bench/profile_fused.py) changes the variant the next call launches.
 
@@ -27,6 +27,8 @@ SWIGLU_TILING = "wscc2v9b1g"
 # SWIGLU_TILING, bench/results/tuning/2026-12-01-H200-tune24*_options.log)
 SWIGLU_CLAMP_TILING = "wscc2v9b1gk"
 NORM_CAST_TILING = "lean8nlbwdgw"
+# Calls with a residual (a tiling whose name ends in "R" takes the residual as given and serves only these)
+NORM_CAST_RESIDUAL_TILING = "lean8nlbwdgw"
 
 _IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
 _F32, _I32, _I64, _BF16, _FP8 = torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.float8_e4m3fn

@@ -1,7 +1,8 @@
 """tkaot.quant's norm_forward_and_per_token_cast: RMSNorm with its output cast to FP8 per group of 32 columns.
 
 Scale factors follow TileKernels 2.1.0 (tkaot/_fused.py's docstring); the tiling launched is
-tkaot._fused.NORM_CAST_TILING, read at each call. The unquantized formats are norm_forward's.
+tkaot._fused.NORM_CAST_TILING, or NORM_CAST_RESIDUAL_TILING when a residual is given, read at each call.
+The unquantized formats are norm_forward's.
 """
 
 from __future__ import annotations
@@ -216,7 +217,8 @@ def norm_forward_and_per_token_cast(
             x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
             with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd,
         )  # fmt: skip
-    tiling = _fused.NORM_CAST_TILING  # read at each call: benchmarks switch it at run time
+    # read at each call: benchmarks switch them at run time
+    tiling = _fused.NORM_CAST_TILING if residual is None else _fused.NORM_CAST_RESIDUAL_TILING
     launcher = _NORM_CAST.cache.get((device, hidden, dtype_name, sf_kind, tiling))
     if launcher is None:
         launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, tiling)
@@ -359,7 +361,8 @@ def _norm_cast_checked(
     rstd = torch.empty(shape[:-1], dtype=torch.float32, device=x.device) if with_rstd else None
 
     if batch * num_tokens:
-        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, _fused.NORM_CAST_TILING)
+        tiling = _fused.NORM_CAST_TILING if residual is None else _fused.NORM_CAST_RESIDUAL_TILING
+        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, tiling)
         launcher(
             device, current_stream(device),
             x.data_ptr(), weight.data_ptr() if weight is not None else 0,

@@ -72,6 +72,8 @@ class Tiling(NamedTuple):
     smem_prefetch: bool = False
     pdl: bool = False
     weight_prefetch: bool = False
+    residual: str = ""
+    smem_blocks: int | None = None
 
 
 TILINGS = {
@@ -104,6 +106,14 @@ TILINGS = {
     "lean7plbwdgw": ("pow2", 7, True, True, True, True, True, True, True, False, False, False, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
+# Residual-specialised tilings (suffix "R": has_residual is taken as set, for calls with a residual only; "X": the
+# loads are compiled once with and once without the residual, under one branch), and the preloading tiling held to
+# 5 blocks an SM by its shared memory ("5s")
+for _name in ("lean6plbwdgw", "lean7plbwdgw", "lean8nlbwdgw"):
+    TILINGS[_name + "R"] = TILINGS[_name]._replace(residual="only")
+TILINGS["lean6plbwdgwX"] = TILINGS["lean6plbwdgw"]._replace(residual="split")
+TILINGS["lean5nlbwdgwR"] = TILINGS["lean8nlbwdgw"]._replace(blocks=5, residual="only")
+TILINGS["lean5splbwdgwR"] = TILINGS["lean6plbwdgw"]._replace(blocks=5, residual="only", smem_blocks=5)
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
 # one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
 # factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
@@ -234,6 +244,11 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     smem_prefetch = persist and TILINGS[tiling].smem_prefetch
     pdl = TILINGS[tiling].pdl
     weight_prefetch = TILINGS[tiling].weight_prefetch
+    residual_mode = TILINGS[tiling].residual
+    fixed_residual = True if residual_mode == "only" else None
+    # "smem_blocks": warp_sums padded to 40 KiB, so that the SM's 228 KiB of shared memory holds that many blocks
+    assert TILINGS[tiling].smem_blocks in (None, 5)
+    sum_cols = row_warps if TILINGS[tiling].smem_blocks is None else max(row_warps, 40 * 1024 // 4 // rows_per_block)
     grid_x = T.ceildiv(num_tokens, rows_per_block)
     passes = 1
     if persist:
@@ -256,6 +271,47 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                     out_sf[b, token, num_words - 1, p] = T.uint8(0)
         else:
             out_sf[b, token, gi] = stored
+
+    @T.macro
+    def add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col):
+        for j in T.vectorized(vec):
+            r_reg[j] = residual[b, token, col + j]
+        for j in T.vectorized(vec):
+            x_reg[v, j] = x_reg[v, j] + r_reg[j]
+        for j in T.vectorized(vec):
+            residual_out[b, token, col + j] = x_reg[v, j]
+
+    @T.macro
+    def load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, with_residual):
+        # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
+        # with_residual True or False says so at compile time, None leaves it to has_residual
+        for v in T.unroll(vecs_per_thread):
+            col = (v * row_threads + lane) * vec
+            if token < num_tokens and (exact or col < hidden):
+                if smem_prefetch:
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x_next[T.get_thread_binding() // row_threads, col + j]
+                else:
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x[b, token, col + j]
+                if with_residual is None:
+                    if has_residual != 0:
+                        add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
+                elif with_residual:
+                    add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
+            else:
+                for j in T.vectorized(vec):
+                    x_reg[v, j] = T.cast(0, dtype)
+
+    @T.macro
+    def load_rows(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual):
+        if residual_mode == "split":
+            if has_residual != 0:
+                load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, True)
+            else:
+                load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, False)
+        else:
+            load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, fixed_residual)
 
     @T.prim_func
     def norm_cast(
@@ -321,7 +377,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 clamped = T.alloc_var(T.float32)
                 sf_lean = T.alloc_local((1,), T.float32)
                 inv_lean = T.alloc_local((1,), T.float32)
-            warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
+            warp_sums = T.alloc_shared((rows_per_block, sum_cols), T.float32)
             if smem_prefetch:
                 # The row a thread's row takes next pass: each thread copies, and later reads, its own vectors
                 x_next = T.alloc_shared((rows_per_block, hidden), dtype)
@@ -346,25 +402,10 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         )
                 if smem_prefetch:
                     T.call_extern("int32", "tkaot_cp_async_wait_all")
-                for v in T.unroll(vecs_per_thread):
-                    col = (v * row_threads + lane) * vec
-                    if token < num_tokens and (exact or col < hidden):
-                        if smem_prefetch:
-                            for j in T.vectorized(vec):
-                                x_reg[v, j] = x_next[tid // row_threads, col + j]
-                        else:
-                            for j in T.vectorized(vec):
-                                x_reg[v, j] = x[b, token, col + j]
-                        if has_residual != 0:
-                            for j in T.vectorized(vec):
-                                r_reg[j] = residual[b, token, col + j]
-                            for j in T.vectorized(vec):
-                                x_reg[v, j] = x_reg[v, j] + r_reg[j]
-                            for j in T.vectorized(vec):
-                                residual_out[b, token, col + j] = x_reg[v, j]
-                    else:
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = T.cast(0, dtype)
+                if smem_prefetch:
+                    load_rows(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual)
+                else:
+                    load_rows(x, residual, residual_out, x, x_reg, r_reg, b, token, lane, has_residual)  # x_next not read
                 if preload and has_weight != 0:
                     for v in T.unroll(vecs_per_thread):
                         col = (v * row_threads + lane) * vec
