@@ -74,6 +74,8 @@ class Tiling(NamedTuple):
     weight_prefetch: bool = False
     residual: str = ""
     smem_blocks: int | None = None
+    residual_late: bool = False
+    stream_stores: bool = False
 
 
 TILINGS = {
@@ -114,6 +116,13 @@ for _name in ("lean6plbwdgw", "lean7plbwdgw", "lean8nlbwdgw"):
 TILINGS["lean6plbwdgwX"] = TILINGS["lean6plbwdgw"]._replace(residual="split")
 TILINGS["lean5nlbwdgwR"] = TILINGS["lean8nlbwdgw"]._replace(blocks=5, residual="only")
 TILINGS["lean5splbwdgwR"] = TILINGS["lean6plbwdgw"]._replace(blocks=5, residual="only", smem_blocks=5)
+# "L": the residual sum stored after the row reduction instead of as it is made; "S": residual_out and out stored with
+# the streaming cache hint (st.global.cs)
+for _name in ("lean6plbwdgwR", "lean7plbwdgwR"):
+    TILINGS[_name + "L"] = TILINGS[_name]._replace(residual_late=True)
+    TILINGS[_name + "S"] = TILINGS[_name]._replace(stream_stores=True)
+    TILINGS[_name + "LS"] = TILINGS[_name]._replace(residual_late=True, stream_stores=True)
+TILINGS["lean8nlbwdgwS"] = TILINGS["lean8nlbwdgw"]._replace(stream_stores=True)
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
 # one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
 # factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
@@ -173,6 +182,16 @@ __device__ __forceinline__ int tkaot_cp_async_commit() {
 }
 __device__ __forceinline__ int tkaot_cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_st_cs16(void* gmem, const void* src) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+    return 0;
+}
+__device__ __forceinline__ int tkaot_st_cs8(void* gmem, const void* src) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y));
     return 0;
 }
 __device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
@@ -245,6 +264,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     pdl = TILINGS[tiling].pdl
     weight_prefetch = TILINGS[tiling].weight_prefetch
     residual_mode = TILINGS[tiling].residual
+    residual_late, stream_stores = TILINGS[tiling].residual_late, TILINGS[tiling].stream_stores
+    assert not stream_stores or dtype == "bfloat16"  # the 8-byte fp8 store takes 8-element vectors
     fixed_residual = True if residual_mode == "only" else None
     # "smem_blocks": warp_sums padded to 40 KiB, so that the SM's 228 KiB of shared memory holds that many blocks
     assert TILINGS[tiling].smem_blocks in (None, 5)
@@ -273,13 +294,30 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             out_sf[b, token, gi] = stored
 
     @T.macro
+    def store_vector(dst, b, token, col, src, v):
+        # Vector v of src (a row of registers) to dst[b, token, col:col + vec], with the streaming hint under "S"
+        if stream_stores:
+            T.call_extern("int32", "tkaot_st_cs16", T.address_of(dst[b, token, col]), T.address_of(src[v, 0]))
+        else:
+            for j in T.vectorized(vec):
+                dst[b, token, col + j] = src[v, j]
+
+    @T.macro
+    def store_residual_sums(residual_out, x_reg, b, token, lane):
+        # "L": the thread's residual sums, stored once the row reduction has consumed them
+        for v in T.unroll(vecs_per_thread):
+            col = (v * row_threads + lane) * vec
+            if token < num_tokens and (exact or col < hidden):
+                store_vector(residual_out, b, token, col, x_reg, v)
+
+    @T.macro
     def add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col):
         for j in T.vectorized(vec):
             r_reg[j] = residual[b, token, col + j]
         for j in T.vectorized(vec):
             x_reg[v, j] = x_reg[v, j] + r_reg[j]
-        for j in T.vectorized(vec):
-            residual_out[b, token, col + j] = x_reg[v, j]
+        if not residual_late:
+            store_vector(residual_out, b, token, col, x_reg, v)
 
     @T.macro
     def load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, with_residual):
@@ -333,7 +371,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean_sf or pairs or words or pdl or weight_prefetch:
+            if lean_sf or pairs or words or pdl or weight_prefetch or stream_stores:
                 T.import_source(_DEVICE_HELPERS + (PDL_SOURCE if pdl else ""))
             if pdl:
                 pdl_entry()
@@ -423,6 +461,12 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         acc[0] += part[j]
 
                 row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
+                if residual_late:
+                    if residual_mode == "only":
+                        store_residual_sums(residual_out, x_reg, b, token, lane)
+                    else:
+                        if has_residual != 0:
+                            store_residual_sums(residual_out, x_reg, b, token, lane)
                 inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / hidden + eps))
                 if smem_prefetch:
                     # This thread's vectors of the row it takes next pass, in flight while this row computes;
@@ -504,8 +548,11 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         for j in T.unroll(vec):
                             q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
                     if token < num_tokens and in_row:
-                        for j in T.vectorized(vec):
-                            out[b, token, col + j] = q_reg[j]
+                        if stream_stores:
+                            T.call_extern("int32", "tkaot_st_cs8", T.address_of(out[b, token, col]), T.address_of(q_reg[0]))
+                        else:
+                            for j in T.vectorized(vec):
+                                out[b, token, col + j] = q_reg[j]
                         if has_out_bf16 != 0 and not early_bf16:
                             for j in T.unroll(vec):
                                 # yf is scaled by now; under "pairs" the bf16 output is yv rounded
