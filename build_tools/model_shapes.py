@@ -205,10 +205,12 @@ def rmsnorm_tables(model: ModelConfig) -> ShapeTables:
 
 
 # --- the other kernels --------------------------------------------------------
-# The tilings the ops launch (tkaot/_fused.py SWIGLU_TILING / SWIGLU_CLAMP_TILING / NORM_CAST_TILING, tkaot/moe.py
+# The tilings the ops launch (tkaot/_fused.py SWIGLU_TILING / SWIGLU_CLAMP_TILING / NORM_CAST_TILING /
+# NORM_CAST_RESIDUAL_TILING, tkaot/moe.py
 # _GATE_TILING / _TOPK_TILING); tests/test_model_shapes.py holds these equal to the ops'.
 SWIGLU_TILING, NORM_CAST_TILING, GATE_TILING = "wscc2v9b1g", "lean8nlbwdgw", "ballot4"
 SWIGLU_CLAMP_TILING = "wscc2v9b1gk"
+NORM_CAST_RESIDUAL_TILING = "lean6plbwdgwRL"
 FP8_SF = ["fp32", "pow2", "ue8m0"]  # plain, power-of-two and packed-UE8M0 scale factors (DeepGEMM)
 
 
@@ -261,7 +263,7 @@ def swiglu_tables(model: ModelConfig) -> ShapeTables:
 def norm_cast_tables(model: ModelConfig) -> ShapeTables:
     # RMSNorm fused with the per-token cast (groups of 32) of the next linear layer's input
     widths = [w for w in norm_widths(model) if w % 32 == 0 and w <= 8192]
-    return [{"hidden": widths, "dtype": ["bfloat16"], "sf": FP8_SF, "tiling": [NORM_CAST_TILING]}]
+    return [{"hidden": widths, "dtype": ["bfloat16"], "sf": FP8_SF, "tiling": [NORM_CAST_TILING, NORM_CAST_RESIDUAL_TILING]}]
 
 
 @mapping("rotary")

@@ -22,8 +22,14 @@ BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
     "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1gk")),
     "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwdgw")),
+    "norm_cast_residual": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean6plbwdgwRL")),
 }
-OP_KERNELS = {"rotary": transform._ROTARY, "swiglu": _swiglu._SWIGLU, "norm_cast": _norm_cast._NORM_CAST}
+OP_KERNELS = {
+    "rotary": transform._ROTARY,
+    "swiglu": _swiglu._SWIGLU,
+    "norm_cast": _norm_cast._NORM_CAST,
+    "norm_cast_residual": _norm_cast._NORM_CAST,
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +37,18 @@ def built(tmp_path_factory, build_cache):
     out = tmp_path_factory.mktemp("fused")
     build_variants(list(BUILT.values()), out, "sm90", jobs=1, cache=BuildCache(build_cache))
     manifest = json.loads((out / "manifest.json").read_text())
-    return out, {e["kernel"]: e for e in manifest["variants"]}
+    by_key = {e["key"]: e for e in manifest["variants"]}
+    return out, {name: by_key[variant.key] for name, variant in BUILT.items()}
 
 
-@pytest.mark.parametrize("kernel", sorted(BUILT))
-def test_launch_spec_binds_to_the_op(built, kernel):
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_launch_spec_binds_to_the_op(built, name):
     out, entries = built
-    entry = entries[kernel]
-    assert entry["key"] == BUILT[kernel].key
+    entry, kernel = entries[name], BUILT[name].kernel
+    assert entry["key"] == BUILT[name].key
     spec = LaunchSpec.from_json(entry["launch"])
-    ops = OP_KERNELS[kernel]
-    assert ops.key(tuple(BUILT[kernel].params.values())) == entry["key"]
+    ops = OP_KERNELS[name]
+    assert ops.key(tuple(BUILT[name].params.values())) == entry["key"]
     # Binding checks that every kernel parameter is supplied by the op's argument list
     Kernel(kernel, entry["key"], spec, out / "cubins" / f"{entry['cubin']}.cubin", entry["cubin"], "test").bind(ops.args)
 
@@ -72,6 +79,15 @@ def test_norm_cast_launch_spec(built):
     assert types["eps"] == "f32" and types["has_residual"] == "i32" and types["out_sf"] == "ptr"
 
 
+def test_norm_cast_residual_tiling_takes_the_residual_as_given(built):
+    """The residual tiling ("R") reads residual without asking has_residual: the kernel drops the flag, so the op
+    must launch it for calls with a residual only (test_tiling_knobs_take_effect_on_the_next_call)."""
+    spec = LaunchSpec.from_json(built[1]["norm_cast_residual"]["launch"])
+    names = {p.name for p in spec.params}
+    assert "has_residual" not in names and {"residual", "residual_out", "has_weight"} <= names
+    assert spec.pdl and spec.grid == ("num_tokens", "batch", "1")
+
+
 @pytest.mark.parametrize(
     "static, match",
     [
@@ -93,9 +109,11 @@ def test_fused_shapeset_expands():
     variants = load_shapeset("fused")
     kernels = {v.kernel for v in variants}
     assert kernels == {"rotary", "swiglu", "norm_cast"}
-    # rotary 8, norm_cast 42, swiglu 52 in each of its two tilings (without and with a clamp)
+    # rotary 8, norm_cast 42 and swiglu 52 in each of their two tilings (without and with a residual; a clamp)
     counts = {k: sum(v.kernel == k for v in variants) for k in kernels}
-    assert counts == {"rotary": 8, "norm_cast": 42, "swiglu": 104}
+    assert counts == {"rotary": 8, "norm_cast": 84, "swiglu": 104}
+    norm_cast_tilings = {dict(v.static)["tiling"] for v in variants if v.kernel == "norm_cast"}
+    assert norm_cast_tilings == {_fused.NORM_CAST_TILING, _fused.NORM_CAST_RESIDUAL_TILING}
     swiglu_tilings = {dict(v.static)["tiling"] for v in variants if v.kernel == "swiglu"}
     assert swiglu_tilings == {_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING}
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)

@@ -157,6 +157,7 @@ def test_mapped_tilings_are_the_ones_the_ops_launch():
     assert model_shapes.SWIGLU_TILING == _fused.SWIGLU_TILING
     assert model_shapes.SWIGLU_CLAMP_TILING == _fused.SWIGLU_CLAMP_TILING
     assert model_shapes.NORM_CAST_TILING == _fused.NORM_CAST_TILING
+    assert model_shapes.NORM_CAST_RESIDUAL_TILING == _fused.NORM_CAST_RESIDUAL_TILING
     assert model_shapes.GATE_TILING == moe._GATE_TILING == moe._TOPK_TILING
 
 

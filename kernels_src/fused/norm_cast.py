@@ -186,7 +186,8 @@ __device__ __forceinline__ int tkaot_cp_async_wait_all() {
 }
 __device__ __forceinline__ int tkaot_st_cs16(void* gmem, const void* src) {
     const uint4 v = *reinterpret_cast<const uint4*>(src);
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
     return 0;
 }
 __device__ __forceinline__ int tkaot_st_cs8(void* gmem, const void* src) {
