@@ -369,6 +369,30 @@ def test_norm_cast_batched_strided(seed, round_sf, packed, col_major):
     check_norm_cast(x[1], weight, None, round_sf=round_sf, packed=packed, col_major=col_major)
 
 
+@pytest.mark.parametrize("hidden", [4096, 7168])
+@pytest.mark.parametrize("tokens", [1, 127, 4097])
+def test_norm_cast_residual_in_place(seed, hidden, tokens):
+    """The residual updated in place (residual_out is residual), neither bf16 output nor rstd asked: the residual
+    tiling's plainest call, as a layer makes it."""
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda") * 3
+    weight = torch.randn(hidden, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    # the kernel's rstd (its reduction order), from a call on a copy, so that the reference reproduces it bit for bit
+    _, _, rstd, _ = tkaot.quant.norm_forward_and_per_token_cast(x, weight, 1e-6, "e4m3", 32, residual=residual.clone(), with_rstd=True)
+    ref = reference.fused.norm_forward_and_per_token_cast(x, weight, 1e-6, residual.clone(), rstd=rstd)
+    (want_q, want_sf), _, _, want_sum = ref
+    torch.testing.assert_close(rstd, reference.fused.norm_forward_and_per_token_cast(x, weight, 1e-6, residual)[2], **RSTD_TOL)
+    data = torch.full((tokens, hidden), float("nan"), device="cuda").to(torch.float8_e4m3fn)
+    sf = torch.full((tokens, hidden // 32), float("nan"), device="cuda")
+    (q, got_sf), none, rstd, norm_input = tkaot.quant.norm_forward_and_per_token_cast(
+        x, weight, 1e-6, "e4m3", 32, residual=residual, residual_out=residual, out=(data, sf)
+    )
+    torch.cuda.synchronize()
+    assert q is data and got_sf is sf and none is None and rstd is None and norm_input is residual
+    assert torch.equal(residual, want_sum)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(got_sf, want_sf)
+
+
 def test_norm_cast_into_given_buffers(seed):
     x = torch.randn(127, 1536, dtype=torch.bfloat16, device="cuda")
     data = torch.empty(127, 1536, dtype=torch.float8_e4m3fn, device="cuda")
