@@ -19,15 +19,15 @@ from tkaot import _fused, reference
 
 # Run 24 (2026-12-01, bench/results/tuning): wscc2v9b1gk won the weights + clamp row (shipped); no norm_cast tiling
 # beat TileKernels with a residual (lean6plbwdgw closest). Next run: the preloading tiling at 7 blocks an SM.
-SWIGLU_TILINGS = ("wscc2v9b1g", "wscc2v9b1gk")
+# Run 27 (session 5): the routing weight read with the row ("e"); rows with weights only and with a clamp only.
+SWIGLU_TILINGS = ("wscc2v9b1g", "wscc2v9b1gk", "wscc2v9b1ge", "wscc2v9b1gke")
 # Run 25 (session 5, bench/results/tuning): with a residual lean6plbwdgwR 103.88 µs (TileKernels 103.99), lean7plbwdgwR
 # 104.34, lean6plbwdgw 104.85, lean6plbwdgwX 105.12, lean8nlbwdgwR 106.68, lean5nlbwdgwR 106.40, lean5splbwdgwR (5
 # blocks an SM through shared memory) 114.50. Run 26: the residual sum stored after the reduction ("L") and streaming
-# stores ("S").
-NORM_CAST_TILINGS = (
-    "lean8nlbwdgw", "lean8nlbwdgwS", "lean6plbwdgwR", "lean6plbwdgwRL", "lean6plbwdgwRS", "lean6plbwdgwRLS",
-    "lean7plbwdgwR", "lean7plbwdgwRL", "lean7plbwdgwRS", "lean7plbwdgwRLS",
-)  # fmt: skip
+# stores ("S"): lean6plbwdgwRL 102.60-103.09 (shipped for residual calls), lean6plbwdgwR 102.91-103.28, RLS/RS
+# 103.17-103.77, lean7plbwdgwR* 103.25-104.32, TileKernels 103.26-103.37; lean8nlbwdgwS plain 48.61-49.23
+# (lean8nlbwdgw 47.71-48.32).
+NORM_CAST_TILINGS = ("lean8nlbwdgw", "lean6plbwdgwRL")
 TOKENS, WIDTH, HIDDEN = 8192, 4096, 7168
 SETS = 3
 
@@ -67,8 +67,11 @@ def swiglu_rows(tk) -> list[str]:
 
 def _swiglu_timings(name, module, sets, moe_bytes, plain_bytes, verdict) -> list[str]:
     cast = module.quant.swiglu_forward_and_per_token_cast
+    weights = lambda a: {k: a["moe"][k] for k in ("topk_weights", "routed_scaling_factor")}  # noqa: E731
     return [
         f"swiglu+cast moe   {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, **a['moe']), sets, moe_bytes)}  {verdict}",
+        f"swiglu+cast wts   {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, **weights(a)), sets, moe_bytes)}",
+        f"swiglu+cast clamp {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, clamp_value=7.0), sets, plain_bytes)}",
         f"swiglu+cast plain {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128), sets, plain_bytes)}",
     ]
 

@@ -39,7 +39,7 @@ segments are skipped, left unwritten), per-row weights times
 routed_scaling_factor, clamping with counts.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tilelang.language as T
 
@@ -73,6 +73,7 @@ class Tiling:
     block_rows: int | None = None  # rows a block (else as many as fit 256 threads)
     pdl: bool = False  # launched with programmatic dependent launch (kernels_src/pdl.py)
     gated_counts: bool = False  # clamp counts taken only when the caller asks for them (count_clamp)
+    early_weight: bool = False  # with per_chunk: the row's weight read with its x vectors, not when the row is computed
 
 
 # H200 tuning (bench/results/tuning): at 8192x4096 -> e4m3/128, base 34.2 µs, lean 31.3, bits 29.8, bits2v5 29.2,
@@ -103,6 +104,9 @@ TILINGS = {
         pdl=True, gated_counts=True,
     ),
 }
+# Tuning candidates: "e", the routing weight read with the row (early_weight)
+TILINGS["wscc2v9b1ge"] = replace(TILINGS["wscc2v9b1g"], early_weight=True)
+TILINGS["wscc2v9b1gke"] = replace(TILINGS["wscc2v9b1gk"], early_weight=True)
 DEFAULT_TILING = "base"
 
 AXES = (
@@ -289,6 +293,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
 
     # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
     per_chunk = TILINGS[tiling].per_chunk and chunk <= 2
+    early_weight = per_chunk and TILINGS[tiling].early_weight
     gates_ok = "tkaot_gates_ok2" if chunk == 2 else "tkaot_gates_ok"
 
     @T.macro
@@ -403,6 +408,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             weight[r] = 1.0
                             if has_weights != 0:
                                 weight[r] = topk_weights[row] * routed_scaling_factor
+                        if early_weight and has_weights != 0:
+                            weight[r] = topk_weights[row] * routed_scaling_factor
                         for v in T.unroll(iters):
                             col = vector_col(v, lane)
                             for j in T.vectorized(vec):
@@ -465,9 +472,13 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                         ieee_silu(gate, up, val, r, c * chunk + k, k, has_clamp, clamp_value)
                                 if has_weights != 0:
                                     # The row's weight read here, off the load path of rows without weights
-                                    row_weight = topk_weights[row] * routed_scaling_factor
-                                    for j in T.unroll(chunk * vec):
-                                        val[j] = val[j] * row_weight
+                                    if early_weight:
+                                        for j in T.unroll(chunk * vec):
+                                            val[j] = val[j] * weight[r]
+                                    else:
+                                        row_weight = topk_weights[row] * routed_scaling_factor
+                                        for j in T.unroll(chunk * vec):
+                                            val[j] = val[j] * row_weight
                             col = vector_col(c * chunk, lane)
                             if quantized:
                                 amax = T.abs(val[0])
