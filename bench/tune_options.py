@@ -20,7 +20,7 @@ from tkaot import _fused, reference
 # Run 24 (2026-12-01, bench/results/tuning): wscc2v9b1gk won the weights + clamp row (shipped); no norm_cast tiling
 # beat TileKernels with a residual (lean6plbwdgw closest). Next run: the preloading tiling at 7 blocks an SM.
 # Run 27 (session 5): the routing weight read with the row ("e"); rows with weights only and with a clamp only.
-SWIGLU_TILINGS = ("wscc2v9b1g", "wscc2v9b1gk", "wscc2v9b1ge", "wscc2v9b1gke")
+SWIGLU_TILINGS = ("wscc2v9b1g", "wscc2v9b1gk", "wscc2v9b1gkm")
 # Run 25 (session 5, bench/results/tuning): with a residual lean6plbwdgwR 103.88 µs (TileKernels 103.99), lean7plbwdgwR
 # 104.34, lean6plbwdgw 104.85, lean6plbwdgwX 105.12, lean8nlbwdgwR 106.68, lean5nlbwdgwR 106.40, lean5splbwdgwR (5
 # blocks an SM through shared memory) 114.50. Run 26: the residual sum stored after the reduction ("L") and streaming
