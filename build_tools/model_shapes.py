@@ -209,7 +209,7 @@ def rmsnorm_tables(model: ModelConfig) -> ShapeTables:
 # NORM_CAST_RESIDUAL_TILING, tkaot/moe.py
 # _GATE_TILING / _TOPK_TILING); tests/test_model_shapes.py holds these equal to the ops'.
 SWIGLU_TILING, NORM_CAST_TILING, GATE_TILING = "wscc2v9b1g", "lean8nlbwdgw", "ballot4"
-SWIGLU_CLAMP_TILING = "wscc2v9b1gk"
+SWIGLU_CLAMP_TILING = "wscc2v9b1gkm"
 NORM_CAST_RESIDUAL_TILING = "lean6plbwdgwRL"
 FP8_SF = ["fp32", "pow2", "ue8m0"]  # plain, power-of-two and packed-UE8M0 scale factors (DeepGEMM)
 

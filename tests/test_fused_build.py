@@ -20,7 +20,7 @@ from tkaot.errors import NoGPUError
 
 BUILT = {
     "rotary": Variant.make("rotary", dict(rot_dim=64, dtype="bfloat16", interleaved=True)),
-    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1gk")),
+    "swiglu": Variant.make("swiglu", dict(hidden=768, dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0", tiling="wscc2v9b1gkm")),
     "norm_cast": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean8nlbwdgw")),
     "norm_cast_residual": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean6plbwdgwRL")),
 }
@@ -345,6 +345,9 @@ def test_apply_rotary_valid_input_reaches_the_registry(fake_cuda):
         (lambda: dict(clamp_value=1.0, clamped_count=meta(4, dtype=torch.int32)), ValueError, "clamped_count must be torch.int64"),
         (lambda: dict(clamp_value=1.0, clamped_count=meta(3, dtype=torch.int64)), ValueError, r"clamped_count must be of shape \(4,\)"),
         (lambda: dict(clamp_value="1"), TypeError, "clamp_value must be a float"),
+        (lambda: dict(clamp_value=-1.0), ValueError, "clamp_value must be a non-negative number"),
+        (lambda: dict(clamp_value=-0.0), ValueError, "clamp_value must be a non-negative number"),
+        (lambda: dict(clamp_value=float("nan")), ValueError, "clamp_value must be a non-negative number"),
     ],
 )
 def test_swiglu_cast_refuses_bad_input(fake_cuda, make, error, match):
@@ -366,6 +369,9 @@ def test_swiglu_valid_input_reaches_the_registry(fake_cuda):
         tkaot.quant.swiglu_forward(meta(4, 4096), "bf16", meta(3, dtype=torch.int32), w, 2.0, 10.0, meta(4, dtype=torch.int64))
     with pytest.raises(NoGPUError):
         tkaot.quant.swiglu_forward_and_per_token_cast(meta(4, 4096), "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True)
+    for clamp in (0.0, 0, float("inf")):  # the edges of the clamp values taken
+        with pytest.raises(NoGPUError):
+            tkaot.quant.swiglu_forward_and_per_token_cast(meta(4, 4096), "e4m3", 128, clamp_value=clamp)
 
 
 @pytest.mark.parametrize(

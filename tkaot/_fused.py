@@ -22,10 +22,11 @@ from tkaot._validate import fail
 
 # The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
 SWIGLU_TILING = "wscc2v9b1g"
-# Calls with a clamp_value: the tiling that counts clamped elements only when clamped_count is given (H200: with
-# routing weights and a clamp 28.0-28.6 µs against 30.8-31.4; without a clamp it is 0.1-0.3 µs slower than
-# SWIGLU_TILING, bench/results/tuning/2026-12-01-H200-tune24*_options.log)
-SWIGLU_CLAMP_TILING = "wscc2v9b1gk"
+# Calls with a clamp_value: the tiling that counts clamped elements only when clamped_count is given and clamps with
+# NaN-propagating min / max (H200: with routing weights and a clamp 25.6-25.8 µs against SWIGLU_TILING's 30.8-31.2
+# and TileKernels' 30.5-30.7; a clamp alone 24.2-24.3; without a clamp it is 0-0.3 µs slower than SWIGLU_TILING;
+# bench/results/tuning/2026-12-01-H200-tune24*_options.log, tune28*)
+SWIGLU_CLAMP_TILING = "wscc2v9b1gkm"
 NORM_CAST_TILING = "lean8nlbwdgw"
 # Calls with a residual: a tiling specialised for one (an "R" in its name: it takes the residual as given, so it
 # serves these calls only), weight read with x at 6 blocks an SM, the residual sum stored after the reduction

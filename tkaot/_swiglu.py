@@ -6,6 +6,8 @@ tkaot._fused.SWIGLU_TILING, or SWIGLU_CLAMP_TILING when clamp_value is given, re
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tkaot import _fused, _validate
@@ -144,6 +146,8 @@ def _swiglu(
                 raise _Fallback
         elif type(clamp_value) is float or type(clamp_value) is int:
             clamp, has_clamp = float(clamp_value), 1
+            if not clamp > 0.0:  # zero, negative or NaN: the checked path decides
+                raise _Fallback
         else:
             raise _Fallback
         if clamped_count is None:
@@ -252,6 +256,9 @@ def _swiglu_checked(
     if routed_scaling_factor is not None and topk_weights is None:
         fail(op, "routed_scaling_factor", "None without topk_weights (it scales them)", routed_scaling_factor)
     clamp_value = _optional_float(op, "clamp_value", clamp_value)
+    if clamp_value is not None and not (clamp_value >= 0.0 and math.copysign(1.0, clamp_value) > 0):
+        # The kernels clamp with min / max: an interval [-clamp_value, clamp_value] that is empty has no such form
+        fail(op, "clamp_value", "a non-negative number (not NaN or -0.0)", clamp_value)
     if clamped_count is not None:
         if clamp_value is None:
             fail(op, "clamped_count", "None without clamp_value (it counts clamped elements)", "a tensor")
@@ -303,7 +310,8 @@ def swiglu_forward(
             counted; the others of the output are left unwritten.
         topk_weights: optional fp32 (num_tokens,) per-row weights.
         routed_scaling_factor: optional scalar multiplied into topk_weights (needs them).
-        clamp_value: optional; gate is clamped to at most clamp_value, up to [-clamp_value, clamp_value].
+        clamp_value: optional, non-negative (not NaN or -0.0; TileKernels takes any float); gate is clamped
+            to at most clamp_value, up to [-clamp_value, clamp_value].
         clamped_count: optional int64 (4,) (needs clamp_value), added to in place: gate elements
             above clamp_value, up elements above it, up elements below -clamp_value, and the number
             of elements of the computed rows.
