@@ -19,14 +19,19 @@ from tkaot import _fused, reference
 
 # Run 24 (2026-12-01, bench/results/tuning): wscc2v9b1gk won the weights + clamp row (shipped); no norm_cast tiling
 # beat TileKernels with a residual (lean6plbwdgw closest). Next run: the preloading tiling at 7 blocks an SM.
-# Run 27 (session 5): the routing weight read with the row ("e"); rows with weights only and with a clamp only.
-SWIGLU_TILINGS = ("wscc2v9b1g", "wscc2v9b1gk", "wscc2v9b1gkm")
+# Run 27 (session 5): the routing weight read with the row ("e") no faster (weights alone cost 0-0.5 µs; a clamp
+# 3.5 µs in wscc2v9b1gk, 7 in wscc2v9b1g). Run 28: the clamp by NaN-propagating min / max, wscc2v9b1gkm, 25.6-25.8
+# µs with weights and a clamp (wscc2v9b1gk 28.0-28.4, TileKernels 30.5-30.7), 24.2-24.3 with a clamp (shipped).
+# Run 29: 8, 10 and 12 x 128 threads an SM ("v<n>"), also on bf16 output rows.
+SWIGLU_TILINGS = (
+    "wscc2v9b1g", "wscc2v9b1gkm", "wscc2v8b1g", "wscc2v10b1g", "wscc2v12b1g", "wscc2v8b1gkm", "wscc2v10b1gkm", "wscc2v12b1gkm",
+)  # fmt: skip
 # Run 25 (session 5, bench/results/tuning): with a residual lean6plbwdgwR 103.88 µs (TileKernels 103.99), lean7plbwdgwR
 # 104.34, lean6plbwdgw 104.85, lean6plbwdgwX 105.12, lean8nlbwdgwR 106.68, lean5nlbwdgwR 106.40, lean5splbwdgwR (5
 # blocks an SM through shared memory) 114.50. Run 26: the residual sum stored after the reduction ("L") and streaming
 # stores ("S"): lean6plbwdgwRL 102.60-103.09 (shipped for residual calls), lean6plbwdgwR 102.91-103.28, RLS/RS
 # 103.17-103.77, lean7plbwdgwR* 103.25-104.32, TileKernels 103.26-103.37; lean8nlbwdgwS plain 48.61-49.23
-# (lean8nlbwdgw 47.71-48.32).
+# (lean8nlbwdgw 47.71-48.32). Runs 27-29: the shipped pair again.
 NORM_CAST_TILINGS = ("lean8nlbwdgw", "lean6plbwdgwRL")
 TOKENS, WIDTH, HIDDEN = 8192, 4096, 7168
 SETS = 3
@@ -58,6 +63,8 @@ def swiglu_rows(tk) -> list[str]:
         want_c = reference.fused.swiglu_forward_and_per_token_cast(a["x"] * 4, "e4m3", 128, **a["moe"], clamped_count=counts[1])
         exact = _same(got[0], want[0]) and torch.equal(got[1], want[1]) and _same(got_c[0], want_c[0])
         exact = exact and torch.equal(got_c[1], want_c[1]) and torch.equal(counts[0], counts[1]) and int(counts[0][0]) > 0
+        got_b = tkaot.quant.swiglu_forward(a["x"], "bf16", **a["moe"])
+        exact = exact and _same(got_b, reference.fused.swiglu_forward(a["x"], "bf16", **a["moe"]))
         verdict = "exact" if exact else "MISMATCH"
         rows += _swiglu_timings(tiling, tkaot, sets, moe_bytes, plain_bytes, verdict)
     if tk is not None:
@@ -66,13 +73,14 @@ def swiglu_rows(tk) -> list[str]:
 
 
 def _swiglu_timings(name, module, sets, moe_bytes, plain_bytes, verdict) -> list[str]:
-    cast = module.quant.swiglu_forward_and_per_token_cast
-    weights = lambda a: {k: a["moe"][k] for k in ("topk_weights", "routed_scaling_factor")}  # noqa: E731
+    cast, bf16 = module.quant.swiglu_forward_and_per_token_cast, module.quant.swiglu_forward
+    half = WIDTH // 2
+    bf16_bytes = TOKENS * WIDTH * 2 + TOKENS * half * 2
     return [
         f"swiglu+cast moe   {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, **a['moe']), sets, moe_bytes)}  {verdict}",
-        f"swiglu+cast wts   {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, **weights(a)), sets, moe_bytes)}",
-        f"swiglu+cast clamp {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128, clamp_value=7.0), sets, plain_bytes)}",
         f"swiglu+cast plain {name:14s} {_time(lambda a: cast(a['x'], 'e4m3', 128), sets, plain_bytes)}",
+        f"swiglu bf16 moe   {name:14s} {_time(lambda a: bf16(a['x'], 'bf16', **a['moe']), sets, bf16_bytes + TOKENS * 4)}",
+        f"swiglu bf16 plain {name:14s} {_time(lambda a: bf16(a['x'], 'bf16'), sets, bf16_bytes)}",
     ]
 
 

@@ -109,6 +109,10 @@ TILINGS = {
 TILINGS["wscc2v9b1ge"] = replace(TILINGS["wscc2v9b1g"], early_weight=True)
 TILINGS["wscc2v9b1gke"] = replace(TILINGS["wscc2v9b1gk"], early_weight=True)
 TILINGS["wscc2v9b1gkm"] = replace(TILINGS["wscc2v9b1gk"], minmax_clamp=True)
+# and other resident thread counts ("v<n>": n * 128 threads an SM)
+for _n in (8, 10, 12):
+    TILINGS[f"wscc2v{_n}b1g"] = replace(TILINGS["wscc2v9b1g"], threads_per_sm=128 * _n)
+    TILINGS[f"wscc2v{_n}b1gkm"] = replace(TILINGS["wscc2v9b1gkm"], threads_per_sm=128 * _n)
 DEFAULT_TILING = "base"
 
 AXES = (
