@@ -145,9 +145,11 @@ TILINGS["lean8nlbwdgwS"] = TILINGS["lean8nlbwdgw"]._replace(stream_stores=True)
 # from DRAM on the first rows' critical path; prefetched into L2 at entry, lean8nlbwdgw 47.8-47.9 (9 blocks 48.0-
 # 48.1; TileKernels 50.8-50.9, copy ceiling 4.19-4.20 TB/s). Run 24 (bench/tune_options.py), with a residual:
 # lean8nlbwdgw 106.4-107.7, 6/7/9 blocks the same, the weight preloaded at 6 blocks (lean6plbwdgw) 103.9-105.0
-# (1.6 µs slower without a residual; TileKernels 103.3-104.4). lean7plbwdgw (72 registers, no spills): a
-# candidate for the residual rows, built and SASS-checked on the CPU, not yet run on a GPU. (At 4-5 blocks the
-# preloading kernel still takes 80 registers, so the SM holds 6 blocks anyway: fewer would need another limit.)
+# (1.6 µs slower without a residual; TileKernels 103.3-104.4). (At 4-5 blocks the preloading kernel still takes
+# 80 registers, so the SM holds 6 blocks anyway: fewer need the "smem_blocks" limit.) Runs 25-29 (residual rows):
+# lean6plbwdgwRL 102.4-103.3 (shipped for calls with a residual), R 102.9-103.9, RS/RLS 103.2-103.8, lean7plbwdgw
+# 106.6, lean7plbwdgwR* 103.3-104.3, X 105.1, lean8nlbwdgwR 106.7, lean5nlbwdgwR 106.4, lean5splbwdgwR 114.5
+# (TileKernels 102.9-104.0). In R the weight loads waited behind the residual stores (program order); L frees them.
 # Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM
 # (with the preloading tilings of the time).
 AXES = (

@@ -86,7 +86,10 @@ class Tiling:
 # computed in a second register slot (25.7-27.8), 1536-2048 threads an SM (spills), one-row blocks at
 # 1280 threads an SM or 3-row blocks (23.6-23.7; run 18). Runs 21-24 (PDL, "g"): wscc2v9b1g 22.8-23.5; with
 # routing weights and a clamp (no counts asked) 30.8-31.4 (TileKernels 30.5-30.9), 28.0-28.6 with the clamp
-# counts taken only when asked ("k", wscc2v9b1gk; plain 23.4-23.6).
+# counts taken only when asked ("k", wscc2v9b1gk; plain 23.4-23.6). Runs 27-29 (session 5): the clamp itself cost
+# 3.5 µs in gk (if_then_else: 6 instructions an element pair); by min / max ("m", wscc2v9b1gkm, shipped for calls with
+# a clamp) 25.3-25.8 with weights and a clamp, 24.2-24.3 with a clamp alone (TileKernels 30.4-31.0, 28.3-29.0); the
+# weight read early ("e") and 8, 10 or 12 x 128 threads an SM no better.
 TILINGS = {
     "base": Tiling(None, 1),
     "lean": Tiling(2048, 1, lean=True),
