@@ -72,10 +72,8 @@ class Tiling(NamedTuple):
     smem_prefetch: bool = False
     pdl: bool = False
     weight_prefetch: bool = False
-    residual: str = ""
-    smem_blocks: int | None = None
+    residual: bool = False
     residual_late: bool = False
-    stream_stores: bool = False
 
 
 TILINGS = {
@@ -108,21 +106,10 @@ TILINGS = {
     "lean7plbwdgw": ("pow2", 7, True, True, True, True, True, True, True, False, False, False, True, True),
 }
 TILINGS = {name: Tiling(*fields) for name, fields in TILINGS.items()}
-# Residual-specialised tilings (suffix "R": has_residual is taken as set, for calls with a residual only; "X": the
-# loads are compiled once with and once without the residual, under one branch), and the preloading tiling held to
-# 5 blocks an SM by its shared memory ("5s")
-for _name in ("lean6plbwdgw", "lean7plbwdgw", "lean8nlbwdgw"):
-    TILINGS[_name + "R"] = TILINGS[_name]._replace(residual="only")
-TILINGS["lean6plbwdgwX"] = TILINGS["lean6plbwdgw"]._replace(residual="split")
-TILINGS["lean5nlbwdgwR"] = TILINGS["lean8nlbwdgw"]._replace(blocks=5, residual="only")
-TILINGS["lean5splbwdgwR"] = TILINGS["lean6plbwdgw"]._replace(blocks=5, residual="only", smem_blocks=5)
-# "L": the residual sum stored after the row reduction instead of as it is made; "S": residual_out and out stored with
-# the streaming cache hint (st.global.cs)
-for _name in ("lean6plbwdgwR", "lean7plbwdgwR"):
-    TILINGS[_name + "L"] = TILINGS[_name]._replace(residual_late=True)
-    TILINGS[_name + "S"] = TILINGS[_name]._replace(stream_stores=True)
-    TILINGS[_name + "LS"] = TILINGS[_name]._replace(residual_late=True, stream_stores=True)
-TILINGS["lean8nlbwdgwS"] = TILINGS["lean8nlbwdgw"]._replace(stream_stores=True)
+# Residual-specialised tilings, for calls with a residual only: "R", has_residual taken as set (the kernel reads
+# residual without asking); "L", the residual sum stored after the row reduction instead of as it is made
+TILINGS["lean6plbwdgwR"] = TILINGS["lean6plbwdgw"]._replace(residual=True)
+TILINGS["lean6plbwdgwRL"] = TILINGS["lean6plbwdgwR"]._replace(residual_late=True)
 # More fields where given (off otherwise): "pairs", the outputs rounded to bf16 two at a time into
 # one word (cvt.rn.bf16x2.f32) and unpacked from it with a shift and a mask; "late_sf", a thread's scale
 # factors kept in registers and stored after its last vector, under one branch; "early_bf16" (with pairs),
@@ -146,10 +133,13 @@ TILINGS["lean8nlbwdgwS"] = TILINGS["lean8nlbwdgw"]._replace(stream_stores=True)
 # 48.1; TileKernels 50.8-50.9, copy ceiling 4.19-4.20 TB/s). Run 24 (bench/tune_options.py), with a residual:
 # lean8nlbwdgw 106.4-107.7, 6/7/9 blocks the same, the weight preloaded at 6 blocks (lean6plbwdgw) 103.9-105.0
 # (1.6 µs slower without a residual; TileKernels 103.3-104.4). (At 4-5 blocks the preloading kernel still takes
-# 80 registers, so the SM holds 6 blocks anyway: fewer need the "smem_blocks" limit.) Runs 25-29 (residual rows):
-# lean6plbwdgwRL 102.4-103.3 (shipped for calls with a residual), R 102.9-103.9, RS/RLS 103.2-103.8, lean7plbwdgw
-# 106.6, lean7plbwdgwR* 103.3-104.3, X 105.1, lean8nlbwdgwR 106.7, lean5nlbwdgwR 106.4, lean5splbwdgwR 114.5
-# (TileKernels 102.9-104.0). In R the weight loads waited behind the residual stores (program order); L frees them.
+# 80 registers, so the SM holds 6 blocks anyway: fewer need another limit.) Runs 25-29 (residual rows):
+# lean6plbwdgwRL 102.4-103.3 (shipped for calls with a residual), lean6plbwdgwR 102.9-103.9 (TileKernels
+# 102.9-104.0). In R the weight loads waited behind the residual stores (program order); L frees them. Tried in those
+# runs and since removed: R and RL at 7 blocks an SM 103.3-104.3, at 8 (weight after the reduction) 106.7, at 5
+# (72 registers: 7 resident) 106.4, at 5 held by a 40 KiB shared-memory pad 114.5; the loads compiled with and
+# without the residual under one branch 105.1; streaming stores (st.global.cs) 103.2-103.8, and 0.6-0.9 µs slower
+# without a residual.
 # Tried and dropped: an out_scale == 1 loop (spills), every lane storing its group's sf, 5 and 8 blocks an SM
 # (with the preloading tilings of the time).
 AXES = (
@@ -184,17 +174,6 @@ __device__ __forceinline__ int tkaot_cp_async_commit() {
 }
 __device__ __forceinline__ int tkaot_cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    return 0;
-}
-__device__ __forceinline__ int tkaot_st_cs16(void* gmem, const void* src) {
-    const uint4 v = *reinterpret_cast<const uint4*>(src);
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
-                 :: "l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-    return 0;
-}
-__device__ __forceinline__ int tkaot_st_cs8(void* gmem, const void* src) {
-    const uint2 v = *reinterpret_cast<const uint2*>(src);
-    asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y));
     return 0;
 }
 __device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
@@ -266,13 +245,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
     smem_prefetch = persist and TILINGS[tiling].smem_prefetch
     pdl = TILINGS[tiling].pdl
     weight_prefetch = TILINGS[tiling].weight_prefetch
-    residual_mode = TILINGS[tiling].residual
-    residual_late, stream_stores = TILINGS[tiling].residual_late, TILINGS[tiling].stream_stores
-    assert not stream_stores or dtype == "bfloat16"  # the 8-byte fp8 store takes 8-element vectors
-    fixed_residual = True if residual_mode == "only" else None
-    # "smem_blocks": warp_sums padded to 40 KiB, so that the SM's 228 KiB of shared memory holds that many blocks
-    assert TILINGS[tiling].smem_blocks in (None, 5)
-    sum_cols = row_warps if TILINGS[tiling].smem_blocks is None else max(row_warps, 40 * 1024 // 4 // rows_per_block)
+    residual_given, residual_late = TILINGS[tiling].residual, TILINGS[tiling].residual_late
     grid_x = T.ceildiv(num_tokens, rows_per_block)
     passes = 1
     if persist:
@@ -297,21 +270,13 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
             out_sf[b, token, gi] = stored
 
     @T.macro
-    def store_vector(dst, b, token, col, src, v):
-        # Vector v of src (a row of registers) to dst[b, token, col:col + vec], with the streaming hint under "S"
-        if stream_stores:
-            T.call_extern("int32", "tkaot_st_cs16", T.address_of(dst[b, token, col]), T.address_of(src[v, 0]))
-        else:
-            for j in T.vectorized(vec):
-                dst[b, token, col + j] = src[v, j]
-
-    @T.macro
     def store_residual_sums(residual_out, x_reg, b, token, lane):
         # "L": the thread's residual sums, stored once the row reduction has consumed them
         for v in T.unroll(vecs_per_thread):
             col = (v * row_threads + lane) * vec
             if token < num_tokens and (exact or col < hidden):
-                store_vector(residual_out, b, token, col, x_reg, v)
+                for j in T.vectorized(vec):
+                    residual_out[b, token, col + j] = x_reg[v, j]
 
     @T.macro
     def add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col):
@@ -320,12 +285,13 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         for j in T.vectorized(vec):
             x_reg[v, j] = x_reg[v, j] + r_reg[j]
         if not residual_late:
-            store_vector(residual_out, b, token, col, x_reg, v)
+            for j in T.vectorized(vec):
+                residual_out[b, token, col + j] = x_reg[v, j]
 
     @T.macro
-    def load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, with_residual):
+    def load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual):
         # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
-        # with_residual True or False says so at compile time, None leaves it to has_residual
+        # "R" tilings take it as given, the others ask has_residual
         for v in T.unroll(vecs_per_thread):
             col = (v * row_threads + lane) * vec
             if token < num_tokens and (exact or col < hidden):
@@ -335,24 +301,13 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 else:
                     for j in T.vectorized(vec):
                         x_reg[v, j] = x[b, token, col + j]
-                if with_residual is None:
-                    if has_residual != 0:
-                        add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
-                elif with_residual:
+                if residual_given:
+                    add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
+                elif has_residual != 0:
                     add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
             else:
                 for j in T.vectorized(vec):
                     x_reg[v, j] = T.cast(0, dtype)
-
-    @T.macro
-    def load_rows(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual):
-        if residual_mode == "split":
-            if has_residual != 0:
-                load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, True)
-            else:
-                load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, False)
-        else:
-            load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual, fixed_residual)
 
     @T.prim_func
     def norm_cast(
@@ -374,7 +329,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
         with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             if min_blocks is not None:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            if lean_sf or pairs or words or pdl or weight_prefetch or stream_stores:
+            if lean_sf or pairs or words or pdl or weight_prefetch:
                 T.import_source(_DEVICE_HELPERS + (PDL_SOURCE if pdl else ""))
             if pdl:
                 pdl_entry()
@@ -418,7 +373,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 clamped = T.alloc_var(T.float32)
                 sf_lean = T.alloc_local((1,), T.float32)
                 inv_lean = T.alloc_local((1,), T.float32)
-            warp_sums = T.alloc_shared((rows_per_block, sum_cols), T.float32)
+            warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
             if smem_prefetch:
                 # The row a thread's row takes next pass: each thread copies, and later reads, its own vectors
                 x_next = T.alloc_shared((rows_per_block, hidden), dtype)
@@ -444,9 +399,9 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                 if smem_prefetch:
                     T.call_extern("int32", "tkaot_cp_async_wait_all")
                 if smem_prefetch:
-                    load_rows(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual)
+                    load_row(x, residual, residual_out, x_next, x_reg, r_reg, b, token, lane, has_residual)
                 else:
-                    load_rows(x, residual, residual_out, x, x_reg, r_reg, b, token, lane, has_residual)  # x_next not read
+                    load_row(x, residual, residual_out, x, x_reg, r_reg, b, token, lane, has_residual)  # x_next not read
                 if preload and has_weight != 0:
                     for v in T.unroll(vecs_per_thread):
                         col = (v * row_threads + lane) * vec
@@ -465,11 +420,10 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
 
                 row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
                 if residual_late:
-                    if residual_mode == "only":
+                    if residual_given:
                         store_residual_sums(residual_out, x_reg, b, token, lane)
-                    else:
-                        if has_residual != 0:
-                            store_residual_sums(residual_out, x_reg, b, token, lane)
+                    elif has_residual != 0:
+                        store_residual_sums(residual_out, x_reg, b, token, lane)
                 inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / hidden + eps))
                 if smem_prefetch:
                     # This thread's vectors of the row it takes next pass, in flight while this row computes;
@@ -551,11 +505,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str = DEFAULT_TILING):
                         for j in T.unroll(vec):
                             q_reg[j] = to_e4m3(T.cast(y_reg[j], T.float32) * inv)
                     if token < num_tokens and in_row:
-                        if stream_stores:
-                            T.call_extern("int32", "tkaot_st_cs8", T.address_of(out[b, token, col]), T.address_of(q_reg[0]))
-                        else:
-                            for j in T.vectorized(vec):
-                                out[b, token, col + j] = q_reg[j]
+                        for j in T.vectorized(vec):
+                            out[b, token, col + j] = q_reg[j]
                         if has_out_bf16 != 0 and not early_bf16:
                             for j in T.unroll(vec):
                                 # yf is scaled by now; under "pairs" the bf16 output is yv rounded

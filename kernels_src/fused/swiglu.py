@@ -73,7 +73,6 @@ class Tiling:
     block_rows: int | None = None  # rows a block (else as many as fit 256 threads)
     pdl: bool = False  # launched with programmatic dependent launch (kernels_src/pdl.py)
     gated_counts: bool = False  # clamp counts taken only when the caller asks for them (count_clamp)
-    early_weight: bool = False  # with per_chunk: the row's weight read with its x vectors, not when the row is computed
     minmax_clamp: bool = False  # the clamp by NaN-propagating min / max (3 instructions, not 6; for clamp_value >= 0)
 
 
@@ -88,8 +87,9 @@ class Tiling:
 # routing weights and a clamp (no counts asked) 30.8-31.4 (TileKernels 30.5-30.9), 28.0-28.6 with the clamp
 # counts taken only when asked ("k", wscc2v9b1gk; plain 23.4-23.6). Runs 27-29 (session 5): the clamp itself cost
 # 3.5 µs in gk (if_then_else: 6 instructions an element pair); by min / max ("m", wscc2v9b1gkm, shipped for calls with
-# a clamp) 25.3-25.8 with weights and a clamp, 24.2-24.3 with a clamp alone (TileKernels 30.4-31.0, 28.3-29.0); the
-# weight read early ("e") and 8, 10 or 12 x 128 threads an SM no better.
+# a clamp) 25.3-25.8 with weights and a clamp, 24.2-24.3 with a clamp alone (TileKernels 30.4-31.0, 28.3-29.0). Tried
+# and removed: the routing weight read with the row instead of when it is computed (within 0.3 µs), 8, 10 or 12 x 128
+# threads an SM (no faster; 12 spills on the FP8 path).
 TILINGS = {
     "base": Tiling(None, 1),
     "lean": Tiling(2048, 1, lean=True),
@@ -108,14 +108,7 @@ TILINGS = {
         pdl=True, gated_counts=True,
     ),
 }
-# Tuning candidates: "e", the routing weight read with the row (early_weight)
-TILINGS["wscc2v9b1ge"] = replace(TILINGS["wscc2v9b1g"], early_weight=True)
-TILINGS["wscc2v9b1gke"] = replace(TILINGS["wscc2v9b1gk"], early_weight=True)
 TILINGS["wscc2v9b1gkm"] = replace(TILINGS["wscc2v9b1gk"], minmax_clamp=True)
-# and other resident thread counts ("v<n>": n * 128 threads an SM)
-for _n in (8, 10, 12):
-    TILINGS[f"wscc2v{_n}b1g"] = replace(TILINGS["wscc2v9b1g"], threads_per_sm=128 * _n)
-    TILINGS[f"wscc2v{_n}b1gkm"] = replace(TILINGS["wscc2v9b1gkm"], threads_per_sm=128 * _n)
 DEFAULT_TILING = "base"
 
 AXES = (
@@ -312,7 +305,6 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
 
     # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
     per_chunk = TILINGS[tiling].per_chunk and chunk <= 2
-    early_weight = per_chunk and TILINGS[tiling].early_weight
     minmax_clamp = TILINGS[tiling].minmax_clamp and lean
     gates_ok = "tkaot_gates_ok2" if chunk == 2 else "tkaot_gates_ok"
 
@@ -428,8 +420,6 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                             weight[r] = 1.0
                             if has_weights != 0:
                                 weight[r] = topk_weights[row] * routed_scaling_factor
-                        if early_weight and has_weights != 0:
-                            weight[r] = topk_weights[row] * routed_scaling_factor
                         for v in T.unroll(iters):
                             col = vector_col(v, lane)
                             for j in T.vectorized(vec):
@@ -499,13 +489,9 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str = 
                                         ieee_silu(gate, up, val, r, c * chunk + k, k, has_clamp, clamp_value)
                                 if has_weights != 0:
                                     # The row's weight read here, off the load path of rows without weights
-                                    if early_weight:
-                                        for j in T.unroll(chunk * vec):
-                                            val[j] = val[j] * weight[r]
-                                    else:
-                                        row_weight = topk_weights[row] * routed_scaling_factor
-                                        for j in T.unroll(chunk * vec):
-                                            val[j] = val[j] * row_weight
+                                    row_weight = topk_weights[row] * routed_scaling_factor
+                                    for j in T.unroll(chunk * vec):
+                                        val[j] = val[j] * row_weight
                             col = vector_col(c * chunk, lane)
                             if quantized:
                                 amax = T.abs(val[0])
