@@ -469,7 +469,7 @@ def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
     both ops read them at each call (meta tensors take the checked path, _OnDevice0 the hot one)."""
     tilings = []
 
-    def record(device, *values):
+    def record(device, *values, general_tiling=None):
         tilings.append(values[-1])  # tiling is the last static axis of both kernels
         raise _Launched
 
@@ -626,3 +626,35 @@ def test_a_late_wait_is_refused():
     assert waits_at_entry('extern "C" __global__ void k(float* x) {\n  x[0] = 1;\n}\n', ["x"], "k") is False
     with pytest.raises(BuildError, match=r"not before it touches \['x'\]"):
         waits_at_entry(head + "  float r = x[0];\n  tkaot_pdl_wait();\n  out[0] = r;\n}\n", ["x", "out"], "k")
+
+
+def test_a_specialised_tiling_not_built_falls_back_to_the_general_one(monkeypatch):
+    """A set built without the residual or clamp tiling (older, or hand-written) still serves those calls, on the
+    general tiling, which handles them; with neither built the error names the tiling asked for."""
+    from tkaot import _op
+    from tkaot.errors import VariantNotBuilt
+
+    class Found:
+        def __init__(self, key):
+            self.key = key
+
+        def bind(self, args):
+            return ("launcher", self.key)
+
+    built = {"hidden=7168,dtype=bfloat16,sf=fp32,tiling=lean8nlbwdgw"}
+
+    def kernel(op, kernel, key, device):
+        if key not in built:
+            raise VariantNotBuilt(op, kernel, key, [], "tkaot-build ...", [])
+        return Found(key)
+
+    monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
+    ops = _op.OpKernels("tkaot.quant.norm_forward_and_per_token_cast", "norm_cast", ("hidden", "dtype", "sf", "tiling"), ())
+    asked = (7168, "bfloat16", "fp32", _fused.NORM_CAST_RESIDUAL_TILING)
+    general = _fused.NORM_CAST_TILING
+    assert ops.get(0, *asked, general_tiling=general) == ("launcher", "hidden=7168,dtype=bfloat16,sf=fp32,tiling=lean8nlbwdgw")
+    assert ops.cache[(0, *asked)] == ("launcher", "hidden=7168,dtype=bfloat16,sf=fp32,tiling=lean8nlbwdgw")
+    with pytest.raises(VariantNotBuilt, match=f"tiling={_fused.NORM_CAST_RESIDUAL_TILING}"):
+        ops.get(0, 4096, "bfloat16", "fp32", _fused.NORM_CAST_RESIDUAL_TILING, general_tiling=general)  # neither built
+    with pytest.raises(VariantNotBuilt):
+        ops.get(1, *asked)  # no general tiling named: no fallback

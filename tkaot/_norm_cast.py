@@ -221,7 +221,7 @@ def norm_forward_and_per_token_cast(
     tiling = _fused.NORM_CAST_TILING if residual is None else _fused.NORM_CAST_RESIDUAL_TILING
     launcher = _NORM_CAST.cache.get((device, hidden, dtype_name, sf_kind, tiling))
     if launcher is None:
-        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, tiling)
+        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, tiling, general_tiling=_fused.NORM_CAST_TILING)
     eps, out_scale = float(eps), float(out_scale)
 
     # New outputs as the checked path allocates them: contiguous, sf as _alloc_norm_sf lays it out;
@@ -362,7 +362,7 @@ def _norm_cast_checked(
 
     if batch * num_tokens:
         tiling = _fused.NORM_CAST_TILING if residual is None else _fused.NORM_CAST_RESIDUAL_TILING
-        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, tiling)
+        launcher = _NORM_CAST.get(device, hidden, dtype_name, sf_kind, tiling, general_tiling=_fused.NORM_CAST_TILING)
         launcher(
             device, current_stream(device),
             x.data_ptr(), weight.data_ptr() if weight is not None else 0,

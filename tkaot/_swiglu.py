@@ -167,7 +167,7 @@ def _swiglu(
     tiling = _fused.SWIGLU_CLAMP_TILING if has_clamp else _fused.SWIGLU_TILING  # read at each call: benchmarks switch it
     launcher = _SWIGLU.cache.get((device, hidden, dtype_name, key_fmt, group, sf_kind, tiling))
     if launcher is None:
-        launcher = _SWIGLU.get(device, hidden, dtype_name, key_fmt, group, sf_kind, tiling)
+        launcher = _SWIGLU.get(device, hidden, dtype_name, key_fmt, group, sf_kind, tiling, general_tiling=_fused.SWIGLU_TILING)
 
     # Outputs as the checked path allocates them: out contiguous, sf as alloc_token_sf lays it out
     x_device = x.device
@@ -275,7 +275,7 @@ def _swiglu_checked(
         out_sf, *sf_strides = alloc_token_sf(num_rows, hidden // group, sf_kind, bool(use_tma_aligned_col_major_sf), x.device)
     if num_rows:
         tiling = _fused.SWIGLU_TILING if clamp_value is None else _fused.SWIGLU_CLAMP_TILING
-        launcher = _SWIGLU.get(device, hidden, dtype_name, fmt, group, sf_kind, tiling)
+        launcher = _SWIGLU.get(device, hidden, dtype_name, fmt, group, sf_kind, tiling, general_tiling=_fused.SWIGLU_TILING)
         launcher(
             device, current_stream(device),
             x.data_ptr(), out.data_ptr(), out_sf.data_ptr() if quantized else 0,
