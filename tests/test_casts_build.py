@@ -47,7 +47,7 @@ def test_per_token_cast_launch_spec(manifest):
     # one packed int32 of scale factors a token: the sf row stride folds away
     assert params == {"out": "ptr", "out_sf": "ptr", "x": "ptr", "num_tokens": "i32", "x_stride": "i32"}
     # every argument the runtime passes is one the manifest knows
-    assert set(_casts._PER_TOKEN_ARGS) == {a.name for a in spec.args}
+    assert set(_casts._PER_TOKEN["tkaot.quant.per_token_cast"].args) == {a.name for a in spec.args}
 
 
 def test_fp4_and_cast_back_launch_specs(manifest):

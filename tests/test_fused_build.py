@@ -649,7 +649,9 @@ def test_a_specialised_tiling_not_built_falls_back_to_the_general_one(monkeypatc
         return Found(key)
 
     monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
-    ops = _op.OpKernels("tkaot.quant.norm_forward_and_per_token_cast", "norm_cast", ("hidden", "dtype", "sf", "tiling"), ())
+    from tkaot._quant.kernels import NORM_CAST
+
+    ops = _op.OpKernels("tkaot.quant.norm_forward_and_per_token_cast", NORM_CAST)
     asked = (7168, "bfloat16", "fp32", _fused.NORM_CAST_RESIDUAL_TILING)
     general = _fused.NORM_CAST_TILING
     assert ops.get(0, *asked, general_tiling=general) == ("launcher", "hidden=7168,dtype=bfloat16,sf=fp32,tiling=lean8nlbwdgw")

@@ -34,6 +34,7 @@ from tkaot._cast_common import (
     _sf_kind,
 )
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
 from tkaot._validate import MAX_I32, check_cuda, fail
 
 __all__ = [
@@ -53,36 +54,12 @@ __all__ = [
 
 _GROUPS = (16, 32, 64, 128)
 
-_PER_TOKEN_AXES = ("hidden", "in_dtype", "in_block", "in_sf", "fmt", "group", "sf", "sf_layout", "mode", "stochastic")
-_PER_TOKEN_ARGS = ("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride")
-_PER_TOKEN = {
-    f"tkaot.quant.{op}": OpKernels(f"tkaot.quant.{op}", "per_token_cast", _PER_TOKEN_AXES, _PER_TOKEN_ARGS)
-    for op in ("per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back")
-}
-_PER_BLOCK = {
-    f"tkaot.quant.{op}": OpKernels(
-        f"tkaot.quant.{op}", "per_block_cast", ("hidden", "in_dtype", "fmt", "block_m", "block_k", "sf", "sf_layout", "mode"),
-        ("x", "out", "out_sf", "num_tokens", "sf_stride"),
-    )
-    for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")
-}  # fmt: skip
-_PER_CHANNEL = OpKernels(
-    "tkaot.quant.per_channel_cast",
-    "per_channel_cast",
-    ("hidden", "in_dtype", "in_block", "in_sf", "block_m", "sf"),
-    ("x", "x_sf", "out", "out_sf", "num_tokens", "in_sf_stride"),
-)
-_CAST = OpKernels("tkaot.quant.cast", "cast", ("in_dtype", "out_dtype", "stochastic"), ("x", "y", "n"))
+_PER_TOKEN = {op: OpKernels(op, PER_TOKEN_CAST) for op in PER_TOKEN_CAST.ops}
+_PER_BLOCK = {op: OpKernels(op, PER_BLOCK_CAST) for op in PER_BLOCK_CAST.ops}
+_PER_CHANNEL = OpKernels("tkaot.quant.per_channel_cast", PER_CHANNEL_CAST)
+_CAST = OpKernels("tkaot.quant.cast", CAST)
 _CAST_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "e4m3"}
-_CAST_BACK = {
-    f"tkaot.quant.{op}": OpKernels(
-        f"tkaot.quant.{op}",
-        "cast_back",
-        ("hidden", "in_dtype", "in_block", "in_sf", "out_dtype"),
-        ("x", "x_sf", "out", "num_tokens", "x_stride", "sf_stride"),
-    )
-    for op in ("cast_back", "per_token_cast_back")
-}
+_CAST_BACK = {op: OpKernels(op, CAST_BACK) for op in CAST_BACK.ops}
 
 
 def _per_token_impl(op, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,

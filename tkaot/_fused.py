@@ -18,21 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._quant.kernels import NORM_CAST_TILINGS, SWIGLU_TILINGS
 from tkaot._validate import fail
 
-# The kernels' tiling axis (kernels_src/fused/swiglu.py, norm_cast.py: TILINGS); the shape sets build these
-SWIGLU_TILING = "wscc2v9b1g"
-# Calls with a clamp_value: the tiling that counts clamped elements only when clamped_count is given and clamps with
-# NaN-propagating min / max (H200: with routing weights and a clamp 25.6-25.8 µs against SWIGLU_TILING's 30.8-31.2
-# and TileKernels' 30.5-30.7; a clamp alone 24.2-24.3; without a clamp it is 0-0.3 µs slower than SWIGLU_TILING;
-# bench/results/tuning/2026-12-01-H200-tune24*_options.log, tune28*)
-SWIGLU_CLAMP_TILING = "wscc2v9b1gkm"
-NORM_CAST_TILING = "lean8nlbwdgw"
-# Calls with a residual: a tiling specialised for one (an "R" in its name: it takes the residual as given, so it
-# serves these calls only), weight read with x at 6 blocks an SM, the residual sum stored after the reduction
-# (H200, 8192x7168: 102.6-103.1 µs against lean8nlbwdgw's 106.2-107.6 and TileKernels' 103.3-104.0;
-# bench/results/tuning/2026-12-01-H200-tune26*_options.log)
-NORM_CAST_RESIDUAL_TILING = "lean6plbwdgwRL"
+# The shipped tilings, declared with the kernels (tkaot/_quant/kernels.py)
+SWIGLU_TILING = SWIGLU_TILINGS["default"]
+SWIGLU_CLAMP_TILING = SWIGLU_TILINGS["clamp"]  # calls with a clamp_value
+NORM_CAST_TILING = NORM_CAST_TILINGS["default"]
+NORM_CAST_RESIDUAL_TILING = NORM_CAST_TILINGS["residual"]  # calls with a residual
 
 _IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
 _F32, _I32, _I64, _BF16, _FP8 = torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.float8_e4m3fn

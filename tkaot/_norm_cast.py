@@ -14,24 +14,14 @@ from tkaot import quant as _quant  # imported by tkaot.quant once its own ops ar
 from tkaot._cast_common import _SF_DTYPE, _align, _sf_cols
 from tkaot._fused import _BF16, _F32, _FP8, _I32, _IN_DTYPES, _empty_strided, _Fallback, _sf_kind
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant.kernels import NORM_CAST
 from tkaot._validate import MAX_I32, fail
 
 __all__ = ["norm_forward_and_per_token_cast"]
 
 _PLAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # unquantized fmt: x's dtype
 
-_NORM_CAST = OpKernels(
-    "tkaot.quant.norm_forward_and_per_token_cast",
-    "norm_cast",
-    ("hidden", "dtype", "sf", "tiling"),
-    (
-        "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd",
-        "eps", "out_scale", "has_weight", "has_residual", "has_rstd", "has_out_bf16",
-        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-        "residual_out_batch_stride", "residual_out_stride", "out_batch_stride", "out_stride",
-        "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride", "sf_stride", "sf_group_stride",
-    ),
-)  # fmt: skip
+_NORM_CAST = OpKernels("tkaot.quant.norm_forward_and_per_token_cast", NORM_CAST)
 _NORM_CAST_GROUP = 32
 
 

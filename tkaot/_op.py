@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._decl import KernelDecl
 from tkaot._kernel import Launcher
 from tkaot.errors import VariantNotBuilt
 from tkaot.registry import REGISTRY
@@ -16,20 +17,18 @@ from tkaot.registry import REGISTRY
 current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _text(value) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
 class OpKernels:
-    """The launchers of one kernel for one op, keyed by (device, *static values in axis order)."""
+    """The launchers of one kernel for one op, keyed by (device, *static values in the declaration's axis order)."""
 
-    def __init__(self, op: str, kernel: str, axes: tuple[str, ...], args: tuple[str, ...]):
-        self.op, self.kernel, self.axes, self.args = op, kernel, axes, args
+    def __init__(self, op: str, decl: KernelDecl):
+        if op not in decl.ops:
+            raise ValueError(f"{op} is not among the ops kernel {decl.name} declares: {decl.ops}")
+        self.op, self.decl, self.kernel, self.args = op, decl, decl.name, decl.args
         # (device, *values) -> Launcher; ops may also key it by their own hashable fast-path tuple
         self.cache: dict[tuple, Launcher] = {}
 
     def key(self, values: tuple) -> str:
-        return ",".join(f"{a}={_text(v)}" for a, v in zip(self.axes, values))
+        return self.decl.key(values)
 
     def get(self, device: int, *values, general_tiling: str | None = None) -> Launcher:
         """The launcher for `values`. `general_tiling` names a tiling (the last static value) that serves every call

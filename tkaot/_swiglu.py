@@ -14,6 +14,7 @@ from tkaot import _fused, _validate
 from tkaot._cast_common import _alloc_sf, _ceil_div
 from tkaot._fused import _BF16, _F32, _FP8, _I32, _I64, _IN_DTYPES, _empty_strided, _Fallback, _sf_kind
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant.kernels import SWIGLU
 from tkaot._validate import MAX_I32, fail
 
 __all__ = ["swiglu_forward", "swiglu_forward_and_per_token_cast"]
@@ -25,17 +26,7 @@ _OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "e4m3": torch.floa
 _SWIGLU_MAX_HIDDEN = {torch.bfloat16: 32768, torch.float32: 18432}
 
 
-_SWIGLU = OpKernels(
-    "tkaot.quant.swiglu_forward_and_per_token_cast",
-    "swiglu",
-    ("hidden", "dtype", "fmt", "group", "sf", "tiling"),
-    (
-        "x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count",
-        "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor",
-        "has_clamp", "clamp_value", "count_clamp",
-        "num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride",
-    ),
-)  # fmt: skip
+_SWIGLU = OpKernels("tkaot.quant.swiglu_forward_and_per_token_cast", SWIGLU)
 
 
 def alloc_token_sf(num_rows: int, num_groups: int, sf_kind: str, col_major: bool, device) -> tuple[torch.Tensor, int, int]:

@@ -21,23 +21,14 @@ import torch
 
 from tkaot._cast_common import _alloc_sf, _ceil_div, _check_block, _quantized_input, _sf_kernel_stride, _sf_kind
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF, PER_BLOCK_CAST_LOSSLESS
 from tkaot._validate import MAX_I32, check_cuda, fail
 
 __all__ = ["batched_transpose_weight_sf", "per_block_cast_lossless"]
 
 _OUT_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (32, 128), (128, 32), (128, 128))
-_LOSSLESS = OpKernels(
-    "tkaot.quant.per_block_cast_lossless",
-    "per_block_cast_lossless",
-    ("hidden", "in_block", "in_sf", "out_block", "sf", "sf_layout"),
-    ("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
-)
-_TRANSPOSE_SF = OpKernels(
-    "tkaot.quant.batched_transpose_weight_sf",
-    "batched_transpose_weight_sf",
-    ("block_size",),
-    ("sf", "sf0", "sf1", "num_groups", "num_sf_n", "num_sf_k"),
-)
+_LOSSLESS = OpKernels("tkaot.quant.per_block_cast_lossless", PER_BLOCK_CAST_LOSSLESS)
+_TRANSPOSE_SF = OpKernels("tkaot.quant.batched_transpose_weight_sf", BATCHED_TRANSPOSE_WEIGHT_SF)
 _HEADROOM = 6  # an output block's exponent sits 2**6 below its largest input block's (E4M3 max 448 >= 6 * 2**6)
 _MAX_SPREAD = 5  # TileKernels' bound: no input block more than 2**11 below the largest of its output block
 _POW2_MASK = -0x7F800001  # sign and mantissa bits of an fp32 (0x807FFFFF as int32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._moe.kernels import GATE_TILINGS, MOE_TOPK_GATE, NORMALIZE_WEIGHT, TOPK_GATE
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, check_cuda, fail
 
@@ -11,28 +12,11 @@ from tkaot._validate import MAX_I32, check_cuda, fail
 _MASK, _BIAS, _IMAGE, _FIX, _UNMAPPED, _PHYSICAL, _RANDOM, _SCORES = 1, 2, 4, 8, 16, 32, 64, 128
 _MAX_TOPK = 32  # one warp holds a token's slots
 _MAX_GATE_TOKENS = 2**26  # token * 32 + lane is the random stream's 32-bit subsequence
-# The kernels' static `tiling` (kernels_src/moe/common.TILINGS) each op launches
-_GATE_TILING = "ballot4"
-_TOPK_TILING = "ballot4"
+_GATE_TILING = _TOPK_TILING = GATE_TILINGS["default"]
 
-_GATE = OpKernels(
-    "tkaot.moe.moe_topk_gate_forward",
-    "moe_topk_gate",
-    ("num_experts", "num_topk", "tiling"),
-    (
-        "logits", "bias", "image_bias", "image_token_mask", "mask", "fix_routing_mask", "force_random",
-        "to_physical_map", "logical_count", "topk_idx", "topk_weights", "unmapped_topk_idx", "scores",
-        "num_shared_experts", "routed_scaling_factor", "ep_rank", "flags",
-        "num_tokens", "num_logical_experts", "num_duplicates", "num_physical_topk", "unmapped_topk_idx_stride",
-    ),
-)  # fmt: skip
-_TOPK = OpKernels("tkaot.moe.topk_gate", "topk_gate", ("num_experts", "num_topk", "tiling"), ("scores", "topk_idx", "num_tokens"))
-_NORMALIZE = OpKernels(
-    "tkaot.moe.normalize_weight",
-    "normalize_weight",
-    ("num_topk",),
-    ("topk_weights", "denominator", "normalized_weights", "num_tokens"),
-)
+_GATE = OpKernels("tkaot.moe.moe_topk_gate_forward", MOE_TOPK_GATE)
+_TOPK = OpKernels("tkaot.moe.topk_gate", TOPK_GATE)
+_NORMALIZE = OpKernels("tkaot.moe.normalize_weight", NORMALIZE_WEIGHT)
 
 
 def _check_int(op: str, name: str, value, low: int, high: int) -> int:

@@ -7,20 +7,12 @@ import importlib
 import torch
 
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant.kernels import RMSNORM
 from tkaot._validate import MAX_I32, check_cuda, check_like, check_rows, fail
 
 _NORM_VEC = {torch.bfloat16: 8, torch.float32: 4}  # elements per 16-byte vector
 _NORM_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-_NORM = OpKernels(
-    "tkaot.quant.norm_forward",
-    "rmsnorm",
-    ("hidden", "dtype", "with_weight", "with_residual", "with_rstd"),
-    (
-        "x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale", "batch", "num_tokens",
-        "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-        "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
-    ),
-)  # fmt: skip
+_NORM = OpKernels("tkaot.quant.norm_forward", RMSNORM)
 
 
 def _row_strides(t: torch.Tensor) -> tuple[int, int]:

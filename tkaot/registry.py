@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkaot import __version__
+from tkaot._decl import build_command, parse_key
 from tkaot._kernel import Kernel
 from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec
 from tkaot.errors import ArtifactError, ManifestError, NoGPUError, UnsupportedArchError, VariantNotBuilt
@@ -248,10 +249,6 @@ def check_version(s: ArtifactSet, arch: str) -> None:
         )
 
 
-def parse_key(key: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in key.split(",") if part)
-
-
 def nearest_keys(key: str, built: list[str], limit: int = 3) -> list[str]:
     """Built keys ranked by how many axes differ, then by numeric distance."""
     want = parse_key(key)
@@ -268,11 +265,6 @@ def nearest_keys(key: str, built: list[str], limit: int = 3) -> list[str]:
         return len(differ), numeric
 
     return sorted(built, key=distance)[:limit]
-
-
-def build_command(kernel: str, key: str, arch: str) -> str:
-    sets = " ".join(f"--set {k}={v}" for k, v in parse_key(key).items())
-    return f"tkaot-build build --op {kernel} {sets} --arch {arch} --out ./tkaot-artifacts"
 
 
 REGISTRY = Registry()

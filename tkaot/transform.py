@@ -6,23 +6,14 @@ import torch
 
 from tkaot import _validate
 from tkaot._op import OpKernels, current_stream
+from tkaot._transform.kernels import ROTARY
 from tkaot._validate import MAX_I32, fail
 
 __all__ = ["apply_rotary"]
 
 _OP = "tkaot.transform.apply_rotary"
 _DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
-_ROTARY = OpKernels(
-    _OP,
-    "rotary",
-    ("rot_dim", "dtype", "interleaved"),
-    (
-        "x", "cos_sin_cache", "positions", "has_positions", "conjugate", "seqlen_offset",
-        "batch", "seqlen", "num_heads", "cache_rows",
-        "x_batch_stride", "x_stride", "x_head_stride", "cache_stride",
-        "positions_batch_stride", "positions_stride",
-    ),
-)  # fmt: skip
+_ROTARY = OpKernels(_OP, ROTARY)
 
 
 def _head_rows(name: str, t: torch.Tensor, vec: int) -> tuple[int, int, int]:

@@ -1,0 +1,147 @@
+"""Kernel declarations: what the build and the runtime must agree on about each kernel, written once.
+
+A `KernelDecl` is plain data (no TileLang, no torch): the kernel's static axes and the values each
+may take, the runtime arguments the ops pass (tensor pointers, scalars, dynamic dims, in the ops'
+order), the shipped tilings, and the ops it serves. The TileLang source (kernels_src/) builds
+from it and the build checks the lowered signature against it; the runtime keys and binds
+variants with it. A variant's key is formatted by `KernelDecl.key` and nowhere else.
+
+Each family keeps its declarations in `tkaot/_<family>/kernels.py` as a tuple `KERNELS`;
+`all_kernels()` collects them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+# The runtime families that declare kernels (tkaot/_<family>/kernels.py)
+FAMILIES = ("quant", "moe", "transform")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One static (compile-time) parameter of a kernel."""
+
+    name: str
+    kind: type  # int, str or bool
+    choices: tuple | None = None  # allowed values, when the set is finite
+    check: Callable[[object], bool] | None = None  # predicate, when it is not
+    rule: str = ""  # the predicate in words, for error messages
+
+    def parse(self, text: str | object):
+        """Turn a CLI or TOML value into this axis's type, or raise ValueError."""
+        if self.kind is bool:
+            if isinstance(text, bool):
+                value = text
+            elif str(text).lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(text).lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError(f"{self.name}: expected a boolean, got {text!r}")
+        elif self.kind is int:
+            try:
+                value = int(text)
+            except (TypeError, ValueError):
+                raise ValueError(f"{self.name}: expected an integer, got {text!r}") from None
+        else:
+            value = str(text)
+        self.validate(value)
+        return value
+
+    def validate(self, value) -> None:
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{self.name}={value!r} is not supported; choose one of {list(self.choices)}")
+        if self.check is not None and not self.check(value):
+            raise ValueError(f"{self.name}={value!r} is not supported: {self.rule}")
+
+    def allows(self, value) -> bool:
+        try:
+            self.validate(value)
+        except ValueError:
+            return False
+        return True
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "|".join(format_value(c) for c in self.choices)
+        return self.rule or self.kind.__name__
+
+
+def format_value(value) -> str:
+    """A static value as it stands in a key: booleans lower-case, everything else str()."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def parse_key(key: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in key.split(",") if part)
+
+
+def build_command(kernel: str, key: str, arch: str) -> str:
+    """The tkaot-build command that builds one variant."""
+    sets = " ".join(f"--set {k}={v}" for k, v in parse_key(key).items())
+    return f"tkaot-build build --op {kernel} {sets} --arch {arch} --out ./tkaot-artifacts"
+
+
+@dataclass(frozen=True)
+class KernelDecl:
+    """One kernel, as both wings see it."""
+
+    name: str
+    source: str  # its TileLang module ("kernels_src.<family>.<file>"); imported by the build only
+    axes: tuple[Axis, ...]
+    args: tuple[str, ...]  # runtime arguments, in the order the ops pass them (the lowered kernel's, by name)
+    dims: tuple[str, ...]  # the dynamic dims among args
+    ops: tuple[str, ...]  # the public ops that launch it
+    # role -> shipped tiling, for kernels with a "tiling" axis (whose choices are exactly these tilings)
+    tilings: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names) or len(set(self.args)) != len(self.args):
+            raise ValueError(f"{self.name}: axis or argument names repeat")
+        if not set(self.dims) <= set(self.args):
+            raise ValueError(f"{self.name}: dynamic dims {sorted(set(self.dims) - set(self.args))} are not arguments")
+        if self.tilings:
+            tiling = self.axis("tiling")
+            if tiling.choices != tuple(dict.fromkeys(self.tilings.values())):
+                raise ValueError(f"{self.name}: the tiling axis must offer exactly the shipped tilings {dict(self.tilings)}")
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    def axis(self, name: str) -> Axis:
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.name} has no axis {name!r}")
+
+    def key(self, values) -> str:
+        """The variant key of static values given in axis order: "axis=value,..."; the one key format."""
+        return ",".join(f"{a.name}={format_value(v)}" for a, v in zip(self.axes, values))
+
+
+def tiling_axis(tilings: Mapping[str, str]) -> Axis:
+    """The static `tiling` axis of a kernel that ships these tilings (role -> name)."""
+    return Axis("tiling", str, choices=tuple(dict.fromkeys(tilings.values())))
+
+
+def all_kernels() -> dict[str, KernelDecl]:
+    """Every declared kernel, by name (imports each family's declaration module: plain data, cheap)."""
+    found: dict[str, KernelDecl] = {}
+    for family in FAMILIES:
+        for decl in importlib.import_module(f"tkaot._{family}.kernels").KERNELS:
+            if decl.name in found:
+                raise RuntimeError(f"kernel {decl.name!r} is declared twice")
+            found[decl.name] = decl
+    return found
+
+
+def kernel(name: str) -> KernelDecl:
+    try:
+        return all_kernels()[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel {name!r}; known: {sorted(all_kernels())}") from None

@@ -1,0 +1,54 @@
+"""Declarations of the kernels behind tkaot.moe (tkaot/_decl.py): top-k gates and weight normalisation."""
+
+from __future__ import annotations
+
+from tkaot._decl import Axis, KernelDecl, tiling_axis
+
+MAX_TOPK = 32  # one warp holds a token's slots
+MAX_EXPERTS = 512
+# Each token's top-k found by warp ballots over 4 candidates a lane (kernels_src/moe/common.py)
+GATE_TILINGS = {"default": "ballot4"}
+
+MOE_TOPK_GATE = KernelDecl(
+    name="moe_topk_gate",
+    source="kernels_src.moe.moe_topk_gate",
+    axes=(
+        Axis("num_experts", int, check=lambda e: 64 <= e <= MAX_EXPERTS and e % 4 == 0, rule=f"a multiple of 4 in [64, {MAX_EXPERTS}]"),
+        Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),
+        tiling_axis(GATE_TILINGS),
+    ),
+    args=(
+        "logits", "bias", "image_bias", "image_token_mask", "mask", "fix_routing_mask", "force_random",
+        "to_physical_map", "logical_count", "topk_idx", "topk_weights", "unmapped_topk_idx", "scores",
+        "num_shared_experts", "routed_scaling_factor", "ep_rank", "flags",
+        "num_tokens", "num_logical_experts", "num_duplicates", "num_physical_topk", "unmapped_topk_idx_stride",
+    ),
+    dims=("num_tokens", "num_logical_experts", "num_duplicates", "num_physical_topk", "unmapped_topk_idx_stride"),
+    ops=("tkaot.moe.moe_topk_gate_forward",),
+    tilings=GATE_TILINGS,
+)  # fmt: skip
+
+TOPK_GATE = KernelDecl(
+    name="topk_gate",
+    source="kernels_src.moe.topk_gate",
+    axes=(
+        Axis("num_experts", int, check=lambda e: 1 <= e <= MAX_EXPERTS, rule=f"in [1, {MAX_EXPERTS}]"),
+        Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),
+        tiling_axis(GATE_TILINGS),
+    ),
+    args=("scores", "topk_idx", "num_tokens"),
+    dims=("num_tokens",),
+    ops=("tkaot.moe.topk_gate",),
+    tilings=GATE_TILINGS,
+)
+
+NORMALIZE_WEIGHT = KernelDecl(
+    name="normalize_weight",
+    source="kernels_src.moe.normalize_weight",
+    axes=(Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),),
+    args=("topk_weights", "denominator", "normalized_weights", "num_tokens"),
+    dims=("num_tokens",),
+    ops=("tkaot.moe.normalize_weight",),
+)
+
+KERNELS = (MOE_TOPK_GATE, TOPK_GATE, NORMALIZE_WEIGHT)

@@ -1,0 +1,210 @@
+"""Declarations of the kernels behind tkaot.quant (tkaot/_decl.py): norm, SwiGLU, and the FP8/FP4 casts."""
+
+from __future__ import annotations
+
+from tkaot._decl import Axis, KernelDecl, tiling_axis
+
+_Q = "tkaot.quant."
+MAX_CAST_HIDDEN = 65536
+FLOAT_DTYPES = ("bfloat16", "float32")
+# A quantized input's block (rows x columns sharing one sf) and its sf kind and layout; "none" for bf16/fp32 input
+IN_BLOCKS = ("none", "1x16", "1x32", "1x64", "1x128", "32x32", "128x128")
+IN_SF = ("none", "fp32", "fp32_col", "ue8m0", "ue8m0_col", "e4m3", "e4m3_col")
+# Output sf kinds: fp32, fp32 powers of two, packed UE8M0 exponent bytes, E4M3
+SF_KINDS = ("fp32", "pow2", "ue8m0", "e4m3")
+# cast's dtypes, and the pairs it can round stochastically
+CAST_DTYPES = ("float32", "bfloat16", "float16", "e4m3")
+STOCHASTIC_PAIRS = (("float32", "bfloat16"), ("float32", "e4m3"), ("bfloat16", "e4m3"))
+LOSSLESS_OUT_BLOCKS = ("1x16", "1x32", "1x64", "1x128", "32x32", "32x128", "128x32", "128x128")
+
+
+def _hidden(multiple: int, limit: int) -> Axis:
+    return Axis("hidden", int, check=lambda h: 0 < h <= limit and h % multiple == 0, rule=f"a multiple of {multiple} in (0, {limit}]")
+
+
+_BOOL = (False, True)
+
+RMSNORM = KernelDecl(
+    name="rmsnorm",
+    source="kernels_src.norm.rmsnorm",
+    axes=(
+        _hidden(16, 8192),
+        Axis("dtype", str, choices=FLOAT_DTYPES),
+        Axis("with_weight", bool, choices=_BOOL),
+        Axis("with_residual", bool, choices=_BOOL),
+        Axis("with_rstd", bool, choices=_BOOL),
+    ),
+    args=(
+        "x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale", "batch", "num_tokens",
+        "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
+        "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
+    ),
+    dims=(
+        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
+        "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
+    ),
+    ops=(_Q + "norm_forward",),
+)  # fmt: skip
+
+# Tilings (kernels_src/fused/norm_cast.py): without a residual, 8 blocks an SM with the weight prefetched into L2;
+# with one, a residual-specialised tiling (H200 8192x7168: 102.6-103.1 µs against 106.2-107.6, TileKernels 103.3-104.0)
+NORM_CAST_TILINGS = {"default": "lean8nlbwdgw", "residual": "lean6plbwdgwRL"}
+NORM_CAST = KernelDecl(
+    name="norm_cast",
+    source="kernels_src.fused.norm_cast",
+    axes=(
+        _hidden(32, 8192),
+        Axis("dtype", str, choices=FLOAT_DTYPES),
+        Axis("sf", str, choices=SF_KINDS[:3]),
+        tiling_axis(NORM_CAST_TILINGS),
+    ),
+    args=(
+        "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd",
+        "eps", "out_scale", "has_weight", "has_residual", "has_rstd", "has_out_bf16",
+        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
+        "residual_out_batch_stride", "residual_out_stride", "out_batch_stride", "out_stride",
+        "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride", "sf_stride", "sf_group_stride",
+    ),
+    dims=(
+        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
+        "residual_out_batch_stride", "residual_out_stride", "out_batch_stride", "out_stride",
+        "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride", "sf_stride", "sf_group_stride",
+    ),
+    ops=(_Q + "norm_forward_and_per_token_cast",),
+    tilings=NORM_CAST_TILINGS,
+)  # fmt: skip
+
+# Tilings (kernels_src/fused/swiglu.py): calls with a clamp_value take the one that clamps with NaN-propagating
+# min / max and counts clamped elements only when asked (H200, weights + clamp: 25.6-25.8 µs against 30.8-31.2)
+SWIGLU_TILINGS = {"default": "wscc2v9b1g", "clamp": "wscc2v9b1gkm"}
+SWIGLU = KernelDecl(
+    name="swiglu",
+    source="kernels_src.fused.swiglu",
+    axes=(
+        _hidden(256, 32768),
+        Axis("dtype", str, choices=FLOAT_DTYPES),
+        Axis("fmt", str, choices=("bf16", "fp32", "e4m3")),
+        Axis("group", int, choices=(0, 32, 128)),
+        Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0")),
+        tiling_axis(SWIGLU_TILINGS),
+    ),
+    args=(
+        "x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count",
+        "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor",
+        "has_clamp", "clamp_value", "count_clamp",
+        "num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride",
+    ),
+    dims=("num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride"),
+    ops=(_Q + "swiglu_forward", _Q + "swiglu_forward_and_per_token_cast"),
+    tilings=SWIGLU_TILINGS,
+)  # fmt: skip
+
+PER_TOKEN_CAST = KernelDecl(
+    name="per_token_cast",
+    source="kernels_src.quant.per_token_cast",
+    axes=(
+        _hidden(64, MAX_CAST_HIDDEN),
+        Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3", "e2m1")),
+        Axis("in_block", str, choices=IN_BLOCKS),
+        Axis("in_sf", str, choices=IN_SF),
+        Axis("fmt", str, choices=("e4m3", "e2m1")),
+        Axis("group", int, choices=(16, 32, 64, 128)),
+        Axis("sf", str, choices=SF_KINDS),
+        Axis("sf_layout", str, choices=("row", "col")),
+        Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf", "round_trip")),
+        Axis("stochastic", bool, choices=_BOOL),
+    ),
+    args=("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    ops=tuple(_Q + op for op in (
+        "per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back",
+    )),
+)  # fmt: skip
+
+PER_BLOCK_CAST = KernelDecl(
+    name="per_block_cast",
+    source="kernels_src.quant.per_block_cast",
+    axes=(
+        _hidden(128, MAX_CAST_HIDDEN),
+        Axis("in_dtype", str, choices=FLOAT_DTYPES),
+        Axis("fmt", str, choices=("e4m3", "e2m1")),
+        Axis("block_m", int, choices=(32, 128)),
+        Axis("block_k", int, choices=(32, 128)),
+        Axis("sf", str, choices=SF_KINDS[:3]),
+        Axis("sf_layout", str, choices=("row", "col")),
+        Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf")),
+    ),
+    args=("x", "out", "out_sf", "num_tokens", "sf_stride"),
+    dims=("num_tokens", "sf_stride"),
+    ops=tuple(_Q + op for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")),
+)
+
+PER_CHANNEL_CAST = KernelDecl(
+    name="per_channel_cast",
+    source="kernels_src.quant.per_channel_cast",
+    axes=(
+        _hidden(128, MAX_CAST_HIDDEN),
+        Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3")),
+        Axis("in_block", str, choices=("none", "1x32", "1x128")),
+        Axis("in_sf", str, choices=IN_SF),
+        Axis("block_m", int, choices=(32, 128)),
+        Axis("sf", str, choices=SF_KINDS[:3]),
+    ),
+    args=("x", "x_sf", "out", "out_sf", "num_tokens", "in_sf_stride"),
+    dims=("num_tokens", "in_sf_stride"),
+    ops=(_Q + "per_channel_cast",),
+)
+
+CAST = KernelDecl(
+    name="cast",
+    source="kernels_src.quant.cast",
+    axes=(Axis("in_dtype", str, choices=CAST_DTYPES), Axis("out_dtype", str, choices=CAST_DTYPES), Axis("stochastic", bool, choices=_BOOL)),
+    args=("x", "y", "n"),
+    dims=("n",),
+    ops=(_Q + "cast",),
+)
+
+CAST_BACK = KernelDecl(
+    name="cast_back",
+    source="kernels_src.quant.cast_back",
+    axes=(
+        _hidden(64, MAX_CAST_HIDDEN),
+        Axis("in_dtype", str, choices=("e4m3", "e2m1")),
+        Axis("in_block", str, choices=IN_BLOCKS[1:]),
+        Axis("in_sf", str, choices=IN_SF[1:]),
+        Axis("out_dtype", str, choices=FLOAT_DTYPES),
+    ),
+    args=("x", "x_sf", "out", "num_tokens", "x_stride", "sf_stride"),
+    dims=("num_tokens", "x_stride", "sf_stride"),
+    ops=(_Q + "cast_back", _Q + "per_token_cast_back"),
+)
+
+PER_BLOCK_CAST_LOSSLESS = KernelDecl(
+    name="per_block_cast_lossless",
+    source="kernels_src.quant.per_block_cast_lossless",
+    axes=(
+        _hidden(128, MAX_CAST_HIDDEN),
+        Axis("in_block", str, choices=IN_BLOCKS[1:]),
+        Axis("in_sf", str, choices=("fp32", "fp32_col", "ue8m0", "ue8m0_col")),
+        Axis("out_block", str, choices=LOSSLESS_OUT_BLOCKS),
+        Axis("sf", str, choices=("pow2", "ue8m0")),
+        Axis("sf_layout", str, choices=("row", "col")),
+    ),
+    args=("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    ops=(_Q + "per_block_cast_lossless",),
+)
+
+BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
+    name="batched_transpose_weight_sf",
+    source="kernels_src.quant.batched_transpose_weight_sf",
+    axes=(Axis("block_size", int, choices=(32, 128)),),
+    args=("sf", "sf0", "sf1", "num_groups", "num_sf_n", "num_sf_k"),
+    dims=("num_groups", "num_sf_n", "num_sf_k"),
+    ops=(_Q + "batched_transpose_weight_sf",),
+)
+
+KERNELS = (
+    RMSNORM, NORM_CAST, SWIGLU, PER_TOKEN_CAST, PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, PER_BLOCK_CAST_LOSSLESS,
+    BATCHED_TRANSPOSE_WEIGHT_SF,
+)  # fmt: skip
