@@ -67,9 +67,9 @@ def patch_for_cpu() -> None:
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     import sys
 
-    import tkaot._casts  # noqa: F401  (op modules load lazily: load them all before patching)
-    import tkaot._norm_cast  # noqa: F401
-    import tkaot._swiglu  # noqa: F401
+    import tkaot._quant.casts  # noqa: F401  (op modules load lazily: load them all before patching)
+    import tkaot._quant.norm_cast  # noqa: F401
+    import tkaot._quant.swiglu  # noqa: F401
     import tkaot.moe  # noqa: F401
     import tkaot.quant  # noqa: F401
     import tkaot.transform  # noqa: F401

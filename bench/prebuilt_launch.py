@@ -26,7 +26,7 @@ def prebuilt_norm_launch(hidden: int = 7168) -> PrebuiltLaunch:
     """The (1, hidden) bf16 norm_forward kernel with weight, its arguments packed once, module loaded."""
     import tkaot.quant
     from tkaot import _cuda
-    from tkaot.quant import _NORM
+    from tkaot._quant.norm import _NORM
     from tkaot.registry import REGISTRY
 
     x = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda")

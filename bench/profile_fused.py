@@ -15,7 +15,7 @@ import sys
 import torch
 
 import tkaot
-from tkaot import _fused
+from tkaot._quant import fused as _fused
 
 LAUNCHES = 2
 TOKENS, SWIGLU_HIDDEN, NORM_HIDDEN = 8192, 2048, 7168

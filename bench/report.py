@@ -1,6 +1,6 @@
 """Turn a results JSON into the markdown table of bench/RESULTS.md and a PNG of achieved TB/s.
 
-    python -m bench.report bench/results/<file>.json [--png bench/results/<file>.png] [--md bench/RESULTS.md]
+python -m bench.report bench/results/<file>.json [--png bench/results/<file>.png] [--md bench/RESULTS.md]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 
 import tkaot
 from bench.timing import device_us
-from tkaot import _fused
+from tkaot._quant import fused as _fused
 
 HIDDEN = 2048
 ROWS = (1320 * 5, 7920, 8192, 1320 * 7, 1320 * 8)

@@ -77,7 +77,7 @@ def launch_floor() -> dict:
     import tkaot
     from bench.prebuilt_launch import prebuilt_norm_launch
     from tkaot import _cuda
-    from tkaot.quant import _NORM
+    from tkaot._quant.norm import _NORM
 
     pre = prebuilt_norm_launch()
     x, w, dev, stream = pre.x, pre.weight, pre.x.get_device(), pre.stream

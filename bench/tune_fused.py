@@ -21,7 +21,8 @@ import torch
 
 import tkaot
 from bench.timing import copy_ceiling_tbps, device_us
-from tkaot import _fused, reference
+from tkaot import reference
+from tkaot._quant import fused as _fused
 from tkaot.errors import VariantNotBuilt
 
 INPUT_SETS = 3

@@ -15,6 +15,7 @@ import torch
 
 from bench.timing import device_us
 from tkaot import moe
+from tkaot._moe import ops as moe_ops
 from tkaot._op import current_stream
 from tkaot.errors import VariantNotBuilt
 from tkaot.reference import moe as ref
@@ -70,7 +71,10 @@ def main() -> None:
     topk_inputs = [dict(logits=d["logits"], idx=torch.empty(TOKENS, TOPK, dtype=torch.int64, device="cuda")) for d in inputs]
 
     print(f"{'kernel':15s} {'tiling':8s} {'check':6s} {'µs':>7s}  mode")
-    for name, ops, make, sets in (("moe_topk_gate", moe._GATE, gate_call, inputs), ("topk_gate", moe._TOPK, topk_call, topk_inputs)):
+    for name, ops, make, sets in (
+        ("moe_topk_gate", moe_ops._GATE, gate_call, inputs),
+        ("topk_gate", moe_ops._TOPK, topk_call, topk_inputs),
+    ):
         for tiling in TILINGS:
             launch = launcher(ops, tiling, device)
             if launch is None:
@@ -90,7 +94,7 @@ def main() -> None:
                 exact = torch.equal(io["idx"], want_topk)
             us, mode = device_us(call, sets, reps=30)
             print(f"{name:15s} {tiling:8s} {'yes' if exact else 'NO':6s} {us:7.2f}  {mode}")
-    print(f"op defaults: moe_topk_gate {moe._GATE_TILING}, topk_gate {moe._TOPK_TILING}; {time.perf_counter() - start:.1f} s")
+    print(f"op defaults: moe_topk_gate {moe_ops._GATE_TILING}, topk_gate {moe_ops._TOPK_TILING}; {time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":

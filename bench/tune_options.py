@@ -15,7 +15,8 @@ import torch
 
 import tkaot
 from bench.timing import copy_ceiling_tbps, device_us
-from tkaot import _fused, reference
+from tkaot import reference
+from tkaot._quant import fused as _fused
 
 # Run 24 (2026-12-01, bench/results/tuning): wscc2v9b1gk won the weights + clamp row. Runs 25-29 (session 5; the
 # logs name candidates since removed from TILINGS, see the notes there): swiglu wscc2v9b1gkm (the clamp by min / max)

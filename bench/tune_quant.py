@@ -50,8 +50,8 @@ import torch
 import tkaot
 from bench.timing import device_us
 from kernels_src.quant.cast_tune import CASES
-from tkaot import _casts
 from tkaot._op import current_stream
+from tkaot._quant import casts as _casts
 from tkaot.errors import VariantNotBuilt
 from tkaot.reference import quant as ref
 

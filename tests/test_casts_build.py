@@ -15,7 +15,7 @@ from build_tools.build import build_variants
 from build_tools.compile import BuildError, compile_variant
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
-from tkaot import _casts
+from tkaot._quant import casts as _casts
 from tkaot._spec import LaunchSpec
 from tkaot.errors import NoGPUError
 from tkaot.reference import quant as ref

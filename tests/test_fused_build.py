@@ -13,9 +13,13 @@ from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
-from tkaot import _fused, _norm_cast, _swiglu, reference, transform
+from tkaot import reference
 from tkaot._kernel import Kernel
+from tkaot._quant import fused as _fused
+from tkaot._quant import norm_cast as _norm_cast
+from tkaot._quant import swiglu as _swiglu
 from tkaot._spec import LaunchSpec
+from tkaot._transform import rotary as rotary_ops
 from tkaot.errors import NoGPUError
 
 BUILT = {
@@ -25,7 +29,7 @@ BUILT = {
     "norm_cast_residual": Variant.make("norm_cast", dict(hidden=7168, dtype="bfloat16", sf="pow2", tiling="lean6plbwdgwRL")),
 }
 OP_KERNELS = {
-    "rotary": transform._ROTARY,
+    "rotary": rotary_ops._ROTARY,
     "swiglu": _swiglu._SWIGLU,
     "norm_cast": _norm_cast._NORM_CAST,
     "norm_cast_residual": _norm_cast._NORM_CAST,
@@ -465,7 +469,7 @@ class _OnDevice0:
 
 
 def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
-    """bench/tune_fused.py and bench/profile_fused.py set tkaot._fused's tilings at run time: both paths of
+    """bench/tune_fused.py and bench/profile_fused.py set tkaot._quant.fused's tilings at run time: both paths of
     both ops read them at each call (meta tensors take the checked path, _OnDevice0 the hot one)."""
     tilings = []
 

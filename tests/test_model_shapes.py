@@ -152,13 +152,14 @@ def test_check_reports_missing_variants(tmp_path):
 
 
 def test_mapped_tilings_are_the_ones_the_ops_launch():
-    from tkaot import _fused, moe
+    from tkaot._moe import ops as moe_ops
+    from tkaot._quant import fused as _fused
 
     assert model_shapes.SWIGLU_TILING == _fused.SWIGLU_TILING
     assert model_shapes.SWIGLU_CLAMP_TILING == _fused.SWIGLU_CLAMP_TILING
     assert model_shapes.NORM_CAST_TILING == _fused.NORM_CAST_TILING
     assert model_shapes.NORM_CAST_RESIDUAL_TILING == _fused.NORM_CAST_RESIDUAL_TILING
-    assert model_shapes.GATE_TILING == moe._GATE_TILING == moe._TOPK_TILING
+    assert model_shapes.GATE_TILING == moe_ops._GATE_TILING == moe_ops._TOPK_TILING
 
 
 def test_every_family_is_mapped_for_a_moe_model():

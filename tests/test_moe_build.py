@@ -15,14 +15,14 @@ import tkaot
 from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
-from tkaot import moe
 from tkaot._kernel import Kernel
+from tkaot._moe import ops as moe_ops
 from tkaot._spec import LaunchSpec
 from tkaot.errors import NoGPUError
 from tkaot.reference import moe as ref
 
 BUILT = [
-    Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=8, tiling=moe._GATE_TILING)),
+    Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=8, tiling=moe_ops._GATE_TILING)),
     Variant.make("normalize_weight", dict(num_topk=9)),
 ]
 API = Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
@@ -44,7 +44,7 @@ def bound(out: Path, entry: dict, args: tuple[str, ...]):
 
 def test_gate_launch_spec(built):
     out, entries = built
-    spec, _ = bound(out, entries["moe_topk_gate"], moe._GATE.args)
+    spec, _ = bound(out, entries["moe_topk_gate"], moe_ops._GATE.args)
     types = {p.name: p.type for p in spec.params}
     # every optional tensor stays a kernel parameter: options are runtime flags, not variants
     for name in ("logits", "bias", "image_bias", "mask", "force_random", "to_physical_map", "unmapped_topk_idx", "scores"):
@@ -56,7 +56,7 @@ def test_gate_launch_spec(built):
 
 def test_normalize_launch_spec(built):
     out, entries = built
-    spec, _ = bound(out, entries["normalize_weight"], moe._NORMALIZE.args)
+    spec, _ = bound(out, entries["normalize_weight"], moe_ops._NORMALIZE.args)
     assert [p.name for p in spec.params if p.type == "ptr"] == ["denominator", "normalized_weights", "topk_weights"]
     assert spec.grid == ("((num_tokens + 127) // 128)", "1", "1")
 
@@ -66,8 +66,8 @@ def test_shapeset_lists_the_default_models():
 
     keys = {(v.kernel, v.key) for v in sweep(read_shapeset(resolve_shapeset("moe")))}
     for experts, topk in ((256, 8), (128, 8), (64, 6), (64, 8)):
-        assert ("moe_topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe._GATE_TILING}") in keys
-        assert ("topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe._TOPK_TILING}") in keys
+        assert ("moe_topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe_ops._GATE_TILING}") in keys
+        assert ("topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe_ops._TOPK_TILING}") in keys
 
 
 def test_axes_refuse_unsupported_shapes():

@@ -15,8 +15,9 @@ from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.compile import BuildError, compile_variant
 from build_tools.ops import Variant
-from tkaot import _casts, _weight_casts
 from tkaot._kernel import Kernel
+from tkaot._quant import casts as _casts
+from tkaot._quant import weight_casts as _weight_casts
 from tkaot._spec import compile_grid
 from tkaot.errors import NoGPUError, VariantNotBuilt
 from tkaot.reference import quant as ref

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tkaot
-from tkaot import _casts
+from tkaot._quant import casts as _casts
 from tkaot.reference import quant as ref
 
 if sys.version_info >= (3, 11):

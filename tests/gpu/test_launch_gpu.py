@@ -100,8 +100,8 @@ class OneLauncher:
 
 @needs_compiled
 def test_both_launchers_write_the_same_bits(seed):
+    from tkaot._quant.norm import _NORM
     from tkaot.moe import _GATE
-    from tkaot.quant import _NORM
 
     dev = torch.cuda.current_device()
     # norm: every parameter type (pointers, f32 eps and scale, i32 dims and strides), a 3-D strided input
@@ -141,7 +141,7 @@ def test_both_launchers_write_the_same_bits(seed):
 def test_a_thread_without_a_context_launches_both_ways():
     """A plain thread has no current CUDA context: the first launch fails with INVALID_CONTEXT, the
     launcher binds torch's context and launches again (the error path of each launcher)."""
-    from tkaot.quant import _NORM
+    from tkaot._quant.norm import _NORM
 
     dev = torch.cuda.current_device()
     x = torch.randn(5, 4096, dtype=torch.bfloat16, device="cuda")

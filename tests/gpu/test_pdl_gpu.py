@@ -117,9 +117,11 @@ def test_fused_kernels_launch_with_pdl_here():
 
 def bound_launchers() -> list:
     """The launcher objects the three ops have bound so far (compiled: the bound method's object)."""
-    from tkaot import _norm_cast, _swiglu, transform
+    from tkaot._quant import norm_cast as _norm_cast
+    from tkaot._quant import swiglu as _swiglu
+    from tkaot._transform import rotary as rotary_ops
 
-    launches = [v for op in (_norm_cast._NORM_CAST, _swiglu._SWIGLU, transform._ROTARY) for v in op.cache.values()]
+    launches = [v for op in (_norm_cast._NORM_CAST, _swiglu._SWIGLU, rotary_ops._ROTARY) for v in op.cache.values()]
     return [getattr(launch, "__self__", launch) for launch in launches]
 
 

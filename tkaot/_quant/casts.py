@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._cast_common import (
+from tkaot._op import OpKernels, current_stream
+from tkaot._quant.cast_common import (
     _FMT_DTYPE,
     _IN_NAMES,
     _SF_DTYPE,
@@ -33,7 +34,6 @@ from tkaot._cast_common import (
     _sf_kernel_stride,
     _sf_kind,
 )
-from tkaot._op import OpKernels, current_stream
 from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
 from tkaot._validate import MAX_I32, check_cuda, fail
 

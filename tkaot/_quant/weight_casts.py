@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from tkaot._cast_common import _alloc_sf, _ceil_div, _check_block, _quantized_input, _sf_kernel_stride, _sf_kind
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant.cast_common import _alloc_sf, _ceil_div, _check_block, _quantized_input, _sf_kernel_stride, _sf_kind
 from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF, PER_BLOCK_CAST_LOSSLESS
 from tkaot._validate import MAX_I32, check_cuda, fail
 

@@ -1,7 +1,7 @@
 """tkaot.quant's norm_forward_and_per_token_cast: RMSNorm with its output cast to FP8 per group of 32 columns.
 
 Scale factors follow TileKernels 2.1.0 (tkaot/_fused.py's docstring); the tiling launched is
-tkaot._fused.NORM_CAST_TILING, or NORM_CAST_RESIDUAL_TILING when a residual is given, read at each call.
+tkaot._quant.fused.NORM_CAST_TILING, or NORM_CAST_RESIDUAL_TILING when a residual is given, read at each call.
 The unquantized formats are norm_forward's.
 """
 
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from tkaot import _fused, _validate
-from tkaot import quant as _quant  # imported by tkaot.quant once its own ops are defined
-from tkaot._cast_common import _SF_DTYPE, _align, _sf_cols
-from tkaot._fused import _BF16, _F32, _FP8, _I32, _IN_DTYPES, _empty_strided, _Fallback, _sf_kind
+from tkaot import _validate
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant import fused as _fused
+from tkaot._quant.cast_common import _SF_DTYPE, _align, _sf_cols
+from tkaot._quant.fused import _BF16, _F32, _FP8, _I32, _IN_DTYPES, _empty_strided, _Fallback, _sf_kind
 from tkaot._quant.kernels import NORM_CAST
+from tkaot._quant.norm import norm_forward
 from tkaot._validate import MAX_I32, fail
 
 __all__ = ["norm_forward_and_per_token_cast"]
@@ -285,7 +286,7 @@ def _norm_cast_checked(
         if with_out_bf16 or out_bf16 is not None:
             fail(op, "with_out_bf16", "False for an unquantized output", with_out_bf16)
         plain_out = None if out is None else out[0]
-        result, rstd, norm_input = _quant.norm_forward(x, weight, eps, residual, out_scale, plain_out, residual_out, with_rstd)
+        result, rstd, norm_input = norm_forward(x, weight, eps, residual, out_scale, plain_out, residual_out, with_rstd)
         return result, None, rstd, norm_input
     if (fmt, num_per_channels) != ("e4m3", _NORM_CAST_GROUP):
         fail(op, "(fmt, num_per_channels)", "('e4m3', 32), ('bf16', None) or ('fp32', None)", (fmt, num_per_channels))

@@ -1,7 +1,7 @@
 """tkaot.quant's SwiGLU ops: swiglu_forward, and swiglu_forward_and_per_token_cast (+ per-token FP8 cast).
 
 Scale factors follow TileKernels 2.1.0 (tkaot/_fused.py's docstring); the tiling launched is
-tkaot._fused.SWIGLU_TILING, or SWIGLU_CLAMP_TILING when clamp_value is given, read at each call.
+tkaot._quant.fused.SWIGLU_TILING, or SWIGLU_CLAMP_TILING when clamp_value is given, read at each call.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import math
 
 import torch
 
-from tkaot import _fused, _validate
-from tkaot._cast_common import _alloc_sf, _ceil_div
-from tkaot._fused import _BF16, _F32, _FP8, _I32, _I64, _IN_DTYPES, _empty_strided, _Fallback, _sf_kind
+from tkaot import _validate
 from tkaot._op import OpKernels, current_stream
+from tkaot._quant import fused as _fused
+from tkaot._quant.cast_common import _alloc_sf, _ceil_div
+from tkaot._quant.fused import _BF16, _F32, _FP8, _I32, _I64, _IN_DTYPES, _empty_strided, _Fallback, _sf_kind
 from tkaot._quant.kernels import SWIGLU
 from tkaot._validate import MAX_I32, fail
 

@@ -1,0 +1,99 @@
+"""tkaot.quant.norm_forward: RMSNorm with an optional residual, on the rmsnorm kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from tkaot._op import OpKernels, current_stream
+from tkaot._quant.kernels import RMSNORM
+from tkaot._validate import Rule, Signature, Tensor
+
+__all__ = ["norm_forward"]
+
+_ROWS = (("num_tokens", "hidden"), ("batch", "num_tokens", "hidden"))
+SIGNATURE = Signature(
+    "tkaot.quant.norm_forward",
+    tensors=(
+        Tensor("x", (torch.bfloat16, torch.float32), _ROWS, what="2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)"),
+        Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
+        Tensor("residual", "x", "x", optional=True),
+        Tensor("out", "x", "x", optional=True),
+        Tensor("residual_out", "x", "x", optional=True),
+    ),
+    dims=("batch", "num_tokens", "hidden"),
+    defaults={"batch": 1},
+    rules=(Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),),
+)
+_check = SIGNATURE.checker
+_NORM = OpKernels(SIGNATURE.op, RMSNORM)
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def _rows(strides: tuple) -> tuple[int, int]:
+    """(batch stride, row stride) of a 2-D or 3-D tensor's strides; batch stride 0 for 2-D."""
+    return (strides[0], strides[1]) if len(strides) == 3 else (0, strides[0])
+
+
+def norm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    out_scale: float = 1.0,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    with_rstd: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """RMSNorm over the last dimension, with an optional residual added first.
+
+    Args:
+        x: (num_tokens, hidden) or (batch, num_tokens, hidden), bf16 or fp32, on a CUDA
+            device; last dimension contiguous, rows 16-byte aligned.
+        weight: (hidden,) of x's dtype, or None for unit weight.
+        eps: added to the mean square before the reciprocal square root.
+        residual: optional, shaped like x; x + residual is rounded to x's dtype first.
+        out_scale: multiplies the weight (fp32).
+        out: optional output buffer shaped like x.
+        residual_out: optional buffer for x + residual (unused without residual).
+        with_rstd: also return the fp32 reciprocal RMS of each row.
+
+    Returns:
+        (out, rstd of shape x.shape[:-1] or None, the normalised input: x + residual,
+        or x itself without residual).
+    """
+    check = _check()
+    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = check(x, weight, residual, out, residual_out)
+    x_bs, x_s = _rows(xs)
+    if out is None:
+        out = torch.empty_like(x)
+        o_ptr = out.data_ptr()
+        # empty_like keeps the strides of a dense x; only a strided view needs asking
+        o_bs, o_s = (x_bs, x_s) if x_s == hidden and (batch == 1 or x_bs == num_tokens * hidden) else _rows(out.stride())
+    else:
+        o_bs, o_s = _rows(os_)
+    if residual is not None:
+        r_bs, r_s = _rows(rs)
+        if residual_out is None:
+            residual_out = torch.empty_like(x)
+            ro_ptr, ros = residual_out.data_ptr(), residual_out.stride()
+        ro_bs, ro_s = _rows(ros)
+    else:
+        r_bs = r_s = ro_bs = ro_s = r_ptr = ro_ptr = 0
+    if with_rstd:
+        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        rstd_ptr = rstd.data_ptr()
+    else:
+        rstd, rstd_ptr = None, 0
+
+    dtype = x.dtype
+    fast_key = (device, hidden, dtype, w_ptr != 0 or weight is not None, residual is not None, with_rstd)
+    launcher = _NORM.cache.get(fast_key)
+    if launcher is None:
+        launcher = _NORM.get(device, hidden, _DTYPE_NAMES[dtype], weight is not None, residual is not None, bool(with_rstd))
+        _NORM.cache[fast_key] = launcher
+    launcher(
+        device, current_stream(device),
+        x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, rstd_ptr, eps, out_scale, batch, num_tokens,
+        x_bs, x_s, r_bs, r_s, o_bs, o_s, ro_bs, ro_s,
+    )  # fmt: skip
+    return out, rstd, (x if residual is None else residual_out)
