@@ -8,6 +8,8 @@ arithmetic-only grammar before they are turned into a function.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -69,8 +71,8 @@ class LaunchSpec:
         try:
             spec = cls(
                 symbol=str(data["symbol"]),
-                params=tuple(Param(str(n), str(t)) for n, t in data["params"]),
-                args=tuple(Arg(str(n), str(r), str(t)) for n, r, t in data["args"]),
+                params=_shared(_PARAMS, data["params"], Param),
+                args=_shared(_ARGS, data["args"], Arg),
                 grid=tuple(str(g) for g in data["grid"]),
                 block=tuple(int(b) for b in data["block"]),
                 smem=int(data["smem"]),
@@ -106,8 +108,27 @@ class LaunchSpec:
             raise ManifestError(f"pdl must be true or false, got {self.pdl!r}")
 
 
+# The variants of one kernel share their parameter and argument lists: parsed once per process
+_PARAMS: dict[tuple, tuple[Param, ...]] = {}
+_ARGS: dict[tuple, tuple[Arg, ...]] = {}
+
+
+def _shared(table: dict, items: list, make) -> tuple:
+    """The tuple of `make(*item)` for a manifest list of string lists, built once per distinct list."""
+    key = tuple(map(tuple, items))
+    found = table.get(key)
+    if found is None:
+        found = table[key] = tuple(make(*(str(field) for field in item)) for item in key)
+    return found
+
+
 def check_grid_expr(text: str, names: set[str]) -> ast.expr:
     """Parse `text` and refuse anything but integer arithmetic over `names`."""
+    return _checked_grid_expr(text, frozenset(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_grid_expr(text: str, names: frozenset[str]) -> ast.expr:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
@@ -152,7 +173,8 @@ def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: s
             item = ast.Subscript(ast.Name("v", ast.Load()), ast.Constant(position[node.id]), ast.Load())
             return ast.copy_location(item, node)
 
-    exprs = [ToItems().visit(check_grid_expr(expr, dims & set(arg_names))) for expr in grid]
+    # the checked trees are shared (cached): the transformer works on a copy
+    exprs = [ToItems().visit(copy.deepcopy(check_grid_expr(expr, dims & set(arg_names)))) for expr in grid]
     body = ast.Tuple(exprs, ast.Load())
     tree = ast.Expression(ast.Lambda(ast.arguments([], [ast.arg("v")], None, [], [], None, []), body))
     ast.fix_missing_locations(tree)

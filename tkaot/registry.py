@@ -15,6 +15,7 @@ read from its __init__.py as text and must equal this tkaot's.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -38,6 +39,19 @@ def arch_of_capability(major: int, minor: int) -> str:
     return f"sm{major}{minor}"
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Pause the garbage collector: reading a manifest or loading a whole set makes many small objects, and with the
+    collector on they would set off full collections over everything `import torch` left behind (~100 ms each)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 @dataclass
 class ArtifactSet:
     """One directory holding manifest.json and cubins/ for one arch."""
@@ -53,19 +67,13 @@ class ArtifactSet:
     def manifest(self) -> dict:
         if self._manifest is None:
             path = self.root / "manifest.json"
-            # A manifest is many small objects: parsing it with the collector on would run a
-            # full collection over everything `import torch` left behind (~100 ms).
-            collecting = gc.isenabled()
-            gc.disable()
             try:
-                data = json.loads(path.read_text())
+                with collector_paused():
+                    data = json.loads(path.read_text())
             except OSError as exc:
                 raise ArtifactError(f"cannot read {path}: {exc.strerror}") from None
             except ValueError as exc:
                 raise ManifestError(f"{path} is not valid JSON: {exc}") from None
-            finally:
-                if collecting:
-                    gc.enable()
             if data.get("schema") != MANIFEST_SCHEMA:
                 raise ManifestError(f"{path} has schema {data.get('schema')!r}; this tkaot reads schema {MANIFEST_SCHEMA}")
             self._manifest = data
@@ -217,11 +225,12 @@ class Registry:
         device_index = torch.cuda.current_device() if device_index is None else device_index
         arch = self.device_arch(device_index)
         count = 0
-        for s in self.artifact_sets(arch):
-            for kernel, key in s.index():
-                k = self.kernel("preload", kernel, key, device_index)
-                k.load(device_index)
-                count += 1
+        with collector_paused():
+            for s in self.artifact_sets(arch):
+                for kernel, key in s.index():
+                    k = self.kernel("preload", kernel, key, device_index)
+                    k.load(device_index)
+                    count += 1
         return count
 
 
