@@ -123,7 +123,7 @@ class ProgressLines:
     def __init__(self, total: int, interval: float = 30.0):
         self.total, self.interval, self.clock = total, interval, _clock
         self.done = self.cached = 0
-        self.start = self.last = clock()
+        self.start = self.last = self.clock()
 
     def __call__(self, variant, cached: bool) -> None:
         self.done += 1

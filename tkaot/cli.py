@@ -46,11 +46,11 @@ def _absent(modules: tuple[str, ...]) -> str | None:
     return None
 
 
-def _needs_build_extra(name: str, summary: str, absent: str) -> click.Command:
+def _needs_build_extra(name: str, summary: str) -> click.Command:
     """A stand-in for a build command where the build extra is not installed: one line, exit 1."""
 
     def refuse(args) -> None:
-        _fail(f"tkaot-build {name} needs the build extra ({absent} is not installed): {BUILD_EXTRA}")
+        _fail(f"tkaot-build {name} needs the build extra: {BUILD_EXTRA}")
 
     return click.Command(
         name,
@@ -78,11 +78,10 @@ class _TkaotBuild(click.Group):
             except ImportError:  # another project's build_tools, or a broken one: offer the stand-ins
                 pass
         for name, (summary, needs) in BUILD_COMMANDS.items():
-            absent = _absent(needs)
-            if absent is None and name in real:
+            if name in real and _absent(needs) is None:
                 self.add_command(real[name], name)
             else:
-                self.add_command(_needs_build_extra(name, summary, absent or "build_tools"))
+                self.add_command(_needs_build_extra(name, summary))
 
     def list_commands(self, ctx):
         self._attach()
