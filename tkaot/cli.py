@@ -14,12 +14,15 @@ import importlib.util
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import click
 
 from tkaot._decl import format_value
 
+# Where the runtime wheel puts build_tools and kernels_src (a checkout has them at its root instead)
+BUILD_WING = Path(__file__).resolve().parent / "_build_wing"
 WIDTH = 120  # inspect's lines fit a terminal this wide
 BUILD_EXTRA = "pip install 'tkaot[build]'"
 # The build wing's commands: name -> (summary for --help, the modules it needs)
@@ -71,6 +74,8 @@ class _TkaotBuild(click.Group):
         if self._attached:
             return
         self._attached = True
+        if BUILD_WING.is_dir() and str(BUILD_WING) not in sys.path:
+            sys.path.insert(0, str(BUILD_WING))
         real = {}
         if _absent(("build_tools",)) is None:
             try:
