@@ -97,7 +97,7 @@ class _TkaotBuild(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=_TkaotBuild, epilog=f"ops, plan, build and wheel need the build extra (TileLang): {BUILD_EXTRA}")
+@click.group(cls=_TkaotBuild, epilog=f"ops, plan and build need the build extra (TileLang): {BUILD_EXTRA}")
 def main() -> None:
     """Serve tkaot's ahead-of-time kernels (sets, check, inspect, verify) and build more (ops, plan, build, wheel)."""
 
