@@ -57,9 +57,11 @@ def test_signature_matches_tile_kernels():
     import json
     from pathlib import Path
 
-    api = json.loads((Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json").read_text()) if (
-        Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
-    ).exists() else None
+    api = (
+        json.loads((Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json").read_text())
+        if (Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json").exists()
+        else None
+    )
     params = list(inspect.signature(tkaot.quant.norm_forward).parameters)
     expected = ["x", "weight", "eps", "residual", "out_scale", "out", "residual_out", "with_rstd"]
     assert params == expected

@@ -14,8 +14,7 @@ from tkaot.errors import CudaDriverError, NoGPUError
 # The declarations, parsed once at development time into tkaot/_cuda_ffi.py (cffi's
 # out-of-line ABI mode), so importing tkaot needs neither pycparser nor a compiler.
 # After editing them run `python -m tkaot._cuda` to regenerate; a test checks they agree.
-CDEF = (
-    """
+CDEF = """
     typedef int CUresult;
     typedef int CUdevice;
     typedef struct CUctx_st *CUcontext;
@@ -48,7 +47,6 @@ CDEF = (
     } CUlaunchConfig;
     CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
     """
-)
 
 try:
     from tkaot._cuda_ffi import ffi
