@@ -66,7 +66,7 @@ def _needs_build_extra(name: str, summary: str) -> click.Command:
 
 
 class _TkaotBuild(click.Group):
-    """Adds the build wing's commands on first use, so the serving commands never import it."""
+    """Adds the build wing's commands when one is asked for (or listed), so the serving commands never import it."""
 
     _attached = False
 
@@ -93,7 +93,8 @@ class _TkaotBuild(click.Group):
         return super().list_commands(ctx)
 
     def get_command(self, ctx, name):
-        self._attach()
+        if name in BUILD_COMMANDS:
+            self._attach()
         return super().get_command(ctx, name)
 
 
@@ -248,23 +249,23 @@ def sets(arch, show_variants) -> None:
         _fail(f"{refused} of {len(found)} artifact sets refused; the runtime would refuse them too")
 
 
-def _have(hf_arch: str, artifact_dirs: tuple[str, ...]) -> tuple[set, str]:
+def _have(arch: str, artifact_dirs: tuple[str, ...]) -> tuple[set, str]:
     """{(kernel, frozenset of (axis, value text))} the sets hold, and where they were found."""
     from tkaot.errors import TkaotError
     from tkaot.registry import ArtifactSet, Registry
 
     try:
         if artifact_dirs:
-            found = [ArtifactSet(root, str(root)) for root in (set_directory(d, hf_arch) for d in artifact_dirs)]
-            found = [s for s in found if s.arch == hf_arch]
+            found = [ArtifactSet(root, str(root)) for root in (set_directory(d, arch) for d in artifact_dirs)]
+            found = [s for s in found if s.arch == arch]
         else:
-            found = Registry().artifact_sets(hf_arch)
+            found = Registry().artifact_sets(arch)
         have = set()
         for s in found:
             have |= {(e["kernel"], frozenset((k, format_value(v)) for k, v in e["static"].items())) for e in s.manifest["variants"]}
     except TkaotError as exc:
         _fail(str(exc))
-    return have, ", ".join(s.origin for s in found) or f"no artifact set for {hf_arch}"
+    return have, ", ".join(s.origin for s in found) or f"no artifact set for {arch}"
 
 
 def unsupported_lines(needed) -> list[str]:
