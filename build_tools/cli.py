@@ -1,28 +1,34 @@
-"""tkaot-build: the command line over the build pipeline. It only parses into Variants."""
+"""The build wing of tkaot-build: ops, plan, build, wheel. It only parses into Variants.
+
+These commands join the one `tkaot-build` group (tkaot/cli.py, which holds the serving
+commands) where the build extra is installed; `main` here is that whole group.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import struct
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+from tkaot.cli import cubin_arch  # noqa: F401  (tests and older callers import it from here)
 
 
 def _fail(message: str) -> None:
     raise click.ClickException(message)
 
 
-@click.group()
-def main() -> None:
-    """Build tkaot's kernels ahead of time into cubins and manifests."""
+def __getattr__(name: str):
+    if name == "main":  # the whole tkaot-build group, read lazily: tkaot.cli adds these commands to it
+        from tkaot.cli import main
+
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@main.command()
+@click.command()
 def ops() -> None:
     """List the kernels, the tkaot ops they serve, and their static axes."""
     from build_tools.ops import KERNEL_MODULES, kernel_axes, kernel_ops
@@ -35,7 +41,7 @@ def ops() -> None:
 
 def _variants_from_options(shapeset, op, sets, hf_configs=()) -> list:
     from build_tools.ops import Variant
-    from build_tools.sweep import expand_table, load_shapeset, model_shapeset, sweep
+    from build_tools.sweep import expand_table, load_shapeset
 
     if sum(map(bool, (shapeset, op, hf_configs))) != 1:
         _fail("give exactly one of --shapeset NAME|FILE, --hf-config config.json, or --op NAME --set key=value ...")
@@ -43,15 +49,7 @@ def _variants_from_options(shapeset, op, sets, hf_configs=()) -> list:
         if shapeset:
             return load_shapeset(shapeset)
         if hf_configs:
-            merged: dict[str, list] = {}
-            for config in hf_configs:
-                for kernel, tables in model_shapeset(config).items():
-                    merged.setdefault(kernel, []).extend(tables)
-            refused: list[str] = []
-            variants = sweep(merged, refused)
-            for line in refused:
-                click.echo(f"skipped (no kernel builds it): {line}", err=True)
-            return variants
+            return _model_variants(hf_configs)
         table: dict[str, list] = {}
         for item in sets:
             if "=" not in item:
@@ -62,6 +60,22 @@ def _variants_from_options(shapeset, op, sets, hf_configs=()) -> list:
         return [Variant.make(v.kernel, v.params) for v in variants]
     except ValueError as exc:
         _fail(str(exc))
+
+
+def _model_variants(hf_configs) -> list:
+    """What the models need, less what no kernel builds: decided and reported as `check` does."""
+    from build_tools.ops import Variant
+    from build_tools.sweep import model_shapeset
+    from tkaot._model_shapes import needed_variants
+    from tkaot.cli import unsupported_lines
+
+    needed = {}
+    for config in hf_configs:
+        for v in needed_variants(model_shapeset(config)):
+            needed.setdefault((v.kernel, v.key), v)
+    for line in unsupported_lines(list(needed.values())):
+        click.echo(f"skipped, {line}" if line.startswith("unsupported") else line, err=True)
+    return [Variant.make(v.kernel, v.params) for v in needed.values() if v.reason is None]
 
 
 def _selection(command):
@@ -100,7 +114,37 @@ def _selected(shapeset, hf_configs, op, sets, arch, shard) -> list:
         _fail(str(exc))
 
 
-@main.command()
+_clock = time.monotonic  # tests replace it
+
+
+class ProgressLines:
+    """Build progress for a log (stderr not a terminal): a line every `interval` seconds and at the end."""
+
+    def __init__(self, total: int, interval: float = 30.0):
+        self.total, self.interval, self.clock = total, interval, _clock
+        self.done = self.cached = 0
+        self.start = self.last = self.clock()
+
+    def __call__(self, variant, cached: bool) -> None:
+        self.done += 1
+        self.cached += cached
+        now = self.clock()
+        if now - self.last >= self.interval or self.done == self.total:
+            self.last = now
+            click.echo(self.line(now), err=True)
+
+    def line(self, now: float) -> str:
+        elapsed = max(now - self.start, 1e-9)
+        compiled = self.done - self.cached
+        rate = compiled / elapsed
+        left = self.total - self.done
+        eta = _duration(left / rate) if rate > 0 else "unknown"
+        if not left:
+            eta = "done"
+        return f"built {self.done}/{self.total} ({self.cached} from cache) in {_duration(elapsed)}, {rate * 60:.1f} variants/min, ETA {eta}"
+
+
+@click.command()
 @_selection
 @click.option("--out", "out_dir", default="tkaot-artifacts", show_default=True, type=click.Path(file_okay=False))
 def build(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir, out_dir) -> None:
@@ -111,19 +155,19 @@ def build(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir, out_dir)
 
     variants = _selected(shapeset, hf_configs, op, sets, arch, shard)
     click.echo(f"{len(variants)} variants for {arch} -> {out_dir}")
-    with click.progressbar(length=len(variants), label="building", file=sys.stderr) as bar:
-
-        def progress(variant, cached):
-            bar.update(1)
-
-        try:
-            report = build_variants(variants, Path(out_dir), arch, jobs, BuildCache(cache_dir), progress)
-        except BuildError as exc:
-            _fail(str(exc))
+    try:
+        if sys.stderr.isatty():
+            with click.progressbar(length=len(variants), label="building", file=sys.stderr) as bar:
+                report = build_variants(variants, Path(out_dir), arch, jobs, BuildCache(cache_dir), lambda v, cached: bar.update(1))
+        else:  # a log: a line every 30 s, so a long cold build is not silent
+            click.echo(f"building {len(variants)} variants on {jobs} jobs", err=True)
+            report = build_variants(variants, Path(out_dir), arch, jobs, BuildCache(cache_dir), ProgressLines(len(variants)))
+    except BuildError as exc:
+        _fail(str(exc))
     click.echo(f"built {report.built}, from cache {report.cached}; manifest has {len(report.manifest['variants'])} variants")
 
 
-@main.command()
+@click.command()
 @_selection
 def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
     """Print what a build would make (variants per kernel, size, time) without building."""
@@ -136,11 +180,13 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
     except BuildError as exc:
         _fail(str(exc))
     click.echo(f"{len(variants)} variants for {arch}, -j {jobs}")
-    click.echo(f"{'kernel':<16} {'variants':>8} {'cached':>7} {'cubins':>10} {'compile':>9}")
+    width = max([len(r.kernel) for r in rows] + [len("kernel")])
+    click.echo(f"{'kernel':<{width}} {'variants':>8} {'cached':>7} {'cubins':>10} {'core-time':>10}")
     for r in rows:
-        click.echo(f"{r.kernel:<16} {r.variants:>8} {r.cached:>7} {_mb(r.size_bytes):>10} {_duration(r.seconds):>9}")
+        click.echo(f"{r.kernel:<{width}} {r.variants:>8} {r.cached:>7} {_mb(r.size_bytes):>10} {_duration(r.seconds):>10}")
     total_seconds = sum(r.seconds for r in rows) / max(jobs, 1)
-    click.echo(f"estimated: {_mb(sum(r.size_bytes for r in rows))} of cubins, {_duration(total_seconds)} on {jobs} jobs")
+    click.echo(f"estimated: {_mb(sum(r.size_bytes for r in rows))} of cubins, {_duration(total_seconds)} wall on {jobs} jobs")
+    click.echo("  (core-time: CPU time to compile what the cache lacks; wall time is about core-time / jobs)")
     for note in notes:
         click.echo(f"  ({note})")
 
@@ -233,140 +279,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-@main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-def inspect(directory) -> None:
-    """Print a table of the variants in an artifact directory."""
-    manifest = _read(directory)
-    rows = [(e["kernel"], e["key"], " x ".join(e["launch"]["grid"]), e["launch"]["smem"], e["cubin"][:12]) for e in manifest["variants"]]
-    head = f"arch {manifest['arch']}, tkaot {manifest['tkaot_version']}, {len(rows)} variants"
-    click.echo(f"{head}, provenance {json.dumps(manifest['provenance'])}")
-    width = max([len(r[1]) for r in rows] + [3])
-    click.echo(f"{'kernel':<10} {'key':<{width}}  {'grid':<28} {'smem':>6}  cubin")
-    for kernel, key, grid, smem, cubin in rows:
-        click.echo(f"{kernel:<10} {key:<{width}}  {grid:<28} {smem:>6}  {cubin}")
-
-
-def cubin_arch(data: bytes) -> str | None:
-    """The SM arch a CUDA ELF cubin was built for ("sm_90a", "sm_90"), or None if not a cubin."""
-    if data[:4] != b"\x7fELF" or data[4] != 2:
-        return None
-    flags = struct.unpack_from("<I", data, 48)[0]
-    # CUDA 12.8+ ELF ABI keeps the SM in bits 8-15 (low byte = ABI version); older cubins in bits 0-7
-    sm = (flags >> 8) & 0xFF if flags & 0xFF < 0x10 else flags & 0xFF
-    # ptxas records its target in the cubin; the "a" suffix marks arch-specific code
-    suffix = "a" if f"-arch sm_{sm}a".encode() in data else ""
-    return f"sm_{sm}{suffix}"
-
-
-@main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-def verify(directory) -> None:
-    """Check every cubin's sha256 and target arch against the manifest."""
-    manifest = _read(directory)
-    want = {"sm90": "sm_90a"}.get(manifest["arch"])
-    bad = []
-    for e in manifest["variants"]:
-        path = Path(directory) / "cubins" / f"{e['cubin']}.cubin"
-        if not path.exists():
-            bad.append(f"{e['kernel']} [{e['key']}]: missing {path}")
-            continue
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != e["cubin"]:
-            bad.append(f"{e['kernel']} [{e['key']}]: sha256 mismatch in {path}")
-        arch = cubin_arch(data)
-        if want and arch != want:
-            bad.append(f"{e['kernel']} [{e['key']}]: cubin is {arch}, expected {want}")
-    for line in bad:
-        click.echo(line, err=True)
-    if bad:
-        _fail(f"{len(bad)} of {len(manifest['variants'])} variants failed verification")
-    click.echo(f"ok: {len(manifest['variants'])} variants, every cubin matches its sha256 and is {want}")
-
-
-@main.command()
-@click.option("--arch", default="sm90", show_default=True)
-@click.option("--variants", "show_variants", is_flag=True, help="also list every variant")
-def sets(arch, show_variants) -> None:
-    """List the artifact sets the runtime would use for ARCH, in priority order, and the launcher in use."""
-    from tkaot._kernel import LAUNCHER_KIND, LAUNCHER_WHY
-    from tkaot.errors import TkaotError
-    from tkaot.registry import check_version, discover
-
-    click.echo(f"launcher: {LAUNCHER_KIND} ({LAUNCHER_WHY})")
-    found = discover(arch)
-    if not found:
-        click.echo(f"no artifact set for {arch}: pip install 'tkaot[{arch}]', or build one and put it on TKAOT_PATH")
-    for s in found:
-        try:
-            check_version(s, arch)
-            variants = s.manifest["variants"]
-            status = f"tkaot {s.manifest.get('tkaot_version')}, {len(variants)} variants"
-        except TkaotError as exc:
-            variants, status = [], f"REFUSED: {exc}"
-        counts: dict[str, int] = {}
-        for e in variants:
-            counts[e["kernel"]] = counts.get(e["kernel"], 0) + 1
-        click.echo(f"{s.origin}: {status}" + "".join(f"\n    {k}: {n}" for k, n in sorted(counts.items())))
-        if show_variants:
-            for e in variants:
-                click.echo(f"        {e['kernel']} {e['key']}")
-
-
-@main.command()
-@click.option("--hf-config", "hf_configs", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--artifacts", "artifact_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="check these sets instead")
-@click.option("--arch", default="sm90", show_default=True)
-def check(hf_configs, artifact_dirs, arch) -> None:
-    """Report the variants a model needs that the artifact sets lack; exit 1 if any.
-
-    Without --artifacts, checks the sets the runtime would use (TKAOT_PATH,
-    installed packages, a source checkout's prebuilt/). Run it before serving.
-    """
-    from build_tools.model_shapes import load_config, shape_tables, static_keys
-    from build_tools.ops import format_value
-    from tkaot.errors import TkaotError
-    from tkaot.registry import ArtifactSet, Registry, _arch_dir
-
-    try:
-        if artifact_dirs:
-            found = []
-            for d in artifact_dirs:
-                root = _arch_dir(Path(d), arch)
-                if root is None:
-                    _fail(f"{d} has no manifest.json (nor {arch}/manifest.json)")
-                found.append(ArtifactSet(root, str(root)))
-            found = [s for s in found if s.arch == arch]
-        else:
-            found = Registry().artifact_sets(arch)
-        have = set()
-        for s in found:
-            have |= {(e["kernel"], frozenset((k, format_value(v)) for k, v in e["static"].items())) for e in s.manifest["variants"]}
-    except TkaotError as exc:
-        _fail(str(exc))
-    sources = ", ".join(s.origin for s in found) or f"no artifact set for {arch}"
-    gaps = 0
-    for config in hf_configs:
-        try:
-            model = load_config(config)
-        except ValueError as exc:
-            _fail(str(exc))
-        need = static_keys(shape_tables(model))
-        missing = sorted((kernel, key) for (kernel, static), key in need.items() if (kernel, static) not in have)
-        kernels = sorted({kernel for kernel, _ in need})
-        click.echo(f"{model.name}: needs {len(need)} variants of {', '.join(kernels) or 'no kernel tkaot has'}; {len(missing)} missing")
-        for kernel, key in missing:
-            click.echo(f"    missing {kernel} {key}")
-        if missing:
-            fix = f"tkaot-build build --hf-config {config} --arch {arch} --out DIR"
-            click.echo(f"    build them: {fix}; then serve with TKAOT_PATH=DIR, or pack them: tkaot-build wheel DIR --name NAME")
-        gaps += len(missing)
-    click.echo(f"checked against: {sources}")
-    if gaps:
-        _fail(f"{gaps} variants missing")
-
-
-@main.command()
+@click.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--name", help="the set's name: the package becomes tkaot_<arch>_<name> (default: the tkaot_<arch> set itself)")
 @click.option("--out", "out_dir", default="dist", show_default=True, type=click.Path(file_okay=False))
@@ -381,16 +294,10 @@ def wheel(directory, name, out_dir) -> None:
     click.echo(f"{path} ({path.stat().st_size / 1e6:.2f} MB): pip install {path}")
 
 
-def _read(directory) -> dict:
-    path = Path(directory) / "manifest.json"
-    if not path.exists():
-        _fail(f"{directory} has no manifest.json")
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        _fail(f"{path}: {exc}")
+BUILD_COMMANDS = {c.name: c for c in (build, ops, plan, wheel)}
 
 
 if __name__ == "__main__":  # pragma: no cover
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    from tkaot.cli import main
+
     main()

@@ -28,8 +28,13 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_PACKAGES = ("tkaot", "build_tools", "kernels_src")
-RUNTIME_DATA = ("build_tools/shapesets/*.toml", "build_tools/model_configs/*.json")
+RUNTIME_PACKAGES = ("tkaot",)
+# The build wing rides inside tkaot's directory, so the wheel installs nothing at top level but tkaot
+# (a generic `build_tools` there would collide with other projects'); tkaot-build puts this directory
+# on sys.path before it imports build_tools (tkaot/cli.py BUILD_WING).
+BUILD_WING = "tkaot/_build_wing"
+BUILD_WING_PACKAGES = ("build_tools", "kernels_src")
+BUILD_WING_DATA = ("build_tools/shapesets/*.toml", "build_tools/model_configs/*.json")
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the zip epoch: every entry gets it, so rebuilds are byte-identical
 _NAME = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
 
@@ -164,7 +169,7 @@ def platform_tag(data: bytes) -> str:
 
 
 def runtime_wheel(out_dir: Path, extension: Path | None = None) -> Path:
-    """The `tkaot` wheel: the runtime plus build_tools and kernels_src for tkaot-build; no cubins.
+    """The `tkaot` wheel: the runtime, with build_tools and kernels_src under tkaot/_build_wing for tkaot-build; no cubins.
 
     With `extension` (the built tkaot/_launch.abi3.so), the platform wheel that adds it.
     """
@@ -178,13 +183,14 @@ def runtime_wheel(out_dir: Path, extension: Path | None = None) -> Path:
     if project["version"] != version:
         raise WheelError(f"pyproject.toml says version {project['version']} but tkaot/__init__.py says {version}")
     files: dict[str, bytes] = {}
-    for package in RUNTIME_PACKAGES:
+    for package in (*RUNTIME_PACKAGES, *BUILD_WING_PACKAGES):
+        prefix = "" if package in RUNTIME_PACKAGES else f"{BUILD_WING}/"
         for path in sorted((ROOT / package).rglob("*.py")):
             if "__pycache__" not in path.parts:
-                files[path.relative_to(ROOT).as_posix()] = path.read_bytes()
-    for pattern in RUNTIME_DATA:
+                files[prefix + path.relative_to(ROOT).as_posix()] = path.read_bytes()
+    for pattern in BUILD_WING_DATA:
         for path in sorted(ROOT.glob(pattern)):
-            files[path.relative_to(ROOT).as_posix()] = path.read_bytes()
+            files[f"{BUILD_WING}/{path.relative_to(ROOT).as_posix()}"] = path.read_bytes()
     metadata = [("Summary", project["description"]), ("License", project["license"]), ("Requires-Python", project["requires-python"])]
     metadata += [("Requires-Dist", _requirement(r)) for r in project["dependencies"]]
     for extra, requirements in project.get("optional-dependencies", {}).items():

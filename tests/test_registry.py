@@ -1,6 +1,7 @@
 """Registry discovery, selection, and the error for every way an artifact can be wrong (CPU only)."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_missing_variant_names_nearest_keys_and_command(registry, artifact_dir, 
 def test_the_suggested_command_builds_the_missing_variant(registry, artifact_dir, monkeypatch, tmp_path, build_cache):
     from click.testing import CliRunner
 
-    from build_tools.cli import main
+    from tkaot.cli import main
 
     monkeypatch.setenv("TKAOT_PATH", str(artifact_dir))
     missing = KEY.replace("with_rstd=true", "with_rstd=false")
@@ -190,3 +191,21 @@ def test_pre_parsed_driver_declarations_are_current(tmp_path):
     committed = Path(_cuda.__file__).with_name("_cuda_ffi.py")
     assert fresh.read_text() == committed.read_text()
     assert _cuda.ffi.sizeof("CUfunction") == 8
+
+
+def test_a_useless_tkaot_path_entry_is_warned_about_once(tmp_path, monkeypatch, artifact_dir):
+    from tkaot.registry import discover
+
+    (tmp_path / "empty").mkdir()
+    entries = [tmp_path / "typo", tmp_path / "empty", artifact_dir]
+    monkeypatch.setenv("TKAOT_PATH", os.pathsep.join(map(str, entries)))
+    with pytest.warns(UserWarning) as caught:
+        first = discover("sm90")
+        discover("sm90")
+        discover("sm100")  # a set for another arch is not useless: no warning for artifact_dir
+    messages = sorted(str(w.message) for w in caught)
+    assert messages == [
+        f"TKAOT_PATH entry {tmp_path / 'empty'} holds no artifact set (manifest.json, or <arch>/manifest.json); skipping it",
+        f"TKAOT_PATH entry {tmp_path / 'typo'} does not exist; skipping it",
+    ]
+    assert [s.root for s in first][:1] == [artifact_dir]

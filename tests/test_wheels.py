@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 import tkaot
 from build_tools import ext
-from build_tools.cli import main
 from build_tools.wheel import WheelError, artifact_wheel, platform_tag, runtime_wheel, tkaot_version
 from tkaot import registry as reg
+from tkaot.cli import main
 from tkaot.errors import ArtifactError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,12 +82,16 @@ def test_wheels_are_well_formed(dist):
             assert int(size) == len(data)
     runtime_files = members(runtime)
     assert not [n for n in runtime_files if n.endswith(".cubin") or n.startswith("prebuilt/") or n.startswith("tests/")]
-    assert "build_tools/model_configs/deepseek-v3.json" in runtime_files and "build_tools/shapesets/default.toml" in runtime_files
+    # nothing at top level but tkaot: the build wing rides under tkaot/_build_wing (issue 21.3)
+    assert {n.split("/")[0] for n in runtime_files} == {"tkaot", f"tkaot-{tkaot.__version__}.dist-info"}
+    wing = "tkaot/_build_wing/build_tools"
+    assert f"{wing}/model_configs/deepseek-v3.json" in runtime_files and f"{wing}/shapesets/default.toml" in runtime_files
+    assert f"{wing}/cli.py" in runtime_files and "tkaot/_build_wing/kernels_src/axes.py" in runtime_files
     meta = runtime_files[f"tkaot-{tkaot.__version__}.dist-info/METADATA"].decode()
     assert f'Requires-Dist: tkaot-sm90=={tkaot.__version__}; extra == "sm90"' in meta
     assert "Provides-Extra: sm100" in meta and "Provides-Extra: ascend950" in meta
     assert 'Requires-Dist: tilelang==0.1.15; extra == "build"' in meta and "Requires-Dist: torch>=2.4\n" in meta
-    assert b"tkaot-build = build_tools.cli:main" in runtime_files[f"tkaot-{tkaot.__version__}.dist-info/entry_points.txt"]
+    assert b"tkaot-build = tkaot.cli:main" in runtime_files[f"tkaot-{tkaot.__version__}.dist-info/entry_points.txt"]
     art_files = members(artifacts)
     manifest = json.loads(art_files["tkaot_sm90/manifest.json"])
     assert {f"tkaot_sm90/cubins/{e['cubin']}.cubin" for e in manifest["variants"]} == {n for n in art_files if n.endswith(".cubin")}
@@ -274,13 +278,29 @@ def test_install_into_fresh_venv_and_check(dist, tmp_path):
     assert f"tkaot {tkaot.__version__}, {want} variants" in listed.stdout and f"rmsnorm {KEY}" in listed.stdout
     ok = run(tkaot_build, "check", "--hf-config", CONFIGS / "deepseek-v3.json")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "deepseek-v3: needs" in ok.stdout and "per_token_cast" in ok.stdout and "; 0 missing" in ok.stdout
+    assert f"{CONFIGS / 'deepseek-v3.json'}: needs" in ok.stdout and "per_token_cast" in ok.stdout and "; 0 missing" in ok.stdout
     odd = tmp_path / "odd-model.json"
     odd.write_text(json.dumps({"model_type": "llama", "hidden_size": 1040, "num_attention_heads": 8}))
     gap = run(tkaot_build, "check", "--hf-config", odd)
     assert gap.returncode == 1
-    assert "odd-model: needs 16 variants of rmsnorm; 16 missing" in gap.stdout and "missing rmsnorm hidden=1040," in gap.stdout
+    assert f"{odd}: needs 16 variants of rmsnorm; 16 missing" in gap.stdout and "missing rmsnorm hidden=1040," in gap.stdout
     assert "16 variants missing" in gap.stderr
+    assert f"-j {len(os.sched_getaffinity(0))} --out DIR" in gap.stdout
+    # issue 21.2: without TileLang the build commands say in one line what to install; --help says which
+    helped = run(tkaot_build, "--help")
+    assert helped.returncode == 0 and helped.stdout.count("[needs tkaot[build]]") == 3  # ops, plan, build; wheel runs
+    refused = run(tkaot_build, "build", "--hf-config", odd, "-j", "2", "--out", tmp_path / "never")
+    assert refused.returncode == 1 and refused.stderr == "Error: tkaot-build build needs the build extra: pip install 'tkaot[build]'\n"
+    site = Path(tkaot_build.parent.parent / "lib").glob("python*/site-packages")
+    assert not [p for s in site for p in s.iterdir() if p.name in ("build_tools", "kernels_src")]  # issue 21.3
+    packed = run(tkaot_build, "wheel", tmp_path / "custom", "--name", "again", "--out", tmp_path / "again")  # the wing that ships
+    assert packed.returncode == 0 and "tkaot_sm90_again-" in packed.stdout, packed.stderr
+    # issue 21.6: inspect and verify take a root holding <arch>/manifest.json; a useless TKAOT_PATH entry is warned about
+    assert run(tkaot_build, "verify", PREBUILT.parent).returncode == 0
+    warned = subprocess.run(
+        [tkaot_build, "sets"], capture_output=True, text=True, cwd=tmp_path, env={**env, "TKAOT_PATH": str(tmp_path / "typo")}
+    )
+    assert warned.returncode == 0 and warned.stderr.count(f"TKAOT_PATH entry {tmp_path / 'typo'} does not exist") == 1
     if compiled:  # the pure wheel, where no platform wheel fits, runs the ABI launcher
         pure = _fresh_venv(tmp_path / "pure", deps)
         pip = [sys.executable, "-m", "pip", "--python", str(pure), "install", "-q", "--no-index", "--no-deps", str(runtime)]

@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +137,23 @@ def installed_packages(arch: str) -> list[tuple[str, Path]]:
     return sorted(found.items(), key=lambda item: (item[0] == default, item[0]))
 
 
+_WARNED_PATH_ENTRIES: set[str] = set()
+
+
+def _warn_unusable_path_entry(entry: str) -> None:
+    """Warn, once per entry, about a TKAOT_PATH entry that holds no set for any arch (a typo, a build not run yet)."""
+    path = Path(entry)
+    if not path.is_dir():
+        why = "does not exist" if not path.exists() else "is not a directory"
+    elif (path / "manifest.json").is_file() or any(path.glob("*/manifest.json")):
+        return  # a set for another arch
+    else:
+        why = "holds no artifact set (manifest.json, or <arch>/manifest.json)"
+    if entry not in _WARNED_PATH_ENTRIES:
+        _WARNED_PATH_ENTRIES.add(entry)
+        warnings.warn(f"TKAOT_PATH entry {entry} {why}; skipping it", stacklevel=3)
+
+
 def discover(arch: str) -> list[ArtifactSet]:
     """Artifact sets for `arch`, in priority order. Reads directory listings only."""
     sets: list[ArtifactSet] = []
@@ -143,6 +161,8 @@ def discover(arch: str) -> list[ArtifactSet]:
         found = _arch_dir(Path(entry), arch)
         if found is not None:
             sets.append(ArtifactSet(found, f"TKAOT_PATH:{found}"))
+        else:
+            _warn_unusable_path_entry(entry)
     for name, directory in installed_packages(arch):
         sets.append(ArtifactSet(directory, f"package {name} ({directory})", name, package_version(directory)))
     found = _arch_dir(SOURCE_PREBUILT, arch)
