@@ -67,12 +67,13 @@ def patch_for_cpu() -> None:
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     import sys
 
-    import tkaot._quant.casts  # noqa: F401  (op modules load lazily: load them all before patching)
-    import tkaot._quant.norm_cast  # noqa: F401
-    import tkaot._quant.swiglu  # noqa: F401
-    import tkaot.moe  # noqa: F401
-    import tkaot.quant  # noqa: F401
-    import tkaot.transform  # noqa: F401
+    import tkaot.moe
+    import tkaot.quant
+    import tkaot.transform
+
+    for family in (tkaot.quant, tkaot.moe, tkaot.transform):  # op modules load lazily: load them all before patching
+        for op in family.__all__:
+            getattr(family, op)
 
     for name, module in list(sys.modules.items()):
         if name.startswith("tkaot") and hasattr(module, "current_stream"):
