@@ -120,7 +120,7 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
         (
             dict(to_physical_map=meta(256, 2, dtype=torch.int32), logical_count=meta(256, dtype=torch.int32)),
             ValueError,
-            "to_physical_map must be 2-D with 257 rows",
+            "to_physical_map must be of shape \\(257, 2\\), got \\(256, 2\\)",
         ),
         (
             dict(to_physical_map=meta(257, 2, dtype=torch.int64), logical_count=meta(257, dtype=torch.int32)),
@@ -137,7 +137,7 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
         (dict(out=(meta(4, 8, dtype=torch.int64), meta(4, 9))), ValueError, "out\\[0\\] \\(topk_idx\\) must be of shape \\(4, 9\\)"),
         (dict(out=(meta(4, 9, dtype=torch.int64), meta(4, 9, dtype=torch.float16))), ValueError, "out\\[1\\] \\(topk_weights\\) must be"),
         (dict(out=meta(4, 9)), TypeError, "out must be a \\(topk_idx, topk_weights\\) pair"),
-        (dict(bias=torch.zeros(256)), ValueError, "bias must be a CUDA tensor"),
+        (dict(bias=torch.zeros(256)), ValueError, "bias must be on the device of logits, got a tensor on cpu"),
     ],
 )
 def test_gate_bad_inputs_raise_before_launch(fake_cuda, change, error, match):
