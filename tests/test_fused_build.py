@@ -308,7 +308,11 @@ def cache(rows=64, rot_dim=64):
         (lambda: dict(query=meta(4, 2, 76)[..., 8:72]), ValueError, "multiples of 8"),
         (lambda: dict(query=meta(4, 2, 64), key=meta(4, 2, 64, dtype=torch.float32)), ValueError, "key must be torch.bfloat16"),
         (lambda: dict(query=meta(4, 2, 64), key=meta(5, 2, 64)), ValueError, "key must be of shape"),
-        (lambda: dict(query=meta(4, 2, 64), positions=meta(4, dtype=torch.float32)), ValueError, "positions must be torch.int32"),
+        (
+            lambda: dict(query=meta(4, 2, 64), positions=meta(4, dtype=torch.float32)),
+            ValueError,
+            "positions must be int32 or int64, got torch.float32",
+        ),
         (lambda: dict(query=meta(2, 4, 2, 64), positions=meta(4, dtype=torch.int32)), ValueError, r"positions must be of shape \(2, 4\)"),
         (lambda: dict(query=meta(4, 2, 64), seqlen_offset=61), ValueError, "seqlen_offset must be"),
         (lambda: dict(query=meta(4, 2, 64), seqlen_offset=1.0), TypeError, "seqlen_offset must be an int"),
