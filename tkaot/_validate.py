@@ -84,8 +84,9 @@ class Rule:
     `expected` is f-string text (braces show values: "in [1, {num_experts}]"); `actual` is an expression
     for the value shown (default: `name` itself when it is a plain argument); a TypeError shows its type.
     `message`, when given, is the whole error text after "op: " (f-string text), instead of
-    "name must be expected, got actual". `after` names the tensor right after which the rule is checked
-    (default: after every tensor); rules at one place are checked in declaration order.
+    "name must be expected, got actual". `after` names the tensor right after which the rule is checked,
+    only when that tensor is given if it is optional (default: after every tensor); rules at one place
+    are checked in declaration order.
     """
 
     name: str
@@ -101,7 +102,9 @@ class Rule:
 class Let:
     """A value the checker computes from what is bound so far, bound as `name` for the later shapes, rules
     and Lets; list it in the signature's dims to have it returned. Placed among the rules, with `after`
-    as a Rule's."""
+    as a Rule's. One placed after an optional tensor is computed only when that tensor is given: give it
+    a value in the signature's defaults (set at the start, as for any default no shape mentions), which
+    also lets it build on itself (`Let("flags", "flags | 4", after="bias")` with defaults {"flags": 0})."""
 
     name: str
     value: str
@@ -169,20 +172,54 @@ def _source(sig: Signature) -> tuple[str, dict]:
         text = repr(expected) if literal else expected
         out(f"{indent}    _fail(_op, {name!r}, {text}, {actual})")
 
-    def emit_rules(items: list) -> None:
+    def emit_rules(items: list, ind: str = "    ") -> None:
         for r in items:
             if isinstance(r, Let):
-                out(f"    {r.name} = {r.value}")
+                out(f"{ind}{r.name} = {r.value}")
                 bound.add(r.name)
                 continue
             actual = r.actual or (r.name if r.name.isidentifier() else repr("see above"))
-            out(f"    if not ({r.check}):")
+            out(f"{ind}if not ({r.check}):")
             if r.message:
-                out(f"        raise {r.error}(f'{{_op}}: ' + f{r.message!r})")
+                out(f"{ind}    raise {r.error}(f'{{_op}}: ' + f{r.message!r})")
             elif r.error == "TypeError":
-                out(f"        raise TypeError(f'{{_op}}: {r.name} must be {r.expected}, got {{type({actual}).__name__}}')")
+                out(f"{ind}    raise TypeError(f'{{_op}}: {r.name} must be {r.expected}, got {{type({actual}).__name__}}')")
             else:
-                fail_line("    ", r.name, f"f{r.expected!r}", actual, literal=False)
+                fail_line(ind, r.name, f"f{r.expected!r}", actual, literal=False)
+
+    def emit_rows(t: Tensor, ind: str, ranks_to_test: list | None, ranks: list, alt: tuple = ()) -> None:
+        """The "rows" layout checks of t, for a rank among `ranks` (tested with len() when ranks_to_test);
+        with `alt`, the shape alternative matched, whose dims are read by name or known."""
+        n, label = t.name, t.label or t.name
+        dtypes = t.dtypes
+        while isinstance(dtypes, str):
+            dtypes = by_name[dtypes].dtypes
+        if len({_VEC[d] for d in dtypes}) == 1:  # one vector width: a constant
+            vec = str(_VEC[dtypes[0]])
+        else:
+            vec = "_vec"
+            out(f"{ind}_vec = _VEC[t_{n}]")
+        out(f"{ind}if s_{n}[-1] != 1:")
+        fail_line(ind, label, "contiguous in its last dimension", f"f'strides {{s_{n}}}'")
+        out(f"{ind}if p_{n} % 16:")
+        fail_line(ind, label, "16-byte aligned", f"f'address {{p_{n}:#x}}'")
+        kw = "if"
+        for rank in ranks:
+            terms = []
+            for k in range(rank - 1):
+                size = alt[k] if alt else f"h_{n}[{k}]"
+                stride = f"(s_{n}[{k}] % {vec} == 0 and 0 <= s_{n}[{k}] <= _MAX_I32)"
+                if not isinstance(size, int):
+                    terms.append(f"({size} <= 1 or {stride})")
+                elif size > 1:  # a fixed size: the stride matters exactly when it is above 1
+                    terms.append(stride)
+            if not terms:
+                continue
+            test = f"not ({' and '.join(terms)})"
+            out(f"{ind}{kw} {f'len(h_{n}) == {rank} and {test}' if ranks_to_test else test}:")
+            kw = "elif"
+            expected = f"f'strided in multiples of {{{vec}}} elements (16 bytes) below 2**31'"
+            fail_line(ind, label, expected, f"f'strides {{s_{n}}}'", literal=False)
 
     for dim, value in defaults.items():  # a default no shape mentions holds throughout
         if dim not in shaped:
@@ -276,32 +313,30 @@ def _source(sig: Signature) -> tuple[str, dict]:
                     shape = "(" + ", ".join(f"{{{d}}}" if isinstance(d, str) else str(d) for d in alt) + (",)" if len(alt) == 1 else ")")
                     out(f"{ind}    if not ({' and '.join(checks)}):")
                     fail_line(ind + "    ", label, f"f'of shape {shape}'", f"tuple(h_{n})", literal=False)
+                if t.layout == "rows":  # in the branch, where the rank is known
+                    emit_rows(t, ind + "    ", None, [len(alt)], alt)
             out(f"{ind}else:")
             fail_line(ind, label, expected, f"f'shape {{tuple(h_{n})}}'")
             bound.update(mentioned)
         # layout
-        if t.layout == "rows":
-            ranks = sorted({len(a) for a in (by_name[t.shapes].shapes if isinstance(t.shapes, str) else t.shapes)})
-            out(f"{ind}_vec = _VEC[t_{n}]")
-            out(f"{ind}if s_{n}[-1] != 1:")
-            fail_line(ind, label, "contiguous in its last dimension", f"f'strides {{s_{n}}}'")
-            out(f"{ind}if p_{n} % 16:")
-            fail_line(ind, label, "16-byte aligned", f"f'address {{p_{n}:#x}}'")
-            for j, rank in enumerate(ranks):
-                kw = "if" if j == 0 else "elif"
-                terms = [f"(h_{n}[{k}] <= 1 or (s_{n}[{k}] % _vec == 0 and 0 <= s_{n}[{k}] <= _MAX_I32))" for k in range(rank - 1)]
-                if not terms:
-                    continue
-                out(f"{ind}{kw} len(h_{n}) == {rank} and not ({' and '.join(terms)}):")
-                expected = "f'strided in multiples of {_vec} elements (16 bytes) below 2**31'"
-                fail_line(ind, label, expected, f"f'strides {{s_{n}}}'", literal=False)
-        elif t.layout == "contiguous":
-            out(f"{ind}if not {n}.is_contiguous():")
+        if t.layout == "rows" and not isinstance(t.shapes, tuple):  # shaped like another tensor: any of its ranks
+            ranks = sorted({len(a) for a in by_name[t.shapes].shapes})
+            emit_rows(t, ind, ranks if len(ranks) > 1 else None, ranks)
+        if t.layout == "contiguous":
+            fast = ""
+            if isinstance(t.shapes, tuple) and len(t.shapes) == 1 and t.shapes[0]:
+                # the dense strides of the one declared rank, asked of torch only when they differ
+                rank, terms = len(t.shapes[0]), []
+                for k in range(rank - 1, -1, -1):
+                    size = " * ".join(f"h_{n}[{j}]" for j in range(k + 1, rank)) or "1"
+                    terms.append(f"s_{n}[{k}] == {size}")
+                fast = f"({' and '.join(terms)}) or "
+            out(f"{ind}if not ({fast}{n}.is_contiguous()):")
             fail_line(ind, label, "contiguous", f"f'strides {{s_{n}}}'")
         if t.align > 1 and t.layout != "rows":
             out(f"{ind}if p_{n} % {t.align}:")
             fail_line(ind, label, f"{t.align}-byte aligned", f"f'address {{p_{n}:#x}}'")
-        emit_rules(placed.get(n, []))
+        emit_rules(placed.get(n, []), ind)
     emit_rules(placed.get("", []))
     strides = [f"s_{t.name}" for t in sig.tensors if t.layout != "contiguous"]
     values = ["device", *sig.dims, *(f"p_{t.name}" for t in sig.tensors), *strides]

@@ -27,14 +27,14 @@ def _int_rules(name: str, low: str, high: str, after: str = "", when: str = "") 
     )
 
 
-def _needs(given: str, missing: str, after: str, why: str = "give both or neither") -> Rule:
-    return Rule(given, f"{given} is None or {missing} is not None", message=f"{given} needs {missing}; {why}", after=after)
+def _needs(given: str, missing: str, why: str = "give both or neither") -> Rule:
+    return Rule(given, f"{missing} is not None", message=f"{given} needs {missing}; {why}", after=given)
 
 
 def _per_token(name: str) -> Rule:
     """A bool tensor of any shape with one element per token, as TileKernels allows."""
     return Rule(
-        name, f"{name} is None or h_{name}.numel() == num_tokens", "of {num_tokens} elements (one per token)",
+        name, f"h_{name}.numel() == num_tokens", "of {num_tokens} elements (one per token)",
         actual=f"f'{{h_{name}.numel()}} (shape {{tuple(h_{name})}})'", after=name,
     )  # fmt: skip
 
@@ -69,7 +69,7 @@ GATE_SIGNATURE = Signature(
     unpack={"out": ("topk_idx", "topk_weights")},
     scalars=("num_topk", "use_shared_as_routed", "num_shared_experts", "ep_rank", "scoring_func"),
     dims=("num_tokens", "num_experts", "num_shared", "num_slots", "num_logical", "num_duplicates", "unmapped_stride", "flags"),
-    defaults={"num_duplicates": 0},
+    defaults={"num_duplicates": 0, "unmapped_stride": 0, "flags": 0},
     rules=(
         Rule(
             "logits",
@@ -88,28 +88,29 @@ GATE_SIGNATURE = Signature(
         Rule("num_topk + num_shared_experts", f"num_slots <= {MAX_TOPK}", f"at most {MAX_TOPK}", actual="num_slots", after=_LOGITS),
         Let("num_logical", "num_experts + num_shared", after=_LOGITS),
         _per_token("mask"),
-        _needs("image_bias", "image_token_mask", after="image_token_mask"),
-        _needs("image_token_mask", "image_bias", after="image_token_mask"),
+        _needs("image_bias", "image_token_mask"),
+        _needs("image_token_mask", "image_bias"),
         Rule(
             "unmapped_topk_idx",
-            "unmapped_topk_idx is None or ((num_topk <= 1 or s_unmapped_topk_idx[1] == 1) and 0 <= s_unmapped_topk_idx[0] <= _MAX_I32)",
+            "(num_topk <= 1 or s_unmapped_topk_idx[1] == 1) and 0 <= s_unmapped_topk_idx[0] <= _MAX_I32",
             "of column stride 1 and row stride in [0, 2**31)",
             actual="f'strides {s_unmapped_topk_idx}'",
             after="unmapped_topk_idx",
         ),
-        Let("unmapped_stride", "0 if unmapped_topk_idx is None else s_unmapped_topk_idx[0]", after="unmapped_topk_idx"),
-        _needs("fix_routing_mask", "unmapped_topk_idx", after="fix_routing_mask", why="it holds the fixed experts"),
-        _needs("to_physical_map", "logical_count", after="logical_count"),
-        _needs("logical_count", "to_physical_map", after="logical_count"),
+        Let("unmapped_stride", "s_unmapped_topk_idx[0]", after="unmapped_topk_idx"),
+        _needs("fix_routing_mask", "unmapped_topk_idx", why="it holds the fixed experts"),
+        _needs("to_physical_map", "logical_count"),
         Rule(
             "to_physical_map",
             "num_logical * num_duplicates <= _MAX_I32",
             "of fewer than 2**31 elements",
             actual="num_logical * num_duplicates",
-            after="logical_count",
+            after="to_physical_map",
         ),
+        _needs("logical_count", "to_physical_map"),
         _per_token("force_random"),
-        Let("flags", " | ".join(f"({name} is not None) << {bit}" for bit, name in enumerate(_FLAGS))),
+        # the kernel's flags: a bit per optional tensor given
+        *(Let("flags", f"flags | {1 << bit}", after=name) for bit, name in enumerate(_FLAGS)),
     ),
 )
 _PHYSICAL = 1 << _FLAGS.index("to_physical_map")
