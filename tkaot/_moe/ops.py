@@ -114,7 +114,14 @@ GATE_SIGNATURE = Signature(
     ),
 )
 _PHYSICAL = 1 << _FLAGS.index("to_physical_map")
-_check_gate = GATE_SIGNATURE.checker
+
+
+def _check_gate(*args):
+    """GATE_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check_gate
+    _check_gate = GATE_SIGNATURE.checker()
+    return _check_gate(*args)
+
 
 _COUNT_AND_SHAPE = "f'{num_experts} (shape {tuple(h_scores)})'"
 TOPK_SIGNATURE = Signature(
@@ -136,7 +143,14 @@ TOPK_SIGNATURE = Signature(
         *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})"),
     ),
 )
-_check_topk = TOPK_SIGNATURE.checker
+
+
+def _check_topk(*args):
+    """TOPK_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check_topk
+    _check_topk = TOPK_SIGNATURE.checker()
+    return _check_topk(*args)
+
 
 NORMALIZE_SIGNATURE = Signature(
     "tkaot.moe.normalize_weight",
@@ -152,7 +166,14 @@ NORMALIZE_SIGNATURE = Signature(
         Rule("topk_weights", "num_tokens <= _MAX_I32", "of fewer than 2**31 tokens", actual="num_tokens"),
     ),
 )
-_check_normalize = NORMALIZE_SIGNATURE.checker
+
+
+def _check_normalize(*args):
+    """NORMALIZE_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check_normalize
+    _check_normalize = NORMALIZE_SIGNATURE.checker()
+    return _check_normalize(*args)
+
 
 _GATE = OpKernels(GATE_SIGNATURE.op, MOE_TOPK_GATE)
 _TOPK = OpKernels(TOPK_SIGNATURE.op, TOPK_GATE)
@@ -229,7 +250,7 @@ def moe_topk_gate_forward(
         device, num_tokens, num_experts, num_shared, num_slots, num_logical, num_duplicates, unmapped_stride, flags,
         logits_ptr, mask_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, unmapped_ptr, fix_ptr, map_ptr, count_ptr,
         random_ptr, scores_ptr, idx_ptr, weights_ptr, _,
-    ) = _check_gate()(
+    ) = _check_gate(
         logits, mask, bias, image_bias, image_token_mask, unmapped_topk_idx, fix_routing_mask, to_physical_map,
         logical_count, force_random, scores, out, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func,
     )  # fmt: skip
@@ -271,7 +292,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     Returns:
         (num_tokens, num_topk) int64, contiguous.
     """
-    device, num_tokens, num_experts, scores_ptr = _check_topk()(scores, num_topk)
+    device, num_tokens, num_experts, scores_ptr = _check_topk(scores, num_topk)
     topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if num_tokens == 0:
         return topk_idx
@@ -292,7 +313,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     Returns:
         (denominator of shape (num_tokens,), normalized weights of shape (num_tokens, num_topk)).
     """
-    device, num_tokens, num_topk, weights_ptr = _check_normalize()(topk_weights)
+    device, num_tokens, num_topk, weights_ptr = _check_normalize(topk_weights)
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty_like(topk_weights)
     if num_tokens == 0:

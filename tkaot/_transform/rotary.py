@@ -80,7 +80,15 @@ SIGNATURE = Signature(
         Let("dtype", "t_query"),
     ),
 )  # fmt: skip
-_check = SIGNATURE.checker
+
+
+def _check(*args):
+    """SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check
+    _check = SIGNATURE.checker()
+    return _check(*args)
+
+
 _ROTARY = OpKernels(SIGNATURE.op, ROTARY)
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -115,7 +123,7 @@ def apply_rotary(
     (
         device, dtype, batch, seqlen, q_heads, k_heads, cache_rows, rot_dim, cache_stride,
         q_bs, q_ts, q_hs, k_bs, k_ts, k_hs, pos_bs, pos_s, q_ptr, c_ptr, k_ptr, pos_ptr, _, _, _, _,
-    ) = _check()(query, cos_sin_cache, key, positions, seqlen_offset)  # fmt: skip
+    ) = _check(query, cos_sin_cache, key, positions, seqlen_offset)  # fmt: skip
     if not (batch and seqlen and (q_heads or k_heads)):
         return None
     interleaved = True if interleaved else False
