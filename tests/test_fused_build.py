@@ -308,11 +308,33 @@ def cache(rows=64, rot_dim=64):
         (lambda: dict(query=meta(4, 2, 76)[..., 8:72]), ValueError, "multiples of 8"),
         (lambda: dict(query=meta(4, 2, 64), key=meta(4, 2, 64, dtype=torch.float32)), ValueError, "key must be torch.bfloat16"),
         (lambda: dict(query=meta(4, 2, 64), key=meta(5, 2, 64)), ValueError, "key must be of shape"),
-        (lambda: dict(query=meta(4, 2, 64), positions=meta(4, dtype=torch.float32)), ValueError, "positions must be torch.int32"),
+        (
+            lambda: dict(query=meta(4, 2, 64), positions=meta(4, dtype=torch.float32)),
+            ValueError,
+            "positions must be int32 or int64, got torch.float32",
+        ),
         (lambda: dict(query=meta(2, 4, 2, 64), positions=meta(4, dtype=torch.int32)), ValueError, r"positions must be of shape \(2, 4\)"),
         (lambda: dict(query=meta(4, 2, 64), seqlen_offset=61), ValueError, "seqlen_offset must be"),
         (lambda: dict(query=meta(4, 2, 64), seqlen_offset=1.0), TypeError, "seqlen_offset must be an int"),
         (lambda: dict(query=[1.0]), TypeError, "query must be a torch.Tensor"),
+        (lambda: dict(query=meta(4, 2, 64), key=meta(1, 4, 1, 64)), ValueError, r"key must be 3-D like query, got shape \(1, 4, 1, 64\)"),
+        (
+            lambda: dict(query=meta(4, 2, 64), positions=meta(1, 4, dtype=torch.int32)),
+            ValueError,
+            r"positions must be of shape \(4,\), got \(1, 4\)",
+        ),
+        (lambda: dict(query=meta(65536, 1, 1, 64)), ValueError, "query must be at most 65535 batches"),
+        (lambda: dict(query=meta(4, 2, 64), seqlen_offset=2**31), ValueError, "seqlen_offset must be within int32, got 2147483648"),
+        (
+            lambda: dict(query=torch.empty_strided((3, 2, 64), (2**30, 8, 1), dtype=torch.bfloat16, device="meta")),
+            ValueError,
+            "query must be at most 2\\*\\*31-1 elements apart",
+        ),
+        (
+            lambda: dict(query=meta(4, 2, 64), cos_sin_cache=torch.empty_strided((64, 64), (66, 1), dtype=torch.float32, device="meta")),
+            ValueError,
+            "cos_sin_cache must be strided in multiples of 4 elements",
+        ),
     ],
 )
 def test_apply_rotary_refuses_bad_input(fake_cuda, make, error, match):

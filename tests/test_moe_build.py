@@ -120,7 +120,7 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
         (
             dict(to_physical_map=meta(256, 2, dtype=torch.int32), logical_count=meta(256, dtype=torch.int32)),
             ValueError,
-            "to_physical_map must be 2-D with 257 rows",
+            "to_physical_map must be of shape \\(257, 2\\), got \\(256, 2\\)",
         ),
         (
             dict(to_physical_map=meta(257, 2, dtype=torch.int64), logical_count=meta(257, dtype=torch.int32)),
@@ -137,7 +137,22 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
         (dict(out=(meta(4, 8, dtype=torch.int64), meta(4, 9))), ValueError, "out\\[0\\] \\(topk_idx\\) must be of shape \\(4, 9\\)"),
         (dict(out=(meta(4, 9, dtype=torch.int64), meta(4, 9, dtype=torch.float16))), ValueError, "out\\[1\\] \\(topk_weights\\) must be"),
         (dict(out=meta(4, 9)), TypeError, "out must be a \\(topk_idx, topk_weights\\) pair"),
-        (dict(bias=torch.zeros(256)), ValueError, "bias must be a CUDA tensor"),
+        (dict(bias=torch.zeros(256)), ValueError, "bias must be on the device of logits, got a tensor on cpu"),
+        (dict(logits=[0.0] * 256), TypeError, "logits must be a torch.Tensor, got list"),
+        (dict(logits=meta(2**26, 256)), ValueError, "logits must be of fewer than 67108864 tokens, got 67108864"),
+        (dict(num_shared_experts=1.0), TypeError, "num_shared_experts must be an int, got float"),
+        (dict(ep_rank=True), TypeError, "ep_rank must be an int, got bool"),
+        (dict(logical_count=meta(257, dtype=torch.int32)), ValueError, "logical_count needs to_physical_map; give both or neither"),
+        (
+            dict(to_physical_map=meta(257, dtype=torch.int32), logical_count=meta(257, dtype=torch.int32)),
+            ValueError,
+            "to_physical_map must be 2-D \\(experts \\+ shared slots, duplicates\\), got shape \\(257,\\)",
+        ),
+        (
+            dict(force_random=meta(3, 1, dtype=torch.bool)),
+            ValueError,
+            "force_random must be of 4 elements \\(one per token\\), got 3 \\(shape \\(3, 1\\)\\)",
+        ),
     ],
 )
 def test_gate_bad_inputs_raise_before_launch(fake_cuda, change, error, match):
@@ -181,11 +196,18 @@ def test_gate_without_tokens_launches_nothing(fake_cuda):
         (lambda: tkaot.moe.normalize_weight(meta(4, 33)), "of 1 to 32 weights a token, got 33"),
         (lambda: tkaot.moe.normalize_weight(meta(8, 4).t()), "topk_weights must be contiguous"),
         (lambda: tkaot.moe.normalize_weight(meta(4, 8, dtype=torch.float64)), "topk_weights must be torch.float32"),
+        (lambda: tkaot.moe.normalize_weight(meta(32)), "topk_weights must be 2-D \\(num_tokens, num_topk\\), got shape \\(32,\\)"),
+        (lambda: tkaot.moe.topk_gate(meta(4, 0), 1), "scores must be of 1 to 512 experts, got 0"),
     ],
 )
 def test_topk_and_normalize_bad_inputs(fake_cuda, call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_topk_gate_num_topk_must_be_an_int(fake_cuda):
+    with pytest.raises(TypeError, match="num_topk must be an int, got float"):
+        tkaot.moe.topk_gate(meta(4, 8), 4.0)
 
 
 def test_topk_and_normalize_valid_inputs_reach_the_registry(fake_cuda):

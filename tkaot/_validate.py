@@ -12,6 +12,10 @@ The checker takes the signature's arguments (tensors and the names its rules rea
 order and returns `(device, *dims, *pointers, *strides)`: the device index of the first tensor; each dim
 in `dims` order; each tensor's data_ptr() (0 when an optional tensor is None); the stride() tuple of each
 tensor whose layout is not "contiguous" (None when absent), in `tensors` order.
+
+Rule checks, `Let` values and `actual` texts are Python expressions over the arguments, the dims and Lets
+bound so far, `torch`, `_MAX_I32`, and for each tensor read so far `h_<name>` (shape), `s_<name>`
+(stride()), `t_<name>` (dtype) and `p_<name>` (data_ptr()); an optional tensor's are unset when it is None.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ class Tensor:
     """One tensor argument.
 
     dtypes: the allowed torch dtypes, or the name of an earlier tensor whose dtype this one must have.
-    shapes: alternatives by rank, each a tuple of dim names (bound at first sight, compared after) and ints;
-        or the name of an earlier tensor whose shape this one must have.
+    shapes: alternatives by rank, each a tuple of dim names (bound at first sight, compared after; the
+        signature's scalars and Lets are bound from the start) and ints; or the name of an earlier tensor
+        whose shape this one must have; or None for any shape (a Rule may then check h_<name>).
     layout: "rows" — last dimension contiguous, 16-byte aligned, every other stride of a dim longer than 1 a
         multiple of 16 bytes and below 2**31 elements; "contiguous" — torch's is_contiguous(); "any".
     align: bytes the data pointer must be a multiple of (rows implies 16).
@@ -57,15 +62,18 @@ class Tensor:
 
     name: str
     dtypes: tuple | str
-    shapes: tuple | str
+    shapes: tuple | str | None
     layout: str = "rows"
     align: int = 1
     optional: bool = False
     what: str = ""  # how the shape reads in an error ("(num_tokens, hidden)"); derived when empty
+    label: str = ""  # what errors call it ("out[0] (topk_idx)"); the name when empty
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"{self.name}: layout must be one of {LAYOUTS}")
+        if self.shapes is None and self.layout == "rows":
+            raise ValueError(f'{self.name}: a "rows" layout needs declared shapes')
 
 
 @dataclass(frozen=True)
@@ -73,14 +81,34 @@ class Rule:
     """A condition over bound dims and the op's arguments, as a Python expression; `expected` says it in words.
 
     `name` is what the error names (an argument, or an expression such as "num_topk + num_shared_experts");
-    `actual` is an expression for the value shown (default: `name` itself when it is a plain argument).
+    `expected` is f-string text (braces show values: "in [1, {num_experts}]"); `actual` is an expression
+    for the value shown (default: `name` itself when it is a plain argument); a TypeError shows its type.
+    `message`, when given, is the whole error text after "op: " (f-string text), instead of
+    "name must be expected, got actual". `after` names the tensor right after which the rule is checked,
+    only when that tensor is given if it is optional (default: after every tensor); rules at one place
+    are checked in declaration order.
     """
 
     name: str
     check: str
-    expected: str
+    expected: str = ""
     actual: str = ""
     error: str = "ValueError"  # or "TypeError"
+    after: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Let:
+    """A value the checker computes from what is bound so far, bound as `name` for the later shapes, rules
+    and Lets; list it in the signature's dims to have it returned. Placed among the rules, with `after`
+    as a Rule's. One placed after an optional tensor is computed only when that tensor is given: give it
+    a value in the signature's defaults (set at the start, as for any default no shape mentions), which
+    also lets it build on itself (`Let("flags", "flags | 4", after="bias")` with defaults {"flags": 0})."""
+
+    name: str
+    value: str
+    after: str = ""
 
 
 @dataclass
@@ -90,9 +118,12 @@ class Signature:
     op: str
     tensors: tuple[Tensor, ...]
     dims: tuple[str, ...] = ()
-    rules: tuple[Rule, ...] = ()
+    rules: tuple[Rule | Let, ...] = ()
     scalars: tuple[str, ...] = ()  # other arguments the rules read
-    defaults: dict | None = None  # dims an alternative shape leaves out ("batch": 1)
+    defaults: dict | None = None  # dims an alternative shape leaves out ("batch": 1), or an absent optional tensor
+    # an argument that is None or a tuple/list of tensors, unpacked into the optional tensors named
+    # ({"out": ("topk_idx", "topk_weights")}); it takes their place among the parameters
+    unpack: dict | None = None
 
     def __post_init__(self):
         self._checker = None
@@ -100,7 +131,10 @@ class Signature:
 
     @property
     def params(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.tensors) + self.scalars
+        """Tensors (those an unpack argument fills excepted), then the unpack arguments, then scalars."""
+        unpack = self.unpack or {}
+        filled = {name for names in unpack.values() for name in names}
+        return tuple(t.name for t in self.tensors if t.name not in filled) + tuple(unpack) + self.scalars
 
     def checker(self):
         """The check function (written and compiled on first use)."""
@@ -120,46 +154,125 @@ def _shape_text(dims: tuple) -> str:
 
 def _source(sig: Signature) -> tuple[str, dict]:
     """The checker's source and the names it needs."""
-    env: dict = {"_fail": fail, "_not_a_tensor": not_a_tensor, "_MAX_I32": MAX_I32, "_VEC": _VEC, "_op": sig.op}
+    env: dict = {"_fail": fail, "_not_a_tensor": not_a_tensor, "_MAX_I32": MAX_I32, "_VEC": _VEC, "_op": sig.op, "torch": torch}
     lines = [f"def check({', '.join(sig.params)}):"]
-    bound: set[str] = set()
+    defaults = sig.defaults or {}
+    bound: set[str] = set(sig.scalars)
     out = lines.append
     by_name = {t.name: t for t in sig.tensors}
+    placed: dict[str, list] = {}  # tensor name ("" for the end) -> the rules and Lets checked after it
+    for r in sig.rules:
+        if r.after and r.after not in by_name:
+            raise ValueError(f"{sig.op}: {r.name} is placed after {r.after!r}, which is not a tensor")
+        placed.setdefault(r.after, []).append(r)
+    shaped = {d for t in sig.tensors if isinstance(t.shapes, tuple) for alt in t.shapes for d in alt}
 
     def fail_line(indent: str, name: str, expected: str, actual: str, literal: bool = True) -> None:
         """A raise of `expected` (text, or with literal=False an expression) and `actual` (an expression)."""
         text = repr(expected) if literal else expected
         out(f"{indent}    _fail(_op, {name!r}, {text}, {actual})")
 
+    def emit_rules(items: list, ind: str = "    ") -> None:
+        for r in items:
+            if isinstance(r, Let):
+                out(f"{ind}{r.name} = {r.value}")
+                bound.add(r.name)
+                continue
+            actual = r.actual or (r.name if r.name.isidentifier() else repr("see above"))
+            out(f"{ind}if not ({r.check}):")
+            if r.message:
+                out(f"{ind}    raise {r.error}(f'{{_op}}: ' + f{r.message!r})")
+            elif r.error == "TypeError":
+                out(f"{ind}    raise TypeError(f'{{_op}}: {r.name} must be {r.expected}, got {{type({actual}).__name__}}')")
+            else:
+                fail_line(ind, r.name, f"f{r.expected!r}", actual, literal=False)
+
+    def emit_rows(t: Tensor, ind: str, ranks_to_test: list | None, ranks: list, alt: tuple = ()) -> None:
+        """The "rows" layout checks of t, for a rank among `ranks` (tested with len() when ranks_to_test);
+        with `alt`, the shape alternative matched, whose dims are read by name or known."""
+        n, label = t.name, t.label or t.name
+        dtypes = t.dtypes
+        while isinstance(dtypes, str):
+            dtypes = by_name[dtypes].dtypes
+        if len({_VEC[d] for d in dtypes}) == 1:  # one vector width: a constant
+            vec = str(_VEC[dtypes[0]])
+        else:
+            vec = "_vec"
+            out(f"{ind}_vec = _VEC[t_{n}]")
+        out(f"{ind}if s_{n}[-1] != 1:")
+        fail_line(ind, label, "contiguous in its last dimension", f"f'strides {{s_{n}}}'")
+        out(f"{ind}if p_{n} % 16:")
+        fail_line(ind, label, "16-byte aligned", f"f'address {{p_{n}:#x}}'")
+        kw = "if"
+        for rank in ranks:
+            terms = []
+            for k in range(rank - 1):
+                size = alt[k] if alt else f"h_{n}[{k}]"
+                stride = f"(s_{n}[{k}] % {vec} == 0 and 0 <= s_{n}[{k}] <= _MAX_I32)"
+                if not isinstance(size, int):
+                    terms.append(f"({size} <= 1 or {stride})")
+                elif size > 1:  # a fixed size: the stride matters exactly when it is above 1
+                    terms.append(stride)
+            if not terms:
+                continue
+            test = f"not ({' and '.join(terms)})"
+            out(f"{ind}{kw} {f'len(h_{n}) == {rank} and {test}' if ranks_to_test else test}:")
+            kw = "elif"
+            expected = f"f'strided in multiples of {{{vec}}} elements (16 bytes) below 2**31'"
+            fail_line(ind, label, expected, f"f'strides {{s_{n}}}'", literal=False)
+
+    for dim, value in defaults.items():  # a default no shape mentions holds throughout
+        if dim not in shaped:
+            out(f"    {dim} = {value!r}")
+            bound.add(dim)
+    for arg, names in (sig.unpack or {}).items():
+        for name in names:
+            if not by_name[name].optional:
+                raise ValueError(f"{sig.op}: {name} is unpacked from {arg}, so it must be optional")
+        kind = "pair" if len(names) == 2 else "tuple"
+        out(f"    if {arg} is None:")
+        out(f"        {' = '.join(names)} = None")
+        out(f"    elif isinstance({arg}, (tuple, list)) and len({arg}) == {len(names)}:")
+        out(f"        {', '.join(names)}, = {arg}")
+        out("    else:")
+        out(f"        raise TypeError(f'{{_op}}: {arg} must be a ({', '.join(names)}) {kind}, got {{type({arg}).__name__}}')")
+
     for i, t in enumerate(sig.tensors):
         n = t.name
+        label = t.label or n
         ind = "    "
         if t.optional:
             out(f"    if {n} is None:")
             out(f"        p_{n} = 0")
             if t.layout != "contiguous":
                 out(f"        s_{n} = None")
+            if isinstance(t.shapes, tuple):  # dims only this tensor binds take their default
+                for dim in dict.fromkeys(d for alt in t.shapes for d in alt if isinstance(d, str) and d not in bound):
+                    if dim in defaults:
+                        out(f"        {dim} = {defaults[dim]!r}")
+                    elif dim in sig.dims:
+                        raise ValueError(f"{sig.op}: dim {dim} is bound only by the optional {n}: give it a default")
             out("    else:")
             ind = "        "
         out(f"{ind}try:")
         out(f"{ind}    d_{n}, t_{n}, h_{n}, s_{n}, p_{n} = {n}.get_device(), {n}.dtype, {n}.shape, {n}.stride(), {n}.data_ptr()")
         out(f"{ind}except AttributeError:")
-        out(f"{ind}    _not_a_tensor(_op, {n!r}, {n})")
+        out(f"{ind}    _not_a_tensor(_op, {label!r}, {n})")
         # device
         if i == 0:
             if t.optional:
                 raise ValueError(f"{sig.op}: the first tensor sets the device and cannot be optional")
             out(f"{ind}device = d_{n}")
             out(f"{ind}if device < 0:")
-            fail_line(ind, n, "a CUDA tensor", f"f'a tensor on {{{n}.device}}'")
+            fail_line(ind, label, "a CUDA tensor", f"f'a tensor on {{{n}.device}}'")
         else:
-            first = sig.tensors[0].name
+            first = sig.tensors[0]
             out(f"{ind}if d_{n} != device:")
-            fail_line(ind, n, f"on the device of {first}", f"f'a tensor on {{{n}.device}}'")
+            fail_line(ind, label, f"on the device of {first.label or first.name}", f"f'a tensor on {{{n}.device}}'")
         # dtype
         if isinstance(t.dtypes, str):
             out(f"{ind}if t_{n} is not t_{t.dtypes}:")
-            fail_line(ind, n, f"f'{{t_{t.dtypes}}} like {t.dtypes}'", f"t_{n}", literal=False)
+            fail_line(ind, label, f"f'{{t_{t.dtypes}}} like {t.dtypes}'", f"t_{n}", literal=False)
         else:
             names = []
             for d in t.dtypes:
@@ -167,19 +280,19 @@ def _source(sig: Signature) -> tuple[str, dict]:
                 env[key] = d
                 names.append(key)
             out(f"{ind}if {' and '.join(f't_{n} is not {k}' for k in names)}:")
-            fail_line(ind, n, _dtype_text(t.dtypes), f"t_{n}")
+            fail_line(ind, label, _dtype_text(t.dtypes), f"t_{n}")
         # shape
         if isinstance(t.shapes, str):
             other = by_name[t.shapes]
             out(f"{ind}if h_{n} != h_{other.name}:")
-            fail_line(ind, n, f"f'of shape {{tuple(h_{other.name})}} like {other.name}'", f"tuple(h_{n})", literal=False)
-            alternatives = None
-        else:
+            fail_line(ind, label, f"f'of shape {{tuple(h_{other.name})}} like {other.name}'", f"tuple(h_{n})", literal=False)
+        elif t.shapes is not None:
             alternatives = t.shapes
             ranks = [len(a) for a in alternatives]
             if len(set(ranks)) != len(ranks):
                 raise ValueError(f"{sig.op}: {n}'s shape alternatives must differ in rank")
             expected = t.what or " or ".join(f"{len(a)}-D {_shape_text(a)}" for a in alternatives)
+            mentioned = {d for alt in alternatives for d in alt if isinstance(d, str)}
             for j, alt in enumerate(alternatives):
                 kw = "if" if j == 0 else "elif"
                 out(f"{ind}{kw} len(h_{n}) == {len(alt)}:")
@@ -193,47 +306,38 @@ def _source(sig: Signature) -> tuple[str, dict]:
                         binds.append(f"{dim} = h_{n}[{k}]")
                 for b in binds:
                     out(f"{ind}    {b}")
-                for dim in sig.dims:
-                    if dim not in alt and (sig.defaults or {}).get(dim) is not None and dim not in bound:
-                        out(f"{ind}    {dim} = {sig.defaults[dim]!r}")
+                for dim in sorted(mentioned - set(alt) - bound):
+                    if dim in defaults:
+                        out(f"{ind}    {dim} = {defaults[dim]!r}")
                 if checks:
                     shape = "(" + ", ".join(f"{{{d}}}" if isinstance(d, str) else str(d) for d in alt) + (",)" if len(alt) == 1 else ")")
                     out(f"{ind}    if not ({' and '.join(checks)}):")
-                    fail_line(ind + "    ", n, f"f'of shape {shape}'", f"tuple(h_{n})", literal=False)
+                    fail_line(ind + "    ", label, f"f'of shape {shape}'", f"tuple(h_{n})", literal=False)
+                if t.layout == "rows":  # in the branch, where the rank is known
+                    emit_rows(t, ind + "    ", None, [len(alt)], alt)
             out(f"{ind}else:")
-            fail_line(ind, n, expected, f"f'shape {{tuple(h_{n})}}'")
-            for alt in alternatives:
-                bound.update(d for d in alt if isinstance(d, str))
-            bound.update(d for d in sig.dims if (sig.defaults or {}).get(d) is not None)
+            fail_line(ind, label, expected, f"f'shape {{tuple(h_{n})}}'")
+            bound.update(mentioned)
         # layout
-        if t.layout == "rows":
-            ranks = sorted({len(a) for a in (by_name[t.shapes].shapes if isinstance(t.shapes, str) else t.shapes)})
-            out(f"{ind}_vec = _VEC[t_{n}]")
-            out(f"{ind}if s_{n}[-1] != 1:")
-            fail_line(ind, n, "contiguous in its last dimension", f"f'strides {{s_{n}}}'")
-            out(f"{ind}if p_{n} % 16:")
-            fail_line(ind, n, "16-byte aligned", f"f'address {{p_{n}:#x}}'")
-            for j, rank in enumerate(ranks):
-                kw = "if" if j == 0 else "elif"
-                terms = [f"(h_{n}[{k}] <= 1 or (s_{n}[{k}] % _vec == 0 and 0 <= s_{n}[{k}] <= _MAX_I32))" for k in range(rank - 1)]
-                if not terms:
-                    continue
-                out(f"{ind}{kw} len(h_{n}) == {rank} and not ({' and '.join(terms)}):")
-                expected = "f'strided in multiples of {_vec} elements (16 bytes) below 2**31'"
-                fail_line(ind, n, expected, f"f'strides {{s_{n}}}'", literal=False)
-        elif t.layout == "contiguous":
-            out(f"{ind}if not {n}.is_contiguous():")
-            fail_line(ind, n, "contiguous", f"f'strides {{s_{n}}}'")
+        if t.layout == "rows" and not isinstance(t.shapes, tuple):  # shaped like another tensor: any of its ranks
+            ranks = sorted({len(a) for a in by_name[t.shapes].shapes})
+            emit_rows(t, ind, ranks if len(ranks) > 1 else None, ranks)
+        if t.layout == "contiguous":
+            fast = ""
+            if isinstance(t.shapes, tuple) and len(t.shapes) == 1 and t.shapes[0]:
+                # the dense strides of the one declared rank, asked of torch only when they differ
+                rank, terms = len(t.shapes[0]), []
+                for k in range(rank - 1, -1, -1):
+                    size = " * ".join(f"h_{n}[{j}]" for j in range(k + 1, rank)) or "1"
+                    terms.append(f"s_{n}[{k}] == {size}")
+                fast = f"({' and '.join(terms)}) or "
+            out(f"{ind}if not ({fast}{n}.is_contiguous()):")
+            fail_line(ind, label, "contiguous", f"f'strides {{s_{n}}}'")
         if t.align > 1 and t.layout != "rows":
             out(f"{ind}if p_{n} % {t.align}:")
-            fail_line(ind, n, f"{t.align}-byte aligned", f"f'address {{p_{n}:#x}}'")
-    for r in sig.rules:
-        actual = r.actual or (r.name if r.name.isidentifier() else repr("see above"))
-        out(f"    if not ({r.check}):")
-        if r.error == "TypeError":
-            out(f"        raise TypeError(f'{{_op}}: {r.name} must be {r.expected}, got {{type({actual}).__name__}}')")
-        else:
-            fail_line("    ", r.name, r.expected, actual)
+            fail_line(ind, label, f"{t.align}-byte aligned", f"f'address {{p_{n}:#x}}'")
+        emit_rules(placed.get(n, []), ind)
+    emit_rules(placed.get("", []))
     strides = [f"s_{t.name}" for t in sig.tensors if t.layout != "contiguous"]
     values = ["device", *sig.dims, *(f"p_{t.name}" for t in sig.tensors), *strides]
     out(f"    return ({', '.join(values)},)")

@@ -4,67 +4,180 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._moe.kernels import GATE_TILINGS, MOE_TOPK_GATE, NORMALIZE_WEIGHT, TOPK_GATE
+from tkaot._moe.kernels import GATE_TILINGS, MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE, NORMALIZE_WEIGHT, TOPK_GATE
 from tkaot._op import OpKernels, current_stream
-from tkaot._validate import MAX_I32, check_cuda, fail
+from tkaot._validate import Let, Rule, Signature, Tensor
 
-# Bits of the gate kernel's runtime `flags` (kernels_src/moe/moe_topk_gate.py)
-_MASK, _BIAS, _IMAGE, _FIX, _UNMAPPED, _PHYSICAL, _RANDOM, _SCORES = 1, 2, 4, 8, 16, 32, 64, 128
-_MAX_TOPK = 32  # one warp holds a token's slots
 _MAX_GATE_TOKENS = 2**26  # token * 32 + lane is the random stream's 32-bit subsequence
 _GATE_TILING = _TOPK_TILING = GATE_TILINGS["default"]
-
-_GATE = OpKernels("tkaot.moe.moe_topk_gate_forward", MOE_TOPK_GATE)
-_TOPK = OpKernels("tkaot.moe.topk_gate", TOPK_GATE)
-_NORMALIZE = OpKernels("tkaot.moe.normalize_weight", NORMALIZE_WEIGHT)
+_F32, _I32, _I64, _BOOL = torch.float32, torch.int32, torch.int64, torch.bool
 
 
-def _check_int(op: str, name: str, value, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        fail(op, name, f"in [{low}, {high}]", value)
-    return value
+def _is_int(name: str) -> str:
+    """The check that an argument is an int (not a bool): type() first, the rest only for int subclasses."""
+    return f"type({name}) is int or (isinstance({name}, int) and not isinstance({name}, bool))"
 
 
-def _check_tensor(op: str, name: str, t, device: int, dtype, shape=None, numel=None, align: int = 1) -> None:
-    """t is a contiguous tensor of dtype on the device, of the shape (or element count) given."""
-    check_cuda(op, name, t, device)
-    if t.dtype != dtype:
-        fail(op, name, f"{dtype}", t.dtype)
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        fail(op, name, f"of shape {tuple(shape)}", tuple(t.shape))
-    if numel is not None and t.numel() != numel:
-        fail(op, name, f"of {numel} elements (one per token)", f"{t.numel()} (shape {tuple(t.shape)})")
-    if not t.is_contiguous():
-        fail(op, name, "contiguous", f"strides {t.stride()}")
-    if align > 1 and t.data_ptr() % align:
-        fail(op, name, f"{align}-byte aligned", f"address {t.data_ptr():#x}")
+def _int_rules(name: str, low: str, high: str, after: str = "", when: str = "") -> tuple[Rule, Rule]:
+    """An int argument in [low, high] (expressions), checked only `when` given."""
+    guard = f"not ({when}) or " if when else ""
+    return (
+        Rule(name, f"{guard}{_is_int(name)}", "an int", error="TypeError", after=after),
+        Rule(name, f"{guard}{low} <= {name} <= {high}", f"in [{{{low}}}, {{{high}}}]", after=after),
+    )
 
 
-def _check_gate_args(op: str, logits, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func) -> int:
-    """The detailed checks of moe_topk_gate_forward's leading arguments: raises on the first bad
-    one, else returns the device index."""
-    device = check_cuda(op, "logits", logits)
-    if logits.dtype != torch.float32:
-        fail(op, "logits", "torch.float32", logits.dtype)
-    if logits.dim() != 2:
-        fail(op, "logits", "2-D (num_tokens, num_experts)", f"shape {tuple(logits.shape)}")
-    num_tokens, num_experts = logits.shape
-    if not 64 <= num_experts <= 512 or num_experts % 4:
-        fail(op, "logits", "of a multiple of 4 in [64, 512] experts", f"{num_experts} (shape {tuple(logits.shape)})")
-    if num_tokens >= _MAX_GATE_TOKENS:
-        fail(op, "logits", f"of fewer than {_MAX_GATE_TOKENS} tokens", num_tokens)
-    if not logits.is_contiguous() or logits.data_ptr() % 16:
-        fail(op, "logits", "contiguous and 16-byte aligned", f"strides {logits.stride()} address {logits.data_ptr():#x}")
-    if scoring_func != "sqrtsoftplus":
-        fail(op, "scoring_func", "'sqrtsoftplus'", repr(scoring_func))
-    _check_int(op, "num_topk", num_topk, 1, min(num_experts, _MAX_TOPK))
-    _check_int(op, "ep_rank", ep_rank, 0, MAX_I32)
-    num_shared = _check_int(op, "num_shared_experts", num_shared_experts, 1, 2) if use_shared_as_routed else 0
-    if num_topk + num_shared > _MAX_TOPK:
-        fail(op, "num_topk + num_shared_experts", f"at most {_MAX_TOPK}", num_topk + num_shared)
-    return device
+def _needs(given: str, missing: str, why: str = "give both or neither") -> Rule:
+    return Rule(given, f"{missing} is not None", message=f"{given} needs {missing}; {why}", after=given)
+
+
+def _per_token(name: str) -> Rule:
+    """A bool tensor of any shape with one element per token, as TileKernels allows."""
+    return Rule(
+        name, f"h_{name}.numel() == num_tokens", "of {num_tokens} elements (one per token)",
+        actual=f"f'{{h_{name}.numel()}} (shape {{tuple(h_{name})}})'", after=name,
+    )  # fmt: skip
+
+
+# Bits of the gate kernel's runtime `flags` (kernels_src/moe/moe_topk_gate.py), one per optional tensor
+_FLAGS = ("mask", "bias", "image_bias", "fix_routing_mask", "unmapped_topk_idx", "to_physical_map", "force_random", "scores")
+_LOGITS = "logits"
+GATE_SIGNATURE = Signature(
+    "tkaot.moe.moe_topk_gate_forward",
+    tensors=(
+        Tensor("logits", (_F32,), (("num_tokens", "num_experts"),), layout="contiguous", align=16, what="2-D (num_tokens, num_experts)"),
+        Tensor("mask", (_BOOL,), None, layout="contiguous", optional=True),
+        Tensor("bias", (_F32,), (("num_experts",),), layout="contiguous", align=16, optional=True),
+        Tensor("image_bias", (_F32,), (("num_experts",),), layout="contiguous", align=16, optional=True),
+        Tensor("image_token_mask", (_BOOL,), (("num_tokens",),), layout="contiguous", optional=True),
+        Tensor("unmapped_topk_idx", (_I64,), (("num_tokens", "num_topk"),), layout="any", optional=True),
+        Tensor("fix_routing_mask", (_BOOL,), (("num_tokens",),), layout="contiguous", optional=True),
+        Tensor(
+            "to_physical_map",
+            (_I32,),
+            (("num_logical", "num_duplicates"),),
+            layout="contiguous",
+            optional=True,
+            what="2-D (experts + shared slots, duplicates)",
+        ),
+        Tensor("logical_count", (_I32,), (("num_logical",),), layout="contiguous", optional=True),
+        Tensor("force_random", (_BOOL,), None, layout="contiguous", optional=True),
+        Tensor("scores", (_F32,), (("num_tokens", "num_experts"),), layout="contiguous", align=16, optional=True),
+        Tensor("topk_idx", (_I64,), (("num_tokens", "num_slots"),), layout="contiguous", optional=True, label="out[0] (topk_idx)"),
+        Tensor("topk_weights", (_F32,), (("num_tokens", "num_slots"),), layout="contiguous", optional=True, label="out[1] (topk_weights)"),
+    ),
+    unpack={"out": ("topk_idx", "topk_weights")},
+    scalars=("num_topk", "use_shared_as_routed", "num_shared_experts", "ep_rank", "scoring_func"),
+    dims=("num_tokens", "num_experts", "num_shared", "num_slots", "num_logical", "num_duplicates", "unmapped_stride", "flags"),
+    defaults={"num_duplicates": 0, "unmapped_stride": 0, "flags": 0},
+    rules=(
+        Rule(
+            "logits",
+            f"64 <= num_experts <= {MAX_EXPERTS} and num_experts % 4 == 0",
+            f"of a multiple of 4 in [64, {MAX_EXPERTS}] experts",
+            actual="f'{num_experts} (shape {tuple(h_logits)})'",
+            after=_LOGITS,
+        ),
+        Rule("logits", f"num_tokens < {_MAX_GATE_TOKENS}", f"of fewer than {_MAX_GATE_TOKENS} tokens", actual="num_tokens", after=_LOGITS),
+        Rule("scoring_func", "scoring_func == 'sqrtsoftplus'", "'sqrtsoftplus'", actual="repr(scoring_func)", after=_LOGITS),
+        *_int_rules("num_topk", "1", str(MAX_TOPK), after=_LOGITS),  # num_experts >= 64 > MAX_TOPK
+        *_int_rules("ep_rank", "0", "_MAX_I32", after=_LOGITS),
+        *_int_rules("num_shared_experts", "1", "2", after=_LOGITS, when="use_shared_as_routed"),
+        Let("num_shared", "num_shared_experts if use_shared_as_routed else 0", after=_LOGITS),
+        Let("num_slots", "num_topk + num_shared", after=_LOGITS),
+        Rule("num_topk + num_shared_experts", f"num_slots <= {MAX_TOPK}", f"at most {MAX_TOPK}", actual="num_slots", after=_LOGITS),
+        Let("num_logical", "num_experts + num_shared", after=_LOGITS),
+        _per_token("mask"),
+        _needs("image_bias", "image_token_mask"),
+        _needs("image_token_mask", "image_bias"),
+        Rule(
+            "unmapped_topk_idx",
+            "(num_topk <= 1 or s_unmapped_topk_idx[1] == 1) and 0 <= s_unmapped_topk_idx[0] <= _MAX_I32",
+            "of column stride 1 and row stride in [0, 2**31)",
+            actual="f'strides {s_unmapped_topk_idx}'",
+            after="unmapped_topk_idx",
+        ),
+        Let("unmapped_stride", "s_unmapped_topk_idx[0]", after="unmapped_topk_idx"),
+        _needs("fix_routing_mask", "unmapped_topk_idx", why="it holds the fixed experts"),
+        _needs("to_physical_map", "logical_count"),
+        Rule(
+            "to_physical_map",
+            "num_logical * num_duplicates <= _MAX_I32",
+            "of fewer than 2**31 elements",
+            actual="num_logical * num_duplicates",
+            after="to_physical_map",
+        ),
+        _needs("logical_count", "to_physical_map"),
+        _per_token("force_random"),
+        # the kernel's flags: a bit per optional tensor given
+        *(Let("flags", f"flags | {1 << bit}", after=name) for bit, name in enumerate(_FLAGS)),
+    ),
+)
+_PHYSICAL = 1 << _FLAGS.index("to_physical_map")
+
+
+def _check_gate(*args):
+    """GATE_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check_gate
+    _check_gate = GATE_SIGNATURE.checker()
+    return _check_gate(*args)
+
+
+_COUNT_AND_SHAPE = "f'{num_experts} (shape {tuple(h_scores)})'"
+TOPK_SIGNATURE = Signature(
+    "tkaot.moe.topk_gate",
+    tensors=(
+        Tensor("scores", (_F32,), (("num_tokens", "num_experts"),), layout="contiguous", align=4, what="2-D (num_tokens, num_experts)"),
+    ),
+    scalars=("num_topk",),
+    dims=("num_tokens", "num_experts"),
+    rules=(
+        Rule("scores", f"1 <= num_experts <= {MAX_EXPERTS}", f"of 1 to {MAX_EXPERTS} experts", actual=_COUNT_AND_SHAPE),
+        Rule("scores", "num_tokens <= _MAX_I32", "of fewer than 2**31 tokens", actual="num_tokens"),
+        Rule(
+            "scores",
+            "num_experts % 4 or p_scores % 16 == 0",
+            "16-byte aligned (experts a multiple of 4)",
+            actual="f'address {p_scores:#x}'",
+        ),
+        *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})"),
+    ),
+)
+
+
+def _check_topk(*args):
+    """TOPK_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check_topk
+    _check_topk = TOPK_SIGNATURE.checker()
+    return _check_topk(*args)
+
+
+NORMALIZE_SIGNATURE = Signature(
+    "tkaot.moe.normalize_weight",
+    tensors=(Tensor("topk_weights", (_F32,), (("num_tokens", "num_topk"),), layout="contiguous", what="2-D (num_tokens, num_topk)"),),
+    dims=("num_tokens", "num_topk"),
+    rules=(
+        Rule(
+            "topk_weights",
+            f"1 <= num_topk <= {MAX_TOPK}",
+            f"of 1 to {MAX_TOPK} weights a token",
+            actual="f'{num_topk} (shape {tuple(h_topk_weights)})'",
+        ),
+        Rule("topk_weights", "num_tokens <= _MAX_I32", "of fewer than 2**31 tokens", actual="num_tokens"),
+    ),
+)
+
+
+def _check_normalize(*args):
+    """NORMALIZE_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
+    global _check_normalize
+    _check_normalize = NORMALIZE_SIGNATURE.checker()
+    return _check_normalize(*args)
+
+
+_GATE = OpKernels(GATE_SIGNATURE.op, MOE_TOPK_GATE)
+_TOPK = OpKernels(TOPK_SIGNATURE.op, TOPK_GATE)
+_NORMALIZE = OpKernels(NORMALIZE_SIGNATURE.op, NORMALIZE_WEIGHT)
 
 
 def moe_topk_gate_forward(
@@ -133,105 +246,20 @@ def moe_topk_gate_forward(
 
     Logits must be finite; a non-finite logit gives an unspecified (but in-bounds) route.
     """
-    op = "tkaot.moe.moe_topk_gate_forward"
-    # The hot path reads each property once and checks everything in one expression;
-    # only when that fails do the detailed checks below run and raise.
-    try:
-        device, shape, strides, logits_ptr = logits.get_device(), logits.shape, logits.stride(), logits.data_ptr()
-    except AttributeError:
-        raise TypeError(f"{op}: logits must be a torch.Tensor, got {type(logits).__name__}") from None
-    num_shared = num_shared_experts if use_shared_as_routed else 0
-    if not (
-        device >= 0
-        and logits.dtype is torch.float32
-        and len(shape) == 2
-        and 64 <= shape[1] <= 512
-        and shape[1] % 4 == 0
-        and shape[0] < _MAX_GATE_TOKENS
-        and strides[1] == 1
-        and (strides[0] == shape[1] or shape[0] <= 1)
-        and logits_ptr % 16 == 0
-        and scoring_func == "sqrtsoftplus"
-        and type(num_topk) is int
-        and 1 <= num_topk <= shape[1]
-        and type(ep_rank) is int
-        and 0 <= ep_rank <= MAX_I32
-        and (not use_shared_as_routed or (type(num_shared) is int and 1 <= num_shared <= 2))
-        and num_topk + num_shared <= _MAX_TOPK
-    ):
-        device = _check_gate_args(op, logits, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func)
-    num_tokens, num_experts = shape
-    num_slots = num_topk + num_shared
-
-    flags = 0
-    bias_ptr = image_bias_ptr = image_mask_ptr = mask_ptr = fix_ptr = random_ptr = 0
-    map_ptr = count_ptr = unmapped_ptr = scores_ptr = 0
-    num_logical = num_duplicates = unmapped_stride = 0
-    if mask is not None:
-        _check_tensor(op, "mask", mask, device, torch.bool, numel=num_tokens)
-        flags |= _MASK
-        mask_ptr = mask.data_ptr()
-    if bias is not None:
-        _check_tensor(op, "bias", bias, device, torch.float32, shape=(num_experts,), align=16)
-        flags |= _BIAS
-        bias_ptr = bias.data_ptr()
-    if (image_bias is None) != (image_token_mask is None):
-        given, missing = ("image_bias", "image_token_mask") if image_token_mask is None else ("image_token_mask", "image_bias")
-        raise ValueError(f"{op}: {given} needs {missing}; give both or neither")
-    if image_bias is not None:
-        _check_tensor(op, "image_bias", image_bias, device, torch.float32, shape=(num_experts,), align=16)
-        _check_tensor(op, "image_token_mask", image_token_mask, device, torch.bool, shape=(num_tokens,))
-        flags |= _IMAGE
-        image_bias_ptr, image_mask_ptr = image_bias.data_ptr(), image_token_mask.data_ptr()
-    if unmapped_topk_idx is not None:
-        check_cuda(op, "unmapped_topk_idx", unmapped_topk_idx, device)
-        if unmapped_topk_idx.dtype != torch.int64:
-            fail(op, "unmapped_topk_idx", "torch.int64", unmapped_topk_idx.dtype)
-        if tuple(unmapped_topk_idx.shape) != (num_tokens, num_topk):
-            fail(op, "unmapped_topk_idx", f"of shape {(num_tokens, num_topk)}", tuple(unmapped_topk_idx.shape))
-        row_stride, col_stride = unmapped_topk_idx.stride()
-        if (num_topk > 1 and col_stride != 1) or not 0 <= row_stride <= MAX_I32:
-            fail(op, "unmapped_topk_idx", "of column stride 1 and row stride in [0, 2**31)", f"strides {unmapped_topk_idx.stride()}")
-        flags |= _UNMAPPED
-        unmapped_ptr, unmapped_stride = unmapped_topk_idx.data_ptr(), row_stride
-    if fix_routing_mask is not None:
-        if unmapped_topk_idx is None:
-            raise ValueError(f"{op}: fix_routing_mask needs unmapped_topk_idx, which holds the fixed experts")
-        _check_tensor(op, "fix_routing_mask", fix_routing_mask, device, torch.bool, shape=(num_tokens,))
-        flags |= _FIX
-        fix_ptr = fix_routing_mask.data_ptr()
-    if (to_physical_map is None) != (logical_count is None):
-        given, missing = ("to_physical_map", "logical_count") if logical_count is None else ("logical_count", "to_physical_map")
-        raise ValueError(f"{op}: {given} needs {missing}; give both or neither")
-    if to_physical_map is not None:
-        num_logical = num_experts + num_shared
-        check_cuda(op, "to_physical_map", to_physical_map, device)
-        if to_physical_map.dim() != 2 or to_physical_map.shape[0] != num_logical:
-            fail(op, "to_physical_map", f"2-D with {num_logical} rows (experts + shared slots)", f"shape {tuple(to_physical_map.shape)}")
-        _check_tensor(op, "to_physical_map", to_physical_map, device, torch.int32)
-        _check_tensor(op, "logical_count", logical_count, device, torch.int32, shape=(num_logical,))
-        if to_physical_map.numel() > MAX_I32:
-            fail(op, "to_physical_map", "of fewer than 2**31 elements", to_physical_map.numel())
-        flags |= _PHYSICAL
-        map_ptr, count_ptr = to_physical_map.data_ptr(), logical_count.data_ptr()
-        num_duplicates = to_physical_map.shape[1]
-    if force_random is not None:
-        _check_tensor(op, "force_random", force_random, device, torch.bool, numel=num_tokens)
-        flags |= _RANDOM
-        random_ptr = force_random.data_ptr()
-    if scores is not None:
-        _check_tensor(op, "scores", scores, device, torch.float32, shape=(num_tokens, num_experts), align=16)
-        flags |= _SCORES
-        scores_ptr = scores.data_ptr()
+    (
+        device, num_tokens, num_experts, num_shared, num_slots, num_logical, num_duplicates, unmapped_stride, flags,
+        logits_ptr, mask_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, unmapped_ptr, fix_ptr, map_ptr, count_ptr,
+        random_ptr, scores_ptr, idx_ptr, weights_ptr, _,
+    ) = _check_gate(
+        logits, mask, bias, image_bias, image_token_mask, unmapped_topk_idx, fix_routing_mask, to_physical_map,
+        logical_count, force_random, scores, out, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func,
+    )  # fmt: skip
     if out is None:
         topk_idx = logits.new_empty((num_tokens, num_slots), dtype=torch.int64)
         topk_weights = logits.new_empty((num_tokens, num_slots))
+        idx_ptr, weights_ptr = topk_idx.data_ptr(), topk_weights.data_ptr()
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError(f"{op}: out must be a (topk_idx, topk_weights) pair, got {type(out).__name__}")
         topk_idx, topk_weights = out
-        _check_tensor(op, "out[0] (topk_idx)", topk_idx, device, torch.int64, shape=(num_tokens, num_slots))
-        _check_tensor(op, "out[1] (topk_weights)", topk_weights, device, torch.float32, shape=(num_tokens, num_slots))
     if num_tokens == 0:
         return topk_idx, topk_weights
 
@@ -242,9 +270,9 @@ def moe_topk_gate_forward(
         device,
         current_stream(device),
         logits_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, mask_ptr, fix_ptr, random_ptr,
-        map_ptr, count_ptr, topk_idx.data_ptr(), topk_weights.data_ptr(), unmapped_ptr, scores_ptr,
+        map_ptr, count_ptr, idx_ptr, weights_ptr, unmapped_ptr, scores_ptr,
         num_shared, float(routed_scaling_factor), ep_rank, flags,
-        num_tokens, num_logical, num_duplicates, num_slots, unmapped_stride,
+        num_tokens, num_logical if flags & _PHYSICAL else 0, num_duplicates, num_slots, unmapped_stride,
     )  # fmt: skip
     return topk_idx, topk_weights
 
@@ -264,26 +292,12 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     Returns:
         (num_tokens, num_topk) int64, contiguous.
     """
-    op = "tkaot.moe.topk_gate"
-    device = check_cuda(op, "scores", scores)
-    if scores.dtype != torch.float32:
-        fail(op, "scores", "torch.float32", scores.dtype)
-    if scores.dim() != 2:
-        fail(op, "scores", "2-D (num_tokens, num_experts)", f"shape {tuple(scores.shape)}")
-    num_tokens, num_experts = scores.shape
-    if not 1 <= num_experts <= 512:
-        fail(op, "scores", "of 1 to 512 experts", f"{num_experts} (shape {tuple(scores.shape)})")
-    if num_tokens > MAX_I32:
-        fail(op, "scores", "of fewer than 2**31 tokens", num_tokens)
-    align = 16 if num_experts % 4 == 0 else 4
-    if not scores.is_contiguous() or scores.data_ptr() % align:
-        fail(op, "scores", f"contiguous and {align}-byte aligned", f"strides {scores.stride()} address {scores.data_ptr():#x}")
-    _check_int(op, "num_topk", num_topk, 1, min(num_experts, _MAX_TOPK))
+    device, num_tokens, num_experts, scores_ptr = _check_topk(scores, num_topk)
     topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if num_tokens == 0:
         return topk_idx
     launcher = _TOPK.get(device, num_experts, num_topk, _TOPK_TILING)
-    launcher(device, current_stream(device), scores.data_ptr(), topk_idx.data_ptr(), num_tokens)
+    launcher(device, current_stream(device), scores_ptr, topk_idx.data_ptr(), num_tokens)
     return topk_idx
 
 
@@ -299,25 +313,13 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     Returns:
         (denominator of shape (num_tokens,), normalized weights of shape (num_tokens, num_topk)).
     """
-    op = "tkaot.moe.normalize_weight"
-    device = check_cuda(op, "topk_weights", topk_weights)
-    if topk_weights.dtype != torch.float32:
-        fail(op, "topk_weights", "torch.float32", topk_weights.dtype)
-    if topk_weights.dim() != 2:
-        fail(op, "topk_weights", "2-D (num_tokens, num_topk)", f"shape {tuple(topk_weights.shape)}")
-    num_tokens, num_topk = topk_weights.shape
-    if not 1 <= num_topk <= _MAX_TOPK:
-        fail(op, "topk_weights", f"of 1 to {_MAX_TOPK} weights a token", f"{num_topk} (shape {tuple(topk_weights.shape)})")
-    if num_tokens > MAX_I32:
-        fail(op, "topk_weights", "of fewer than 2**31 tokens", num_tokens)
-    if not topk_weights.is_contiguous():
-        fail(op, "topk_weights", "contiguous", f"strides {topk_weights.stride()}")
+    device, num_tokens, num_topk, weights_ptr = _check_normalize(topk_weights)
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty_like(topk_weights)
     if num_tokens == 0:
         return denominator, normalized
     launcher = _NORMALIZE.get(device, num_topk)
-    launcher(device, current_stream(device), topk_weights.data_ptr(), denominator.data_ptr(), normalized.data_ptr(), num_tokens)
+    launcher(device, current_stream(device), weights_ptr, denominator.data_ptr(), normalized.data_ptr(), num_tokens)
     return denominator, normalized
 
 
