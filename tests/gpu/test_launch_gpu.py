@@ -100,8 +100,8 @@ class OneLauncher:
 
 @needs_compiled
 def test_both_launchers_write_the_same_bits(seed):
-    from tkaot._quant.norm import _NORM
     from tkaot._moe.ops import _GATE
+    from tkaot._quant.norm import _NORM
 
     dev = torch.cuda.current_device()
     # norm: every parameter type (pointers, f32 eps and scale, i32 dims and strides), a 3-D strided input
