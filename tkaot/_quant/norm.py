@@ -24,7 +24,15 @@ SIGNATURE = Signature(
     defaults={"batch": 1},
     rules=(Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),),
 )
-_check = SIGNATURE.checker
+
+
+def _check(*args):
+    """The checker, compiled on the first call, which puts it in this name's place for the calls after."""
+    global _check
+    _check = SIGNATURE.checker()
+    return _check(*args)
+
+
 _NORM = OpKernels(SIGNATURE.op, RMSNORM)
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -61,9 +69,8 @@ def norm_forward(
         (out, rstd of shape x.shape[:-1] or None, the normalised input: x + residual,
         or x itself without residual).
     """
-    check = _check()
-    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = check(x, weight, residual, out, residual_out)
-    x_bs, x_s = _rows(xs)
+    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(x, weight, residual, out, residual_out)
+    x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
     if out is None:
         out = torch.empty_like(x)
         o_ptr = out.data_ptr()
