@@ -98,9 +98,11 @@ def per_call_us(fn, n: int = 20000) -> float:
     return pick(samples)
 
 
-def cases() -> dict:
+def cases(device: str = "cpu") -> dict:
+    """The 1-token calls timed, on CPU tensors (the patched no-driver run) or on a GPU (bench.host_compare)."""
     import tkaot
 
+    torch.set_default_device(device)
     x = torch.randn(1, 7168, dtype=torch.bfloat16)
     w = torch.randn(7168, dtype=torch.bfloat16)
     out = {
@@ -118,6 +120,7 @@ def cases() -> dict:
     pos = torch.zeros(1, dtype=torch.int64)
     out["apply_rotary 1x16x64"] = lambda: tkaot.transform.apply_rotary(q, cos_sin, key=k, positions=pos)
     out["norm_forward_and_per_token_cast 1x7168"] = lambda: tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32)
+    torch.set_default_device(None)
     return out
 
 

@@ -1,0 +1,65 @@
+"""Host µs per op call on a GPU machine, two or more checkouts side by side in one run (before/after a refactor).
+
+    python -m bench.host_compare OLD_TREE . [--rounds 3]
+
+Each tree's calls run in their own fresh process (that tree's tkaot, this checkout's bench code), the trees
+alternating round by round; each figure is bench.timing.host_us (median of 5 loops of 20,000 calls, device work
+queued, not awaited) of bench.host_overhead's 1-token cases, launched for real. Prints one JSON line per tree and
+round, then the median over rounds per op and tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_PROBE = """
+import json, torch
+from bench import timing
+from bench.host_overhead import cases
+import tkaot
+result = {"launcher": tkaot.launcher_kind()}
+for name, fn in cases("cuda").items():
+    fn(); torch.cuda.synchronize()
+    result[name] = round(timing.host_us(fn), 3)
+    torch.cuda.synchronize()
+print(json.dumps(result))
+"""
+
+
+def probe(tree: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=tree, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"host probe failed in {tree}:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs="+")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    samples: dict[str, dict[str, list[float]]] = {tree: {} for tree in args.trees}
+    for round_ in range(args.rounds):
+        for tree in args.trees:
+            result = probe(Path(tree).resolve())
+            print(json.dumps({"tree": tree, "round": round_, **result}), flush=True)
+            for name, value in result.items():
+                if isinstance(value, float):
+                    samples[tree].setdefault(name, []).append(value)
+    names = list(next(iter(samples.values())))
+    print(f"{'host µs per call (median of rounds)':45s} " + " ".join(f"{t[-12:]:>12s}" for t in args.trees))
+    for name in names:
+        print(f"{name:45s} " + " ".join(f"{statistics.median(samples[t].get(name, [float('nan')])):12.2f}" for t in args.trees))
+
+
+if __name__ == "__main__":
+    main()
