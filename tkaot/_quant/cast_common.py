@@ -258,7 +258,8 @@ def output_lets(rows: str, k_blocks: str, at: str) -> tuple:
 
 
 PAIR = (
-    Tensor("x_data", (_F8, torch.int8), (("num_tokens", "cols"),), label="x[0]", what="2-D (num_tokens, hidden)"),
+    Tensor("x_data", (_F8, torch.int8), (("num_tokens", "cols"),), label="x[0]", what="2-D (num_tokens, hidden)",
+           dtype_what="torch.float8_e4m3fn or torch.int8"),
     Tensor("x_sf", (torch.float32, _F8, torch.int32), None, layout="any", label="x[1]",
            dtype_what="a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor"),
 )  # fmt: skip

@@ -335,24 +335,36 @@ def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt: str |
     return _cast_back_impl("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
 
 
-def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
-    if fmt not in ("bf16", "fp32"):
-        fail(op, "fmt", "'bf16' or 'fp32'", repr(fmt))
-    if x_special_fmt is not None:
-        fail(op, "x_special_fmt", "None (no special formats exist)", repr(x_special_fmt))
-    device, data, sf, in_dtype, block, in_sf, hidden, layout, kind = _quantized_input(op, x, x_block_size)
-    if hidden % 64:
-        fail(op, "x[0]", "a multiple of 64 channels wide", f"{hidden} channels")
-    num_tokens = data.shape[0]
-    if num_tokens * hidden // 16 > MAX_I32:
-        fail(op, "x[0]", "fewer than 2**35 elements", f"shape {tuple(data.shape)}")
-    out_dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
-    launcher = _CAST_BACK[op].get(device, hidden, in_dtype, f"{block[0]}x{block[1]}", in_sf, "bfloat16" if fmt == "bf16" else "float32")
-    out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
-    launcher(
-        device, current_stream(device), data.data_ptr(), sf.data_ptr(), out.data_ptr(), num_tokens, data.stride(0),
-        _sf_kernel_stride(sf, kind, layout),
+def _cast_back_signature(op: str) -> Signature:
+    """A cast back's inputs: the (data, sf) pair, one sf per x_block_size block."""
+    return Signature(
+        op, tensors=PAIR, dims=("num_tokens", "hidden", "in_kind", "x_sf_layout", "x_sf_stride"),
+        scalars=("fmt", "x_block_size", "x_special_fmt"),
+        rules=(
+            Rule("fmt", "fmt == 'bf16' or fmt == 'fp32'", "'bf16' or 'fp32'", actual="repr(fmt)", after="x_data"),
+            Rule("x_special_fmt", "x_special_fmt is None", "None (no special formats exist)", actual="repr(x_special_fmt)",
+                 after="x_data"),
+            *block_rules("x_block_size", "block", _IN_BLOCKS, "x_data", given=True), *pair_rules(),
+            Rule("x[0]", "hidden % 64 == 0", "a multiple of 64 channels wide", actual="f'{hidden} channels'"),
+            Rule("x[0]", "num_tokens * hidden // 16 <= _MAX_I32", "fewer than 2**35 elements", actual="f'shape {tuple(h_x_data)}'"),
+        ),
     )  # fmt: skip
+
+
+CAST_BACK_SIGNATURES = {op: _cast_back_signature(op) for op in CAST_BACK.ops}
+
+
+def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
+    data, sf = pair(op, x)
+    device, num_tokens, hidden, kind, layout, sf_stride, data_ptr, sf_ptr, data_strides, _ = _checker(CAST_BACK_SIGNATURES[op])(
+        data, sf, fmt, x_block_size, x_special_fmt
+    )
+    in_sf = kind + ("_col" if layout == "col" else "")
+    out_dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+    block = f"{x_block_size[0]}x{x_block_size[1]}"
+    launcher = _CAST_BACK[op].get(device, hidden, _IN_NAMES[data.dtype], block, in_sf, "bfloat16" if fmt == "bf16" else "float32")
+    out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
+    launcher(device, current_stream(device), data_ptr, sf_ptr, out.data_ptr(), num_tokens, data_strides[0], sf_stride)
     return out
 
 
