@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._validate import MAX_I32, check_cuda, fail
+from tkaot._validate import MAX_I32, Let, Rule, Tensor, check_cuda, fail
 
 _FMT_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
 _IN_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
@@ -174,3 +174,118 @@ def _check_contiguous_input(op: str, x) -> int:
     if not x.is_contiguous():
         fail(op, "x", "contiguous", f"strides {x.stride()}")
     return device
+
+
+# ---- declared pieces: the input rules several casts share (tkaot._validate Signatures are built from them) ----
+
+BF16_FP32 = (torch.bfloat16, torch.float32)
+_F8 = torch.float8_e4m3fn
+
+
+def fmt_rule(at: str) -> Rule:
+    return Rule("fmt", "fmt == 'e4m3' or fmt == 'e2m1'", "'e4m3' or 'e2m1'", actual="repr(fmt)", after=at)
+
+
+INPUT_X = Tensor("x", BF16_FP32, (("num_tokens", "hidden"),), what="2-D (num_tokens, hidden)", dtype_what="torch.bfloat16 or torch.float32")
+
+
+CONTIGUOUS_X = Rule(  # with INPUT_X: a contiguous x
+    "x", "num_tokens <= 1 or s_x[0] == hidden", "contiguous", actual="f'strides {s_x}'", after="x"
+)
+
+
+def block_rules(arg: str, value: str, allowed: tuple, at: str, given: bool = False) -> tuple:
+    """`arg` is a pair of ints among `allowed` (given: not None, for a pre-quantized input), bound as the tuple `value`."""
+    rules = (Rule(arg, f"{arg} is not None", "given for a pre-quantized (data, sf) input", actual="None", after=at),) if given else ()
+    return (
+        *rules,
+        Rule(arg, f"isinstance({arg}, (tuple, list)) and len({arg}) == 2 and all(isinstance(b, int) for b in {arg})",
+             "a pair of ints", actual=f"repr({arg})", after=at),
+        Let(value, f"(int({arg}[0]), int({arg}[1]))", after=at),
+        Rule(arg, f"{value} in {allowed!r}", f"one of {list(allowed)}", actual=value, after=at),
+    )  # fmt: skip
+
+
+def sf_rules(n: str, label: str, rows: str, cols: str, layout: str, kind: str, at: str) -> tuple:
+    """The layout rules of a (rows, cols) scale-factor tensor `n` of sf kind `kind` (an expression): `layout` an
+    expression of the layout wanted, or "" for the one found (TileKernels' rule: unit token stride and a non-unit
+    channel stride is column-major). Binds <n>_layout and <n>_stride (the row stride as the kernel counts it)."""
+    s, lay = f"s_{n}", f"{n}_layout"
+    found = f"('col' if {s}[0] == 1 and {s}[1] != 1 else 'row')"
+    strides = f"f'strides {{{s}}}'"
+    rules = []
+    if layout:
+        rules.append(Rule(label, f"{rows} <= 1 or {cols} <= 1 or {found} == {layout}",
+                          "{'column-major (stride (1, >= num_tokens))' if " + layout + " == 'col' else 'row-major (stride (>= cols, 1))'}",
+                          actual=strides, after=at))  # fmt: skip
+    return (
+        *rules,
+        Let(lay, layout or found, after=at),
+        Rule(label, f"{rows} <= 1 or {cols} <= 1 or ({s}[1] == 1 and {s}[0] >= {cols} if {lay} == 'row'"
+                    f" else {s}[0] == 1 and {s}[1] >= {rows})",
+             "{'row-major with unit channel stride' if " + lay + " == 'row' else 'column-major with unit token stride'}",
+             actual=strides, after=at),
+        Rule(label, f"max({s}) * 4 <= _MAX_I32", "strided below 2**29 elements", actual=strides, after=at),
+        Let(f"{n}_stride", f"({s}[0] if {lay} == 'row' else {s}[1]) * (4 if {kind} == 'ue8m0' else 1)", after=at),
+    )  # fmt: skip
+
+
+SF_DTYPE = "(torch.int32 if kind == 'ue8m0' else torch.float8_e4m3fn if kind == 'e4m3' else torch.float32)"
+
+
+def given_sf(n: str, label: str, rows: str, optional: bool = True) -> Tensor:
+    """A caller's scale-factor tensor of kind `kind`: (rows, sf_cols) of sf_dtype (Lets the op binds)."""
+    return Tensor(n, "sf_dtype", ((rows, "sf_cols"),), layout="any", optional=optional, label=label,
+                  dtype_what="{sf_dtype} (sf kind {kind})")  # fmt: skip
+
+
+def given_data(label: str) -> tuple:
+    """A caller's buffer for the cast data: packed (num_tokens, out_cols) rows of out_dtype; and its rule."""
+    tensor = Tensor("out_x", "out_dtype", (("num_tokens", "out_cols"),), optional=True, label=label)
+    rule = Rule(label, "num_tokens <= 1 or s_out_x[0] == out_cols", "contiguous of shape ({num_tokens}, {out_cols})",
+                actual="f'strides {s_out_x}'", after="out_x")  # fmt: skip
+    return tensor, rule
+
+
+def output_lets(rows: str, k_blocks: str, at: str) -> tuple:
+    """out_dtype, out_cols (from fmt), sf_dtype and sf_cols (from kind) of a cast's outputs."""
+    return (
+        Let("out_dtype", "torch.int8 if fmt == 'e2m1' else torch.float8_e4m3fn", after=at),
+        Let("out_cols", "hidden // 2 if fmt == 'e2m1' else hidden", after=at),
+        Let("sf_dtype", SF_DTYPE, after=at),
+        Let("sf_cols", f"-(-{k_blocks} // 4) if kind == 'ue8m0' else {k_blocks}", after=at),
+    )
+
+
+PAIR = (
+    Tensor("x_data", (_F8, torch.int8), (("num_tokens", "cols"),), label="x[0]", what="2-D (num_tokens, hidden)",
+           dtype_what="torch.float8_e4m3fn or torch.int8"),
+    Tensor("x_sf", (torch.float32, _F8, torch.int32), None, layout="any", label="x[1]",
+           dtype_what="a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor"),
+)  # fmt: skip
+
+
+def pair_rules(block: str = "block") -> tuple:
+    """The rules between a pre-quantized input's data ("x[0]") and sf ("x[1]"), one sf per `block` (bound before).
+    Binds hidden (the logical width), in_kind, and x_sf_layout / x_sf_stride."""
+    return (
+        Let("hidden", "2 * cols if t_x_data is torch.int8 else cols", after="x_data"),
+        Rule("x[0]", f"hidden % {block}[1] == 0", f"a multiple of {{{block}[1]}} channels wide (x_block_size={{{block}}})",
+             actual="f'{hidden} channels'", after="x_data"),
+        Let("sf_rows", f"-(-num_tokens // {block}[0])", after="x_data"),
+        Let("k_blocks", f"hidden // {block}[1]", after="x_data"),
+        Rule("x[1]", "len(h_x_sf) == 2", "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor",
+             actual="f'{t_x_sf} of shape {tuple(h_x_sf)}'", after="x_sf"),
+        Let("in_kind", "'fp32' if t_x_sf is torch.float32 else 'ue8m0' if t_x_sf is torch.int32 else 'e4m3'", after="x_sf"),
+        Let("in_cols", "-(-k_blocks // 4) if in_kind == 'ue8m0' else k_blocks", after="x_sf"),
+        Rule("x[1]", "h_x_sf[0] == sf_rows and h_x_sf[1] == in_cols", "of shape ({sf_rows}, {in_cols})",
+             actual="tuple(h_x_sf)", after="x_sf"),
+        *sf_rules("x_sf", "x[1]", "sf_rows", "in_cols", "", "in_kind", "x_sf"),
+    )  # fmt: skip
+
+
+def pair(op: str, x) -> tuple:
+    """The (data, sf) of a pre-quantized input."""
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
+    return x
