@@ -43,18 +43,13 @@ from dataclasses import dataclass, replace
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant.common import amax_floor, scale_factor, to_e4m3
+from tkaot._quant.kernels import SWIGLU
 
-KERNEL = "swiglu"
-OPS = ("tkaot.quant.swiglu_forward", "tkaot.quant.swiglu_forward_and_per_token_cast")
-DTYPES = ("bfloat16", "float32")
-FORMATS = ("bf16", "fp32", "e4m3")
-SF_KINDS = ("none", "fp32", "pow2", "ue8m0")
-MAX_HIDDEN = 32768
+DECL = SWIGLU  # the declaration this module builds (tkaot/_quant/kernels.py)
 MAX_HIDDEN_FP32 = 18432
 
 
@@ -100,26 +95,38 @@ TILINGS = {
         1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1
     ),
     "wscc2v9b1g": Tiling(
-        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1,
+        1152,
+        1,
+        lean=True,
+        vecs=2,
+        check="bits",
+        all_lanes_sf=True,
+        words=True,
+        lean_sf=True,
+        contig=True,
+        per_chunk=True,
+        block_rows=1,
         pdl=True,
     ),
     "wscc2v9b1gk": Tiling(
-        1152, 1, lean=True, vecs=2, check="bits", all_lanes_sf=True, words=True, lean_sf=True, contig=True, per_chunk=True, block_rows=1,
-        pdl=True, gated_counts=True,
+        1152,
+        1,
+        lean=True,
+        vecs=2,
+        check="bits",
+        all_lanes_sf=True,
+        words=True,
+        lean_sf=True,
+        contig=True,
+        per_chunk=True,
+        block_rows=1,
+        pdl=True,
+        gated_counts=True,
     ),
 }
 TILINGS["wscc2v9b1gkm"] = replace(TILINGS["wscc2v9b1gk"], minmax_clamp=True)
 DEFAULT_TILING = "base"
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 256 == 0, rule=f"a multiple of 256 in (0, {MAX_HIDDEN}]"),
-    Axis("dtype", str, choices=DTYPES),
-    Axis("fmt", str, choices=FORMATS),
-    Axis("group", int, choices=(0, 32, 128)),
-    Axis("sf", str, choices=SF_KINDS),
-    Axis("tiling", str, choices=tuple(TILINGS)),
-)
-DYNAMIC_DIMS = ("num_rows",)
 
 MAX_ROW_THREADS = 256
 MAX_VECS = 4

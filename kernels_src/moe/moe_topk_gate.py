@@ -10,7 +10,6 @@ decided first, in priority order: masked > forced random > fixed > routed.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.moe.common import (
     TILINGS,
     WARP,
@@ -25,16 +24,10 @@ from kernels_src.moe.common import (
     warp_topk_ballot,
 )
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._moe.kernels import MOE_TOPK_GATE
 
-KERNEL = "moe_topk_gate"
-OPS = ("tkaot.moe.moe_topk_gate_forward",)
+DECL = MOE_TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
 
-AXES = (
-    Axis("num_experts", int, check=lambda e: 64 <= e <= 512 and e % 4 == 0, rule="a multiple of 4 in [64, 512]"),
-    Axis("num_topk", int, check=lambda k: 1 <= k <= WARP, rule=f"in [1, {WARP}]"),
-    Axis("tiling", str, choices=tuple(TILINGS)),
-)
-DYNAMIC_DIMS = ("num_tokens",)
 
 # Bits of the runtime `flags` argument: which optional tensors were given.
 FLAG_MASK = 1

@@ -6,20 +6,11 @@ tiling); scores are read once with 16-byte loads when rows allow it.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_topk, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._moe.kernels import TOPK_GATE
 
-KERNEL = "topk_gate"
-OPS = ("tkaot.moe.topk_gate",)
-MAX_EXPERTS = 512
-
-AXES = (
-    Axis("num_experts", int, check=lambda e: 1 <= e <= MAX_EXPERTS, rule=f"in [1, {MAX_EXPERTS}]"),
-    Axis("num_topk", int, check=lambda k: 1 <= k <= WARP, rule=f"in [1, {WARP}]"),
-    Axis("tiling", str, choices=tuple(TILINGS)),
-)
-DYNAMIC_DIMS = ("num_tokens",)
+DECL = TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
