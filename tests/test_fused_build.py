@@ -465,7 +465,7 @@ class _OnDevice0:
 
 
 def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
-    """bench/tune_fused.py and bench/profile_fused.py set tkaot._fused's tilings at run time: both paths of
+    """bench/tuning/tune_fused.py and bench/tuning/profile_fused.py set tkaot._fused's tilings at run time: both paths of
     both ops read them at each call (meta tensors take the checked path, _OnDevice0 the hot one)."""
     tilings = []
 

@@ -23,7 +23,7 @@ from tkaot._quant.kernels import PER_CHANNEL_CAST
 DECL = PER_CHANNEL_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
-# (threads per CTA, column vectors a CTA covers): the tuning knob, see bench/tune_quant.py
+# (threads per CTA, column vectors a CTA covers): the tuning knob, see bench/tuning/tune_quant.py
 TILING = (256, 8)
 # in_dtype -> (storage dtype, bytes per element)
 STORAGE = {"bfloat16": ("bfloat16", 2), "float32": ("float32", 4), "e4m3": ("float8_e4m3", 1)}

@@ -31,7 +31,7 @@ from tkaot._quant.kernels import PER_TOKEN_CAST
 DECL = PER_TOKEN_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
-# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tune_quant.py).
+# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tuning/tune_quant.py).
 # H200 tuning run 2 at 8192 x 7168 bf16 (bench/results/tuning): e4m3/128 t128r4c1h 43.9 µs (t128r4c1 45.7);
 # e2m1/32 t128r4c1s 46.0 µs (t128r4c1 53.3, t128r4c1hs 46.8).
 TILING = RowTiling(128, 4, 1, walk="hidden")

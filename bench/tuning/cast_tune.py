@@ -1,4 +1,6 @@
-"""Tiling candidates of the row-wise cast kernels, for measuring on a GPU (bench/tune_quant.py); serves no op.
+"""Tiling candidates of the row-wise cast kernels, for measuring on a GPU (bench/tuning/tune_quant.py); serves no op.
+
+Not a declared kernel, so `tkaot-build` no longer builds it: call build() from a TileLang session.
 
 Each `case` is one kernel at one static key (hidden 7168, bf16 or E4M3 input);
 `tiling` picks one of its candidate tilings (c0 is the kernel's default, the one
@@ -6,9 +8,9 @@ its op launches; the FP4 cases have six, the others four). Only built on request
 (no shape set names it); the launch arguments are those of the kernel the case builds.
 """
 
-from kernels_src.axes import Axis
 from kernels_src.quant import cast_back, per_channel_cast, per_token_cast
 from kernels_src.quant.tiling import RowTiling
+from tkaot._decl import Axis
 
 KERNEL = "cast_tune"
 OPS = ()

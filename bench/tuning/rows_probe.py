@@ -1,6 +1,6 @@
 """Device time of swiglu + cast tilings at several row counts (the tail of the grid-stride loop).
 
-TKAOT_PATH=<candidates> python -m bench.rows_probe <tiling> ...
+TKAOT_PATH=<candidates> python -m bench.tuning.rows_probe <tiling> ...
 """
 
 from __future__ import annotations

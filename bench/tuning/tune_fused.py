@@ -1,11 +1,11 @@
 """Time the tiling candidates of the fused kernels (swiglu + cast, RMSNorm + cast) side by side.
 
 Each candidate is one value of the kernel's `tiling` axis, built into an artifact set
-on TKAOT_PATH (the op's own tiling comes from the default set); bench/tune_fused.toml
+on TKAOT_PATH (the op's own tiling comes from the default set); bench/tuning/tune_fused.toml
 lists the candidates below (SWIGLU_TILINGS, NORM_CAST_TILINGS) at the bench shapes:
 
-    tkaot-build build --shapeset bench/tune_fused.toml --out tune-artifacts/fused
-    TKAOT_PATH=tune-artifacts/fused python -m bench.tune_fused
+    tkaot-build build --shapeset bench/tuning/tune_fused.toml --out tune-artifacts/fused
+    TKAOT_PATH=tune-artifacts/fused python -m bench.tuning.tune_fused
 
 Every candidate's output is first checked bit for bit against the pure-torch reference (swiglu
 also on gates that send the lean division to its IEEE fallback, with weights and clamping), then

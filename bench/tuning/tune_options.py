@@ -3,10 +3,10 @@
 SwiGLU + cast with routing weights and a clamp (no counts asked), and plain; RMSNorm + cast with a
 residual, and without. Each candidate's output is first compared bit for bit with the pure-torch
 reference (swiglu: also with clamped_count, counts compared). Candidates are built from
-bench/tune_options.toml:
+bench/tuning/tune_options.toml:
 
-    tkaot-build build --shapeset bench/tune_options.toml --out tune-artifacts/opt
-    TKAOT_PATH=$PWD/tune-artifacts/opt python -m bench.tune_options
+    tkaot-build build --shapeset bench/tuning/tune_options.toml --out tune-artifacts/opt
+    TKAOT_PATH=$PWD/tune-artifacts/opt python -m bench.tuning.tune_options
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Resident blocks an SM for every variant of an artifact set, as the driver computes them.
 
-    python -m bench.occupancy_probe <artifact dir> [kernel]
+    python -m bench.tuning.occupancy_probe <artifact dir> [kernel]
 
 cuOccupancyMaxActiveBlocksPerMultiprocessor with each variant's block size and dynamic shared memory:
 what a persistent grid sized NUM_SMS x the tiling's blocks an SM must not exceed.

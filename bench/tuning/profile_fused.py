@@ -1,10 +1,10 @@
 """Launch the fused kernels a few times each, for a profiler run of tkaot beside TileKernels.
 
     ncu --clock-control none -k regex:'swiglu|norm' --section ... \
-        python -m bench.profile_fused [swiglu:<tiling> | norm_cast:<tiling> ...]
+        python -m bench.tuning.profile_fused [swiglu:<tiling> | norm_cast:<tiling> ...]
 
 Runs the shipped tilings, then each candidate named on the command line (built on
-TKAOT_PATH, as for bench/tune_fused.py), then TileKernels' kernels on the same inputs when
+TKAOT_PATH, as for bench/tuning/tune_fused.py), then TileKernels' kernels on the same inputs when
 tile_kernels is importable. Each is launched LAUNCHES times; prints the launch order.
 """
 

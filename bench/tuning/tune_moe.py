@@ -4,7 +4,7 @@ Each candidate is launched straight from its artifact entry (the op itself launc
 only its fixed tiling), checked once against the pure-torch reference, then timed
 by CUDA-graph replay over rotating input sets larger than L2.
 
-    TKAOT_PATH=<dir with the candidates> python -m bench.tune_moe
+    TKAOT_PATH=<dir with the candidates> python -m bench.tuning.tune_moe
 """
 
 from __future__ import annotations
