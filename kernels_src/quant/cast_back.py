@@ -21,7 +21,7 @@ DECL = CAST_BACK  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
 # threads per CTA, tokens per thread, vectors of a row per thread; the tuning knob (bench/tuning/tune_quant.py).
-# H200 tuning run 2 (bench/results/tuning): t128r4c1v8h 45.5 µs at 8192 x 7168 e4m3/128 -> bf16;
+# H200 (bench/tuning/tune_quant.py): t128r4c1v8h 45.5 µs at 8192 x 7168 e4m3/128 -> bf16;
 # 8-byte fp8 loads make each bf16 store one coalesced 16-byte store (16-byte loads: 77-78 µs)
 TILING = RowTiling(128, 4, 1, vec_bytes=8, walk="hidden")
 

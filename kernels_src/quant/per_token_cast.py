@@ -32,11 +32,11 @@ DECL = PER_TOKEN_CAST  # the declaration this module builds (tkaot/_quant/kernel
 
 
 # threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tuning/tune_quant.py).
-# H200 tuning run 2 at 8192 x 7168 bf16 (bench/results/tuning): e4m3/128 t128r4c1h 43.9 µs (t128r4c1 45.7);
+# H200, 8192 x 7168 bf16 (bench/tuning/tune_quant.py): e4m3/128 t128r4c1h 43.9 µs (t128r4c1 45.7);
 # e2m1/32 t128r4c1s 46.0 µs (t128r4c1 53.3, t128r4c1hs 46.8).
 TILING = RowTiling(128, 4, 1, walk="hidden")
 TILING_E2M1 = RowTiling(128, 4, 1, one_scale=True)
-# FP4 run 3 (bench/results/tuning): bf16 -> e2m1/32 casts by the fp4_words helpers with unchecked full CTAs,
+# H200 (bench/tuning/tune_quant.py): bf16 -> e2m1/32 casts by the fp4_words helpers with unchecked full CTAs,
 # t128r4c1sf3: 41.1 µs = 3.75 TB/s with fp32 sf (t128r4c1s 46.4), 40.7 with ue8m0 (46.5); the combinations
 # timed and edge-checked there take it (fp4_path_applies), every other e2m1 variant keeps TILING_E2M1.
 TILING_E2M1_BF16 = RowTiling(128, 4, 1, one_scale=True, fp4=3)
