@@ -67,7 +67,8 @@ LAUNCH_SPEC_VERSION = 2
 
 
 def cache_key(variant: Variant, arch: str, source: str | None = None) -> str:
-    """Everything that decides the cubin's bytes, hashed."""
+    """Everything that decides the cubin's bytes, hashed: the kernel's declaration and sources (ops.source_sha256),
+    its static values, the arch, TileLang and nvcc versions and flags."""
     inputs = {
         "kernel": variant.kernel,
         "static": [[k, v] for k, v in variant.static],
