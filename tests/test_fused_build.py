@@ -133,7 +133,7 @@ def _fma32(a, b, c):
 
 
 def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate():
-    """kernels_src/fused/swiglu.py's tkaot_div_normal equals RN(g / den) wherever lean_exact admits g, for
+    """kernels_src/fused/swiglu.py's tkaot_div_normal equals RN(g / den) for g in the range below (whose mantissa test admits den), for
     every bf16 gate, any den within 4 ulp of 1 + exp(-g) (the GPU's expf differs from numpy's) and any
     reciprocal estimate within 4 ulp of 1 / den (rcp.approx's error is below 1 ulp)."""
     import numpy as np
