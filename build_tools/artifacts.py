@@ -1,4 +1,13 @@
-"""Content-addressed build cache and the artifact directory (manifest + cubins).
+"""Content-addressed build cache and the artifact directory: manifest.json, cubins/, build-info.json.
+
+manifest.json is what the runtime reads, and only that: per variant its key,
+static values, launch spec and cubin sha256, plus the set's tool versions and
+flags. It holds nothing that changes when no cubin and no launch spec does, and
+is written one variant a line, sorted, so a rebuild that changes nothing
+rewrites the same bytes and a one-variant change is a one-line diff. What
+the build needs to stay incremental and traceable (each variant's cache key,
+each kernel's source hash) goes to build-info.json beside it, which the runtime
+never reads and the repository does not commit.
 
 Every write goes to a temporary name first and is renamed into place, so a
 killed build never leaves half an artifact.
@@ -70,6 +79,9 @@ class BuildCache:
         atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
 
 
+BUILD_INFO = "build-info.json"
+
+
 def variant_entry(compiled: CompiledVariant) -> dict:
     return {
         "kernel": compiled.variant.kernel,
@@ -77,7 +89,6 @@ def variant_entry(compiled: CompiledVariant) -> dict:
         "static": {k: v for k, v in compiled.variant.static},
         "launch": compiled.spec.to_json(),
         "cubin": sha256(compiled.cubin),
-        "cache_key": compiled.cache_key,
     }
 
 
@@ -88,25 +99,56 @@ def read_manifest(out_dir: Path) -> dict | None:
     return json.loads(path.read_text())
 
 
+def read_build_info(out_dir: Path) -> dict:
+    try:
+        return json.loads((Path(out_dir) / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def manifest_text(manifest: dict) -> str:
+    """The manifest as JSON: keys sorted, one variant a line (in the order given)."""
+    lines = ["{"]
+    items = sorted(manifest.items())
+    for n, (name, value) in enumerate(items):
+        comma = "," if n < len(items) - 1 else ""
+        if name == "variants" and value:
+            lines.append(' "variants": [')
+            lines += [f"  {json.dumps(e, sort_keys=True)}{',' if m < len(value) - 1 else ''}" for m, e in enumerate(value)]
+            lines.append(f" ]{comma}")
+        else:
+            lines.append(f" {json.dumps(name)}: {json.dumps(value, sort_keys=True)}{comma}")
+    return "\n".join(lines) + "\n}\n"
+
+
 def write_artifacts(out_dir: Path, arch: str, compiled: list[CompiledVariant], *, merge: bool = True) -> dict:
-    """Write cubins and manifest.json into out_dir; keeps entries already there unless replaced."""
+    """Write cubins, manifest.json and build-info.json into out_dir; keeps entries already there unless replaced."""
     out_dir = Path(out_dir)
     cubin_dir = out_dir / "cubins"
     entries: dict[tuple[str, str], dict] = {}
+    cache_keys: dict[tuple[str, str], str] = {}
     kernels: dict[str, dict] = {}
     old = read_manifest(out_dir) if merge else None
     if old is not None:
         if old.get("schema") != MANIFEST_SCHEMA or old.get("arch") != arch:
             raise ValueError(f"{out_dir} holds a manifest for arch {old.get('arch')} schema {old.get('schema')}; use another --out")
+        info = read_build_info(out_dir)
+        kernels.update(old.get("kernels", {}))  # manifests written before build-info.json held these
+        kernels.update(info.get("kernels", {}))
         for e in old["variants"]:
+            e = dict(e)
+            cache_key = e.pop("cache_key", None)
             entries[(e["kernel"], e["key"])] = e
-        kernels.update(old.get("kernels", {}))
+            if cache_key:
+                cache_keys[(e["kernel"], e["key"])] = cache_key
+        cache_keys.update({(v["kernel"], v["key"]): v["cache_key"] for v in info.get("variants", [])})
     for c in compiled:
         digest = sha256(c.cubin)
         path = cubin_dir / f"{digest}.cubin"
         if not path.exists() or sha256(path.read_bytes()) != digest:
             atomic_write(path, c.cubin)
         entries[(c.variant.kernel, c.variant.key)] = variant_entry(c)
+        cache_keys[(c.variant.kernel, c.variant.key)] = c.cache_key
         kernels[c.variant.kernel] = {"source_sha256": c.source_sha256}
     manifest = {
         "schema": MANIFEST_SCHEMA,
@@ -117,10 +159,15 @@ def write_artifacts(out_dir: Path, arch: str, compiled: list[CompiledVariant], *
             "nvcc": nvcc_version(),
             "nvcc_flags": _flags(arch),
         },
-        "kernels": dict(sorted(kernels.items())),
         "variants": [entries[k] for k in sorted(entries)],
     }
-    atomic_write(out_dir / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    build_info = {
+        "arch": arch,
+        "kernels": dict(sorted(kernels.items())),
+        "variants": [{"kernel": k, "key": key, "cache_key": cache_keys[(k, key)]} for k, key in sorted(cache_keys) if (k, key) in entries],
+    }
+    atomic_write(out_dir / BUILD_INFO, (json.dumps(build_info, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(out_dir / "manifest.json", manifest_text(manifest).encode())
     return manifest
 
 

@@ -1,4 +1,10 @@
-"""Build a list of Variants into an artifact directory: cache, parallel compile, manifest."""
+"""Build a list of Variants into an artifact directory: cache, parallel compile, manifest.
+
+A variant whose cache key (compile.cache_key: its declaration and sources, static values, tool
+versions and flags) is in the build cache is not compiled again; the rest compile in `jobs`
+processes, each checked against its kernel's declaration. The artifact directory gets the cubins,
+manifest.json and build-info.json (build_tools/artifacts.py).
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Compile one Variant: lower with TileLang, nvcc to a cubin, read its LaunchSpec.
+"""Compile one Variant: lower with TileLang, check it against its declaration, nvcc to a cubin, read its LaunchSpec.
 
 Runs on a CPU-only machine: the target is explicit and lowering happens
-inside its context. The LaunchSpec is read from the lowered device module,
-so the parameter order is the generated kernel's own.
+inside its context. The lowered kernel's op-facing arguments and dynamic dims
+must be those its declaration (tkaot/_<family>/kernels.py) names, or the build
+stops. The LaunchSpec is read from the lowered device module, so the parameter
+order is the generated kernel's own.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_tools.ops import Variant, load_kernel_module, source_sha256
+from build_tools.ops import Variant, declaration, load_kernel_module, source_sha256
+from tkaot._decl import KernelDecl
 from tkaot._spec import Arg, LaunchSpec, Param
 
 ARCHES = {
@@ -64,7 +67,8 @@ LAUNCH_SPEC_VERSION = 2
 
 
 def cache_key(variant: Variant, arch: str, source: str | None = None) -> str:
-    """Everything that decides the cubin's bytes, hashed."""
+    """Everything that decides the cubin's bytes, hashed: the kernel's declaration and sources (ops.source_sha256),
+    its static values, the arch, TileLang and nvcc versions and flags."""
     inputs = {
         "kernel": variant.kernel,
         "static": [[k, v] for k, v in variant.static],
@@ -94,6 +98,8 @@ def lower(variant: Variant, arch: str):
     from tilelang import tvm
 
     module = load_kernel_module(variant.kernel)
+    if getattr(module, "DECL", None) is not declaration(variant.kernel):
+        raise BuildError(f"{module.__name__} does not build kernel {variant.kernel!r}: its DECL is not that declaration")
     target = tvm.target.Target({"kind": "cuda", "arch": ARCHES[arch][0]})
     with target:
         prim_func = module.build(**variant.params)
@@ -155,12 +161,28 @@ def op_args(prim_func) -> tuple[Arg, ...]:
     return tuple(args)
 
 
-def launch_spec(variant: Variant, prim_func, device_func, kernel_source: str) -> LaunchSpec:
+def check_declared(args: tuple[Arg, ...], decl: KernelDecl, where: str) -> None:
+    """The lowered kernel's op-facing arguments and dynamic dims must be the declaration's (as sets)."""
+    problems = []
+    for what, have, want in (
+        ("arguments", {a.name for a in args}, set(decl.args)),
+        ("dynamic dims", {a.name for a in args if a.role == "dim"}, set(decl.dims)),
+    ):
+        if have != want:
+            extra, missing = sorted(have - want), sorted(want - have)
+            found = ([f"undeclared {extra}"] if extra else []) + ([f"declared but absent {missing}"] if missing else [])
+            problems.append(f"{what} {', '.join(found)}")
+    if problems:
+        raise BuildError(f"{where}: the lowered kernel does not match its declaration ({decl.name}): " + "; ".join(problems))
+
+
+def launch_spec(variant: Variant, prim_func, device_func, kernel_source: str, decl: KernelDecl | None = None) -> LaunchSpec:
     gvar, func = device_func
     where = f"{variant.kernel} [{variant.key}]"
     if "__grid_constant__" in kernel_source or "CUtensorMap" in kernel_source:
         raise BuildError(f"{where}: the kernel takes a host-encoded TMA descriptor, which the runtime cannot fill yet")
     args = op_args(prim_func)
+    check_declared(args, decl or declaration(variant.kernel), where)
     by_name = {a.name: a for a in args}
     params = []
     for p in func.params:

@@ -1,7 +1,9 @@
-"""The catalogue of kernel source modules, and the frozen Variant they build.
+"""The kernel catalogue, read from the kernel declarations, and the frozen Variant they build.
 
-A `Variant` (kernel name + static key) is the one currency between
-kernels_src, the build and the manifest; the CLI only parses into it.
+Each kernel is declared once (tkaot/_decl.py, tkaot/_<family>/kernels.py): its static axes, runtime
+arguments, dynamic dims, shipped tilings and ops. The catalogue is those declarations; a declaration's
+`source` names the kernels_src module that builds it. A `Variant` (kernel name + static values in axis
+order) is the one currency between kernels_src, the build and the manifest; the CLI only parses into it.
 """
 
 from __future__ import annotations
@@ -9,52 +11,65 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from kernels_src.axes import Axis
+from tkaot._decl import FAMILIES, Axis, KernelDecl, all_kernels, build_command, format_value
 
-KERNELS_ROOT = Path(__file__).resolve().parent.parent / "kernels_src"
-_KERNEL_LINE = re.compile(r'^KERNEL = "([a-z0-9_]+)"$', re.MULTILINE)
+__all__ = [
+    "KERNEL_MODULES",
+    "Variant",
+    "declaration",
+    "format_value",
+    "kernel_axes",
+    "kernel_ops",
+    "load_kernel_module",
+    "source_files",
+    "source_sha256",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNELS_ROOT = REPO_ROOT / "kernels_src"
+
+DECLARATIONS: dict[str, KernelDecl] = all_kernels()
+# kernel name -> its TileLang module ("kernels_src.<family>.<file>")
+KERNEL_MODULES: dict[str, str] = {name: decl.source for name, decl in DECLARATIONS.items()}
 
 
-def _scan_kernel_modules() -> dict[str, str]:
-    """kernel name -> module path, for every kernels_src/<family>/<op>.py that declares KERNEL = "...".
-
-    Read as text, so listing kernels needs no TileLang import.
-    """
-    found: dict[str, str] = {}
-    for path in sorted(KERNELS_ROOT.glob("*/*.py")):
-        match = _KERNEL_LINE.search(path.read_text())
-        if match:
-            name = match.group(1)
-            if name in found:
-                raise RuntimeError(f"kernel name {name!r} is declared by both {found[name]} and {path}")
-            found[name] = f"kernels_src.{path.parent.name}.{path.stem}"
-    return found
-
-
-KERNEL_MODULES = _scan_kernel_modules()
+def declaration(kernel: str) -> KernelDecl:
+    try:
+        return DECLARATIONS[kernel]
+    except KeyError:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(DECLARATIONS)}") from None
 
 
 def kernel_ops(kernel: str) -> tuple[str, ...]:
-    """The public tkaot ops a kernel serves (its module's OPS)."""
-    return tuple(getattr(load_kernel_module(kernel), "OPS", ()))
-
-
-def load_kernel_module(kernel: str) -> ModuleType:
-    try:
-        return importlib.import_module(KERNEL_MODULES[kernel])
-    except KeyError:
-        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(KERNEL_MODULES)}") from None
+    """The public tkaot ops a kernel serves."""
+    return declaration(kernel).ops
 
 
 def kernel_axes(kernel: str) -> tuple[Axis, ...]:
-    # The axes live in the module; importing it pulls in TileLang, which the
-    # build has anyway.
-    return load_kernel_module(kernel).AXES
+    return declaration(kernel).axes
+
+
+def load_kernel_module(kernel: str) -> ModuleType:
+    """The kernel's TileLang module (imports TileLang)."""
+    return importlib.import_module(declaration(kernel).source)
+
+
+def _module_file(name: str) -> Path:
+    return REPO_ROOT.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def _declaration_file(kernel: str) -> Path:
+    """The file of the module that declares the kernel (tkaot/_<family>/kernels.py)."""
+    decl = declaration(kernel)
+    for family in FAMILIES:
+        module = importlib.import_module(f"tkaot._{family}.kernels")
+        if any(d is decl for d in module.KERNELS):
+            return Path(module.__file__).resolve()
+    raise RuntimeError(f"no declaration module holds kernel {kernel!r}")
 
 
 def _kernels_src_imports(path: Path) -> set[Path]:
@@ -78,8 +93,8 @@ def _kernels_src_imports(path: Path) -> set[Path]:
 
 
 def source_files(kernel: str) -> list[Path]:
-    """The kernel's module and every kernels_src module it imports, transitively."""
-    todo = [Path(load_kernel_module(kernel).__file__)]
+    """The kernel's declaration module, its TileLang module and every kernels_src module that imports, transitively."""
+    todo = [_module_file(declaration(kernel).source)]
     seen: set[Path] = set()
     while todo:
         f = todo.pop()
@@ -87,19 +102,15 @@ def source_files(kernel: str) -> list[Path]:
             continue
         seen.add(f)
         todo.extend(_kernels_src_imports(f) - seen)
-    return sorted(seen)
+    return sorted(seen | {_declaration_file(kernel)})
 
 
 def source_sha256(kernel: str) -> str:
-    """Hash of the kernel's source and of every kernels_src helper it imports (so a change there rebuilds it)."""
+    """Hash of the kernel's declaration and sources (so a change to any of them rebuilds it)."""
     digest = hashlib.sha256()
     for f in source_files(kernel):
-        digest.update(str(f.relative_to(KERNELS_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+        digest.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-def format_value(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ class Variant:
     """One kernel specialised on all its static axes."""
 
     kernel: str
-    static: tuple[tuple[str, object], ...]  # in the kernel's AXES order
+    static: tuple[tuple[str, object], ...]  # in the declaration's axis order
 
     @classmethod
     def make(cls, kernel: str, values: dict) -> Variant:
@@ -119,20 +130,16 @@ class Variant:
         missing = [n for n in names if n not in values]
         if missing:
             raise ValueError(f"{kernel}: missing static axes {missing}")
-        static = []
-        for axis in axes:
-            static.append((axis.name, axis.parse(values[axis.name])))
-        return cls(kernel, tuple(static))
+        return cls(kernel, tuple((axis.name, axis.parse(values[axis.name])) for axis in axes))
 
     @property
     def key(self) -> str:
-        """Canonical text key, the same string the runtime builds."""
-        return ",".join(f"{k}={format_value(v)}" for k, v in self.static)
+        """Canonical text key, formatted by the declaration (the same string the runtime builds)."""
+        return declaration(self.kernel).key([v for _, v in self.static])
 
     @property
     def params(self) -> dict:
         return dict(self.static)
 
-    def build_command(self) -> str:
-        sets = " ".join(f"--set {k}={format_value(v)}" for k, v in self.static)
-        return f"tkaot-build build --op {self.kernel} {sets}"
+    def build_command(self, arch: str = "sm90") -> str:
+        return build_command(self.kernel, self.key, arch)

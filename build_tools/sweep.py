@@ -1,8 +1,10 @@
 """Shape sets (TOML) -> the list of Variants to build.
 
-A shape set has one table per kernel; each key is a static axis and its value
-a list of values (or one value). The sweep is the cross product of each
-table; `[[kernel]]` arrays of tables give several products for one kernel.
+A shape set has one table per declared kernel (tkaot/_<family>/kernels.py); each
+key is a static axis of its declaration and its value a list of values (or one
+value); an axis left out with a finite set of choices sweeps them all. The
+sweep is the cross product of each table; `[[kernel]]` arrays of tables give
+several products for one kernel.
 
     [[rmsnorm]]
     hidden = [512, 7168]
@@ -22,7 +24,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from build_tools.ops import KERNEL_MODULES, Variant, kernel_axes
+from build_tools.ops import DECLARATIONS, Variant, declaration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,7 +48,7 @@ def resolve_shapeset(name_or_file: str) -> Path:
 def expand_table(kernel: str, table: dict, refused: list[str] | None = None) -> list[Variant]:
     """The cross product of one table. With `refused`, values a kernel cannot build are
     noted there and skipped instead of raising (a model config may ask for more than a kernel does)."""
-    axes = kernel_axes(kernel)
+    axes = declaration(kernel).axes
     names = [a.name for a in axes]
     unknown = set(table) - set(names)
     if unknown:
@@ -76,8 +78,8 @@ def sweep(shapeset: dict, refused: list[str] | None = None) -> list[Variant]:
     """All variants of a parsed shape set, deduplicated, in a stable order (`refused`: see expand_table)."""
     variants: dict[tuple[str, str], Variant] = {}
     for kernel, tables in shapeset.items():
-        if kernel not in KERNEL_MODULES:
-            raise ValueError(f"shape set names unknown kernel {kernel!r}; known: {sorted(KERNEL_MODULES)}")
+        if kernel not in DECLARATIONS:
+            raise ValueError(f"shape set names unknown kernel {kernel!r}; known: {sorted(DECLARATIONS)}")
         for table in tables if isinstance(tables, list) else [tables]:
             for v in expand_table(kernel, table, refused):
                 variants.setdefault((v.kernel, v.key), v)

@@ -1,6 +1,8 @@
 """TileLang sources of tkaot's kernels.
 
-Each module under a family folder describes one kernel: its static axes
-(`AXES`), its dynamic dims (`DYNAMIC_DIMS`) and `build(**static)`, which
-returns a TileLang PrimFunc. Only the build pipeline imports these modules.
+Each module under a family folder builds one declared kernel: `DECL` names its
+declaration (tkaot/_<family>/kernels.py: static axes, runtime arguments,
+dynamic dims, shipped tilings, ops), and `build(**static)` returns a TileLang
+PrimFunc for one value of each axis. Only the build pipeline imports these
+modules; the build checks each lowered kernel against its declaration.
 """

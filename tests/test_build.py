@@ -32,8 +32,16 @@ def test_build_writes_manifest_and_sm90a_cubins(built):
     assert manifest["schema"] == 1 and manifest["arch"] == "sm90"
     assert manifest["provenance"]["tilelang"] == "0.1.15"
     assert "compute_90a" in " ".join(manifest["provenance"]["nvcc_flags"])
-    assert set(manifest["kernels"]) == {"rmsnorm"} and len(manifest["kernels"]["rmsnorm"]["source_sha256"]) == 64
     assert [e["key"] for e in manifest["variants"]] == sorted(v.key for v in SMALL)
+    # nothing that changes without a cubin or launch spec changing: cache keys and source hashes live beside it
+    assert "kernels" not in manifest and all(set(e) == {"kernel", "key", "static", "launch", "cubin"} for e in manifest["variants"])
+    info = json.loads((out / "build-info.json").read_text())
+    assert set(info["kernels"]) == {"rmsnorm"} and len(info["kernels"]["rmsnorm"]["source_sha256"]) == 64
+    assert {(v["kernel"], v["key"]) for v in info["variants"]} == {(v.kernel, v.key) for v in SMALL}
+    assert all(len(v["cache_key"]) == 64 for v in info["variants"])
+    # one variant a line
+    lines = (out / "manifest.json").read_text().splitlines()
+    assert sum(line.startswith('  {"cubin"') for line in lines) == len(SMALL)
     for e in manifest["variants"]:
         cubin = (out / "cubins" / f"{e['cubin']}.cubin").read_bytes()
         assert cubin_arch(cubin) == "sm_90a"
@@ -87,6 +95,31 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path, build_cache):
     cubin_path.write_bytes(b"garbage")
     report = build_variants(SMALL[:1], tmp_path / "b", "sm90", cache=cache)
     assert report.built == 1
+
+
+def test_lowered_kernel_must_match_its_declaration(monkeypatch):
+    """A declaration that names an argument the kernel lacks, and lacks one it has, stops the build."""
+    import dataclasses
+
+    import build_tools.compile
+    from build_tools.ops import declaration, load_kernel_module
+
+    decl = declaration("rmsnorm")
+    wrong = dataclasses.replace(decl, args=tuple(a for a in decl.args if a != "eps") + ("bogus",), dims=decl.dims[1:] + ("bogus",))
+    monkeypatch.setattr(build_tools.compile, "declaration", lambda kernel: wrong)
+    monkeypatch.setattr(load_kernel_module("rmsnorm"), "DECL", wrong)
+    with pytest.raises(BuildError, match=r"does not match its declaration") as err:
+        compile_variant(SMALL[0])
+    message = str(err.value)
+    assert "undeclared ['eps']" in message and "declared but absent ['bogus']" in message
+    assert f"undeclared [{decl.dims[0]!r}]" in message  # a dim the declaration left out
+
+
+def test_source_hash_covers_the_declaration():
+    from build_tools.ops import source_files
+
+    names = {str(p.relative_to(p.parents[2])) for p in source_files("rmsnorm")}
+    assert "tkaot/_quant/kernels.py" in names and "kernels_src/norm/rmsnorm.py" in names
 
 
 def test_manifest_round_trip(built):

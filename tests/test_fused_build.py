@@ -137,7 +137,7 @@ def _fma32(a, b, c):
 
 
 def test_swiglu_lean_division_is_ieee_division_for_every_bf16_gate():
-    """kernels_src/fused/swiglu.py's tkaot_div_normal equals RN(g / den) wherever lean_exact admits g, for
+    """kernels_src/fused/swiglu.py's tkaot_div_normal equals RN(g / den) for g in the range below (whose mantissa test admits den), for
     every bf16 gate, any den within 4 ulp of 1 + exp(-g) (the GPU's expf differs from numpy's) and any
     reciprocal estimate within 4 ulp of 1 / den (rcp.approx's error is below 1 ulp)."""
     import numpy as np
@@ -491,7 +491,7 @@ class _OnDevice0:
 
 
 def test_tiling_knobs_take_effect_on_the_next_call(fake_cuda, monkeypatch):
-    """bench/tune_fused.py and bench/profile_fused.py set tkaot._quant.fused's tilings at run time: both paths of
+    """bench/tuning/tune_fused.py and bench/tuning/profile_fused.py set tkaot._quant.fused's tilings at run time: both paths of
     both ops read them at each call (meta tensors take the checked path, _OnDevice0 the hot one)."""
     tilings = []
 

@@ -86,7 +86,7 @@ def test_wheels_are_well_formed(dist):
     assert {n.split("/")[0] for n in runtime_files} == {"tkaot", f"tkaot-{tkaot.__version__}.dist-info"}
     wing = "tkaot/_build_wing/build_tools"
     assert f"{wing}/model_configs/deepseek-v3.json" in runtime_files and f"{wing}/shapesets/default.toml" in runtime_files
-    assert f"{wing}/cli.py" in runtime_files and "tkaot/_build_wing/kernels_src/axes.py" in runtime_files
+    assert f"{wing}/cli.py" in runtime_files and "tkaot/_build_wing/kernels_src/pdl.py" in runtime_files
     meta = runtime_files[f"tkaot-{tkaot.__version__}.dist-info/METADATA"].decode()
     assert f'Requires-Dist: tkaot-sm90=={tkaot.__version__}; extra == "sm90"' in meta
     assert "Provides-Extra: sm100" in meta and "Provides-Extra: ascend950" in meta

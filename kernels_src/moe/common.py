@@ -2,13 +2,13 @@
 
 Layout: with W experts per vector (4 when rows are 16-byte aligned, else 1)
 and C chunks per lane, slot `c * W + j` of lane `l` holds expert
-  strided:    `c * 32 * W + l * W + j` (one warp-wide load of a chunk is one 512-byte run), or
-  contiguous: `l * C * W + c * W + j` (each lane owns a run of C * W experts, so a
-              lower lane always holds lower experts and ties resolve by lane order).
-Either way every lane's values are in increasing expert order.
+`l * C * W + c * W + j`: each lane owns a run of C * W experts in increasing
+order, so a lower lane always holds lower experts and ties resolve by lane order.
 """
 
 import tilelang.language as T
+
+from tkaot._moe.kernels import GATE_TILINGS
 
 WARP = 32
 NONE = 0x7FFFFFFF  # "no expert": loses every tie against a real index
@@ -20,16 +20,15 @@ def layout(num_experts: int) -> tuple[int, int]:
     return vec, -(-num_experts // (WARP * vec))
 
 
-# Tilings of the selecting kernels: (select, warps per block). "pair" ranks
-# (value, index) pairs across the warp on the strided layout; "ballot" takes the
-# warp max of the values alone and the lowest lane holding it on the contiguous one.
-TILINGS = {"pair4": ("pair", 4), "ballot2": ("ballot", 2), "ballot4": ("ballot", 4), "ballot8": ("ballot", 8)}
+# Tilings of the selecting kernels: tokens (warps) a block. Selecting by ballot at 4 tokens a block beat ranking
+# (value, index) pairs across the warp on a strided layout, and 2 or 8 tokens a block (bench/tuning/tune_moe.py).
+TILINGS = {GATE_TILINGS["default"]: 4}
 
 
-def chunk_base(c: int, lane, num_experts: int, contiguous: bool):
+def chunk_base(c: int, lane, num_experts: int):
     """The expert held in slot c * vec of this lane."""
     vec, chunks = layout(num_experts)
-    return lane * (chunks * vec) + c * vec if contiguous else c * WARP * vec + lane * vec
+    return lane * (chunks * vec) + c * vec
 
 
 @T.macro
@@ -52,45 +51,11 @@ def warp_min(x: T.Ref):
 
 
 @T.macro
-def warp_topk(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
+def warp_topk_ballot(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
     """Lane k (< num_topk) gets the k-th largest of the warp's `vals`.
 
     Ties go to the lower expert index, so the order is that of a stable
     descending sort; -inf values are still ranked (after every finite one).
-    """
-    vec, chunks = layout(num_experts)
-    removed = T.alloc_var(T.uint32, init=0)
-    best = T.alloc_var(T.float32)
-    best_idx = T.alloc_var(T.int32)
-    other = T.alloc_var(T.float32)
-    other_idx = T.alloc_var(T.int32)
-    for k in T.unroll(num_topk):
-        best = -T.infinity(T.float32)
-        best_idx = NONE
-        for c in T.unroll(chunks):
-            for j in T.unroll(vec):
-                expert = c * WARP * vec + lane * vec + j
-                if expert < num_experts and ((removed >> T.Cast(T.uint32, c * vec + j)) & T.uint32(1)) == T.uint32(0):
-                    # values arrive in expert order: strict > keeps the first of equals
-                    if vals[c * vec + j] > best or best_idx == NONE:
-                        best = vals[c * vec + j]
-                        best_idx = expert
-        for i in T.unroll(5):
-            other = T.shfl_xor(best, 1 << i)
-            other_idx = T.shfl_xor(best_idx, 1 << i)
-            if other > best or (other == best and other_idx < best_idx):
-                best = other
-                best_idx = other_idx
-        if lane == k:
-            out_idx = best_idx  # noqa: F841 (a T.Ref: the caller's variable is written)
-        if (best_idx % (WARP * vec)) // vec == lane:
-            removed = removed | (T.uint32(1) << T.Cast(T.uint32, (best_idx // (WARP * vec)) * vec + best_idx % vec))
-
-
-@T.macro
-def warp_topk_ballot(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
-    """warp_topk on the contiguous layout: lane k (< num_topk) gets the k-th largest.
-
     Each round a lane offers its best remaining slot (the first of equals); the warp
     max of those values alone (one shuffle a step) is found, and the lowest lane
     offering it wins, which on this layout is the lowest expert index.
@@ -128,11 +93,11 @@ def warp_topk_ballot(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref
 
 
 @T.macro
-def load_row(vals, src, row, lane, num_experts: int, contiguous: bool = False):
+def load_row(vals, src, row, lane, num_experts: int):
     """vals[c * vec + j] = src[row, expert] for this lane's experts; -inf where out of range."""
     vec, chunks = layout(num_experts)
     for c in T.unroll(chunks):
-        base = chunk_base(c, lane, num_experts, contiguous)
+        base = chunk_base(c, lane, num_experts)
         if base < num_experts:
             for j in T.vectorized(vec):
                 vals[c * vec + j] = src[row, base + j]

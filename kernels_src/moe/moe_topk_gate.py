@@ -10,7 +10,6 @@ decided first, in priority order: masked > forced random > fixed > routed.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.moe.common import (
     TILINGS,
     WARP,
@@ -21,20 +20,13 @@ from kernels_src.moe.common import (
     sqrt_softplus,
     warp_min,
     warp_sum,
-    warp_topk,
     warp_topk_ballot,
 )
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._moe.kernels import MOE_TOPK_GATE
 
-KERNEL = "moe_topk_gate"
-OPS = ("tkaot.moe.moe_topk_gate_forward",)
+DECL = MOE_TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
 
-AXES = (
-    Axis("num_experts", int, check=lambda e: 64 <= e <= 512 and e % 4 == 0, rule="a multiple of 4 in [64, 512]"),
-    Axis("num_topk", int, check=lambda k: 1 <= k <= WARP, rule=f"in [1, {WARP}]"),
-    Axis("tiling", str, choices=tuple(TILINGS)),
-)
-DYNAMIC_DIMS = ("num_tokens",)
 
 # Bits of the runtime `flags` argument: which optional tensors were given.
 FLAG_MASK = 1
@@ -53,8 +45,7 @@ ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
-    select, warps = TILINGS[tiling]  # warps = tokens per block
-    contiguous = select == "ballot"
+    warps = TILINGS[tiling]  # tokens per block
     vec, chunks = layout(num_experts)
     num_tokens = T.dynamic("num_tokens")
     num_physical_topk = T.dynamic("num_physical_topk")
@@ -166,19 +157,19 @@ def build(num_experts: int, num_topk: int, tiling: str):
                         unmapped_topk_idx[token, lane] = T.int64(-1)
                 else:
                     # Scores, written out if asked, then the bias the ranking adds
-                    load_row(vals, logits, token, lane, num_experts, contiguous)
+                    load_row(vals, logits, token, lane, num_experts)
                     for c in T.unroll(chunks):
-                        if chunk_base(c, lane, num_experts, contiguous) < num_experts:
+                        if chunk_base(c, lane, num_experts) < num_experts:
                             for j in T.unroll(vec):
                                 vals[c * vec + j] = sqrt_softplus(vals[c * vec + j])
                             if (flags & FLAG_SCORES) != 0:
                                 for j in T.vectorized(vec):
-                                    scores[token, chunk_base(c, lane, num_experts, contiguous) + j] = vals[c * vec + j]
+                                    scores[token, chunk_base(c, lane, num_experts) + j] = vals[c * vec + j]
                     if (flags & FLAG_IMAGE) != 0:
                         image = image_token_mask[token]
                     if image or (flags & FLAG_BIAS) != 0:
                         for c in T.unroll(chunks):
-                            base = chunk_base(c, lane, num_experts, contiguous)
+                            base = chunk_base(c, lane, num_experts)
                             if base < num_experts:
                                 if image:
                                     for j in T.vectorized(vec):
@@ -190,10 +181,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
                                     vals[c * vec + j] = vals[c * vec + j] + shift[c * vec + j]
 
                     if route == ROUTED:
-                        if contiguous:
-                            warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
-                        else:
-                            warp_topk(vals, lane, num_experts, num_topk, idx)
+                        warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
                         out_idx = T.Cast(T.int64, idx)
                     elif lane < num_topk:
                         out_idx = unmapped_topk_idx[token, lane]
@@ -231,8 +219,8 @@ def build(num_experts: int, num_topk: int, tiling: str):
                 if route == MASKED or route == RANDOM:
                     if (flags & FLAG_SCORES) != 0:
                         for c in T.unroll(chunks):
-                            if chunk_base(c, lane, num_experts, contiguous) < num_experts:
+                            if chunk_base(c, lane, num_experts) < num_experts:
                                 for j in T.vectorized(vec):
-                                    scores[token, chunk_base(c, lane, num_experts, contiguous) + j] = T.float32(0)
+                                    scores[token, chunk_base(c, lane, num_experts) + j] = T.float32(0)
 
     return moe_topk_gate

@@ -7,15 +7,11 @@ denominator here equals the one that kernel divides by.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._moe.kernels import NORMALIZE_WEIGHT
 
-KERNEL = "normalize_weight"
-OPS = ("tkaot.moe.normalize_weight",)
-MAX_TOPK = 32
+DECL = NORMALIZE_WEIGHT  # the declaration this module builds (tkaot/_moe/kernels.py)
 
-AXES = (Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),)
-DYNAMIC_DIMS = ("num_tokens",)
 
 THREADS = 128
 

@@ -1,32 +1,21 @@
 """Top-k gate: the indices of each token's num_topk largest scores, ties to the lower index.
 
-One warp selects for one token (common.warp_topk or warp_topk_ballot, by
-tiling); scores are read once with 16-byte loads when rows allow it.
+One warp selects for one token (common.warp_topk_ballot); scores are read once with 16-byte loads when rows allow it.
 """
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
-from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_topk, warp_topk_ballot
+from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._moe.kernels import TOPK_GATE
 
-KERNEL = "topk_gate"
-OPS = ("tkaot.moe.topk_gate",)
-MAX_EXPERTS = 512
-
-AXES = (
-    Axis("num_experts", int, check=lambda e: 1 <= e <= MAX_EXPERTS, rule=f"in [1, {MAX_EXPERTS}]"),
-    Axis("num_topk", int, check=lambda k: 1 <= k <= WARP, rule=f"in [1, {WARP}]"),
-    Axis("tiling", str, choices=tuple(TILINGS)),
-)
-DYNAMIC_DIMS = ("num_tokens",)
+DECL = TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
     if num_topk > num_experts:
         raise ValueError(f"num_topk={num_topk} exceeds num_experts={num_experts}")
-    select, warps = TILINGS[tiling]
-    contiguous = select == "ballot"
+    warps = TILINGS[tiling]  # tokens per block
     vec, chunks = layout(num_experts)
     num_tokens = T.dynamic("num_tokens")
 
@@ -44,11 +33,8 @@ def build(num_experts: int, num_topk: int, tiling: str):
             vals = T.alloc_local((chunks * vec,), T.float32)
             idx = T.alloc_var(T.int32, init=-1)
             if token < num_tokens:
-                load_row(vals, scores, token, lane, num_experts, contiguous)
-                if contiguous:
-                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
-                else:
-                    warp_topk(vals, lane, num_experts, num_topk, idx)
+                load_row(vals, scores, token, lane, num_experts)
+                warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.Cast(T.int64, idx)
 

@@ -6,26 +6,14 @@ reduced with warp shuffles, then across warps through shared memory.
 Tokens and batch are dynamic; `eps` and `out_scale` are runtime scalars.
 """
 
-
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.norm.row_sum import row_sum
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._quant.kernels import RMSNORM
 
-KERNEL = "rmsnorm"
-OPS = ("tkaot.quant.norm_forward",)
-DTYPES = ("bfloat16", "float32")
-MAX_HIDDEN = 8192
+DECL = RMSNORM  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 16 == 0, rule=f"a multiple of 16 in (0, {MAX_HIDDEN}]"),
-    Axis("dtype", str, choices=DTYPES),
-    Axis("with_weight", bool, choices=(False, True)),
-    Axis("with_residual", bool, choices=(False, True)),
-    Axis("with_rstd", bool, choices=(False, True)),
-)
-DYNAMIC_DIMS = ("num_tokens", "batch")
 
 NUM_THREADS = 128
 MAX_VECS_PER_THREAD = 8

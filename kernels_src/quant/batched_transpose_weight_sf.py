@@ -20,15 +20,12 @@ stores it four times with one 16-byte store.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
+from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF
 
-KERNEL = "batched_transpose_weight_sf"
-OPS = ("tkaot.quant.batched_transpose_weight_sf",)
+DECL = BATCHED_TRANSPOSE_WEIGHT_SF  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (Axis("block_size", int, choices=(32, 128)),)
-DYNAMIC_DIMS = ("num_groups", "num_sf_n", "num_sf_k")
 
 NUM_THREADS = 128
 WORDS = 4  # words a thread stores at once (16 bytes)

@@ -8,21 +8,12 @@ fraction of a step, from hashed (index, value) bits.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
+from tkaot._quant.kernels import CAST, STOCHASTIC_PAIRS
 
-KERNEL = "cast"
-OPS = ("tkaot.quant.cast",)
-DTYPES = ("float32", "bfloat16", "float16", "e4m3")
-STOCHASTIC_PAIRS = (("float32", "bfloat16"), ("float32", "e4m3"), ("bfloat16", "e4m3"))
+DECL = CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (
-    Axis("in_dtype", str, choices=DTYPES),
-    Axis("out_dtype", str, choices=DTYPES),
-    Axis("stochastic", bool, choices=(False, True)),
-)
-DYNAMIC_DIMS = ("n",)
 
 NUM_THREADS = 128
 VECS_PER_THREAD = 4
@@ -31,9 +22,9 @@ _STORAGE = {"float32": ("float32", 4), "bfloat16": ("bfloat16", 2), "float16": (
 
 def check_static(in_dtype, out_dtype, stochastic) -> None:
     if in_dtype == out_dtype:
-        raise ValueError(f"{KERNEL}: in_dtype and out_dtype are both {in_dtype}")
+        raise ValueError(f"{DECL.name}: in_dtype and out_dtype are both {in_dtype}")
     if stochastic and (in_dtype, out_dtype) not in STOCHASTIC_PAIRS:
-        raise ValueError(f"{KERNEL}: stochastic rounding supports {list(STOCHASTIC_PAIRS)}, not {(in_dtype, out_dtype)}")
+        raise ValueError(f"{DECL.name}: stochastic rounding supports {list(STOCHASTIC_PAIRS)}, not {(in_dtype, out_dtype)}")
 
 
 def build(in_dtype, out_dtype, stochastic):

@@ -12,26 +12,16 @@ from dataclasses import replace
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
 from kernels_src.quant.tiling import RowTiling
+from tkaot._quant.kernels import CAST_BACK
 
-KERNEL = "cast_back"
-OPS = ("tkaot.quant.cast_back", "tkaot.quant.per_token_cast_back")
-MAX_HIDDEN = 65536
+DECL = CAST_BACK  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 64 == 0, rule=f"a multiple of 64 in (0, {MAX_HIDDEN}]"),
-    Axis("in_dtype", str, choices=("e4m3", "e2m1")),
-    Axis("in_block", str, choices=common.IN_BLOCKS[1:]),
-    Axis("in_sf", str, choices=common.IN_SF[1:]),
-    Axis("out_dtype", str, choices=("bfloat16", "float32")),
-)
-DYNAMIC_DIMS = ("num_tokens",)
 
-# threads per CTA, tokens per thread, vectors of a row per thread; the tuning knob (bench/tune_quant.py).
-# H200 tuning run 2 (bench/results/tuning): t128r4c1v8h 45.5 µs at 8192 x 7168 e4m3/128 -> bf16;
+# threads per CTA, tokens per thread, vectors of a row per thread; the tuning knob (bench/tuning/tune_quant.py).
+# H200 (bench/tuning/tune_quant.py): t128r4c1v8h 45.5 µs at 8192 x 7168 e4m3/128 -> bf16;
 # 8-byte fp8 loads make each bf16 store one coalesced 16-byte store (16-byte loads: 77-78 µs)
 TILING = RowTiling(128, 4, 1, vec_bytes=8, walk="hidden")
 
@@ -39,7 +29,7 @@ TILING = RowTiling(128, 4, 1, vec_bytes=8, walk="hidden")
 def check_static(hidden, in_dtype, in_block, in_sf, out_dtype) -> None:
     bm, bk = common.block_shape(in_block)
     if hidden % bk:
-        raise ValueError(f"{KERNEL}: hidden={hidden} is not a multiple of the block width {bk} (in_block={in_block})")
+        raise ValueError(f"{DECL.name}: hidden={hidden} is not a multiple of the block width {bk} (in_block={in_block})")
 
 
 def build(hidden, in_dtype, in_block, in_sf, out_dtype, tiling: RowTiling | None = None):

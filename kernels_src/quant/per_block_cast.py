@@ -10,30 +10,16 @@ any token count works. Modes as in per_token_cast: "cast", "sf_only",
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
+from tkaot._quant.kernels import PER_BLOCK_CAST
 
-KERNEL = "per_block_cast"
-OPS = ("tkaot.quant.per_block_cast", "tkaot.quant.per_block_cast_with_sf_only", "tkaot.quant.per_block_cast_with_precomputed_sf")
-MAX_HIDDEN = 65536
-
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 128 == 0, rule=f"a multiple of 128 in (0, {MAX_HIDDEN}]"),
-    Axis("in_dtype", str, choices=("bfloat16", "float32")),
-    Axis("fmt", str, choices=("e4m3", "e2m1")),
-    Axis("block_m", int, choices=(32, 128)),
-    Axis("block_k", int, choices=(32, 128)),
-    Axis("sf", str, choices=("fp32", "pow2", "ue8m0")),
-    Axis("sf_layout", str, choices=("row", "col")),
-    Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf")),
-)
-DYNAMIC_DIMS = ("num_tokens",)
+DECL = PER_BLOCK_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
 def check_static(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode) -> None:
     if mode == "precomputed_sf" and (sf == "ue8m0" or sf_layout == "col"):
-        raise ValueError(f"{KERNEL}: precomputed_sf reads row-major, unpacked scale factors only (sf=fp32/pow2, sf_layout=row)")
+        raise ValueError(f"{DECL.name}: precomputed_sf reads row-major, unpacked scale factors only (sf=fp32/pow2, sf_layout=row)")
 
 
 def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):

@@ -31,24 +31,12 @@ values) take the general path: decode to fp32, multiply by 2**s, round to E4M3.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
+from tkaot._quant.kernels import PER_BLOCK_CAST_LOSSLESS
 
-KERNEL = "per_block_cast_lossless"
-OPS = ("tkaot.quant.per_block_cast_lossless",)
-MAX_HIDDEN = 65536
-OUT_BLOCKS = ("1x16", "1x32", "1x64", "1x128", "32x32", "32x128", "128x32", "128x128")
+DECL = PER_BLOCK_CAST_LOSSLESS  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 128 == 0, rule=f"a multiple of 128 in (0, {MAX_HIDDEN}]"),
-    Axis("in_block", str, choices=common.IN_BLOCKS[1:]),
-    Axis("in_sf", str, choices=("fp32", "fp32_col", "ue8m0", "ue8m0_col")),
-    Axis("out_block", str, choices=OUT_BLOCKS),
-    Axis("sf", str, choices=("pow2", "ue8m0")),
-    Axis("sf_layout", str, choices=("row", "col")),
-)
-DYNAMIC_DIMS = ("num_tokens",)
 
 TILE = 128  # rows and channels of a CTA's tile
 NUM_THREADS = 256
@@ -58,11 +46,11 @@ WORD = "uint32"  # data moves as words: eight E2M1 codes in, four E4M3 bytes out
 
 
 def check_static(hidden, in_block, in_sf, out_block, sf, sf_layout) -> None:
-    """Raise ValueError for a combination no kernel supports (each axis alone is checked by AXES)."""
+    """Raise ValueError for a combination no kernel supports (each axis alone is checked by its declaration)."""
     ibm, ibk = common.block_shape(in_block)
     obm, obk = common.block_shape(out_block)
     if obm % ibm or obk % ibk:
-        raise ValueError(f"{KERNEL}: out_block={out_block} is not a multiple of in_block={in_block} in both dimensions")
+        raise ValueError(f"{DECL.name}: out_block={out_block} is not a multiple of in_block={in_block} in both dimensions")
 
 
 def byte_perm(lo, hi, selector):

@@ -16,36 +16,25 @@ TileKernels computes them).
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
+from tkaot._quant.kernels import PER_CHANNEL_CAST
 
-KERNEL = "per_channel_cast"
-OPS = ("tkaot.quant.per_channel_cast",)
-MAX_HIDDEN = 65536
+DECL = PER_CHANNEL_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 128 == 0, rule=f"a multiple of 128 in (0, {MAX_HIDDEN}]"),
-    Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3")),
-    Axis("in_block", str, choices=("none", "1x32", "1x128")),
-    Axis("in_sf", str, choices=common.IN_SF),
-    Axis("block_m", int, choices=(32, 128)),
-    Axis("sf", str, choices=("fp32", "pow2", "ue8m0")),
-)
-DYNAMIC_DIMS = ("num_tokens",)
 
-# (threads per CTA, column vectors a CTA covers): the tuning knob, see bench/tune_quant.py
+# (threads per CTA, column vectors a CTA covers): the tuning knob, see bench/tuning/tune_quant.py
 TILING = (256, 8)
 # in_dtype -> (storage dtype, bytes per element)
 STORAGE = {"bfloat16": ("bfloat16", 2), "float32": ("float32", 4), "e4m3": ("float8_e4m3", 1)}
 
 
 def check_static(hidden, in_dtype, in_block, in_sf, block_m, sf) -> None:
-    """Raise ValueError for a combination no kernel supports (each axis alone is checked by AXES)."""
+    """Raise ValueError for a combination no kernel supports (each axis alone is checked by its declaration)."""
     quantized_in = in_dtype == "e4m3"
     if quantized_in != (in_block != "none") or quantized_in != (in_sf != "none"):
         raise ValueError(
-            f"{KERNEL}: in_block and in_sf go with e4m3 inputs only, and e4m3 inputs need both "
+            f"{DECL.name}: in_block and in_sf go with e4m3 inputs only, and e4m3 inputs need both "
             f"(in_dtype={in_dtype}, in_block={in_block}, in_sf={in_sf})"
         )
 
@@ -60,7 +49,9 @@ def build(hidden, in_dtype, in_block, in_sf, block_m, sf, tiling: tuple[int, int
     tile_k = col_vecs * vec
     slots = num_threads // col_vecs  # rows read at once
     if block_m % slots:
-        raise ValueError(f"{KERNEL}: tiling {(num_threads, col_vecs)} reads {slots} rows at once, which does not divide block_m={block_m}")
+        raise ValueError(
+            f"{DECL.name}: tiling {(num_threads, col_vecs)} reads {slots} rows at once, which does not divide block_m={block_m}"
+        )
     passes = block_m // slots
     packed = sf == "ue8m0"
     out_dtype = "float8_e4m3"

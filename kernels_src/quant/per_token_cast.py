@@ -23,40 +23,20 @@ from dataclasses import replace
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.tiling import RowTiling
+from tkaot._quant.kernels import PER_TOKEN_CAST
 
-KERNEL = "per_token_cast"
-OPS = (
-    "tkaot.quant.per_token_cast",
-    "tkaot.quant.per_token_cast_with_sf_only",
-    "tkaot.quant.per_token_cast_with_precomputed_sf",
-    "tkaot.quant.per_token_cast_and_cast_back",
-)
-MAX_HIDDEN = 65536
+DECL = PER_TOKEN_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-AXES = (
-    Axis("hidden", int, check=lambda h: 0 < h <= MAX_HIDDEN and h % 64 == 0, rule=f"a multiple of 64 in (0, {MAX_HIDDEN}]"),
-    Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3", "e2m1")),
-    Axis("in_block", str, choices=common.IN_BLOCKS),
-    Axis("in_sf", str, choices=common.IN_SF),
-    Axis("fmt", str, choices=("e4m3", "e2m1")),
-    Axis("group", int, choices=(16, 32, 64, 128)),
-    Axis("sf", str, choices=common.SF_KINDS),
-    Axis("sf_layout", str, choices=("row", "col")),
-    Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf", "round_trip")),
-    Axis("stochastic", bool, choices=(False, True)),
-)
-DYNAMIC_DIMS = ("num_tokens",)
 
-# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tune_quant.py).
-# H200 tuning run 2 at 8192 x 7168 bf16 (bench/results/tuning): e4m3/128 t128r4c1h 43.9 µs (t128r4c1 45.7);
+# threads per CTA, tokens per thread, vectors of a row per thread (the tuning knob; see bench/tuning/tune_quant.py).
+# H200, 8192 x 7168 bf16 (bench/tuning/tune_quant.py): e4m3/128 t128r4c1h 43.9 µs (t128r4c1 45.7);
 # e2m1/32 t128r4c1s 46.0 µs (t128r4c1 53.3, t128r4c1hs 46.8).
 TILING = RowTiling(128, 4, 1, walk="hidden")
 TILING_E2M1 = RowTiling(128, 4, 1, one_scale=True)
-# FP4 run 3 (bench/results/tuning): bf16 -> e2m1/32 casts by the fp4_words helpers with unchecked full CTAs,
+# H200 (bench/tuning/tune_quant.py): bf16 -> e2m1/32 casts by the fp4_words helpers with unchecked full CTAs,
 # t128r4c1sf3: 41.1 µs = 3.75 TB/s with fp32 sf (t128r4c1s 46.4), 40.7 with ue8m0 (46.5); the combinations
 # timed and edge-checked there take it (fp4_path_applies), every other e2m1 variant keeps TILING_E2M1.
 TILING_E2M1_BF16 = RowTiling(128, 4, 1, one_scale=True, fp4=3)
@@ -67,8 +47,8 @@ STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3":
 
 
 def check_static(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic) -> None:
-    """Raise ValueError for a combination no kernel supports (each axis alone is checked by AXES)."""
-    where = f"{KERNEL}: "
+    """Raise ValueError for a combination no kernel supports (each axis alone is checked by its declaration)."""
+    where = f"{DECL.name}: "
     quantized_in = in_dtype in ("e4m3", "e2m1")
     if quantized_in != (in_block != "none") or quantized_in != (in_sf != "none"):
         raise ValueError(
@@ -128,13 +108,13 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     # vectors a thread as lanes a group: log2(lanes) shuffles instead of vecs * log2(lanes)); 3 is 1 with a CTA whose
     # tokens are all in range checking none (one CTA-uniform branch; registers capped at 64); 4 is 2 and 3
     if tiling.fp4 not in FP4_PATHS:
-        raise ValueError(f"{KERNEL}: tiling {tiling}: no FP4 code path {tiling.fp4} (one of {sorted(FP4_PATHS)})")
+        raise ValueError(f"{DECL.name}: tiling {tiling}: no FP4 code path {tiling.fp4} (one of {sorted(FP4_PATHS)})")
     fp4_helpers, scatter_amax, full_tiles = FP4_PATHS[tiling.fp4]
     full_tiles = 65536 // (64 * num_threads) if full_tiles else 0  # CTAs an SM must hold: 64 registers a thread
     if fp4_helpers and not (fp4_out and in_dtype == "bfloat16" and vec == 8 and mode == "cast" and not stochastic):
-        raise ValueError(f"{KERNEL}: tiling {tiling} casts bf16 to e2m1 in 8-element vectors with mode=cast, stochastic=false")
+        raise ValueError(f"{DECL.name}: tiling {tiling} casts bf16 to e2m1 in 8-element vectors with mode=cast, stochastic=false")
     if scatter_amax and not (one_scale and vecs_per_thread == lanes):
-        raise ValueError(f"{KERNEL}: tiling {tiling} needs one_scale with {lanes} vectors a thread (as many as lanes a group)")
+        raise ValueError(f"{DECL.name}: tiling {tiling} needs one_scale with {lanes} vectors a thread (as many as lanes a group)")
     out_vec = vec // word_codes if fp4_out else vec
     out_storage = ("uint32" if word_codes == 8 else "uint16") if fp4_out else "float8_e4m3"
     out_cols = hidden // word_codes if fp4_out else hidden

@@ -17,19 +17,11 @@ waits for the grids before it at entry.
 
 import tilelang.language as T
 
-from kernels_src.axes import Axis
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._transform.kernels import ROTARY
 
-KERNEL = "rotary"
-OPS = ("tkaot.transform.apply_rotary",)
-DTYPES = ("bfloat16", "float32")
+DECL = ROTARY  # the declaration this module builds (tkaot/_transform/kernels.py)
 
-AXES = (
-    Axis("rot_dim", int, choices=(64, 128)),
-    Axis("dtype", str, choices=DTYPES),
-    Axis("interleaved", bool, choices=(False, True)),
-)
-DYNAMIC_DIMS = ("batch", "seqlen", "num_heads")
 
 NUM_THREADS = 256
 

@@ -4,8 +4,8 @@ The ops live in tkaot/_swiglu.py (swiglu_forward, swiglu_forward_and_per_token_c
 tkaot/_norm_cast.py (norm_forward_and_per_token_cast); tkaot.quant loads each on first use.
 They read SWIGLU_TILING (SWIGLU_CLAMP_TILING for calls with a clamp_value) and NORM_CAST_TILING
 (NORM_CAST_RESIDUAL_TILING for calls with a residual) from this module at every call (the tiling is part
-of their launcher cache key), so a benchmark that sets them here (bench/tune_fused.py,
-bench/profile_fused.py) changes the variant the next call launches.
+of their launcher cache key), so a benchmark that sets them here (bench/tuning/tune_fused.py,
+bench/tuning/profile_fused.py) changes the variant the next call launches.
 
 Scale-factor conventions (TileKernels 2.1.0): one sf per group of
 `num_per_channels` outputs of a row, dequantising (value = stored * sf);

@@ -1,0 +1,49 @@
+"""Every kernel declaration against the prebuilt manifest: keys, argument names and dynamic dims of every
+built variant are the declaration's, and every op a declaration names is a public tkaot op."""
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from tkaot._decl import all_kernels
+
+MANIFEST = Path(__file__).resolve().parent.parent / "prebuilt" / "sm90" / "manifest.json"
+DECLS = all_kernels()
+
+
+@pytest.fixture(scope="module")
+def entries():
+    return json.loads(MANIFEST.read_text())["variants"]
+
+
+def test_every_built_variant_matches_its_declaration(entries):
+    assert entries
+    for e in entries:
+        decl = DECLS.get(e["kernel"])
+        assert decl is not None, f"{e['kernel']} is built but not declared"
+        assert set(e["static"]) == set(decl.axis_names), e["key"]
+        values = [axis.parse(e["static"][axis.name]) for axis in decl.axes]
+        assert decl.key(values) == e["key"]
+        args = e["launch"]["args"]
+        assert {name for name, _, _ in args} == set(decl.args), e["key"]
+        assert {name for name, role, _ in args if role == "dim"} == set(decl.dims), e["key"]
+
+
+def test_every_declared_kernel_and_tiling_is_built(entries):
+    built = {e["kernel"] for e in entries}
+    assert built == set(DECLS)
+    for decl in DECLS.values():
+        if decl.tilings:
+            shipped = {e["static"]["tiling"] for e in entries if e["kernel"] == decl.name}
+            assert shipped == set(decl.tilings.values()), decl.name
+
+
+def test_every_declared_op_is_public():
+    for decl in DECLS.values():
+        assert decl.ops, f"{decl.name} serves no op"
+        for op in decl.ops:
+            module, _, name = op.rpartition(".")
+            assert module in ("tkaot.quant", "tkaot.moe", "tkaot.transform"), op
+            assert callable(getattr(importlib.import_module(module), name, None)), op
