@@ -459,6 +459,62 @@ def test_norm_cast_valid_input_reaches_the_registry(fake_cuda):
         tkaot.quant.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32, round_sf=True, use_packed_ue8m0=True, out=packed)
 
 
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda q: q.swiglu_forward_and_per_token_cast(meta(2**30, 4096), "e4m3", 128), ValueError, r"x must be below 2\*\*30 rows"),
+        (lambda q: q.swiglu_forward(meta(4, 4096), "bf16", topk_weights=meta(4, dtype=torch.float32), routed_scaling_factor="2"),
+         TypeError, "routed_scaling_factor must be a float or None, got str"),
+        (lambda q: q.swiglu_forward(meta(2**25 + 1, 4096), "bf16", clamp_value=1.0, clamped_count=meta(4, dtype=torch.int64)),
+         ValueError, "x must be small enough for int32 clamp counts"),
+        (lambda q: q.swiglu_forward(meta(4, 4096), "bf16", psum_num_tokens_per_expert=meta(8, dtype=torch.int32)[::2]),
+         ValueError, "psum_num_tokens_per_expert must be contiguous"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", None), ValueError, r"\(fmt, num_per_channels\)"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "bf16", None, with_out_bf16=True),
+         ValueError, "with_out_bf16 must be False for an unquantized output"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "bf16", None, mega_moe_block_m=64),
+         ValueError, "mega_moe_sf must be None .*got mega_moe_block_m=64"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32,
+                                                     out=(meta(4, 512, dtype=torch.float8_e4m3fn), meta(1, 4, 16, dtype=torch.float32))),
+         ValueError, r"out\[1\] must be of shape \(4, 16\), got \(1, 4, 16\)"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32,
+                                                     out=[meta(4, 512, dtype=torch.float8_e4m3fn),
+                                                          meta(4, 32, dtype=torch.float32)[:, ::2]]),
+         ValueError, r"out\[1\] must be contiguous in its last dimension \(row-major sf\)"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32,
+                                                     out=(meta(4, 512, dtype=torch.float8_e4m3fn),
+                                                          meta(4, 2**31, dtype=torch.float32)[:, :16])),
+         ValueError, r"out\[1\] must be strided below 2\*\*31"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(2**23 + 1, 8192), None, 1e-6, "e4m3", 32),
+         ValueError, r"out\[1\] must be strided below 2\*\*31, got a batch stride of"),
+        (lambda q: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32,
+                                                     out=(meta(4, 512, dtype=torch.float8_e4m3fn), [1])),
+         TypeError, r"out\[1\] must be a torch.Tensor"),
+    ],
+)  # fmt: skip
+def test_fused_options_refused(fake_cuda, call, error, match):
+    """The fused ops' Signature rules beyond the argument-by-argument table above: limits, option pairs, given sf layouts."""
+    with pytest.raises(error, match=match):
+        call(tkaot.quant)
+
+
+def test_fused_valid_edges_reach_the_registry(fake_cuda):
+    """residual_out is not checked without a residual; an unquantized format goes to norm_forward; a float subclass is a float."""
+    q = tkaot.quant
+    for call in (
+        lambda: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32, residual_out=meta(3, 7)),
+        lambda: q.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "bf16", None, out=(meta(4, 512),)),
+        lambda: q.swiglu_forward(meta(4, 4096), "bf16", topk_weights=meta(4, dtype=torch.float32), routed_scaling_factor=_Float(2.0)),
+        lambda: q.swiglu_forward_and_per_token_cast(meta(4, 4096), "e4m3", 128.0),  # the group read from the table: 128
+    ):
+        with pytest.raises(NoGPUError):
+            call()
+
+
+class _Float(float):
+    pass
+
+
 def test_norm_cast_sf_layouts():
     x = torch.empty(3, 5, 7168)
     sf, strides = _norm_cast._alloc_norm_sf(x, 224, "ue8m0", col_major=True)

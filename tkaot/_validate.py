@@ -11,10 +11,12 @@ twice and no exception is caught on the way.
 The checker takes the signature's arguments (tensors and the names its rules read) in `Signature.params`
 order and returns `(device, *dims, *pointers, *strides)`: the device index of the first tensor; each dim
 in `dims` order; each tensor's data_ptr() (0 when an optional tensor is None); the stride() tuple of each
-tensor whose layout is not "contiguous" (None when absent), in `tensors` order.
+tensor whose layout is not "contiguous" (None when absent), in `tensors` order. A signature that names its
+`returns` gets those expressions instead (only what its op reads).
 
 Rule checks, `Let` values and `actual` texts are Python expressions over the arguments, the dims and Lets
-bound so far, `torch`, `_MAX_I32`, and for each tensor read so far `h_<name>` (shape), `s_<name>`
+bound so far, `torch`, `_MAX_I32`, the signature's `env` names, `_dt_<dtype name>` for each dtype a tensor
+lists, and for each tensor read so far `h_<name>` (shape), `s_<name>`
 (stride()), `t_<name>` (dtype) and `p_<name>` (data_ptr()); an optional tensor's are unset when it is None.
 """
 
@@ -71,12 +73,15 @@ class Tensor:
     # dtypes naming no tensor name a bound value (a scalar or Let) holding the one dtype allowed; dtype_what
     # says it in errors (f-string text, default "{<that name>}")
     dtype_what: str = ""
+    only_with: str = ""  # an optional tensor checked only when this earlier tensor is given (else taken as None)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"{self.name}: layout must be one of {LAYOUTS}")
         if self.shapes is None and self.layout == "rows":
             raise ValueError(f'{self.name}: a "rows" layout needs declared shapes')
+        if self.only_with and not self.optional:
+            raise ValueError(f"{self.name}: only a tensor that is optional can be checked only with another")
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,8 @@ class Rule:
     for the value shown (default: `name` itself when it is a plain argument); a TypeError shows its type.
     `message`, when given, is the whole error text after "op: " (f-string text), instead of
     "name must be expected, got actual". `after` names the tensor right after which the rule is checked,
-    only when that tensor is given if it is optional (default: after every tensor); rules at one place
+    only when that tensor is given if it is optional (default: after every tensor); "<tensor>.shape" places
+    it right after that tensor's declared shape is read, before its layout checks; rules at one place
     are checked in declaration order.
     """
 
@@ -127,6 +133,9 @@ class Signature:
     # an argument that is None or a tuple/list of tensors, unpacked into the optional tensors named
     # ({"out": ("topk_idx", "topk_weights")}); it takes their place among the parameters
     unpack: dict | None = None
+    env: dict | None = None  # further names the rules and Lets read (tables, helpers)
+    # what the checker returns, as expressions over what it bound; None: (device, *dims, *pointers, *strides)
+    returns: tuple[str, ...] | None = None
 
     def __post_init__(self):
         self._checker = None
@@ -158,6 +167,7 @@ def _shape_text(dims: tuple) -> str:
 def _source(sig: Signature) -> tuple[str, dict]:
     """The checker's source and the names it needs."""
     env: dict = {"_fail": fail, "_not_a_tensor": not_a_tensor, "_MAX_I32": MAX_I32, "_VEC": _VEC, "_op": sig.op, "torch": torch}
+    env.update(sig.env or {})
     lines = [f"def check({', '.join(sig.params)}):"]
     defaults = sig.defaults or {}
     bound: set[str] = set(sig.scalars)
@@ -165,7 +175,7 @@ def _source(sig: Signature) -> tuple[str, dict]:
     by_name = {t.name: t for t in sig.tensors}
     placed: dict[str, list] = {}  # tensor name ("" for the end) -> the rules and Lets checked after it
     for r in sig.rules:
-        if r.after and r.after not in by_name:
+        if r.after and r.after.removesuffix(".shape") not in by_name:
             raise ValueError(f"{sig.op}: {r.name} is placed after {r.after!r}, which is not a tensor")
         placed.setdefault(r.after, []).append(r)
     shaped = {d for t in sig.tensors if isinstance(t.shapes, tuple) for alt in t.shapes for d in alt}
@@ -247,8 +257,10 @@ def _source(sig: Signature) -> tuple[str, dict]:
         n = t.name
         label = t.label or n
         ind = "    "
+        if t.only_with and t.only_with not in by_name:
+            raise ValueError(f"{sig.op}: {n} is checked only with {t.only_with!r}, which is not a tensor")
         if t.optional:
-            out(f"    if {n} is None:")
+            out(f"    if {n} is None{f' or {t.only_with} is None' if t.only_with else ''}:")
             out(f"        p_{n} = 0")
             if t.layout != "contiguous":
                 out(f"        s_{n} = None")
@@ -291,6 +303,9 @@ def _source(sig: Signature) -> tuple[str, dict]:
             out(f"{ind}if {' and '.join(f't_{n} is not {k}' for k in names)}:")
             fail_line(ind, label, t.dtype_what or _dtype_text(t.dtypes), f"t_{n}")
         # shape
+        shape_rules = placed.get(f"{n}.shape", [])
+        if shape_rules and not isinstance(t.shapes, tuple):
+            raise ValueError(f"{sig.op}: rules placed after {n}.shape need {n}'s declared shapes")
         if isinstance(t.shapes, str):
             other = by_name[t.shapes]
             out(f"{ind}if h_{n} != h_{other.name}:")
@@ -322,11 +337,15 @@ def _source(sig: Signature) -> tuple[str, dict]:
                     shape = "(" + ", ".join(f"{{{d}}}" if isinstance(d, str) else str(d) for d in alt) + (",)" if len(alt) == 1 else ")")
                     out(f"{ind}    if not ({' and '.join(checks)}):")
                     fail_line(ind + "    ", label, f"f'of shape {shape}'", f"tuple(h_{n})", literal=False)
-                if t.layout == "rows":  # in the branch, where the rank is known
+                if t.layout == "rows" and not shape_rules:  # in the branch, where the rank is known
                     emit_rows(t, ind + "    ", None, [len(alt)], alt)
             out(f"{ind}else:")
             fail_line(ind, label, expected, f"f'shape {{tuple(h_{n})}}'")
             bound.update(mentioned)
+            if shape_rules:  # rules on the shape first, then the layout, for each rank
+                emit_rules(shape_rules, ind)
+                if t.layout == "rows":
+                    emit_rows(t, ind, ranks if len(ranks) > 1 else None, ranks, alternatives[0] if len(ranks) == 1 else ())
         # layout
         if t.layout == "rows" and not isinstance(t.shapes, tuple):  # shaped like another tensor: any of its ranks
             ranks = sorted({len(a) for a in by_name[t.shapes].shapes})
@@ -347,9 +366,12 @@ def _source(sig: Signature) -> tuple[str, dict]:
             fail_line(ind, label, f"{t.align}-byte aligned", f"f'address {{p_{n}:#x}}'")
         emit_rules(placed.get(n, []), ind)
     emit_rules(placed.get("", []))
-    strides = [f"s_{t.name}" for t in sig.tensors if t.layout != "contiguous"]
-    values = ["device", *sig.dims, *(f"p_{t.name}" for t in sig.tensors), *strides]
-    out(f"    return ({', '.join(values)},)")
+    if sig.returns is None:
+        strides = [f"s_{t.name}" for t in sig.tensors if t.layout != "contiguous"]
+        values = ["device", *sig.dims, *(f"p_{t.name}" for t in sig.tensors), *strides]
+    else:
+        values = list(sig.returns)
+    out(f"    return ({', '.join(values)},)" if values else "    return None")
     return "\n".join(lines) + "\n", env
 
 

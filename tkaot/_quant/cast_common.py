@@ -28,9 +28,19 @@ def _align(a: int, b: int) -> int:
     return _ceil_div(a, b) * b
 
 
-def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool) -> str:
+# The sf-kind rule, the one place it lives: packed UE8M0 holds powers of two, so it needs round_sf; the kind
+# the options ask for. The fused ops' Signatures check it inline (as data); _sf_kind applies it for the casts.
+SF_PACKED_RULE = Rule(
+    "use_packed_ue8m0", "round_sf or not use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)",
+    actual="'round_sf=False'",
+)  # fmt: skip
+SF_KIND = Let("sf_kind", "'ue8m0' if use_packed_ue8m0 else 'pow2' if round_sf else 'fp32'")
+
+
+def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool = False) -> str:
+    """SF_PACKED_RULE and SF_KIND, and the e4m3 sf the casts also offer."""
     if use_packed_ue8m0 and not round_sf:
-        fail(op, "use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)", "round_sf=False")
+        fail(op, SF_PACKED_RULE.name, SF_PACKED_RULE.expected, "round_sf=False")
     if round_sf and use_e4m3_sf:
         fail(op, "use_e4m3_sf", "False when round_sf=True", "both True")
     if use_packed_ue8m0:

@@ -1,7 +1,7 @@
-"""What tkaot.quant's fused ops share: the kernel tilings they launch, input dtypes, the sf-kind check.
+"""What tkaot.quant's fused ops share: the kernel tilings they launch, the output dtypes.
 
-The ops live in tkaot/_swiglu.py (swiglu_forward, swiglu_forward_and_per_token_cast) and
-tkaot/_norm_cast.py (norm_forward_and_per_token_cast); tkaot.quant loads each on first use.
+The ops live in tkaot/_quant/swiglu.py (swiglu_forward, swiglu_forward_and_per_token_cast) and
+tkaot/_quant/norm_cast.py (norm_forward_and_per_token_cast); tkaot.quant loads each on first use.
 They read SWIGLU_TILING (SWIGLU_CLAMP_TILING for calls with a clamp_value) and NORM_CAST_TILING
 (NORM_CAST_RESIDUAL_TILING for calls with a residual) from this module at every call (the tiling is part
 of their launcher cache key), so a benchmark that sets them here (bench/tuning/tune_fused.py,
@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from tkaot._quant.kernels import NORM_CAST_TILINGS, SWIGLU_TILINGS
-from tkaot._validate import fail
 
 # The shipped tilings, declared with the kernels (tkaot/_quant/kernels.py)
 SWIGLU_TILING = SWIGLU_TILINGS["default"]
@@ -27,16 +26,5 @@ SWIGLU_CLAMP_TILING = SWIGLU_TILINGS["clamp"]  # calls with a clamp_value
 NORM_CAST_TILING = NORM_CAST_TILINGS["default"]
 NORM_CAST_RESIDUAL_TILING = NORM_CAST_TILINGS["residual"]  # calls with a residual
 
-_IN_DTYPES = {torch.bfloat16: ("bfloat16", 8), torch.float32: ("float32", 4)}
-_F32, _I32, _I64, _BF16, _FP8 = torch.float32, torch.int32, torch.int64, torch.bfloat16, torch.float8_e4m3fn
+_F32, _I32, _BF16, _FP8 = torch.float32, torch.int32, torch.bfloat16, torch.float8_e4m3fn
 _empty_strided = torch.empty_strided
-
-
-class _Fallback(Exception):
-    """Input a hot path does not take as is: the checked path validates it argument by argument."""
-
-
-def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool) -> str:
-    if use_packed_ue8m0 and not round_sf:
-        fail(op, "use_packed_ue8m0", "used with round_sf=True (packed UE8M0 stores powers of two)", "round_sf=False")
-    return "ue8m0" if use_packed_ue8m0 else ("pow2" if round_sf else "fp32")
