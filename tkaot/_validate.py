@@ -375,6 +375,18 @@ def _source(sig: Signature) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", env
 
 
+def lazy_checker(sig: Signature, namespace: dict, name: str):
+    """A stand-in for `sig`'s checker, bound as `name` in `namespace` (an op module's globals()): its first call
+    writes the checker and puts it in the stand-in's place, so every later call reaches it in one global lookup and
+    importing an op module compiles nothing."""
+
+    def first_call(*args):
+        namespace[name] = check = sig.checker()
+        return check(*args)
+
+    return first_call
+
+
 def _compile(sig: Signature):
     source, env = _source(sig)
     code = compile(source, f"<checker of {sig.op}>", "exec")

@@ -6,7 +6,7 @@ import torch
 
 from tkaot._moe.kernels import GATE_TILINGS, MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE, NORMALIZE_WEIGHT, TOPK_GATE
 from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Let, Rule, Signature, Tensor
+from tkaot._validate import Let, Rule, Signature, Tensor, lazy_checker
 
 _MAX_GATE_TOKENS = 2**26  # token * 32 + lane is the random stream's 32-bit subsequence
 _GATE_TILING = _TOPK_TILING = GATE_TILINGS["default"]
@@ -116,11 +116,7 @@ GATE_SIGNATURE = Signature(
 _PHYSICAL = 1 << _FLAGS.index("to_physical_map")
 
 
-def _check_gate(*args):
-    """GATE_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
-    global _check_gate
-    _check_gate = GATE_SIGNATURE.checker()
-    return _check_gate(*args)
+_check_gate = lazy_checker(GATE_SIGNATURE, globals(), "_check_gate")
 
 
 _COUNT_AND_SHAPE = "f'{num_experts} (shape {tuple(h_scores)})'"
@@ -145,11 +141,7 @@ TOPK_SIGNATURE = Signature(
 )
 
 
-def _check_topk(*args):
-    """TOPK_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
-    global _check_topk
-    _check_topk = TOPK_SIGNATURE.checker()
-    return _check_topk(*args)
+_check_topk = lazy_checker(TOPK_SIGNATURE, globals(), "_check_topk")
 
 
 NORMALIZE_SIGNATURE = Signature(
@@ -168,11 +160,7 @@ NORMALIZE_SIGNATURE = Signature(
 )
 
 
-def _check_normalize(*args):
-    """NORMALIZE_SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
-    global _check_normalize
-    _check_normalize = NORMALIZE_SIGNATURE.checker()
-    return _check_normalize(*args)
+_check_normalize = lazy_checker(NORMALIZE_SIGNATURE, globals(), "_check_normalize")
 
 
 _GATE = OpKernels(GATE_SIGNATURE.op, MOE_TOPK_GATE)

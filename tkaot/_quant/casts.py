@@ -45,7 +45,7 @@ from tkaot._quant.cast_common import (
     sf_rules,
 )
 from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
-from tkaot._validate import MAX_I32, Let, Rule, Signature, check_cuda, fail
+from tkaot._validate import MAX_I32, Let, Rule, Signature, check_cuda, fail, lazy_checker
 
 __all__ = [
     "cast",
@@ -137,22 +137,7 @@ def _per_token_signature(op: str, mode: str, quantized: bool = False) -> Signatu
 _MODES = dict(zip(PER_TOKEN_CAST.ops, ("cast", "sf_only", "precomputed_sf", "round_trip")))
 PER_TOKEN_SIGNATURES = {op: _per_token_signature(op, mode) for op, mode in _MODES.items()}
 PER_TOKEN_QUANTIZED = _per_token_signature("tkaot.quant.per_token_cast", "cast", quantized=True)
-_CHECKERS: dict = {}
-
-
-def _checker(sig: Signature):
-    """sig's checker (each signature's is written once, on first use)."""
-    check = _CHECKERS.get(sig.op if sig is not PER_TOKEN_QUANTIZED else "quantized")
-    if check is None:
-        check = _CHECKERS[sig.op if sig is not PER_TOKEN_QUANTIZED else "quantized"] = sig.checker()
-    return check
-
-
-def _check_x(*args):
-    """PER_TOKEN_X's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
-    global _check_x
-    _check_x = PER_TOKEN_X.checker()
-    return _check_x(*args)
+_check_x = lazy_checker(PER_TOKEN_X, globals(), "_check_x")
 
 
 # per_token_cast's plans: (device, dtype, hidden, fmt, num_per_channels, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf,
@@ -169,13 +154,13 @@ def _per_token(op, mode, x, fmt, group, x_block_size, col_major, round_sf, use_p
     layout = "col" if col_major else "row"
     if isinstance(x, torch.Tensor) or mode != "cast":
         data = x
-        device, num_tokens, hidden, groups, out_cols, *rest = _checker(PER_TOKEN_SIGNATURES[op])(
+        device, num_tokens, hidden, groups, out_cols, *rest = PER_TOKEN_SIGNATURES[op].checker()(
             x, *given, fmt, group, x_block_size, kind, layout
         )
         x_ptr, in_sf_ptr, in_sf_stride, in_block, in_sf = rest[-2 - len(given) if mode != "round_trip" else -1], 0, 0, "none", "none"
     else:
         data, sf = pair(op, x)
-        device, num_tokens, hidden, groups, out_cols, in_kind, in_layout, in_sf_stride, *rest = _checker(PER_TOKEN_QUANTIZED)(
+        device, num_tokens, hidden, groups, out_cols, in_kind, in_layout, in_sf_stride, *rest = PER_TOKEN_QUANTIZED.checker()(
             data, sf, *given, fmt, group, x_block_size, kind, layout
         )
         x_ptr, in_sf_ptr = rest[1], rest[2]
@@ -212,7 +197,7 @@ def _plan(x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, sto
     op = "tkaot.quant.per_token_cast"
     kind = _sf_kind(op, round_sf, use_packed_ue8m0, use_e4m3_sf)
     layout = "col" if col_major else "row"
-    device, num_tokens, hidden, groups, out_cols, *_ = _checker(PER_TOKEN_SIGNATURES[op])(x, None, fmt, group, None, kind, layout)
+    device, num_tokens, hidden, groups, out_cols, *_ = PER_TOKEN_SIGNATURES[op].checker()(x, None, fmt, group, None, kind, layout)
     launcher = _PER_TOKEN[op].get(device, hidden, _IN_NAMES[x.dtype], "none", "none", fmt, group, kind, layout, "cast", bool(stochastic))
     plan = (launcher, _FMT_DTYPE[fmt], out_cols, _SF_DTYPE[kind], _sf_cols(groups, kind), 4 if kind == "ue8m0" else 1,
             16 // _SF_ITEM_BYTES[kind] if layout == "col" else 0)  # fmt: skip
@@ -356,7 +341,7 @@ CAST_BACK_SIGNATURES = {op: _cast_back_signature(op) for op in CAST_BACK.ops}
 
 def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
     data, sf = pair(op, x)
-    device, num_tokens, hidden, kind, layout, sf_stride, data_ptr, sf_ptr, data_strides, _ = _checker(CAST_BACK_SIGNATURES[op])(
+    device, num_tokens, hidden, kind, layout, sf_stride, data_ptr, sf_ptr, data_strides, _ = CAST_BACK_SIGNATURES[op].checker()(
         data, sf, fmt, x_block_size, x_special_fmt
     )
     in_sf = kind + ("_col" if layout == "col" else "")

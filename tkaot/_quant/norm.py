@@ -6,7 +6,7 @@ import torch
 
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.kernels import RMSNORM
-from tkaot._validate import Rule, Signature, Tensor
+from tkaot._validate import Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["norm_forward"]
 
@@ -26,11 +26,7 @@ SIGNATURE = Signature(
 )
 
 
-def _check(*args):
-    """The checker, compiled on the first call, which puts it in this name's place for the calls after."""
-    global _check
-    _check = SIGNATURE.checker()
-    return _check(*args)
+_check = lazy_checker(SIGNATURE, globals(), "_check")
 
 
 _NORM = OpKernels(SIGNATURE.op, RMSNORM)

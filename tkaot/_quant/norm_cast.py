@@ -16,7 +16,7 @@ from tkaot._quant.cast_common import _SF_DTYPE, SF_KIND, SF_PACKED_RULE, _align,
 from tkaot._quant.fused import _BF16, _F32, _FP8, _I32, _empty_strided
 from tkaot._quant.kernels import NORM_CAST
 from tkaot._quant.norm import norm_forward
-from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor
+from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["norm_forward_and_per_token_cast"]
 
@@ -97,11 +97,7 @@ UNQUANTIZED = Signature(
 )  # fmt: skip
 
 
-def _check(*args):
-    """SIGNATURE's checker, compiled at the first call, which puts it in this name's place for the calls after."""
-    global _check
-    _check = SIGNATURE.checker()
-    return _check(*args)
+_check = lazy_checker(SIGNATURE, globals(), "_check")
 
 
 _NORM_CAST = OpKernels(SIGNATURE.op, NORM_CAST)

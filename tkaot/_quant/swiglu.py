@@ -18,7 +18,7 @@ from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import SF_KIND, SF_PACKED_RULE, _alloc_sf
 from tkaot._quant.fused import _F32, _I32, _empty_strided
 from tkaot._quant.kernels import SWIGLU
-from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor
+from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["swiglu_forward", "swiglu_forward_and_per_token_cast"]
 
@@ -110,18 +110,10 @@ CAST = Signature(
 )  # fmt: skip
 
 
-def _check_forward(*args):
-    """FORWARD's checker, compiled at the first call, which puts it in this name's place for the calls after."""
-    global _check_forward
-    _check_forward = FORWARD.checker()
-    return _check_forward(*args)
+_check_forward = lazy_checker(FORWARD, globals(), "_check_forward")
 
 
-def _check_cast(*args):
-    """CAST's checker, compiled at the first call, which puts it in this name's place for the calls after."""
-    global _check_cast
-    _check_cast = CAST.checker()
-    return _check_cast(*args)
+_check_cast = lazy_checker(CAST, globals(), "_check_cast")
 
 
 _SWIGLU = OpKernels(CAST.op, SWIGLU)

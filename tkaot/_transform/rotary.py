@@ -6,7 +6,7 @@ import torch
 
 from tkaot._op import OpKernels, current_stream
 from tkaot._transform.kernels import ROTARY
-from tkaot._validate import Let, Rule, Signature, Tensor
+from tkaot._validate import Let, Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["apply_rotary"]
 
@@ -82,11 +82,7 @@ SIGNATURE = Signature(
 )  # fmt: skip
 
 
-def _check(*args):
-    """SIGNATURE's checker: the first call writes it and puts it in this name's place (no lookup per call)."""
-    global _check
-    _check = SIGNATURE.checker()
-    return _check(*args)
+_check = lazy_checker(SIGNATURE, globals(), "_check")
 
 
 _ROTARY = OpKernels(SIGNATURE.op, ROTARY)
