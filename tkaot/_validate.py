@@ -328,8 +328,11 @@ def _source(sig: Signature) -> tuple[str, dict]:
                         checks.append(f"h_{n}[{k}] == {dim}")
                     else:
                         binds.append(f"{dim} = h_{n}[{k}]")
-                for b in binds:
-                    out(f"{ind}    {b}")
+                if len(binds) == len(alt) > 1:  # every dim new: one unpacking binds them all
+                    out(f"{ind}    {', '.join(b.split(' = ')[0] for b in binds)} = h_{n}")
+                else:
+                    for b in binds:
+                        out(f"{ind}    {b}")
                 for dim in sorted(mentioned - set(alt) - bound):
                     if dim in defaults:
                         out(f"{ind}    {dim} = {defaults[dim]!r}")
