@@ -99,13 +99,12 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path, build_cache):
 
 def test_lowered_kernel_must_match_its_declaration(monkeypatch):
     """A declaration that names an argument the kernel lacks, and lacks one it has, stops the build."""
-    import dataclasses
 
     import build_tools.compile
     from build_tools.ops import declaration, load_kernel_module
 
     decl = declaration("rmsnorm")
-    wrong = dataclasses.replace(decl, args=tuple(a for a in decl.args if a != "eps") + ("bogus",), dims=decl.dims[1:] + ("bogus",))
+    wrong = decl.replace(args=tuple(a for a in decl.args if a != "eps") + ("bogus",), dims=decl.dims[1:] + ("bogus",))
     monkeypatch.setattr(build_tools.compile, "declaration", lambda kernel: wrong)
     monkeypatch.setattr(load_kernel_module("rmsnorm"), "DECL", wrong)
     with pytest.raises(BuildError, match=r"does not match its declaration") as err:

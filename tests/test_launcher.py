@@ -9,7 +9,6 @@ pick the ABI launcher.
 """
 
 import ctypes
-import dataclasses
 import json
 import math
 import os
@@ -191,7 +190,7 @@ def test_compiled_packs_what_the_abi_launcher_packs(driver):
 def test_pdl_launches_go_through_cuLaunchKernelEx_alike_both_ways(driver, monkeypatch):
     """A pdl spec: cuLaunchKernelEx with the same launch, plus programmatic stream serialization allowed;
     TKAOT_PDL=0 (PDL_ALLOWED false) or pdl=False: plain cuLaunchKernel. A spec without pdl refuses it."""
-    pdl_spec = dataclasses.replace(SPEC, pdl=True)
+    pdl_spec = SPEC.replace(pdl=True)
     rng = random.Random(7)
     for _ in range(100):
         values = values_for(pdl_spec, ARGS, rng)
@@ -221,7 +220,7 @@ def test_a_driver_without_cuLaunchKernelEx_says_so_before_any_launch(driver, mon
     del driver.cuLaunchKernelEx
     values = values_for(SPEC, ARGS, random.Random(8))
     with pytest.raises(NoGPUError, match="no cuLaunchKernelEx.*TKAOT_PDL=0"):
-        make_kernel(dataclasses.replace(SPEC, pdl=True)).bind(ARGS, kind, True)(0, 0, *values)
+        make_kernel(SPEC.replace(pdl=True)).bind(ARGS, kind, True)(0, 0, *values)
     assert driver.calls == []
 
 
@@ -237,7 +236,7 @@ def test_pdl_setting(monkeypatch):
 def test_pdl_in_the_manifest():
     """Written only when set, read back; anything but a bool is refused."""
     assert "pdl" not in SPEC.to_json() and LaunchSpec.from_json(SPEC.to_json()).pdl is False
-    pdl_spec = dataclasses.replace(SPEC, pdl=True)
+    pdl_spec = SPEC.replace(pdl=True)
     assert pdl_spec.to_json()["pdl"] is True and LaunchSpec.from_json(pdl_spec.to_json()) == pdl_spec
     with pytest.raises(ManifestError, match="pdl must be true or false"):
         LaunchSpec.from_json({**SPEC.to_json(), "pdl": 1})
@@ -452,7 +451,7 @@ def test_many_threads_through_the_c_noop(driver, monkeypatch):
     for t in threads:
         t.join()
     # and through cuLaunchKernelEx (the config and its attribute on each thread's C stack)
-    launch = make_kernel(dataclasses.replace(SPEC, pdl=True)).bind(ARGS, "compiled", True)
+    launch = make_kernel(SPEC.replace(pdl=True)).bind(ARGS, "compiled", True)
     threads = [threading.Thread(target=worker) for _ in range(16)]
     for t in threads:
         t.start()

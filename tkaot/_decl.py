@@ -13,22 +13,25 @@ Each family keeps its declarations in `tkaot/_<family>/kernels.py` as a tuple `K
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from tkaot._record import Record
 
 # The runtime families that declare kernels (tkaot/_<family>/kernels.py)
 FAMILIES = ("quant", "moe", "transform")
 
 
-@dataclass(frozen=True)
-class Axis:
+class Axis(Record):
     """One static (compile-time) parameter of a kernel."""
 
-    name: str
-    kind: type  # int, str or bool
-    choices: tuple | None = None  # allowed values, when the set is finite
-    check: Callable[[object], bool] | None = None  # predicate, when it is not
-    rule: str = ""  # the predicate in words, for error messages
+    # name: str
+    # kind: type  # int, str or bool
+    # choices: tuple | None = None  # allowed values, when the set is finite
+    # check: Callable[[object], bool] | None = None  # predicate, when it is not
+    # rule: str = ""  # the predicate in words, for error messages
+    __slots__ = _fields = ("name", "kind", "choices", "check", "rule")
+    _defaults = {"choices": None, "check": None, "rule": ""}
 
     def parse(self, text: str | object):
         """Turn a CLI or TOML value into this axis's type, or raise ValueError."""
@@ -85,18 +88,19 @@ def build_command(kernel: str, key: str, arch: str) -> str:
     return f"tkaot-build build --op {kernel} {sets} --arch {arch} --out ./tkaot-artifacts"
 
 
-@dataclass(frozen=True)
-class KernelDecl:
+class KernelDecl(Record):
     """One kernel, as both wings see it."""
 
-    name: str
-    source: str  # its TileLang module ("kernels_src.<family>.<file>"); imported by the build only
-    axes: tuple[Axis, ...]
-    args: tuple[str, ...]  # runtime arguments, in the order the ops pass them (the lowered kernel's, by name)
-    dims: tuple[str, ...]  # the dynamic dims among args
-    ops: tuple[str, ...]  # the public ops that launch it
+    # name: str
+    # source: str  # its TileLang module ("kernels_src.<family>.<file>"); imported by the build only
+    # axes: tuple[Axis, ...]
+    # args: tuple[str, ...]  # runtime arguments, in the order the ops pass them (the lowered kernel's, by name)
+    # dims: tuple[str, ...]  # the dynamic dims among args
+    # ops: tuple[str, ...]  # the public ops that launch it
     # role -> shipped tiling, for kernels with a "tiling" axis (whose choices are exactly these tilings)
-    tilings: Mapping[str, str] = field(default_factory=dict)
+    # tilings: Mapping[str, str] = {}
+    __slots__ = _fields = ("name", "source", "axes", "args", "dims", "ops", "tilings")
+    _defaults = {"tilings": MappingProxyType({})}
 
     def __post_init__(self):
         names = [a.name for a in self.axes]

@@ -11,8 +11,8 @@ import ast
 import copy
 import functools
 import struct
-from dataclasses import dataclass
 
+from tkaot._record import Record
 from tkaot.errors import ManifestError
 
 MANIFEST_SCHEMA = 1
@@ -23,35 +23,36 @@ _ALLOWED_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 _ALLOWED_CALLS = ("min", "max")
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(Record):
     """One parameter of the generated kernel, in the kernel's own order."""
 
-    name: str
-    type: str  # one of PARAM_TYPES
+    # name: str
+    # type: str  # one of PARAM_TYPES
+    __slots__ = _fields = ("name", "type")
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(Record):
     """One argument the op supplies (PrimFunc order, then dynamic dims)."""
 
-    name: str
-    role: str  # one of ARG_ROLES
-    type: str  # one of PARAM_TYPES
+    # name: str
+    # role: str  # one of ARG_ROLES
+    # type: str  # one of PARAM_TYPES
+    __slots__ = _fields = ("name", "role", "type")
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
-    symbol: str
-    params: tuple[Param, ...]
-    args: tuple[Arg, ...]
-    grid: tuple[str, str, str]
-    block: tuple[int, int, int]
-    smem: int
+class LaunchSpec(Record):
+    # symbol: str
+    # params: tuple[Param, ...]
+    # args: tuple[Arg, ...]
+    # grid: tuple[str, str, str]
+    # block: tuple[int, int, int]
+    # smem: int
     # The kernel waits for the grids ahead of it before it touches memory (kernels_src/pdl.py), so it may be
     # launched with programmatic dependent launch. Written only when set: a manifest without it, or a
     # runtime that does not read it, launches the kernel plainly, which is always correct.
-    pdl: bool = False
+    # pdl: bool = False
+    __slots__ = _fields = ("symbol", "params", "args", "grid", "block", "smem", "pdl")
+    _defaults = {"pdl": False}
 
     def to_json(self) -> dict:
         data = {

@@ -23,9 +23,10 @@ lists, and for each tensor read so far `h_<name>` (shape), `s_<name>`
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import torch
+
+from tkaot._record import Record
 
 MAX_I32 = 2**31 - 1
 _DTYPE_NAMES = {
@@ -49,8 +50,7 @@ def _dtype_text(dtypes: tuple) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(Record):
     """One tensor argument.
 
     dtypes: the allowed torch dtypes, or the name of an earlier tensor whose dtype this one must have.
@@ -62,18 +62,20 @@ class Tensor:
     align: bytes the data pointer must be a multiple of (rows implies 16).
     """
 
-    name: str
-    dtypes: tuple | str
-    shapes: tuple | str | None
-    layout: str = "rows"
-    align: int = 1
-    optional: bool = False
-    what: str = ""  # how the shape reads in an error ("(num_tokens, hidden)"); derived when empty
-    label: str = ""  # what errors call it ("out[0] (topk_idx)"); the name when empty
+    # name: str
+    # dtypes: tuple | str
+    # shapes: tuple | str | None
+    # layout: str = "rows"
+    # align: int = 1
+    # optional: bool = False
+    # what: str = ""  # how the shape reads in an error ("(num_tokens, hidden)"); derived when empty
+    # label: str = ""  # what errors call it ("out[0] (topk_idx)"); the name when empty
     # dtypes naming no tensor name a bound value (a scalar or Let) holding the one dtype allowed; dtype_what
     # says it in errors (f-string text, default "{<that name>}")
-    dtype_what: str = ""
-    only_with: str = ""  # an optional tensor checked only when this earlier tensor is given (else taken as None)
+    # dtype_what: str = ""
+    # only_with: str = ""  # an optional tensor checked only when this earlier tensor is given (else taken as None)
+    __slots__ = _fields = ("name", "dtypes", "shapes", "layout", "align", "optional", "what", "label", "dtype_what", "only_with")
+    _defaults = {"layout": "rows", "align": 1, "optional": False, "what": "", "label": "", "dtype_what": "", "only_with": ""}
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -84,8 +86,7 @@ class Tensor:
             raise ValueError(f"{self.name}: only a tensor that is optional can be checked only with another")
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(Record):
     """A condition over bound dims and the op's arguments, as a Python expression; `expected` says it in words.
 
     `name` is what the error names (an argument, or an expression such as "num_topk + num_shared_experts");
@@ -98,46 +99,46 @@ class Rule:
     are checked in declaration order.
     """
 
-    name: str
-    check: str
-    expected: str = ""
-    actual: str = ""
-    error: str = "ValueError"  # or "TypeError"
-    after: str = ""
-    message: str = ""
+    # name: str
+    # check: str
+    # expected: str = ""
+    # actual: str = ""
+    # error: str = "ValueError"  # or "TypeError"
+    # after: str = ""
+    # message: str = ""
+    __slots__ = _fields = ("name", "check", "expected", "actual", "error", "after", "message")
+    _defaults = {"expected": "", "actual": "", "error": "ValueError", "after": "", "message": ""}
 
 
-@dataclass(frozen=True)
-class Let:
+class Let(Record):
     """A value the checker computes from what is bound so far, bound as `name` for the later shapes, rules
     and Lets; list it in the signature's dims to have it returned. Placed among the rules, with `after`
     as a Rule's. One placed after an optional tensor is computed only when that tensor is given: give it
     a value in the signature's defaults (set at the start, as for any default no shape mentions), which
     also lets it build on itself (`Let("flags", "flags | 4", after="bias")` with defaults {"flags": 0})."""
 
-    name: str
-    value: str
-    after: str = ""
+    # name: str
+    # value: str
+    # after: str = ""
+    __slots__ = _fields = ("name", "value", "after")
+    _defaults = {"after": ""}
 
 
-@dataclass
 class Signature:
-    """An op's inputs: tensors, dims, then rules, checked in that order."""
+    """An op's inputs: tensors, dims, then rules, checked in that order.
 
-    op: str
-    tensors: tuple[Tensor, ...]
-    dims: tuple[str, ...] = ()
-    rules: tuple[Rule | Let, ...] = ()
-    scalars: tuple[str, ...] = ()  # other arguments the rules read
-    defaults: dict | None = None  # dims an alternative shape leaves out ("batch": 1), or an absent optional tensor
-    # an argument that is None or a tuple/list of tensors, unpacked into the optional tensors named
-    # ({"out": ("topk_idx", "topk_weights")}); it takes their place among the parameters
-    unpack: dict | None = None
-    env: dict | None = None  # further names the rules and Lets read (tables, helpers)
-    # what the checker returns, as expressions over what it bound; None: (device, *dims, *pointers, *strides)
-    returns: tuple[str, ...] | None = None
+    op: the op's public name, for errors; tensors: its Tensor rules; dims: the dims (and Lets) returned;
+    rules: Rules and Lets; scalars: other arguments the rules read; defaults: dims an alternative shape leaves out
+    ("batch": 1), or an absent optional tensor binds; unpack: an argument that is None or a tuple/list of tensors,
+    unpacked into the optional tensors named ({"out": ("topk_idx", "topk_weights")}), taking their place among the
+    parameters; env: further names the rules and Lets read (tables, helpers); returns: what the checker returns, as
+    expressions over what it bound (None: (device, *dims, *pointers, *strides)).
+    """
 
-    def __post_init__(self):
+    def __init__(self, op: str, tensors: tuple, dims: tuple = (), rules: tuple = (), scalars: tuple = (), defaults: dict | None = None,
+                 unpack: dict | None = None, env: dict | None = None, returns: tuple | None = None):  # fmt: skip
+        self.op, self.tensors, self.dims, self.rules, self.scalars = op, tensors, dims, rules, scalars
+        self.defaults, self.unpack, self.env, self.returns = defaults, unpack, env, returns
         self._checker = None
         self._lock = threading.Lock()
 

@@ -1,5 +1,7 @@
-"""tkaot.moe: TileKernels-compatible MoE routing ops (top-k gates, weight normalisation); in tkaot/_moe/ops.py."""
+"""tkaot.moe: TileKernels-compatible MoE routing ops (top-k gates, weight normalisation), in tkaot/_moe/ops.py,
+loaded on first use."""
 
-from tkaot._moe.ops import moe_topk_gate, moe_topk_gate_forward, normalize_weight, topk_gate
+from tkaot._lazy import lazy_family
 
-__all__ = ["moe_topk_gate", "moe_topk_gate_forward", "normalize_weight", "topk_gate"]
+_MODULES = {"tkaot._moe.ops": ("moe_topk_gate", "moe_topk_gate_forward", "normalize_weight", "topk_gate")}
+__getattr__, __dir__, __all__ = lazy_family("moe", _MODULES, globals())

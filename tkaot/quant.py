@@ -6,7 +6,7 @@ so `import tkaot.quant` costs almost nothing until an op is called.
 
 from __future__ import annotations
 
-import importlib
+from tkaot._lazy import lazy_family
 
 _MODULES = {
     "tkaot._quant.norm": ("norm_forward",),
@@ -19,18 +19,4 @@ _MODULES = {
     ),
     "tkaot._quant.weight_casts": ("batched_transpose_weight_sf", "per_block_cast_lossless"),
 }  # fmt: skip
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tkaot.quant' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__, __all__ = lazy_family("quant", _MODULES, globals())

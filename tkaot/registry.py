@@ -23,7 +23,6 @@ import re
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkaot import __version__
@@ -53,16 +52,20 @@ def collector_paused():
             gc.enable()
 
 
-@dataclass
 class ArtifactSet:
-    """One directory holding manifest.json and cubins/ for one arch."""
+    """One directory holding manifest.json and cubins/ for one arch.
 
-    root: Path
-    origin: str  # where it was found, for messages
-    package: str | None = None  # the installed package it came from, if any
-    package_version: str | None = None  # that package's __version__
-    _manifest: dict | None = field(default=None, repr=False)
-    _index: dict | None = field(default=None, repr=False)
+    root: the directory; origin: where it was found, for messages; package: the installed package it came from,
+    if any, and package_version that package's __version__. The manifest is read on first use.
+    """
+
+    def __init__(self, root: Path, origin: str, package: str | None = None, package_version: str | None = None):
+        self.root, self.origin, self.package, self.package_version = root, origin, package, package_version
+        self._manifest: dict | None = None
+        self._index: dict | None = None
+
+    def __repr__(self) -> str:
+        return f"ArtifactSet({self.origin})"
 
     @property
     def manifest(self) -> dict:

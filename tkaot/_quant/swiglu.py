@@ -8,7 +8,6 @@ read at each call.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -98,8 +97,8 @@ CAST = Signature(
         Rule("(fmt, num_per_channels)", "spec is not None", "('e4m3', 128), ('e4m3', 32), ('bf16', None) or ('fp32', None)",
              actual="(fmt, num_per_channels)", after="x"),
         # the sf-kind rule for a quantized format
-        dataclasses.replace(SF_PACKED_RULE, check=f"not spec[1] or {SF_PACKED_RULE.check}", after="x"),
-        dataclasses.replace(SF_KIND, value=f"({SF_KIND.value}) if spec[1] else 'none'", after="x"),
+        SF_PACKED_RULE.replace(check=f"not spec[1] or {SF_PACKED_RULE.check}", after="x"),
+        SF_KIND.replace(value=f"({SF_KIND.value}) if spec[1] else 'none'", after="x"),
         *_X_RULES,
         *_OPTION_RULES,
     ),
