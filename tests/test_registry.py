@@ -49,7 +49,7 @@ def test_arch_root_layout_and_priority(registry, artifact_dir, tmp_path, monkeyp
     monkeypatch.setenv("TKAOT_PATH", f"{tmp_path / 'root'}:{second}")
     sets = registry.artifact_sets("sm90")
     assert [s.root for s in sets] == [first, second]
-    assert registry.kernel("op", "rmsnorm", KEY, 0).cubin_path.parent.parent == first
+    assert Path(registry.kernel("op", "rmsnorm", KEY, 0).cubin_path).parent.parent == first
 
 
 def test_source_checkout_prebuilt_is_last(registry, artifact_dir, tmp_path, monkeypatch):

@@ -23,7 +23,6 @@ import hashlib
 import os
 import struct
 import threading
-from pathlib import Path
 
 from tkaot import _cuda
 from tkaot._spec import LaunchSpec, compile_grid, grid_program
@@ -66,9 +65,9 @@ PDL_ALLOWED = _pdl_allowed()
 class Kernel:
     """A built variant: where its cubin is, how to launch it, and its loaded functions per device."""
 
-    def __init__(self, kernel: str, key: str, spec: LaunchSpec, cubin_path: Path, cubin_sha256: str, origin: str):
+    def __init__(self, kernel: str, key: str, spec: LaunchSpec, cubin_path: str, cubin_sha256: str, origin: str):
         self.kernel, self.key, self.spec = kernel, key, spec
-        self.cubin_path, self.cubin_sha256, self.origin = Path(cubin_path), cubin_sha256, origin
+        self.cubin_path, self.cubin_sha256, self.origin = str(cubin_path), cubin_sha256, origin
         self._modules: dict[int, _cuda.Module] = {}
         self.functions: dict[int, object] = {}
         self._lock = threading.Lock()
@@ -78,7 +77,8 @@ class Kernel:
 
     def read_cubin(self) -> bytes:
         try:
-            image = self.cubin_path.read_bytes()
+            with open(self.cubin_path, "rb") as f:
+                image = f.read()
         except OSError as exc:
             raise ArtifactError(f"{self}: cubin {self.cubin_path} cannot be read: {exc.strerror}") from None
         digest = hashlib.sha256(image).hexdigest()

@@ -61,7 +61,9 @@ class ArtifactSet:
 
     def __init__(self, root: Path, origin: str, package: str | None = None, package_version: str | None = None):
         self.root, self.origin, self.package, self.package_version = root, origin, package, package_version
+        self._cubins = os.path.join(root, "cubins")
         self._manifest: dict | None = None
+        self._header: dict | None = None
         self._index: dict | None = None
 
     def __repr__(self) -> str:
@@ -69,36 +71,85 @@ class ArtifactSet:
 
     @property
     def manifest(self) -> dict:
+        """The whole manifest, parsed (for tools that list or check a set; kernels are found through index())."""
         if self._manifest is None:
-            path = self.root / "manifest.json"
-            try:
-                with collector_paused():
-                    data = json.loads(path.read_text())
-            except OSError as exc:
-                raise ArtifactError(f"cannot read {path}: {exc.strerror}") from None
-            except ValueError as exc:
-                raise ManifestError(f"{path} is not valid JSON: {exc}") from None
-            if data.get("schema") != MANIFEST_SCHEMA:
-                raise ManifestError(f"{path} has schema {data.get('schema')!r}; this tkaot reads schema {MANIFEST_SCHEMA}")
-            self._manifest = data
+            self._manifest = self._checked(_parse_json(self._text(), self.root / "manifest.json"))
         return self._manifest
 
     @property
-    def arch(self) -> str:
-        return self.manifest.get("arch", "?")
+    def header(self) -> dict:
+        """The manifest without its variants: arch, schema, tkaot_version, provenance."""
+        if self._header is None:
+            self._read_index()
+        return self._header
 
-    def index(self) -> dict[tuple[str, str], dict]:
+    @property
+    def arch(self) -> str:
+        return self.header.get("arch", "?")
+
+    def index(self) -> dict[tuple[str, str], dict | str]:
+        """(kernel, key) -> the variant's manifest entry, or its line of JSON until the entry is first needed."""
         if self._index is None:
-            self._index = {(e["kernel"], e["key"]): e for e in self.manifest.get("variants", [])}
+            self._read_index()
         return self._index
 
     def kernel(self, kernel: str, key: str) -> Kernel | None:
         entry = self.index().get((kernel, key))
         if entry is None:
             return None
+        if isinstance(entry, str):
+            entry = self._index[(kernel, key)] = _parse_json(entry.rstrip(","), self.root / "manifest.json")
         spec = LaunchSpec.from_json(entry["launch"])
-        cubin = self.root / "cubins" / f"{entry['cubin']}.cubin"
+        cubin = os.path.join(self._cubins, entry["cubin"] + ".cubin")
         return Kernel(kernel, key, spec, cubin, entry["cubin"], self.origin)
+
+    def _text(self) -> str:
+        path = self.root / "manifest.json"
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise ArtifactError(f"cannot read {path}: {exc.strerror}") from None
+
+    def _checked(self, data: dict) -> dict:
+        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+            schema = data.get("schema") if isinstance(data, dict) else None
+            raise ManifestError(f"{self.root / 'manifest.json'} has schema {schema!r}; this tkaot reads schema {MANIFEST_SCHEMA}")
+        return data
+
+    def _read_index(self) -> None:
+        """Index the variants by (kernel, key). A manifest as tkaot-build writes it (one variant a line, keys sorted)
+        is indexed from each line's start and each entry parsed when first used: finding one kernel reads no other
+        entry. Any other layout of the same JSON is parsed whole."""
+        text = self._text()
+        head, found, body = text.partition(_VARIANTS_OPEN)
+        lines = body[: -len(_VARIANTS_CLOSE)].split("\n") if found and body.endswith(_VARIANTS_CLOSE) else None
+        index = {}
+        for line in lines or ():
+            match = _VARIANT_LINE.match(line)
+            if match is None:
+                index = None
+                break
+            index[(match.group(1), match.group(2))] = line
+        if lines is not None and index is not None:
+            self._header = self._checked(_parse_json(head + ' "variants": []}', self.root / "manifest.json"))
+            self._index = index
+        else:
+            data = self.manifest
+            self._header = {k: v for k, v in data.items() if k != "variants"}
+            self._index = {(e["kernel"], e["key"]): e for e in data.get("variants", [])}
+
+
+# How tkaot-build writes a manifest's variants (build_tools/artifacts.py): one entry a line, keys sorted
+_VARIANTS_OPEN, _VARIANTS_CLOSE = ' "variants": [\n', "\n ]\n}\n"
+_VARIANT_LINE = re.compile(r'  \{"cubin": "[0-9a-f]{64}", "kernel": "([a-z0-9_]+)", "key": "([^"\\]*)", "launch": ')
+
+
+def _parse_json(text: str, path: Path):
+    try:
+        with collector_paused():
+            return json.loads(text)
+    except ValueError as exc:
+        raise ManifestError(f"{path} is not valid JSON: {exc}") from None
 
 
 def _arch_dir(path: Path, arch: str) -> Path | None:
@@ -273,7 +324,7 @@ def check_version(s: ArtifactSet, arch: str) -> None:
     elif s.origin.startswith("source checkout"):
         return  # a checkout's own prebuilt set moves with its code
     # a package of the right version may still hold a manifest another tkaot wrote
-    version = s.manifest.get("tkaot_version")
+    version = s.header.get("tkaot_version")
     if version != __version__:
         raise ArtifactError(
             f"{s.origin} was built for tkaot {version}, but this is tkaot {__version__}: "
