@@ -588,7 +588,7 @@ def test_signatures_match_tile_kernels():
     import inspect
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
+    path = Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json"
     if not path.exists():
         pytest.skip("TileKernels API list not present")
     api = json.loads(path.read_text())

@@ -25,7 +25,7 @@ BUILT = [
     Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=8, tiling=moe_ops._GATE_TILING)),
     Variant.make("normalize_weight", dict(num_topk=9)),
 ]
-API = Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
+API = Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json"
 
 
 @pytest.fixture(scope="module")

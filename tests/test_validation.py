@@ -58,8 +58,8 @@ def test_signature_matches_tile_kernels():
     from pathlib import Path
 
     api = (
-        json.loads((Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json").read_text())
-        if (Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json").exists()
+        json.loads((Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json").read_text())
+        if (Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json").exists()
         else None
     )
     params = list(inspect.signature(tkaot.quant.norm_forward).parameters)

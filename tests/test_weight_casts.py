@@ -200,7 +200,7 @@ def test_an_empty_batch_of_weights_returns_nothing(fake_cuda):
 
 
 def test_signatures_and_defaults_match_tile_kernels():
-    path = Path(__file__).resolve().parents[2] / "shared/reference/tile_kernels_2.1.0_api.json"
+    path = Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json"
     if not path.exists():
         pytest.skip("no TileKernels API listing beside the checkout")
     api = json.loads(path.read_text())
