@@ -19,6 +19,18 @@ def _within(heads: str, bs: str, ts: str, hs: str, rot: str) -> str:
     return f"seqlen * {heads} <= _MAX_I32 and (batch - 1) * {bs} + (seqlen - 1) * {ts} + ({heads} - 1) * {hs} + {rot} - 1 <= _MAX_I32"
 
 
+def _head_view(name: str, prefix: str, rot: str) -> tuple:
+    """The (batch, token, head) strides of query or key, 0 where that dim has size 1 (any stride is fine there), and
+    the check that the view lies within int32 offsets."""
+    bs, ts, hs, heads = f"{prefix}_bs", f"{prefix}_ts", f"{prefix}_hs", f"{prefix}_heads"
+    return (
+        Let(bs, f"s_{name}[0] if batch > 1 else 0", after=name),
+        Let(ts, f"s_{name}[-3] if seqlen > 1 else 0", after=name),
+        Let(hs, f"s_{name}[-2] if {heads} > 1 else 0", after=name),
+        Rule(name, _within(heads, bs, ts, hs, rot), _WITHIN, actual=f"f'shape {{tuple(h_{name})}} strides {{s_{name}}}'", after=name),
+    )
+
+
 # int64 positions are read through their low 32-bit word (little-endian): their strides count in words
 _WORDS = "(2 if t_positions is torch.int64 else 1)"
 SIGNATURE = Signature(
@@ -40,14 +52,7 @@ SIGNATURE = Signature(
     defaults={"batch": 1, "k_heads": 0, "k_bs": 0, "k_ts": 0, "k_hs": 0, "pos_bs": 0, "pos_s": 0},
     rules=(
         Rule("query", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_query)}'", after="query"),
-        # strides of size-1 dims read as 0, so any value there is fine
-        Let("q_bs", "s_query[0] if batch > 1 else 0", after="query"),
-        Let("q_ts", "s_query[-3] if seqlen > 1 else 0", after="query"),
-        Let("q_hs", "s_query[-2] if q_heads > 1 else 0", after="query"),
-        Rule(
-            "query", _within("q_heads", "q_bs", "q_ts", "q_hs", "q_rot"),
-            _WITHIN, actual="f'shape {tuple(h_query)} strides {s_query}'", after="query",
-        ),
+        *_head_view("query", "q", "q_rot"),
         Rule("cos_sin_cache", "rot_dim == 64 or rot_dim == 128", "2-D (max_positions, rot_dim) with rot_dim 64 or 128",
              actual="f'shape {tuple(h_cos_sin_cache)}'", after="cos_sin_cache"),
         Let("cache_stride", "s_cos_sin_cache[0] if cache_rows > 1 else 0", after="cos_sin_cache"),
@@ -57,13 +62,7 @@ SIGNATURE = Signature(
              actual="f'shape {tuple(h_query)}'", after="cos_sin_cache"),
         Rule("key", "len(h_key) == len(h_query)", "{len(h_query)}-D like query",
              actual="f'shape {tuple(h_key)}'", after="key"),
-        Let("k_bs", "s_key[0] if batch > 1 else 0", after="key"),
-        Let("k_ts", "s_key[-3] if seqlen > 1 else 0", after="key"),
-        Let("k_hs", "s_key[-2] if k_heads > 1 else 0", after="key"),
-        Rule(
-            "key", _within("k_heads", "k_bs", "k_ts", "k_hs", "rot_dim"),
-            _WITHIN, actual="f'shape {tuple(h_key)} strides {s_key}'", after="key",
-        ),
+        *_head_view("key", "k", "rot_dim"),
         Rule("positions", "len(h_positions) == len(h_query) - 2", "of shape {tuple(h_query[:-2])}",
              actual="tuple(h_positions)", after="positions"),
         Let("pos_bs", f"s_positions[0] * {_WORDS} if batch > 1 else 0", after="positions"),
