@@ -161,17 +161,77 @@ def write_artifacts(out_dir: Path, arch: str, compiled: list[CompiledVariant], *
         },
         "variants": [entries[k] for k in sorted(entries)],
     }
-    build_info = {
-        "arch": arch,
-        "kernels": dict(sorted(kernels.items())),
-        "variants": [{"kernel": k, "key": key, "cache_key": cache_keys[(k, key)]} for k, key in sorted(cache_keys) if (k, key) in entries],
-    }
-    atomic_write(out_dir / BUILD_INFO, (json.dumps(build_info, indent=1, sort_keys=True) + "\n").encode())
+    write_build_info(out_dir, arch, kernels, cache_keys, entries)
     atomic_write(out_dir / "manifest.json", manifest_text(manifest).encode())
     return manifest
+
+
+def write_build_info(out_dir: Path, arch: str, kernels: dict, cache_keys: dict, entries: dict) -> None:
+    """build-info.json: each kernel's source hash and each variant's cache key (what the manifest leaves out)."""
+    variants = [{"kernel": k, "key": key, "cache_key": cache_keys[(k, key)]} for k, key in sorted(cache_keys) if (k, key) in entries]
+    build_info = {"arch": arch, "kernels": dict(sorted(kernels.items())), "variants": variants}
+    atomic_write(Path(out_dir) / BUILD_INFO, (json.dumps(build_info, indent=1, sort_keys=True) + "\n").encode())
 
 
 def _flags(arch: str) -> list[str]:
     from build_tools.compile import ARCHES, NVCC_FLAGS
 
     return [*NVCC_FLAGS, "-gencode", ARCHES[arch][1]]
+
+
+class MergeError(ValueError):
+    """Shard outputs that cannot be joined: the message says which directory and why."""
+
+
+def merge_artifacts(out_dir: Path, shard_dirs: list[Path]) -> dict:
+    """Join the artifact directories of `tkaot-build build --shard i/n` runs into `out_dir`, as one unsharded build
+    would have written it: the same manifest.json (bytes), cubins and build-info.json. The shards must share schema,
+    arch, tkaot version and provenance (the same tools and flags); a variant in two shards must be the same entry; every
+    cubin is checked against its sha256 before it is copied. `out_dir` must not hold a set already."""
+    out_dir = Path(out_dir)
+    if (out_dir / "manifest.json").exists():
+        raise MergeError(f"{out_dir} already holds a manifest; merge into a new directory")
+    if not shard_dirs:
+        raise MergeError("no shard directories given")
+    header: dict | None = None
+    entries: dict[tuple[str, str], dict] = {}
+    origin: dict[tuple[str, str], Path] = {}
+    cubins: dict[str, bytes] = {}
+    kernels: dict[str, dict] = {}
+    cache_keys: dict[tuple[str, str], str] = {}
+    for shard in map(Path, shard_dirs):
+        manifest = read_manifest(shard)
+        if manifest is None:
+            raise MergeError(f"{shard} holds no manifest.json")
+        this = {k: v for k, v in manifest.items() if k != "variants"}
+        if this.get("schema") != MANIFEST_SCHEMA:
+            raise MergeError(f"{shard}: manifest schema {this.get('schema')!r}, this tkaot writes {MANIFEST_SCHEMA}")
+        if header is None:
+            header, first = this, shard
+        elif this != header:
+            differ = sorted(k for k in set(this) | set(header) if this.get(k) != header.get(k))
+            raise MergeError(f"{shard} and {first} differ in {', '.join(differ)}: they are not shards of one build")
+        for e in manifest["variants"]:
+            name = (e["kernel"], e["key"])
+            if name in entries and entries[name] != e:
+                raise MergeError(f"{e['kernel']} [{e['key']}] differs between {origin[name]} and {shard}")
+            entries[name], origin[name] = e, shard
+            if e["cubin"] not in cubins:
+                path = shard / "cubins" / f"{e['cubin']}.cubin"
+                try:
+                    data = path.read_bytes()
+                except OSError as exc:
+                    raise MergeError(f"{shard}: cannot read {path.name}: {exc.strerror}") from None
+                if sha256(data) != e["cubin"]:
+                    raise MergeError(f"{shard}: {path.name} does not match its sha256 (corrupt or altered)")
+                cubins[e["cubin"]] = data
+        info = read_build_info(shard)
+        kernels.update(info.get("kernels", {}))
+        cache_keys.update({(v["kernel"], v["key"]): v["cache_key"] for v in info.get("variants", [])})
+    for digest, data in sorted(cubins.items()):
+        atomic_write(out_dir / "cubins" / f"{digest}.cubin", data)
+    manifest = {**header, "variants": [entries[k] for k in sorted(entries)]}
+    if cache_keys or kernels:
+        write_build_info(out_dir, header["arch"], kernels, cache_keys, entries)
+    atomic_write(out_dir / "manifest.json", manifest_text(manifest).encode())
+    return manifest

@@ -294,7 +294,25 @@ def wheel(directory, name, out_dir) -> None:
     click.echo(f"{path} ({path.stat().st_size / 1e6:.2f} MB): pip install {path}")
 
 
-BUILD_COMMANDS = {c.name: c for c in (build, ops, plan, wheel)}
+@click.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+def merge(out_dir, shard_dirs) -> None:
+    """Join the outputs of sharded builds (--shard i/n) into OUT_DIR, as one unsharded build would have written it.
+
+    The shards must come from one tkaot and toolchain for one arch; a variant in two shards must be identical,
+    and every cubin's sha256 is checked before it is copied.
+    """
+    from build_tools.artifacts import MergeError, merge_artifacts
+
+    try:
+        manifest = merge_artifacts(Path(out_dir), [Path(d) for d in shard_dirs])
+    except MergeError as exc:
+        _fail(str(exc))
+    click.echo(f"merged {len(shard_dirs)} shards: {len(manifest['variants'])} {manifest['arch']} variants -> {out_dir}")
+
+
+BUILD_COMMANDS = {c.name: c for c in (build, ops, plan, wheel, merge)}
 
 
 if __name__ == "__main__":  # pragma: no cover

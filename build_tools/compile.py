@@ -27,6 +27,7 @@ from tkaot._spec import Arg, LaunchSpec, Param
 ARCHES = {
     # arch name -> (TileLang target arch, nvcc gencode)
     "sm90": ("sm_90", "arch=compute_90a,code=sm_90a"),
+    "sm100": ("sm_100", "arch=compute_100a,code=sm_100a"),  # Blackwell: built here, not run on hardware yet
 }
 NVCC_FLAGS = ("--cubin", "-O3", "-std=c++20", "-w")
 

@@ -2,7 +2,7 @@
 
 The serving commands (sets, check, inspect, verify) live here and read only the runtime's
 registry, the kernel declarations and manifests, so they run where only `pip install tkaot`
-is. The build commands (ops, plan, build, wheel) live in build_tools/cli.py and join this
+is. The build commands (ops, plan, build, wheel, merge) live in build_tools/cli.py and join this
 group where the build extra is installed; where it is not, each still shows in --help and,
 when called, says in one line how to get it.
 """
@@ -31,6 +31,7 @@ BUILD_COMMANDS = {
     "ops": ("List the kernels, the tkaot ops they serve, and their static axes.", ("build_tools", "tilelang")),
     "plan": ("Print what a build would make (variants, size, compile time); builds nothing.", ("build_tools", "tilelang")),
     "wheel": ("Pack a build directory into an installable artifact wheel.", ("build_tools",)),
+    "merge": ("Join the outputs of sharded builds (--shard i/n) into one artifact directory.", ("build_tools",)),
 }
 
 
