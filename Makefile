@@ -1,7 +1,7 @@
-# tkaot: `make build` compiles the default shape set into prebuilt/sm90 (CPU + nvcc, no GPU);
+# tkaot: `make build` compiles the default shape set into prebuilt/sm90 and prebuilt/sm100 (CPU + nvcc, no GPU);
 # `make ext` compiles the launcher extension tkaot/_launch.abi3.so (system C compiler; optional);
 # `make wheels` packs dist/tkaot-*.whl (runtime: pure, and with the extension) and dist/tkaot_sm90-*.whl
-# (prebuilt/sm90), offline; `make test` runs the test suite; `make bench` runs the benchmarks on a GPU machine.
+# and dist/tkaot_sm100-*.whl (prebuilt/<arch>), offline; `make test` runs the test suite; `make bench` runs the benchmarks on a GPU machine.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -19,13 +19,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Built beside, then swapped in: prebuilt/sm90 holds exactly the default set (no stale variants),
+# Built beside, then swapped in: prebuilt/<arch> holds exactly the default set (no stale variants),
 # and a failed build leaves the previous one in place. Unchanged variants come from the build cache.
+# Every arch: sm90 (Hopper, run on an H200) and sm100 (Blackwell: built, not yet run on hardware).
+ARCHES ?= sm90 sm100
 build: $(STAMP)
-	rm -rf prebuilt/.sm90.new
-	$(BIN)/tkaot-build build --shapeset default --arch sm90 --out prebuilt/.sm90.new -j $(JOBS)
-	$(BIN)/tkaot-build verify prebuilt/.sm90.new
-	rm -rf prebuilt/sm90 && mv prebuilt/.sm90.new prebuilt/sm90
+	set -e; for arch in $(ARCHES); do \
+		rm -rf prebuilt/.$$arch.new; \
+		$(BIN)/tkaot-build build --shapeset default --arch $$arch --out prebuilt/.$$arch.new -j $(JOBS); \
+		$(BIN)/tkaot-build verify prebuilt/.$$arch.new; \
+		rm -rf prebuilt/$$arch && mv prebuilt/.$$arch.new prebuilt/$$arch; \
+	done
 
 # Without a C compiler or Python headers this says so and tkaot keeps its ABI launcher.
 ext: $(STAMP)

@@ -77,7 +77,9 @@ def test_build_errors_are_clear(tmp_path):
 
 def test_inspect_and_verify_take_a_root_and_fit_a_terminal():
     manifest = json.loads((PREBUILT / "sm90" / "manifest.json").read_text())
-    table = run("inspect", str(PREBUILT))  # a root holding sm90/manifest.json
+    several = run("inspect", str(PREBUILT))  # a root holding sm90/ and sm100/: which one?
+    assert several.exit_code != 0 and "pick one with --arch" in several.output
+    table = run("inspect", str(PREBUILT), "--arch", "sm90")  # a root holding sm90/manifest.json
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
     assert max(map(len, lines)) <= WIDTH, max(lines, key=len)
@@ -86,6 +88,8 @@ def test_inspect_and_verify_take_a_root_and_fit_a_terminal():
     assert all(f"{e['kernel']} {e['key']}" in unwrapped for e in manifest["variants"])
     ok = run("verify", str(PREBUILT), "--arch", "sm90")
     assert ok.exit_code == 0 and f"{len(manifest['variants'])} variants" in ok.output
+    every = run("verify", str(PREBUILT))  # without --arch: each arch's set of the root
+    assert every.exit_code == 0 and every.output.count("ok: ") == 2 and "sm_100a" in every.output and "sm_90a" in every.output
 
 
 def fake_set(directory: Path, variants) -> Path:
@@ -196,7 +200,7 @@ def test_without_the_build_extra(tmp_path):
     helped = without_build_extra("--help")
     assert helped.returncode == 0, helped.stderr
     assert "ops, plan and build need the build extra" in " ".join(helped.stdout.split())
-    assert helped.stdout.count("[needs tkaot[build]]") == 4
+    assert helped.stdout.count("[needs tkaot[build]]") == 5  # ops, plan, build, wheel, merge: all need build_tools
     for argv in (["ops"], ["plan", "--shapeset", "default"], ["build", "--hf-config", "x.json", "-j", "8", "--out", "d"], ["wheel", "d"]):
         refused = without_build_extra(*argv)
         assert refused.returncode == 1 and refused.stdout == "", refused.stderr

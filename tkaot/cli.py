@@ -191,8 +191,17 @@ def cubin_arch(data: bytes) -> str | None:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @arch_option
 def verify(directory, arch) -> None:
-    """Check every cubin's sha256 and target arch against the manifest."""
-    root = set_directory(directory, arch)
+    """Check every cubin's sha256 and target arch against the manifest (every arch's set of a root, without --arch)."""
+    path = Path(directory)
+    several = arch is None and not (path / "manifest.json").is_file() and len(list(path.glob("*/manifest.json"))) > 1
+    roots = sorted(p.parent for p in path.glob("*/manifest.json")) if several else [set_directory(directory, arch)]
+    failed = sum(_verify_set(root) for root in roots)
+    if failed:
+        _fail(f"{failed} variants failed verification")
+
+
+def _verify_set(root: Path) -> int:
+    """Verify one artifact set; print what failed (or one ok line) and return how many variants failed."""
     manifest = _read(root)
     want = {"sm90": "sm_90a", "sm100": "sm_100a"}.get(manifest["arch"])
     bad = []
@@ -210,8 +219,10 @@ def verify(directory, arch) -> None:
     for line in bad:
         click.echo(line, err=True)
     if bad:
-        _fail(f"{len(bad)} of {len(manifest['variants'])} variants failed verification")
-    click.echo(f"ok: {root}: {len(manifest['variants'])} variants, every cubin matches its sha256 and is {want}")
+        click.echo(f"{root}: {len(bad)} of {len(manifest['variants'])} variants failed verification", err=True)
+    else:
+        click.echo(f"ok: {root}: {len(manifest['variants'])} variants, every cubin matches its sha256 and is {want}")
+    return len(bad)
 
 
 @main.command()
