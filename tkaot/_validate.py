@@ -70,12 +70,9 @@ class Tensor(Record):
     # optional: bool = False
     # what: str = ""  # how the shape reads in an error ("(num_tokens, hidden)"); derived when empty
     # label: str = ""  # what errors call it ("out[0] (topk_idx)"); the name when empty
-    # dtypes naming no tensor name a bound value (a scalar or Let) holding the one dtype allowed; dtype_what
-    # says it in errors (f-string text, default "{<that name>}")
-    # dtype_what: str = ""
     # only_with: str = ""  # an optional tensor checked only when this earlier tensor is given (else taken as None)
-    __slots__ = _fields = ("name", "dtypes", "shapes", "layout", "align", "optional", "what", "label", "dtype_what", "only_with")
-    _defaults = {"layout": "rows", "align": 1, "optional": False, "what": "", "label": "", "dtype_what": "", "only_with": ""}
+    __slots__ = _fields = ("name", "dtypes", "shapes", "layout", "align", "optional", "what", "label", "only_with")
+    _defaults = {"layout": "rows", "align": 1, "optional": False, "what": "", "label": "", "only_with": ""}
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -206,12 +203,9 @@ def _source(sig: Signature) -> tuple[str, dict]:
         with `alt`, the shape alternative matched, whose dims are read by name or known."""
         n, label = t.name, t.label or t.name
         dtypes = t.dtypes
-        while isinstance(dtypes, str) and dtypes in by_name:
+        while isinstance(dtypes, str):
             dtypes = by_name[dtypes].dtypes
-        if isinstance(dtypes, str):  # a dtype bound by value: the width is read at run time
-            out(f"{ind}_vec = _VEC[t_{n}]")
-            vec = "_vec"
-        elif len({_VEC[d] for d in dtypes}) == 1:  # one vector width: a constant
+        if len({_VEC[d] for d in dtypes}) == 1:  # one vector width: a constant
             vec = str(_VEC[dtypes[0]])
         else:
             vec = "_vec"
@@ -289,10 +283,7 @@ def _source(sig: Signature) -> tuple[str, dict]:
             out(f"{ind}if d_{n} != device:")
             fail_line(ind, label, f"on the device of {first.label or first.name}", f"f'a tensor on {{{n}.device}}'")
         # dtype
-        if isinstance(t.dtypes, str) and t.dtypes not in by_name:  # a bound value holding the dtype
-            out(f"{ind}if t_{n} is not {t.dtypes}:")
-            fail_line(ind, label, f"f{(t.dtype_what or '{' + t.dtypes + '}')!r}", f"t_{n}", literal=False)
-        elif isinstance(t.dtypes, str):
+        if isinstance(t.dtypes, str):
             out(f"{ind}if t_{n} is not t_{t.dtypes}:")
             fail_line(ind, label, f"f'{{t_{t.dtypes}}} like {t.dtypes}'", f"t_{n}", literal=False)
         else:
@@ -302,7 +293,7 @@ def _source(sig: Signature) -> tuple[str, dict]:
                 env[key] = d
                 names.append(key)
             out(f"{ind}if {' and '.join(f't_{n} is not {k}' for k in names)}:")
-            fail_line(ind, label, t.dtype_what or _dtype_text(t.dtypes), f"t_{n}")
+            fail_line(ind, label, _dtype_text(t.dtypes), f"t_{n}")
         # shape
         shape_rules = placed.get(f"{n}.shape", [])
         if shape_rules and not isinstance(t.shapes, tuple):
