@@ -3,9 +3,10 @@
     python -m bench.host_compare OLD_TREE . [--rounds 3]
 
 Each tree's calls run in their own fresh process (that tree's tkaot, this checkout's bench code), the trees
-alternating round by round; each figure is bench.timing.host_us (median of 5 loops of 20,000 calls, device work
-queued, not awaited) of bench.host_overhead's 1-token cases, launched for real. Prints one JSON line per tree and
-round, then the median over rounds per op and tree.
+alternating round by round; each figure is bench.timing.host_us (median of 5 loops of 20,000 calls, timed in
+chunks of 200 with the device drained between chunks, so the launch queue never blocks) of bench.host_overhead's
+1-token cases, launched for real. Prints one JSON line per tree and round, then the median over rounds per op
+and tree.
 """
 
 from __future__ import annotations
