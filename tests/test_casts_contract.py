@@ -40,7 +40,7 @@ except ImportError:  # run as a test file: tests/ is not a package on the path
 RECORD = Path(__file__).resolve().parent / "data" / "casts_contract.jsonl"
 MODULES = ("tkaot._quant.casts", "tkaot._quant.weight_casts")
 # the per-call caches the cast modules keep (module name -> dict attributes), emptied before each call's first run
-HOT_PATHS = {"tkaot._quant.casts": ("_PTC_FAST",)}
+HOT_PATHS = {"tkaot._quant.casts": ("_PLANS",)}
 # ops that compute on the host: their returned values are recorded too (by hash)
 HOST_VALUES = {"unpack_from_e2m1fn_x2"}
 

@@ -53,7 +53,8 @@ def _dtype_text(dtypes: tuple) -> str:
 class Tensor(Record):
     """One tensor argument.
 
-    dtypes: the allowed torch dtypes, or the name of an earlier tensor whose dtype this one must have.
+    dtypes: the allowed torch dtypes, or the name of an earlier tensor whose dtype this one must have, or None for
+        any dtype (a Rule may then check t_<name>).
     shapes: alternatives by rank, each a tuple of dim names (bound at first sight, compared after; the
         signature's scalars and Lets are bound from the start) and ints; or the name of an earlier tensor
         whose shape this one must have; or None for any shape (a Rule may then check h_<name>).
@@ -77,6 +78,8 @@ class Tensor(Record):
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"{self.name}: layout must be one of {LAYOUTS}")
+        if self.dtypes is None and self.layout == "rows":
+            raise ValueError(f'{self.name}: a "rows" layout needs declared dtypes')
         if self.shapes is None and self.layout == "rows":
             raise ValueError(f'{self.name}: a "rows" layout needs declared shapes')
         if self.only_with and not self.optional:
@@ -283,7 +286,9 @@ def _source(sig: Signature) -> tuple[str, dict]:
             out(f"{ind}if d_{n} != device:")
             fail_line(ind, label, f"on the device of {first.label or first.name}", f"f'a tensor on {{{n}.device}}'")
         # dtype
-        if isinstance(t.dtypes, str):
+        if t.dtypes is None:  # any dtype: the signature's rules check it
+            pass
+        elif isinstance(t.dtypes, str):
             out(f"{ind}if t_{n} is not t_{t.dtypes}:")
             fail_line(ind, label, f"f'{{t_{t.dtypes}}} like {t.dtypes}'", f"t_{n}", literal=False)
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._validate import MAX_I32, Let, Rule, check_cuda, fail
+from tkaot._validate import MAX_I32, Let, Rule, Tensor, check_cuda, fail
 
 _FMT_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
 _IN_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
@@ -184,3 +184,122 @@ def _check_contiguous_input(op: str, x) -> int:
     if not x.is_contiguous():
         fail(op, "x", "contiguous", f"strides {x.stride()}")
     return device
+
+
+# ---- declared pieces: the input rules the casts share, as tkaot._validate data ------------------------------------
+# Each piece says what the hand checks above say, in the same words, so an op declared from them raises what it did.
+
+_F8 = torch.float8_e4m3fn
+_STRIDES = "f'strides {{s_{n}}}'"
+
+
+def data_tensor(n: str, label: str, dtypes, optional: bool = False) -> tuple:
+    """A (rows, cols) tensor whose rows are 16-byte aligned vectors (_check_data's rules), and its rules; dtypes a tuple,
+    or the name of a bound value holding the one dtype allowed."""
+    bound = isinstance(dtypes, str)
+    tensor = Tensor(n, None if bound else dtypes, None, layout="any", optional=optional, label=label)
+    strides = _STRIDES.format(n=n)
+    rules = (
+        *((Rule(label, f"t_{n} is {dtypes}", f"{{{dtypes}}}", actual=f"t_{n}", after=n),) if bound else ()),
+        Rule(label, f"len(h_{n}) == 2", "2-D (num_tokens, hidden)", actual=f"f'shape {{tuple(h_{n})}}'", after=n),
+        Rule(label, f"s_{n}[1] == 1 or h_{n}[1] <= 1", "contiguous in its last dimension", actual=strides, after=n),
+        Let(f"{n}_vec", f"16 // t_{n}.itemsize", after=n),
+        Rule(label, f"not (p_{n} % 16 or (h_{n}[0] > 1 and (s_{n}[0] % {n}_vec or s_{n}[0] > _MAX_I32)))",
+             f"16-byte aligned, with a row stride a multiple of {{{n}_vec}} elements",
+             actual=f"f'address {{p_{n}:#x}}, strides {{s_{n}}}'", after=n),
+    )  # fmt: skip
+    return tensor, rules
+
+
+def fmt_rule(at: str) -> Rule:
+    return Rule("fmt", "fmt == 'e4m3' or fmt == 'e2m1'", "'e4m3' or 'e2m1'", actual="repr(fmt)", after=at)
+
+
+def sf_kind_rules(at: str) -> tuple:
+    """_sf_kind's rules; binds kind."""
+    return (
+        Rule("use_packed_ue8m0", "round_sf or not use_packed_ue8m0", SF_PACKED_RULE.expected, actual="'round_sf=False'", after=at),
+        Rule("use_e4m3_sf", "not (round_sf and use_e4m3_sf)", "False when round_sf=True", actual="'both True'", after=at),
+        Let("kind", "'ue8m0' if use_packed_ue8m0 else 'pow2' if round_sf else 'e4m3' if use_e4m3_sf else 'fp32'", after=at),
+    )
+
+
+def block_rules(arg: str, value: str, allowed: tuple, at: str, given: bool = False) -> tuple:
+    """`arg` is a pair of ints among `allowed` (_check_block; given: not None, for a pre-quantized input), bound as `value`."""
+    rules = (Rule(arg, f"{arg} is not None", "given for a pre-quantized (data, sf) input", actual="None", after=at),) if given else ()
+    return (
+        *rules,
+        Rule(arg, f"isinstance({arg}, (tuple, list)) and len({arg}) == 2 and all(isinstance(b, int) for b in {arg})",
+             "a pair of ints", actual=f"repr({arg})", after=at),
+        Let(value, f"(int({arg}[0]), int({arg}[1]))", after=at),
+        Rule(arg, f"{value} in {allowed!r}", f"one of {list(allowed)}", actual=value, after=at),
+    )  # fmt: skip
+
+
+def sf_tensor(n: str, label: str, optional: bool = True) -> Tensor:
+    """A caller's scale-factor tensor of sf_dtype (a bound value, checked by sf_dtype_rule); its shape and layout are sf_rules'."""
+    return Tensor(n, None, None, layout="any", optional=optional, label=label)
+
+
+def sf_dtype_rule(n: str, label: str) -> Rule:
+    return Rule(label, f"t_{n} is sf_dtype", "{sf_dtype} (sf kind {kind})", actual=f"t_{n}", after=n)
+
+
+def sf_rules(n: str, label: str, rows: str, cols: str, layout: str, kind: str) -> tuple:
+    """_check_sf's rules for a scale-factor tensor `n` of logical grid (rows, cols) (cols counted in the kind's
+    elements), `layout` an expression of the layout wanted, or "" for the one found (TileKernels' rule: unit token
+    stride and a non-unit channel stride is column-major). Binds <n>_layout and <n>_stride (the kernel's row stride)."""
+    s, lay = f"s_{n}", f"{n}_layout"
+    found = f"('col' if len({s}) == 2 and {s}[0] == 1 and {s}[1] != 1 else 'row')"
+    strides = _STRIDES.format(n=n)
+    rules = [Rule(label, f"tuple(h_{n}) == ({rows}, {cols})", f"of shape {{({rows}, {cols})}}", actual=f"tuple(h_{n})", after=n)]
+    if layout:
+        rules.append(Rule(label, f"{rows} <= 1 or {cols} <= 1 or {found} == {layout}",
+                          "{'column-major (stride (1, >= num_tokens))' if " + layout + " == 'col' else 'row-major (stride (>= cols, 1))'}",
+                          actual=strides, after=n))  # fmt: skip
+    return (
+        *rules,
+        Let(lay, layout or found, after=n),
+        Rule(label, f"{rows} <= 1 or {cols} <= 1 or ({s}[1] == 1 and {s}[0] >= {cols} if {lay} == 'row'"
+                    f" else {s}[0] == 1 and {s}[1] >= {rows})",
+             "{'row-major with unit channel stride' if " + lay + " == 'row' else 'column-major with unit token stride'}",
+             actual=strides, after=n),
+        Rule(label, f"max({s}) * 4 <= _MAX_I32", "strided below 2**29 elements", actual=strides, after=n),
+        Let(f"{n}_stride", f"({s}[0] if {lay} == 'row' else {s}[1]) * (4 if {kind} == 'ue8m0' else 1)", after=n),
+    )  # fmt: skip
+
+
+_SF_KIND_OF = "('fp32' if t_x_sf is torch.float32 else 'ue8m0' if t_x_sf is torch.int32 else 'e4m3')"
+
+
+def pair_tensors(block: str = "block", block_rules_: tuple = ()) -> tuple:
+    """A pre-quantized input's data ("x[0]") and sf ("x[1]") (_quantized_input's rules, block_rules_ between them, which
+    bind `block`): binds num_tokens, hidden (logical), in_kind, x_sf_layout, x_sf_stride, in_dtype, in_block and in_sf."""
+    data, data_rules = data_tensor("x_data", "x[0]", (_F8, torch.int8))
+    sf = Tensor("x_sf", None, None, layout="any", label="x[1]")
+    rules = (
+        *data_rules,
+        *block_rules_,
+        Rule("x[1]", f"len(h_x_sf) == 2 and t_x_sf in {(torch.float32, _F8, torch.int32)!r}",
+             "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor", actual="f'{t_x_sf} of shape {tuple(h_x_sf)}'",
+             after="x_sf"),
+        Let("num_tokens", "h_x_data[0]", after="x_sf"),
+        Let("hidden", "2 * h_x_data[1] if t_x_data is torch.int8 else h_x_data[1]", after="x_sf"),
+        Rule("x[0]", f"hidden % {block}[1] == 0", f"a multiple of {{{block}[1]}} channels wide (x_block_size={{{block}}})",
+             actual="f'{hidden} channels'", after="x_sf"),
+        Let("in_kind", _SF_KIND_OF, after="x_sf"),
+        Let("sf_rows", f"-(-num_tokens // {block}[0])", after="x_sf"),
+        Let("in_cols", f"-(-(hidden // {block}[1]) // 4) if in_kind == 'ue8m0' else hidden // {block}[1]", after="x_sf"),
+        *sf_rules("x_sf", "x[1]", "sf_rows", "in_cols", "", "in_kind"),
+        Let("in_dtype", "'e2m1' if t_x_data is torch.int8 else 'e4m3'", after="x_sf"),
+        Let("in_block", f"f'{{{block}[0]}}x{{{block}[1]}}'", after="x_sf"),
+        Let("in_sf", "in_kind + ('_col' if x_sf_layout == 'col' else '')", after="x_sf"),
+    )  # fmt: skip
+    return (data, sf), rules
+
+
+def pair(op: str, x) -> tuple:
+    """The (data, sf) of a pre-quantized input."""
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
+    return x

@@ -19,6 +19,7 @@ import torch
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.cast_common import (
     _FMT_DTYPE,
+    _IN_BLOCKS,
     _IN_NAMES,
     _SF_DTYPE,
     _SF_ITEM_BYTES,
@@ -26,16 +27,23 @@ from tkaot._quant.cast_common import (
     _ceil_div,
     _check_block,
     _check_contiguous_input,
-    _check_data,
     _check_fmt,
     _check_given_outputs,
     _quantized_input,
     _sf_cols,
     _sf_kernel_stride,
     _sf_kind,
+    block_rules,
+    data_tensor,
+    pair,
+    pair_tensors,
+    sf_dtype_rule,
+    sf_kind_rules,
+    sf_rules,
+    sf_tensor,
 )
 from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
-from tkaot._validate import MAX_I32, check_cuda, fail
+from tkaot._validate import MAX_I32, Let, Rule, Signature, check_cuda, fail, lazy_checker
 
 __all__ = [
     "cast",
@@ -62,56 +70,116 @@ _CAST_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 _CAST_BACK = {op: OpKernels(op, CAST_BACK) for op in CAST_BACK.ops}
 
 
-def _per_token_impl(op, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
-                    stochastic_cast, mode, sf=None, out_x=None, out_sf=None):  # fmt: skip
-    _check_fmt(op, fmt)
-    if num_per_channels not in _GROUPS:
-        fail(op, "num_per_channels", f"one of {list(_GROUPS)}", repr(num_per_channels))
-    kind = _sf_kind(op, round_sf, use_packed_ue8m0, use_e4m3_sf)
-    layout = "col" if use_tma_aligned_col_major_sf else "row"
-    if isinstance(x, torch.Tensor):
-        device = _check_data(op, "x", x, (torch.bfloat16, torch.float32))
-        if x_block_size is not None:
-            fail(op, "x_block_size", "None for a bf16/fp32 input", repr(x_block_size))
-        data, in_sf_t, in_dtype, in_block, in_sf, hidden = x, None, _IN_NAMES[x.dtype], "none", "none", x.shape[1]
-        in_sf_stride = 0
-    else:
-        device, data, in_sf_t, in_dtype, block, in_sf, hidden, in_layout, in_kind = _quantized_input(op, x, x_block_size)
-        in_block = f"{block[0]}x{block[1]}"
-        in_sf_stride = _sf_kernel_stride(in_sf_t, in_kind, in_layout)
-    num_tokens = data.shape[0]
-    if hidden % 64 or hidden % num_per_channels:
-        fail(op, "x", f"a multiple of 64 and of num_per_channels={num_per_channels} channels wide", f"{hidden} channels")
-    if num_tokens * hidden // 4 > MAX_I32:
-        fail(op, "x", "fewer than 2**33 elements", f"shape {tuple(data.shape)}")
-    groups = hidden // num_per_channels
-    out_dtype = _FMT_DTYPE[fmt]
-    out_cols = hidden // 2 if fmt == "e2m1" else hidden
+# ---- per-token casts and cast backs: inputs declared once (tkaot._validate), one checker each ------------------------
 
-    out_sf = _check_given_outputs(
-        op, mode, sf, out_sf, out_x, device, (num_tokens, groups), kind, layout, out_dtype, (num_tokens, out_cols),
-        lambda t: num_tokens <= 1 or t.stride(0) == out_cols,
+# What every per-token checker returns, by name: each signature binds these, and _per_token unpacks them in this order
+_PT_RETURNS = (
+    "device", "num_tokens", "hidden", "groups", "out_cols", "kind", "layout", "x_ptr", "x_stride", "in_sf_ptr", "in_sf_stride",
+    "in_dtype", "in_block", "in_sf", "sf_stride",
+)  # fmt: skip
+_PT_SCALARS = ("fmt", "num_per_channels", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0", "use_e4m3_sf")
+_X, _X_RULES = data_tensor("x", "x", (torch.bfloat16, torch.float32))
+_X_LETS = (
+    Let("num_tokens", "h_x[0]", after="x"),
+    Let("hidden", "h_x[1]", after="x"),
+    Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", "fewer than 2**33 elements", actual="f'shape {tuple(h_x)}'", after="x"),
+)
+# per_token_cast's hot path: x alone, with every rule that reads a per-call value (the rest hold for a plan's key)
+PER_TOKEN_X = Signature(
+    "tkaot.quant.per_token_cast", tensors=(_X,), rules=(*_X_RULES, *_X_LETS),
+    returns=("device", "t_x", "num_tokens", "hidden", "p_x", "s_x[0]"),
+)  # fmt: skip
+# a mode's caller tensors after the input: (name, label) of its sf tensor, label of its data buffer
+_GIVEN_SF = {"cast": ("out_sf", "out[1]"), "sf_only": ("out_sf", "out_sf"), "precomputed_sf": ("sf", "sf")}
+_GIVEN_DATA = {"cast": "out[0]", "precomputed_sf": "out"}
+
+
+def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
+    """A per-token cast's inputs: x (quantized: its (data, sf) pair), then the caller's tensors of the mode."""
+    if quantized:
+        inputs, rules = pair_tensors("block", block_rules("x_block_size", "block", _IN_BLOCKS, "x_data", given=True))
+        first, last = "x_data", "x_sf"
+        rules += (
+            Let("x_ptr", "p_x_data", after=last), Let("x_stride", "s_x_data[0]", after=last),
+            Let("in_sf_ptr", "p_x_sf", after=last), Let("in_sf_stride", "x_sf_stride", after=last),
+        )  # fmt: skip
+    else:
+        inputs, first, last = (_X,), "x", "x"
+        rules = (
+            *_X_RULES, *_X_LETS[:2],
+            Rule("x_block_size", "x_block_size is None", "None for a bf16/fp32 input", actual="repr(x_block_size)", after="x"),
+            Let("x_ptr", "p_x", after="x"), Let("x_stride", "s_x[0]", after="x"), Let("in_sf_ptr", "0", after="x"),
+            Let("in_sf_stride", "0", after="x"), Let("in_dtype", "'bfloat16' if t_x is torch.bfloat16 else 'float32'", after="x"),
+            Let("in_block", "'none'", after="x"), Let("in_sf", "'none'", after="x"),
+        )  # fmt: skip
+    limit = "f'shape {tuple(h_" + first + ")}'"
+    rules += (
+        Rule("fmt", "fmt in ('e4m3', 'e2m1')", "'e4m3' or 'e2m1'", actual="repr(fmt)", after=last),
+        Rule("num_per_channels", f"num_per_channels in {_GROUPS!r}", f"one of {list(_GROUPS)}", actual="repr(num_per_channels)",
+             after=last),
+        *sf_kind_rules(last),
+        Let("layout", "'col' if use_tma_aligned_col_major_sf else 'row'", after=last),
+        Rule("x", "hidden % 64 == 0 and hidden % num_per_channels == 0",
+             "a multiple of 64 and of num_per_channels={num_per_channels} channels wide", actual="f'{hidden} channels'", after=last),
+        Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", "fewer than 2**33 elements", actual=limit, after=last),
+        Let("groups", "hidden // num_per_channels", after=last),
+        Let("out_dtype", "torch.int8 if fmt == 'e2m1' else torch.float8_e4m3fn", after=last),
+        Let("out_cols", "hidden // 2 if fmt == 'e2m1' else hidden", after=last),
+        Let("sf_dtype", "_SF_DTYPE[kind]", after=last),
+        Let("sf_cols", "-(-groups // 4) if kind == 'ue8m0' else groups", after=last),
+    )  # fmt: skip
+    given: tuple = ()
+    if mode == "precomputed_sf":
+        rules += (Rule("sf", "layout == 'row' and kind != 'ue8m0'",
+                       "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
+                       actual="f'layout {layout}, kind {kind}'", after=last),)  # fmt: skip
+    if mode in _GIVEN_SF:
+        n, label = _GIVEN_SF[mode]
+        given += (sf_tensor(n, label, optional=mode != "precomputed_sf"),)
+        layout = "'row'" if mode == "precomputed_sf" else "layout"
+        rules += (sf_dtype_rule(n, label), *sf_rules(n, label, "num_tokens", "sf_cols", layout, "kind"))
+        rules += (Let("sf_stride", f"{n}_stride", after=n),)
+    if mode in _GIVEN_DATA:
+        label = _GIVEN_DATA[mode]
+        data, data_rules = data_tensor("out_x", label, "out_dtype", optional=True)
+        given += (data,)
+        rules += (*data_rules, Rule(label, "tuple(h_out_x) == (num_tokens, out_cols) and (num_tokens <= 1 or s_out_x[0] == out_cols)",
+                                    "contiguous of shape {(num_tokens, out_cols)}", actual="f'shape {tuple(h_out_x)}, strides {s_out_x}'",
+                                    after="out_x"))  # fmt: skip
+    return Signature(
+        op, tensors=(*inputs, *given), rules=rules, scalars=_PT_SCALARS, defaults={"sf_stride": 0}, env={"_SF_DTYPE": _SF_DTYPE},
+        returns=_PT_RETURNS,
     )  # fmt: skip
 
-    launcher = _PER_TOKEN[op].get(
-        device, hidden, in_dtype, in_block, in_sf, fmt, num_per_channels, kind, layout, mode, bool(stochastic_cast)
-    )
+
+_MODES = dict(zip(PER_TOKEN_CAST.ops, ("cast", "sf_only", "precomputed_sf", "round_trip")))
+PER_TOKEN_SIGNATURES = {op: _per_token_signature(op, mode, False) for op, mode in _MODES.items()}
+# a (data, sf) pair: per_token_cast's input; the other per-token ops refuse it by its rules (x_block_size must be given)
+PER_TOKEN_QUANTIZED = {op: _per_token_signature(op, "cast", True) for op in _MODES if op != "tkaot.quant.per_token_cast_and_cast_back"}
+
+
+def _per_token(op, mode, x, fmt, group, x_block_size, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic, sf, out_x, out_sf):
+    """Every per-token cast: check (its declared signature), pick the variant, allocate what was not given, launch."""
+    scalars = (fmt, group, x_block_size, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if isinstance(x, torch.Tensor) or mode == "round_trip":
+        data = x
+        given = {"cast": (out_sf, out_x), "sf_only": (out_sf,), "precomputed_sf": (sf, out_x), "round_trip": ()}[mode]
+        checked = PER_TOKEN_SIGNATURES[op].checker()(x, *given, *scalars)
+    else:
+        data, in_sf_t = pair(op, x)
+        checked = PER_TOKEN_QUANTIZED[op].checker()(data, in_sf_t, out_sf, out_x, *scalars)
+    (device, num_tokens, hidden, groups, out_cols, kind, layout, x_ptr, x_stride, in_sf_ptr, in_sf_stride, in_dtype, in_block, in_sf,
+     sf_stride) = checked  # fmt: skip
+    launcher = _PER_TOKEN[op].get(device, hidden, in_dtype, in_block, in_sf, fmt, group, kind, layout, mode, bool(stochastic))
+    if mode == "precomputed_sf":
+        out_sf = sf
     if out_x is None and mode != "sf_only":
-        out_x = torch.empty((num_tokens, out_cols), dtype=out_dtype, device=data.device)
+        out_x = torch.empty((num_tokens, out_cols), dtype=_FMT_DTYPE[fmt], device=data.device)
     if out_sf is None:
         out_sf = _alloc_sf(num_tokens, groups, kind, layout, data.device)
-    launcher(
-        device,
-        current_stream(device),
-        data.data_ptr(),
-        in_sf_t.data_ptr() if in_sf_t is not None else 0,
-        out_x.data_ptr() if out_x is not None else 0,
-        out_sf.data_ptr(),
-        num_tokens,
-        data.stride(0),
-        in_sf_stride,
-        _sf_kernel_stride(out_sf, kind, layout),
-    )
+        sf_stride = _sf_kernel_stride(out_sf, kind, layout)
+    out_ptr = out_x.data_ptr() if out_x is not None else 0
+    launcher(device, current_stream(device), x_ptr, in_sf_ptr, out_ptr, out_sf.data_ptr(), num_tokens, x_stride, in_sf_stride, sf_stride)
     if mode == "sf_only":
         return out_sf
     if mode == "precomputed_sf":
@@ -150,76 +218,48 @@ def per_token_cast(
         (data, sf): data (num_tokens, hidden) float8_e4m3fn or (num_tokens, hidden // 2) int8;
         sf (num_tokens, hidden // num_per_channels) [int32: ceil of that / 4].
     """
-    if out is None and x_block_size is None:
-        # Hot path: a bf16/fp32 tensor whose static values were seen before. Each tensor property is
-        # read once and checked in one expression; anything unusual takes the full path below.
-        try:
-            device, dtype, shape, xs, x_ptr = x.get_device(), x.dtype, x.shape, x.stride(), x.data_ptr()
-            fast = _PTC_FAST.get(
-                (device, dtype, shape[-1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                 use_e4m3_sf, stochastic_cast)
-            )  # fmt: skip
-        except (AttributeError, TypeError, IndexError):
-            fast = None
-        if fast is not None and len(xs) == 2 and xs[1] == 1 and not x_ptr % 16:
-            launcher, out_dtype, out_cols, sf_dtype, sf_cols, sf_scale, sf_align, row_align = fast
-            num_tokens = shape[0]
-            if (xs[0] % row_align == 0 or num_tokens <= 1) and xs[0] <= MAX_I32 and 0 < num_tokens <= _PTC_MAX_TOKENS[shape[1]]:
-                data = torch.empty(num_tokens, out_cols, dtype=out_dtype, device=x.device)
-                if sf_align:  # column-major, token stride padded to 16 bytes
-                    pitch = max(-(-num_tokens // sf_align) * sf_align, 1)
-                    sf = torch.empty(sf_cols, pitch, dtype=sf_dtype, device=x.device).as_strided((num_tokens, sf_cols), (1, pitch))
-                    sf_stride = pitch * sf_scale
-                else:
-                    sf = torch.empty(num_tokens, sf_cols, dtype=sf_dtype, device=x.device)
-                    sf_stride = sf_cols * sf_scale
-                launcher(device, current_stream(device), x_ptr, 0, data.data_ptr(), sf.data_ptr(), num_tokens, xs[0], 0, sf_stride)
-                return data, sf
+    if out is None and x_block_size is None and isinstance(x, torch.Tensor):
+        # hot path: x's per-call rules, then its static values: a plan's key, entered once they passed every rule
+        device, dtype, num_tokens, hidden, x_ptr, x_stride = _check_x(x)
+        plan = _PLANS.get(
+            (device, dtype, hidden, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+             stochastic_cast)
+        )  # fmt: skip
+        if plan is None:
+            plan = _plan(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+        launcher, out_dtype, out_cols, sf_dtype, sf_cols, sf_scale, sf_align = plan
+        data = torch.empty(num_tokens, out_cols, dtype=out_dtype, device=x.device)
+        if sf_align:  # column-major, token stride padded to 16 bytes
+            pitch = max(-(-num_tokens // sf_align) * sf_align, 1)
+            sf = torch.empty(sf_cols, pitch, dtype=sf_dtype, device=x.device).as_strided((num_tokens, sf_cols), (1, pitch))
+            sf_stride = pitch * sf_scale
+        else:
+            sf = torch.empty(num_tokens, sf_cols, dtype=sf_dtype, device=x.device)
+            sf_stride = sf_cols * sf_scale
+        launcher(device, current_stream(device), x_ptr, 0, data.data_ptr(), sf.data_ptr(), num_tokens, x_stride, 0, sf_stride)
+        return data, sf
     out_x, out_sf = (None, None) if out is None else out
-    result = _per_token_impl(
-        "tkaot.quant.per_token_cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-        round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, "cast", out_x=out_x, out_sf=out_sf,
+    return _per_token("tkaot.quant.per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                      round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, None, out_x, out_sf)  # fmt: skip
+
+
+_check_x = lazy_checker(PER_TOKEN_X, globals(), "_check_x")
+# per_token_cast's plans: (device, dtype, hidden, fmt, num_per_channels, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf,
+# stochastic_cast) -> what its hot path needs; a key is entered after the full signature accepted a call with it
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan(x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic) -> tuple:
+    """Check a bf16/fp32 per_token_cast without out by its full signature, and enter its plan for the hot path."""
+    op = "tkaot.quant.per_token_cast"
+    (device, _, hidden, groups, out_cols, kind, layout, _, _, _, _, in_dtype, _, _, _) = PER_TOKEN_SIGNATURES[op].checker()(
+        x, None, None, fmt, group, None, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf
     )  # fmt: skip
-    if x_block_size is None:
-        _remember_per_token_cast(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
-                                 stochastic_cast)  # fmt: skip
-    return result
-
-
-# (device, dtype, hidden, fmt, group, *flags) -> what per_token_cast's hot path needs, filled after a full-path call succeeds
-_PTC_FAST: dict[tuple, tuple] = {}
-
-
-class _MaxTokens(dict):
-    """hidden -> the most tokens a cast of that width may have (the kernel's index range)."""
-
-    def __missing__(self, hidden: int) -> int:
-        return (4 * MAX_I32 + 3) // hidden  # num_tokens * hidden // 4 <= MAX_I32
-
-
-_PTC_MAX_TOKENS = _MaxTokens()
-
-
-def _remember_per_token_cast(x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic) -> None:
-    """Record a validated bf16/fp32 per_token_cast's static values for the hot path."""
-    hidden = x.shape[1]
-    kind = _sf_kind("tkaot.quant.per_token_cast", round_sf, use_packed_ue8m0, use_e4m3_sf)
-    layout = "col" if col_major else "row"
-    device = x.get_device()
-    launcher = _PER_TOKEN["tkaot.quant.per_token_cast"].get(
-        device, hidden, _IN_NAMES[x.dtype], "none", "none", fmt, group, kind, layout, "cast", bool(stochastic)
-    )
-    sf_align = 16 // _SF_ITEM_BYTES[kind] if layout == "col" else 0
-    _PTC_FAST[(device, x.dtype, hidden, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic)] = (
-        launcher,
-        _FMT_DTYPE[fmt],
-        hidden // 2 if fmt == "e2m1" else hidden,
-        _SF_DTYPE[kind],
-        _sf_cols(hidden // group, kind),
-        4 if kind == "ue8m0" else 1,
-        sf_align,
-        16 // x.element_size(),
-    )
+    launcher = _PER_TOKEN[op].get(device, hidden, in_dtype, "none", "none", fmt, group, kind, layout, "cast", bool(stochastic))
+    plan = (launcher, _FMT_DTYPE[fmt], out_cols, _SF_DTYPE[kind], _sf_cols(groups, kind), 4 if kind == "ue8m0" else 1,
+            16 // _SF_ITEM_BYTES[kind] if layout == "col" else 0)  # fmt: skip
+    _PLANS[(device, x.dtype, hidden, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic)] = plan
+    return plan
 
 
 def per_token_cast_with_sf_only(
@@ -233,10 +273,8 @@ def per_token_cast_with_sf_only(
     out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The scale factors per_token_cast would return, without writing the data."""
-    return _per_token_impl(
-        "tkaot.quant.per_token_cast_with_sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
-        round_sf, use_packed_ue8m0, use_e4m3_sf, False, "sf_only", out_sf=out_sf,
-    )  # fmt: skip
+    return _per_token("tkaot.quant.per_token_cast_with_sf_only", "sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
+                      round_sf, use_packed_ue8m0, use_e4m3_sf, False, None, None, out_sf)  # fmt: skip
 
 
 def per_token_cast_with_precomputed_sf(
@@ -255,10 +293,8 @@ def per_token_cast_with_precomputed_sf(
     sf is (num_tokens, hidden // num_per_channels), float32 (float8_e4m3fn with use_e4m3_sf).
     With round_sf and a bf16 input, 1 / sf is rounded to bf16 first (as TileKernels does).
     """
-    return _per_token_impl(
-        "tkaot.quant.per_token_cast_with_precomputed_sf", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
-        round_sf, use_packed_ue8m0, use_e4m3_sf, False, "precomputed_sf", sf=sf, out_x=out,
-    )  # fmt: skip
+    return _per_token("tkaot.quant.per_token_cast_with_precomputed_sf", "precomputed_sf", x, fmt, num_per_channels, None,
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, False, sf, out, None)  # fmt: skip
 
 
 def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False, use_e4m3_sf: bool = False):
@@ -268,12 +304,8 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
     otherwise). The scale factors are those of per_token_cast (round_sf: powers of two; use_e4m3_sf:
     rounded to E4M3). Returns None.
     """
-    op = "tkaot.quant.per_token_cast_and_cast_back"
-    if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float32) and x.dim() == 2 and x.shape[1] > 0 and x.stride(1) != 1:
-        fail(op, "x", "contiguous in its last dimension", f"strides {x.stride()}")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
-    _per_token_impl(op, x, fmt, num_per_channels, None, False, round_sf, False, use_e4m3_sf, False, "round_trip")
+    _per_token("tkaot.quant.per_token_cast_and_cast_back", "round_trip", x, fmt, num_per_channels, None, False, round_sf, False,
+               use_e4m3_sf, False, None, None, None)  # fmt: skip
 
 
 def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | None = None) -> torch.Tensor:
@@ -282,32 +314,42 @@ def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | N
     data is float8_e4m3fn or packed E2M1 int8; sf float32, int32 (packed UE8M0) or
     float8_e4m3fn, row- or column-major, one per x_block_size block.
     """
-    return _cast_back_impl("tkaot.quant.cast_back", x, fmt, x_block_size, x_special_fmt)
+    return _cast_back("tkaot.quant.cast_back", x, fmt, x_block_size, x_special_fmt)
 
 
 def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt: str | None = None) -> torch.Tensor:
     """cast_back with scale blocks of (1, num_per_channels)."""
-    return _cast_back_impl("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
+    return _cast_back("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
 
 
-def _cast_back_impl(op, x, fmt, x_block_size, x_special_fmt):
-    if fmt not in ("bf16", "fp32"):
-        fail(op, "fmt", "'bf16' or 'fp32'", repr(fmt))
-    if x_special_fmt is not None:
-        fail(op, "x_special_fmt", "None (no special formats exist)", repr(x_special_fmt))
-    device, data, sf, in_dtype, block, in_sf, hidden, layout, kind = _quantized_input(op, x, x_block_size)
-    if hidden % 64:
-        fail(op, "x[0]", "a multiple of 64 channels wide", f"{hidden} channels")
-    num_tokens = data.shape[0]
-    if num_tokens * hidden // 16 > MAX_I32:
-        fail(op, "x[0]", "fewer than 2**35 elements", f"shape {tuple(data.shape)}")
-    out_dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
-    launcher = _CAST_BACK[op].get(device, hidden, in_dtype, f"{block[0]}x{block[1]}", in_sf, "bfloat16" if fmt == "bf16" else "float32")
-    out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
-    launcher(
-        device, current_stream(device), data.data_ptr(), sf.data_ptr(), out.data_ptr(), num_tokens, data.stride(0),
-        _sf_kernel_stride(sf, kind, layout),
+def _cast_back_signature(op: str) -> Signature:
+    """A cast back's inputs: the (data, sf) pair, one sf per x_block_size block."""
+    inputs, rules = pair_tensors("block", block_rules("x_block_size", "block", _IN_BLOCKS, "x_data", given=True))
+    return Signature(
+        op, tensors=inputs, scalars=("fmt", "x_block_size", "x_special_fmt"),
+        rules=(
+            *rules,
+            Rule("fmt", "fmt in ('bf16', 'fp32')", "'bf16' or 'fp32'", actual="repr(fmt)", after="x_sf"),
+            Rule("x_special_fmt", "x_special_fmt is None", "None (no special formats exist)", actual="repr(x_special_fmt)", after="x_sf"),
+            Rule("x[0]", "hidden % 64 == 0", "a multiple of 64 channels wide", actual="f'{hidden} channels'", after="x_sf"),
+            Rule("x[0]", "num_tokens * hidden // 16 <= _MAX_I32", "fewer than 2**35 elements", actual="f'shape {tuple(h_x_data)}'",
+                 after="x_sf"),
+        ),
+        returns=("device", "num_tokens", "hidden", "in_dtype", "in_block", "in_sf", "p_x_data", "p_x_sf", "s_x_data[0]", "x_sf_stride"),
     )  # fmt: skip
+
+
+CAST_BACK_SIGNATURES = {op: _cast_back_signature(op) for op in CAST_BACK.ops}
+
+
+def _cast_back(op, x, fmt, x_block_size, x_special_fmt):
+    data, sf = pair(op, x)
+    device, num_tokens, hidden, in_dtype, in_block, in_sf, data_ptr, sf_ptr, data_stride, sf_stride = CAST_BACK_SIGNATURES[op].checker()(
+        data, sf, fmt, x_block_size, x_special_fmt
+    )  # fmt: skip
+    launcher = _CAST_BACK[op].get(device, hidden, in_dtype, in_block, in_sf, "bfloat16" if fmt == "bf16" else "float32")
+    out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16 if fmt == "bf16" else torch.float32, device=data.device)
+    launcher(device, current_stream(device), data_ptr, sf_ptr, out.data_ptr(), num_tokens, data_stride, sf_stride)
     return out
 
 
