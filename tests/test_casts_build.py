@@ -15,6 +15,7 @@ from build_tools.build import build_variants
 from build_tools.compile import BuildError, compile_variant
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
+from tkaot._quant import block_casts as _block_casts
 from tkaot._quant import casts as _casts
 from tkaot._spec import LaunchSpec
 from tkaot.errors import NoGPUError
@@ -119,7 +120,7 @@ def FP8(*shape):
         (lambda q: q.per_token_cast(meta(4, 512), "e5m2", 128), "fmt must be 'e4m3' or 'e2m1'"),
         (lambda q: q.per_token_cast(meta(4, 512), "e4m3", 48), "num_per_channels must be one of"),
         (lambda q: q.per_token_cast(meta(4, 576), "e4m3", 128), "multiple of 64 and of num_per_channels=128"),
-        (lambda q: q.per_token_cast(meta(4, 516)[:, :512], "e4m3", 128), "row stride a multiple of 8"),
+        (lambda q: q.per_token_cast(meta(4, 516)[:, :512], "e4m3", 128), "strided in multiples of 8 elements"),
         (lambda q: q.per_token_cast(meta(512), "e4m3", 128), "2-D"),
         (lambda q: q.per_token_cast(meta(4, 512), "e4m3", 128, use_packed_ue8m0=True), "round_sf=True"),
         (lambda q: q.per_token_cast(meta(4, 512), "e4m3", 128, round_sf=True, use_e4m3_sf=True), "use_e4m3_sf must be False"),
@@ -135,7 +136,7 @@ def FP8(*shape):
         (lambda q: q.per_token_cast(meta(4, 512), "e4m3", 128, out=(meta(4, 512, dtype=torch.float8_e4m3fn), F32(4, 3))),
          r"out\[1\] must be of shape \(4, 4\)"),
         (lambda q: q.per_token_cast(meta(4, 512), "e2m1", 32, out=(meta(4, 512, dtype=torch.int8), F32(4, 16))),
-         r"out\[0\] must be contiguous of shape \(4, 256\)"),
+         r"out\[0\] must be of shape \(4, 256\)"),
         (lambda q: q.per_token_cast_with_precomputed_sf(meta(4, 512), "e4m3", 128, F32(4, 4).t().contiguous().t()),
          "row-major"),
         (lambda q: q.per_token_cast_with_precomputed_sf(meta(4, 512), "e4m3", 128, meta(4, 4, dtype=torch.int32), round_sf=True,
@@ -194,7 +195,7 @@ def test_signatures_match_tile_kernels():
     if not path.exists():
         pytest.skip("no TileKernels API listing beside the checkout")
     api = json.loads(path.read_text())
-    for name in _casts.__all__:
+    for name in (*_casts.__all__, *_block_casts.__all__):
         params = list(inspect.signature(getattr(tkaot.quant, name)).parameters)
         assert api[f"quant.{name}"]["params"] == params, name
 

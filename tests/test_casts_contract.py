@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import tkaot._quant.casts  # noqa: F401  (the modules recording() patches)
+import tkaot._quant.block_casts  # noqa: F401  (the modules recording() patches)
+import tkaot._quant.casts  # noqa: F401
 import tkaot._quant.weight_casts  # noqa: F401
 import tkaot.quant
 from tkaot import _op
@@ -38,11 +39,17 @@ except ImportError:  # run as a test file: tests/ is not a package on the path
     from casts_corpus import ALL, Call
 
 RECORD = Path(__file__).resolve().parent / "data" / "casts_contract.jsonl"
-MODULES = ("tkaot._quant.casts", "tkaot._quant.weight_casts")
+MODULES = ("tkaot._quant.casts", "tkaot._quant.block_casts", "tkaot._quant.weight_casts")
 # the per-call caches the cast modules keep (module name -> dict attributes), emptied before each call's first run
 HOT_PATHS = {"tkaot._quant.casts": ("_PLANS",)}
 # ops that compute on the host: their returned values are recorded too (by hash)
 HOST_VALUES = {"unpack_from_e2m1fn_x2"}
+# Deliberate differences from the verified record: call id -> what it raises now, and why
+CHANGED = {
+    "per_channel_cast/bad-x-list": ("TypeError", "x is neither a tensor nor a (data, sf) pair, and num_per_channels is None: "
+                                                 "the error names x (the pair is read first) where it named num_per_channels"),
+    "per_channel_cast/bad-x-none": ("TypeError", "as per_channel_cast/bad-x-list"),
+}  # fmt: skip
 
 
 class Recorder:
@@ -194,6 +201,10 @@ def comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "message"}
 
 
+def expected_now(call_id: str, record: dict) -> dict:
+    return {"raises": CHANGED[call_id][0]} if call_id in CHANGED else comparable(record)
+
+
 @pytest.fixture(scope="module")
 def verified() -> dict[str, dict]:
     return {r.pop("id"): r for r in map(json.loads, RECORD.read_text().splitlines())}
@@ -205,7 +216,7 @@ def test_calls_match_the_verified_record(group, verified):
     ops = {i.split("/")[0] for i in got}
     expected = {k: v for k, v in verified.items() if k.split("/")[0] in ops}
     assert sorted(got) == sorted(expected), "the corpus and the record list different calls: rewrite the record from verified code"
-    wrong = [(i, expected[i], got[i]) for i in got if comparable(got[i]) != comparable(expected[i])]
+    wrong = [(i, expected[i], got[i]) for i in got if comparable(got[i]) != expected_now(i, expected[i])]
     shown = "\n".join(f"{i}\n  verified: {json.dumps(e)}\n  now:      {json.dumps(g)}" for i, e, g in wrong[:8])
     assert not wrong, f"{len(wrong)} of {len(got)} calls differ from the verified record:\n{shown}"
 

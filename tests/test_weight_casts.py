@@ -16,7 +16,7 @@ from build_tools.build import build_variants
 from build_tools.compile import BuildError, compile_variant
 from build_tools.ops import Variant
 from tkaot._kernel import Kernel
-from tkaot._quant import casts as _casts
+from tkaot._quant import block_casts as _block_casts
 from tkaot._quant import weight_casts as _weight_casts
 from tkaot._spec import compile_grid
 from tkaot.errors import NoGPUError, VariantNotBuilt
@@ -75,7 +75,7 @@ def test_launch_specs_match_what_the_ops_pass(artifacts):
     specs = {e["kernel"]: e["launch"] for e in data["variants"]}
     assert {a[0] for a in specs["per_block_cast_lossless"]["args"]} == set(_weight_casts._LOSSLESS.args)
     assert {a[0] for a in specs["batched_transpose_weight_sf"]["args"]} == set(_weight_casts._TRANSPOSE_SF.args)
-    assert {a[0] for a in specs["per_channel_cast"]["args"]} == set(_casts._PER_CHANNEL.args)
+    assert {a[0] for a in specs["per_channel_cast"]["args"]} == set(_block_casts._PER_CHANNEL.args)
     # a 128 x 128 tile a CTA: 4 tiles across 512 channels
     lossless = [e["launch"] for e in data["variants"] if e["key"] == Variant.make("per_block_cast_lossless", LOSSLESS).key][0]
     assert lossless["grid"] == ["4", "((num_tokens + 127) // 128)", "1"] and lossless["block"] == [256, 1, 1]
@@ -125,11 +125,11 @@ CPU_SF0 = strided((512, 1), (1, 512), device="cpu")
     "call, error, match",
     [
         (lambda q: q.per_block_cast_lossless(FP4, "e2m1", (1, 32), (128, 128)), ValueError, "fmt must be 'e4m3'"),
-        (lambda q: q.per_block_cast_lossless(I8(256, 256), "e4m3", (1, 32), (128, 128)), TypeError, r"\(data, sf\) pair"),
+        (lambda q: q.per_block_cast_lossless(I8(256, 256), "e4m3", (1, 32), (128, 128)), TypeError, r"x must be a \(x_data, x_sf\) pair"),
         (lambda q: q.per_block_cast_lossless((FP8(256, 512), F32(256, 4)), "e4m3", (1, 128), (128, 128)), ValueError,
          r"x\[0\] must be torch.int8"),
         (lambda q: q.per_block_cast_lossless((I8(256, 256), FP8(256, 16)), "e4m3", (1, 32), (128, 128)), ValueError,
-         "float32 or packed UE8M0"),
+         r"x\[1\] must be float32 or int32"),
         (lambda q: q.per_block_cast_lossless(FP4, "e4m3", (1, 32), (64, 128)), ValueError, "out_block_size must be one of"),
         (lambda q: q.per_block_cast_lossless(FP4, "e4m3", (1, 32), (1, 16)), ValueError, "multiple of x_block_size"),
         (lambda q: q.per_block_cast_lossless((I8(256, 256), F32(8, 16)), "e4m3", (32, 32), (1, 128)), ValueError,
@@ -142,7 +142,7 @@ CPU_SF0 = strided((512, 1), (1, 512), device="cpu")
         (lambda q: q.per_block_cast_lossless((I8(256, 96), I32(256, 2)), "e4m3", (1, 32), (1, 32)), ValueError,
          "multiple of 128 channels"),
         (lambda q: q.per_block_cast_lossless((I8(256, 264)[:, :256], I32(256, 4)), "e4m3", (1, 32), (128, 128)), ValueError,
-         "row stride a multiple of 16"),
+         "strided in multiples of 16 elements"),
         (lambda q: q.per_channel_cast((FP8(256, 512), F32(256, 4)), "e4m3", 128), ValueError,
          "num_per_channels must be 32 or 128 for a pre-quantized"),
         (lambda q: q.per_channel_cast((FP8(256, 512), F32(256, 8)), "e4m3", 128, num_per_channels=64), ValueError,
@@ -173,7 +173,7 @@ CPU_SF0 = strided((512, 1), (1, 512), device="cpu")
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(SF0.float(), SF0)]),
          ValueError, r"outs\[0\]\[0\] must be torch.int32"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(SF0, CPU_SF0)]),
-         ValueError, "must be a CUDA tensor"),
+         ValueError, r"outs\[0\]\[1\] must be on the device of sf\[0\]"),
     ],
 )  # fmt: skip
 def test_bad_arguments_raise_before_launch(fake_cuda, call, error, match):
@@ -225,10 +225,10 @@ def launches(fake_cuda, registry, artifacts, monkeypatch):
     """
     monkeypatch.setenv("TKAOT_PATH", str(artifacts))
     monkeypatch.setattr("tkaot._op.REGISTRY", registry)
-    for op in (_weight_casts._LOSSLESS, _weight_casts._TRANSPOSE_SF, _casts._PER_CHANNEL):
+    for op in (_weight_casts._LOSSLESS, _weight_casts._TRANSPOSE_SF, _block_casts._PER_CHANNEL):
         monkeypatch.setattr(op, "cache", {})
     monkeypatch.setattr(_weight_casts, "current_stream", lambda device: 7)
-    monkeypatch.setattr(_casts, "current_stream", lambda device: 7)
+    monkeypatch.setattr(_block_casts, "current_stream", lambda device: 7)
     monkeypatch.setattr(_weight_casts, "_values_unchecked", lambda: True)  # meta tensors hold no values
     recorded = []
 

@@ -130,9 +130,10 @@ class Signature:
     op: the op's public name, for errors; tensors: its Tensor rules; dims: the dims (and Lets) returned;
     rules: Rules and Lets; scalars: other arguments the rules read; defaults: dims an alternative shape leaves out
     ("batch": 1), or an absent optional tensor binds; unpack: an argument that is None or a tuple/list of tensors,
-    unpacked into the optional tensors named ({"out": ("topk_idx", "topk_weights")}), taking their place among the
-    parameters; env: further names the rules and Lets read (tables, helpers); returns: what the checker returns, as
-    expressions over what it bound (None: (device, *dims, *pointers, *strides)).
+    unpacked into the optional tensors named ({"out": ("topk_idx", "topk_weights")}), or a tuple/list that must be
+    given, unpacked into required ones ({"x": ("x_data", "x_sf")}), taking their place among the parameters; env:
+    further names the rules and Lets read (tables, helpers); returns: what the checker returns, as expressions over
+    what it bound (None: (device, *dims, *pointers, *strides)).
     """
 
     def __init__(self, op: str, tensors: tuple, dims: tuple = (), rules: tuple = (), scalars: tuple = (), defaults: dict | None = None,
@@ -240,16 +241,23 @@ def _source(sig: Signature) -> tuple[str, dict]:
             out(f"    {dim} = {value!r}")
             bound.add(dim)
     for arg, names in (sig.unpack or {}).items():
-        for name in names:
-            if not by_name[name].optional:
-                raise ValueError(f"{sig.op}: {name} is unpacked from {arg}, so it must be optional")
+        given = {by_name[name].optional for name in names}
+        if len(given) > 1:
+            raise ValueError(f"{sig.op}: the tensors unpacked from {arg} must be all optional or all required")
+        # the error names the argument as its tensors' labels do ("outs[0]" for "outs[0][0]", "outs[0][1]")
+        labels = [by_name[name].label for name in names]
+        prefix = labels[0].removesuffix("[0]")
+        shown = prefix if prefix and labels == [f"{prefix}[{j}]" for j in range(len(names))] else arg
         kind = "pair" if len(names) == 2 else "tuple"
-        out(f"    if {arg} is None:")
-        out(f"        {' = '.join(names)} = None")
-        out(f"    elif isinstance({arg}, (tuple, list)) and len({arg}) == {len(names)}:")
+        if given == {True}:
+            out(f"    if {arg} is None:")
+            out(f"        {' = '.join(names)} = None")
+            out(f"    elif isinstance({arg}, (tuple, list)) and len({arg}) == {len(names)}:")
+        else:
+            out(f"    if isinstance({arg}, (tuple, list)) and len({arg}) == {len(names)}:")
         out(f"        {', '.join(names)}, = {arg}")
         out("    else:")
-        out(f"        raise TypeError(f'{{_op}}: {arg} must be a ({', '.join(names)}) {kind}, got {{type({arg}).__name__}}')")
+        out(f"        raise TypeError(f'{{_op}}: {shown} must be a ({', '.join(names)}) {kind}, got {{type({arg}).__name__}}')")
 
     for i, t in enumerate(sig.tensors):
         n = t.name
@@ -376,9 +384,9 @@ def _source(sig: Signature) -> tuple[str, dict]:
 
 
 def lazy_checker(sig: Signature, namespace: dict, name: str):
-    """A stand-in for `sig`'s checker, bound as `name` in `namespace` (an op module's globals()): its first call
-    writes the checker and puts it in the stand-in's place, so every later call reaches it in one global lookup and
-    importing an op module compiles nothing."""
+    """A stand-in for `sig`'s checker, bound as `name` in `namespace` (an op module's globals(), or a dict of an op's
+    checkers): its first call writes the checker and puts it in the stand-in's place, so every later call reaches it in
+    one lookup and importing an op module compiles nothing."""
 
     def first_call(*args):
         namespace[name] = check = sig.checker()

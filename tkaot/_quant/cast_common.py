@@ -1,125 +1,30 @@
-"""Argument checks and scale-factor layouts shared by tkaot.quant's cast ops (no op lives here).
+"""Scale-factor layouts, and the input rules tkaot.quant's casts share, declared once as tkaot._validate data.
 
-Formats: "e4m3" data is torch.float8_e4m3fn; "e2m1" data is torch.int8 holding two
-FP4 codes a byte. Scale-factor kinds: "fp32", "pow2" (fp32 powers of two), "ue8m0"
-(exponent bytes packed four to an int32) and "e4m3"; layouts "row" and "col"
-(column-major with the token stride padded to 16 bytes, DeepGEMM's layout). Every
-check raises ValueError/TypeError naming the argument, before anything is launched.
+Formats: "e4m3" data is torch.float8_e4m3fn; "e2m1" data is torch.int8 holding two FP4 codes a byte. Scale-factor
+kinds: "fp32", "pow2" (fp32 powers of two), "ue8m0" (exponent bytes packed four to an int32) and "e4m3"; layouts "row"
+and "col" (column-major with the token stride padded to 16 bytes, DeepGEMM's layout). The declared pieces below are
+Rules, Lets and Tensors that the casts' Signatures (tkaot/_quant/casts.py, weight_casts.py) place; no op lives here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tkaot._validate import MAX_I32, Let, Rule, Tensor, check_cuda, fail
+from tkaot._validate import Let, Rule, Tensor
 
-_FMT_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
-_IN_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
-_SF_DTYPE = {"fp32": torch.float32, "pow2": torch.float32, "ue8m0": torch.int32, "e4m3": torch.float8_e4m3fn}
-_IN_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (128, 128))
+_BF16, _F32, _F8, _I8, _I32 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.int32
+_FMT_DTYPE = {"e4m3": _F8, "e2m1": _I8}
+_SF_DTYPE = {"fp32": _F32, "pow2": _F32, "ue8m0": _I32, "e4m3": _F8}
 _SF_ITEM_BYTES = {"fp32": 4, "pow2": 4, "ue8m0": 4, "e4m3": 1}
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+IN_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (128, 128))  # the scale blocks of a pre-quantized input
 
 
 def _align(a: int, b: int) -> int:
-    return _ceil_div(a, b) * b
-
-
-# The sf-kind rule, the one place it lives: packed UE8M0 holds powers of two, so it needs round_sf; the kind
-# the options ask for. The fused ops' Signatures check it inline (as data); _sf_kind applies it for the casts.
-SF_PACKED_RULE = Rule(
-    "use_packed_ue8m0", "round_sf or not use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)",
-    actual="'round_sf=False'",
-)  # fmt: skip
-SF_KIND = Let("sf_kind", "'ue8m0' if use_packed_ue8m0 else 'pow2' if round_sf else 'fp32'")
-
-
-def _sf_kind(op: str, round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool = False) -> str:
-    """SF_PACKED_RULE and SF_KIND, and the e4m3 sf the casts also offer."""
-    if use_packed_ue8m0 and not round_sf:
-        fail(op, SF_PACKED_RULE.name, SF_PACKED_RULE.expected, "round_sf=False")
-    if round_sf and use_e4m3_sf:
-        fail(op, "use_e4m3_sf", "False when round_sf=True", "both True")
-    if use_packed_ue8m0:
-        return "ue8m0"
-    if round_sf:
-        return "pow2"
-    return "e4m3" if use_e4m3_sf else "fp32"
-
-
-def _check_fmt(op: str, fmt) -> None:
-    if fmt not in _FMT_DTYPE:
-        fail(op, "fmt", "'e4m3' or 'e2m1'", repr(fmt))
-
-
-def _check_block(op: str, name: str, block, allowed) -> tuple[int, int]:
-    if not (isinstance(block, (tuple, list)) and len(block) == 2 and all(isinstance(b, int) for b in block)):
-        fail(op, name, "a pair of ints", repr(block))
-    block = (int(block[0]), int(block[1]))
-    if block not in allowed:
-        fail(op, name, f"one of {list(allowed)}", block)
-    return block
-
-
-def _check_data(op: str, name: str, t, dtypes: tuple, device: int | None = None) -> int:
-    """A 2-D tensor of one of `dtypes`, last dim contiguous, rows 16-byte aligned; returns its device."""
-    device = check_cuda(op, name, t, device)
-    if t.dtype not in dtypes:
-        fail(op, name, " or ".join(str(d) for d in dtypes), t.dtype)
-    if t.dim() != 2:
-        fail(op, name, "2-D (num_tokens, hidden)", f"shape {tuple(t.shape)}")
-    if t.stride(1) != 1 and t.shape[1] > 1:
-        fail(op, name, "contiguous in its last dimension", f"strides {t.stride()}")
-    per_row = 16 // t.element_size()
-    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) % per_row or t.stride(0) > MAX_I32)):
-        fail(
-            op,
-            name,
-            f"16-byte aligned, with a row stride a multiple of {per_row} elements",
-            f"address {t.data_ptr():#x}, strides {t.stride()}",
-        )
-    return device
+    return -(-a // b) * b
 
 
 def _sf_cols(k_blocks: int, kind: str) -> int:
-    return _ceil_div(k_blocks, 4) if kind == "ue8m0" else k_blocks
-
-
-def _sf_layout_of(t: torch.Tensor) -> str:
-    """TileKernels' rule: a scale-factor tensor with unit token stride and a non-unit channel stride is column-major."""
-    return "col" if t.stride(0) == 1 and t.stride(1) != 1 else "row"
-
-
-def _sf_kernel_stride(t: torch.Tensor, kind: str, layout: str) -> int:
-    """The sf buffer's row stride as the kernel addresses it (bytes for packed UE8M0)."""
-    stride = t.stride(0) if layout == "row" else t.stride(1)
-    return stride * 4 if kind == "ue8m0" else stride
-
-
-def _check_sf(op: str, name: str, t, device: int, m_blocks: int, k_blocks: int, kind: str, layout: str | None) -> str:
-    """A scale-factor tensor of the given kind and logical grid; returns its layout ("row"/"col")."""
-    check_cuda(op, name, t, device)
-    if t.dtype != _SF_DTYPE[kind]:
-        fail(op, name, f"{_SF_DTYPE[kind]} (sf kind {kind})", t.dtype)
-    shape = (m_blocks, _sf_cols(k_blocks, kind))
-    if tuple(t.shape) != shape:
-        fail(op, name, f"of shape {shape}", tuple(t.shape))
-    found = _sf_layout_of(t) if t.dim() == 2 else "row"
-    if layout is not None and m_blocks > 1 and shape[1] > 1 and found != layout:
-        want = "column-major (stride (1, >= num_tokens))" if layout == "col" else "row-major (stride (>= cols, 1))"
-        fail(op, name, want, f"strides {t.stride()}")
-    layout = layout or found
-    if m_blocks > 1 and shape[1] > 1:
-        if layout == "row" and (t.stride(1) != 1 or t.stride(0) < shape[1]):
-            fail(op, name, "row-major with unit channel stride", f"strides {t.stride()}")
-        if layout == "col" and (t.stride(0) != 1 or t.stride(1) < m_blocks):
-            fail(op, name, "column-major with unit token stride", f"strides {t.stride()}")
-    if max(t.stride()) * 4 > MAX_I32:
-        fail(op, name, "strided below 2**29 elements", f"strides {t.stride()}")
-    return layout
+    return -(-k_blocks // 4) if kind == "ue8m0" else k_blocks
 
 
 def _alloc_sf(m_blocks: int, k_blocks: int, kind: str, layout: str, device) -> torch.Tensor:
@@ -132,100 +37,41 @@ def _alloc_sf(m_blocks: int, k_blocks: int, kind: str, layout: str, device) -> t
     return storage.as_strided((m_blocks, cols), (1, pitch))
 
 
-def _sf_flags(t: torch.Tensor) -> str:
-    return {torch.float32: "fp32", torch.int32: "ue8m0", torch.float8_e4m3fn: "e4m3"}.get(t.dtype, "")
+def _sf_kernel_stride(t: torch.Tensor, kind: str, layout: str) -> int:
+    """An sf tensor's row stride as the kernels address it (bytes for packed UE8M0)."""
+    stride = t.stride(0) if layout == "row" else t.stride(1)
+    return stride * 4 if kind == "ue8m0" else stride
 
 
-def _check_given_outputs(op, mode, sf, out_sf, out_x, device, sf_blocks, kind, layout, out_dtype, out_shape, rows_packed):
-    """Check a precomputed sf and the caller's output buffers; returns the sf tensor to write (None: allocate one)."""
-    if mode == "precomputed_sf":
-        if layout == "col" or kind == "ue8m0":
-            fail(
-                op,
-                "sf",
-                "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
-                f"layout {layout}, kind {kind}",
-            )
-        _check_sf(op, "sf", sf, device, *sf_blocks, kind, "row")
-        out_sf = sf
-    elif out_sf is not None:
-        _check_sf(op, "out_sf" if mode == "sf_only" else "out[1]", out_sf, device, *sf_blocks, kind, layout)
-    if mode != "sf_only" and out_x is not None:
-        name = "out" if mode == "precomputed_sf" else "out[0]"
-        _check_data(op, name, out_x, (out_dtype,), device)
-        if tuple(out_x.shape) != out_shape or not rows_packed(out_x):
-            fail(op, name, f"contiguous of shape {out_shape}", f"shape {tuple(out_x.shape)}, strides {out_x.stride()}")
-    return out_sf
+# The sf-kind rule, the one place it lives: packed UE8M0 holds powers of two, so it needs round_sf; the kind the
+# options ask for (the fused ops' Signatures place these two; the casts' take them through sf_kind_rules)
+SF_PACKED_RULE = Rule(
+    "use_packed_ue8m0", "round_sf or not use_packed_ue8m0", "used with round_sf=True (UE8M0 holds powers of two only)",
+    actual="'round_sf=False'",
+)  # fmt: skip
+SF_KIND = Let("sf_kind", "'ue8m0' if use_packed_ue8m0 else 'pow2' if round_sf else 'fp32'")
 
 
-def _quantized_input(op: str, x, x_block_size):
-    """(device, data, sf, in_dtype name, block, in_sf axis value, logical hidden) of a pre-quantized (x, sf) pair."""
-    if not (isinstance(x, (tuple, list)) and len(x) == 2):
-        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
-    data, sf = x
-    device = _check_data(op, "x[0]", data, (torch.float8_e4m3fn, torch.int8))
-    if x_block_size is None:
-        fail(op, "x_block_size", "given for a pre-quantized (data, sf) input", None)
-    block = _check_block(op, "x_block_size", x_block_size, _IN_BLOCKS)
-    check_cuda(op, "x[1]", sf, device)
-    kind = _sf_flags(sf)
-    if not kind or sf.dim() != 2:
-        fail(op, "x[1]", "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor", f"{sf.dtype} of shape {tuple(sf.shape)}")
-    tokens, hidden = data.shape[0], data.shape[1] * (2 if data.dtype == torch.int8 else 1)
-    if hidden % block[1]:
-        fail(op, "x[0]", f"a multiple of {block[1]} channels wide (x_block_size={block})", f"{hidden} channels")
-    layout = _check_sf(op, "x[1]", sf, device, _ceil_div(tokens, block[0]), hidden // block[1], kind, None)
-    in_sf = kind + ("_col" if layout == "col" else "")
-    return device, data, sf, _IN_NAMES[data.dtype], block, in_sf, hidden, layout, kind
+# ---- declared pieces: each takes `at`, the tensor after which its rules are checked --------------------------------
 
 
-def _check_contiguous_input(op: str, x) -> int:
-    device = _check_data(op, "x", x, (torch.bfloat16, torch.float32))
-    if not x.is_contiguous():
-        fail(op, "x", "contiguous", f"strides {x.stride()}")
-    return device
+def fmt_rule(at: str, fmts: tuple = ("e4m3", "e2m1"), why: str = "") -> Rule:
+    return Rule("fmt", " or ".join(f"fmt == {f!r}" for f in fmts), " or ".join(map(repr, fmts)) + why, actual="repr(fmt)", after=at)
 
 
-# ---- declared pieces: the input rules the casts share, as tkaot._validate data ------------------------------------
-# Each piece says what the hand checks above say, in the same words, so an op declared from them raises what it did.
-
-_F8 = torch.float8_e4m3fn
-_STRIDES = "f'strides {{s_{n}}}'"
-
-
-def data_tensor(n: str, label: str, dtypes, optional: bool = False) -> tuple:
-    """A (rows, cols) tensor whose rows are 16-byte aligned vectors (_check_data's rules), and its rules; dtypes a tuple,
-    or the name of a bound value holding the one dtype allowed."""
-    bound = isinstance(dtypes, str)
-    tensor = Tensor(n, None if bound else dtypes, None, layout="any", optional=optional, label=label)
-    strides = _STRIDES.format(n=n)
-    rules = (
-        *((Rule(label, f"t_{n} is {dtypes}", f"{{{dtypes}}}", actual=f"t_{n}", after=n),) if bound else ()),
-        Rule(label, f"len(h_{n}) == 2", "2-D (num_tokens, hidden)", actual=f"f'shape {{tuple(h_{n})}}'", after=n),
-        Rule(label, f"s_{n}[1] == 1 or h_{n}[1] <= 1", "contiguous in its last dimension", actual=strides, after=n),
-        Let(f"{n}_vec", f"16 // t_{n}.itemsize", after=n),
-        Rule(label, f"not (p_{n} % 16 or (h_{n}[0] > 1 and (s_{n}[0] % {n}_vec or s_{n}[0] > _MAX_I32)))",
-             f"16-byte aligned, with a row stride a multiple of {{{n}_vec}} elements",
-             actual=f"f'address {{p_{n}:#x}}, strides {{s_{n}}}'", after=n),
-    )  # fmt: skip
-    return tensor, rules
-
-
-def fmt_rule(at: str) -> Rule:
-    return Rule("fmt", "fmt == 'e4m3' or fmt == 'e2m1'", "'e4m3' or 'e2m1'", actual="repr(fmt)", after=at)
-
-
-def sf_kind_rules(at: str) -> tuple:
-    """_sf_kind's rules; binds kind."""
+def sf_kind_rules(at: str, e4m3_sf: bool = True) -> tuple:
+    """SF_PACKED_RULE and, for casts that offer E4M3 scale factors, their exclusion of round_sf; binds kind."""
+    if not e4m3_sf:
+        return SF_PACKED_RULE.replace(after=at), Let("kind", SF_KIND.value, after=at)
     return (
-        Rule("use_packed_ue8m0", "round_sf or not use_packed_ue8m0", SF_PACKED_RULE.expected, actual="'round_sf=False'", after=at),
+        SF_PACKED_RULE.replace(after=at),
         Rule("use_e4m3_sf", "not (round_sf and use_e4m3_sf)", "False when round_sf=True", actual="'both True'", after=at),
         Let("kind", "'ue8m0' if use_packed_ue8m0 else 'pow2' if round_sf else 'e4m3' if use_e4m3_sf else 'fp32'", after=at),
     )
 
 
 def block_rules(arg: str, value: str, allowed: tuple, at: str, given: bool = False) -> tuple:
-    """`arg` is a pair of ints among `allowed` (_check_block; given: not None, for a pre-quantized input), bound as `value`."""
+    """`arg` is a pair of ints among `allowed` (given: not None, for a pre-quantized input), bound as the tuple `value`."""
     rules = (Rule(arg, f"{arg} is not None", "given for a pre-quantized (data, sf) input", actual="None", after=at),) if given else ()
     return (
         *rules,
@@ -236,22 +82,12 @@ def block_rules(arg: str, value: str, allowed: tuple, at: str, given: bool = Fal
     )  # fmt: skip
 
 
-def sf_tensor(n: str, label: str, optional: bool = True) -> Tensor:
-    """A caller's scale-factor tensor of sf_dtype (a bound value, checked by sf_dtype_rule); its shape and layout are sf_rules'."""
-    return Tensor(n, None, None, layout="any", optional=optional, label=label)
-
-
-def sf_dtype_rule(n: str, label: str) -> Rule:
-    return Rule(label, f"t_{n} is sf_dtype", "{sf_dtype} (sf kind {kind})", actual=f"t_{n}", after=n)
-
-
 def sf_rules(n: str, label: str, rows: str, cols: str, layout: str, kind: str) -> tuple:
-    """_check_sf's rules for a scale-factor tensor `n` of logical grid (rows, cols) (cols counted in the kind's
-    elements), `layout` an expression of the layout wanted, or "" for the one found (TileKernels' rule: unit token
-    stride and a non-unit channel stride is column-major). Binds <n>_layout and <n>_stride (the kernel's row stride)."""
-    s, lay = f"s_{n}", f"{n}_layout"
-    found = f"('col' if len({s}) == 2 and {s}[0] == 1 and {s}[1] != 1 else 'row')"
-    strides = _STRIDES.format(n=n)
+    """The rules of a scale-factor tensor `n` of grid (rows, cols) (cols counted in the kind's elements): `layout` an
+    expression of the layout wanted, or "" for the one found (TileKernels' rule: a unit token stride with a non-unit
+    channel stride is column-major). Binds <n>_layout and <n>_stride (the kernels' row stride, bytes when packed)."""
+    s, lay, strides = f"s_{n}", f"{n}_layout", f"f'strides {{s_{n}}}'"
+    found = f"('col' if {s}[0] == 1 and {s}[1] != 1 else 'row')"
     rules = [Rule(label, f"tuple(h_{n}) == ({rows}, {cols})", f"of shape {{({rows}, {cols})}}", actual=f"tuple(h_{n})", after=n)]
     if layout:
         rules.append(Rule(label, f"{rows} <= 1 or {cols} <= 1 or {found} == {layout}",
@@ -269,37 +105,64 @@ def sf_rules(n: str, label: str, rows: str, cols: str, layout: str, kind: str) -
     )  # fmt: skip
 
 
-_SF_KIND_OF = "('fp32' if t_x_sf is torch.float32 else 'ue8m0' if t_x_sf is torch.int32 else 'e4m3')"
-
-
-def pair_tensors(block: str = "block", block_rules_: tuple = ()) -> tuple:
-    """A pre-quantized input's data ("x[0]") and sf ("x[1]") (_quantized_input's rules, block_rules_ between them, which
-    bind `block`): binds num_tokens, hidden (logical), in_kind, x_sf_layout, x_sf_stride, in_dtype, in_block and in_sf."""
-    data, data_rules = data_tensor("x_data", "x[0]", (_F8, torch.int8))
-    sf = Tensor("x_sf", None, None, layout="any", label="x[1]")
+def pair_input(block_rules_: tuple, data_dtypes: tuple = (_F8, _I8), contiguous: bool = False, sf_dtypes=(_F32, _F8, _I32)):
+    """A pre-quantized input x, the (data, sf) pair a signature unpacks ({"x": ("x_data", "x_sf")}): data x[0] of
+    data_dtypes (E2M1 int8: two codes a byte) in 16-byte aligned rows (or contiguous), then block_rules_ (placed after
+    x_data, binding the scale block as `block`), then sf x[1] of sf_dtypes, one per block, row- or column-major as
+    found. Returns (tensors, rules); binds num_tokens, hidden (logical), in_kind, in_dtype, in_block, in_sf, x_sf_stride."""
+    packed = _I8 in data_dtypes
+    data = Tensor("x_data", data_dtypes, (("num_tokens", "data_cols"),), layout="contiguous" if contiguous else "rows",
+                  align=16 if contiguous else 1, what="2-D (num_tokens, hidden)", label="x[0]")  # fmt: skip
+    sf = Tensor("x_sf", sf_dtypes, None, layout="any", label="x[1]")
     rules = (
-        *data_rules,
+        Let("hidden", "2 * data_cols if t_x_data is _dt_int8 else data_cols" if packed else "data_cols", after="x_data"),
         *block_rules_,
-        Rule("x[1]", f"len(h_x_sf) == 2 and t_x_sf in {(torch.float32, _F8, torch.int32)!r}",
-             "a 2-D float32, float8_e4m3fn or int32 (packed UE8M0) tensor", actual="f'{t_x_sf} of shape {tuple(h_x_sf)}'",
-             after="x_sf"),
-        Let("num_tokens", "h_x_data[0]", after="x_sf"),
-        Let("hidden", "2 * h_x_data[1] if t_x_data is torch.int8 else h_x_data[1]", after="x_sf"),
-        Rule("x[0]", f"hidden % {block}[1] == 0", f"a multiple of {{{block}[1]}} channels wide (x_block_size={{{block}}})",
+        Rule("x[0]", "hidden % block[1] == 0", "a multiple of {block[1]} channels wide (x_block_size={block})",
              actual="f'{hidden} channels'", after="x_sf"),
-        Let("in_kind", _SF_KIND_OF, after="x_sf"),
-        Let("sf_rows", f"-(-num_tokens // {block}[0])", after="x_sf"),
-        Let("in_cols", f"-(-(hidden // {block}[1]) // 4) if in_kind == 'ue8m0' else hidden // {block}[1]", after="x_sf"),
+        Let("in_kind", "'fp32' if t_x_sf is _dt_float32 else 'ue8m0' if t_x_sf is _dt_int32 else 'e4m3'", after="x_sf"),
+        Let("sf_rows", "-(-num_tokens // block[0])", after="x_sf"),
+        Let("in_cols", "-(-(hidden // block[1]) // 4) if in_kind == 'ue8m0' else hidden // block[1]", after="x_sf"),
         *sf_rules("x_sf", "x[1]", "sf_rows", "in_cols", "", "in_kind"),
-        Let("in_dtype", "'e2m1' if t_x_data is torch.int8 else 'e4m3'", after="x_sf"),
-        Let("in_block", f"f'{{{block}[0]}}x{{{block}[1]}}'", after="x_sf"),
+        Let("in_dtype", "'e2m1' if t_x_data is _dt_int8 else 'e4m3'" if packed else "'e4m3'", after="x_sf"),
+        Let("in_block", "f'{block[0]}x{block[1]}'", after="x_sf"),
         Let("in_sf", "in_kind + ('_col' if x_sf_layout == 'col' else '')", after="x_sf"),
     )  # fmt: skip
     return (data, sf), rules
 
 
-def pair(op: str, x) -> tuple:
-    """The (data, sf) of a pre-quantized input."""
-    if not (isinstance(x, (tuple, list)) and len(x) == 2):
-        raise TypeError(f"{op}: x must be a tensor or a (data, sf) pair, got {type(x).__name__}")
-    return x
+# A cast mode's buffers from the caller: the name and label of the sf it writes ("cast", "sf_only") or reads
+# ("precomputed_sf"), and the label of the data it writes
+_GIVEN = {
+    "cast": ("out_sf", "out[1]", "out[0]"),
+    "sf_only": ("out_sf", "out_sf", ""),
+    "precomputed_sf": ("sf", "sf", "out"),
+    "round_trip": ("", "", ""),
+}
+
+
+def given_buffers(mode: str, sf_rows: str, at: str, packed_rows: bool) -> tuple[tuple, tuple]:
+    """The caller's tensors of a cast mode, after the input (rules placed at `at`): an sf of grid (sf_rows, sf_cols),
+    dtype sf_dtype and layout `layout` (row-major and unpacked when it is read), and data (num_tokens, out_cols) of
+    out_dtype, its rows packed (packed_rows: the per-token kernels' rule, any stride for one row) or contiguous.
+    Returns (tensors, rules); binds sf_stride (give it a default of 0: no sf given)."""
+    sf, label, data = _GIVEN[mode]
+    tensors, rules = [], []
+    if mode == "precomputed_sf":
+        rules.append(Rule("sf", "layout == 'row' and kind != 'ue8m0'",
+                          "row-major and unpacked (use_tma_aligned_col_major_sf and use_packed_ue8m0 False)",
+                          actual="f'layout {layout}, kind {kind}'", after=at))  # fmt: skip
+    if sf:
+        tensors.append(Tensor(sf, None, None, layout="any", optional=mode != "precomputed_sf", label=label))
+        rules += [
+            Rule(label, f"t_{sf} is sf_dtype", "{sf_dtype} (sf kind {kind})", actual=f"t_{sf}", after=sf),
+            *sf_rules(sf, label, sf_rows, "sf_cols", "'row'" if mode == "precomputed_sf" else "layout", "kind"),
+            Let("sf_stride", f"{sf}_stride", after=sf),
+        ]
+    if data:
+        layout = {"layout": "rows"} if packed_rows else {"layout": "contiguous", "align": 16}
+        tensors.append(Tensor("out_x", (_F8, _I8), (("num_tokens", "out_cols"),), optional=True, label=data, **layout))
+        rules.append(Rule(data, "t_out_x is out_dtype", "{out_dtype}", actual="t_out_x", after="out_x"))
+        if packed_rows:
+            rules.append(Rule(data, "num_tokens <= 1 or s_out_x[0] == out_cols", "contiguous of shape {(num_tokens, out_cols)}",
+                              actual="f'strides {s_out_x}'", after="out_x"))  # fmt: skip
+    return tuple(tensors), tuple(rules)

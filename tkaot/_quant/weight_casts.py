@@ -20,9 +20,21 @@ from collections.abc import Sequence
 import torch
 
 from tkaot._op import OpKernels, current_stream
-from tkaot._quant.cast_common import _alloc_sf, _ceil_div, _check_block, _quantized_input, _sf_kernel_stride, _sf_kind
+from tkaot._quant.cast_common import (
+    _F8,
+    _F32,
+    _I8,
+    _I32,
+    IN_BLOCKS,
+    SF_PACKED_RULE,
+    _alloc_sf,
+    _sf_kernel_stride,
+    block_rules,
+    fmt_rule,
+    pair_input,
+)
 from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF, PER_BLOCK_CAST_LOSSLESS
-from tkaot._validate import MAX_I32, check_cuda, fail
+from tkaot._validate import Let, Rule, Signature, Tensor, fail, lazy_checker
 
 __all__ = ["batched_transpose_weight_sf", "per_block_cast_lossless"]
 
@@ -47,6 +59,34 @@ def _sf_exponents(sf: torch.Tensor, kind: str, m_blocks: int, k_blocks: int) -> 
         return exps, torch.zeros((), dtype=torch.bool, device=sf.device)
     bits = sf.view(torch.int32)
     return (bits >> 23) & 0xFF, ((bits & _POW2_MASK) != 0).any()
+
+
+_LOSSLESS_INPUT, _LOSSLESS_PAIR_RULES = pair_input(
+    block_rules("x_block_size", "block", IN_BLOCKS, "x_data", given=True), data_dtypes=(_I8,), sf_dtypes=(_F32, _I32)
+)
+LOSSLESS_SIGNATURE = Signature(
+    "tkaot.quant.per_block_cast_lossless",
+    tensors=_LOSSLESS_INPUT,
+    unpack={"x": ("x_data", "x_sf")},
+    rules=(
+        *_LOSSLESS_PAIR_RULES,
+        fmt_rule("x_sf", ("e4m3",), " (the lossless cast goes from FP4 E2M1 to FP8 E4M3)"),
+        SF_PACKED_RULE.replace(after="x_sf"),
+        Let("kind", "'ue8m0' if use_packed_ue8m0 else 'pow2'", after="x_sf"),  # powers of two with round_sf or without
+        Let("layout", "'col' if use_tma_aligned_col_major_sf else 'row'", after="x_sf"),
+        *block_rules("out_block_size", "out_block", _OUT_BLOCKS, "x_sf"),
+        Rule("out_block_size", "out_block[0] % block[0] == 0 and out_block[1] % block[1] == 0",
+             "a multiple of x_block_size {block} in both dimensions", actual="out_block", after="x_sf"),
+        Rule("x[0]", "hidden % 128 == 0", "a multiple of 128 channels wide (two E2M1 codes a byte)", actual="f'{hidden} channels'",
+             after="x_sf"),
+        Rule("x[0]", f"num_tokens <= {65535 * 128}", f"at most {65535 * 128} tokens", actual="num_tokens", after="x_sf"),
+        Let("out_key", "f'{out_block[0]}x{out_block[1]}'", after="x_sf"),
+    ),
+    scalars=("fmt", "x_block_size", "out_block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0"),
+    returns=("device", "num_tokens", "hidden", "block", "in_block", "in_sf", "in_kind", "out_block", "out_key", "kind", "layout",
+             "p_x_data", "s_x_data[0]", "p_x_sf", "x_sf_stride"),
+)  # fmt: skip
+_check_lossless = lazy_checker(LOSSLESS_SIGNATURE, globals(), "_check_lossless")
 
 
 def per_block_cast_lossless(
@@ -86,36 +126,20 @@ def per_block_cast_lossless(
     scale factor's exponent field, and rounds values of blocks beyond the bound to the
     nearest E4M3 (exact down to 2**14 below).
     """
-    op = "tkaot.quant.per_block_cast_lossless"
-    if fmt != "e4m3":
-        fail(op, "fmt", "'e4m3' (the lossless cast goes from FP4 E2M1 to FP8 E4M3)", repr(fmt))
-    kind = _sf_kind(op, round_sf, use_packed_ue8m0, False)
-    kind = "ue8m0" if kind == "ue8m0" else "pow2"
-    layout = "col" if use_tma_aligned_col_major_sf else "row"
-    if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], torch.Tensor) and x[0].dtype != torch.int8:
-        fail(op, "x[0]", "torch.int8 (two E2M1 codes a byte)", x[0].dtype)
-    device, data, in_sf_t, _, in_block, in_sf, hidden, in_layout, in_kind = _quantized_input(op, x, x_block_size)
-    if in_kind not in ("fp32", "ue8m0"):
-        fail(op, "x[1]", "float32 or packed UE8M0 int32 (power-of-two scale factors)", in_sf_t.dtype)
-    out_block = _check_block(op, "out_block_size", out_block_size, _OUT_BLOCKS)
-    if out_block[0] % in_block[0] or out_block[1] % in_block[1]:
-        fail(op, "out_block_size", f"a multiple of x_block_size {in_block} in both dimensions", out_block)
-    num_tokens = data.shape[0]
-    if hidden % 128:
-        fail(op, "x[0]", "a multiple of 128 channels wide (two E2M1 codes a byte)", f"{hidden} channels")
-    if _ceil_div(num_tokens, 128) > 65535:
-        fail(op, "x[0]", f"at most {65535 * 128} tokens", num_tokens)
-    launcher = _LOSSLESS.get(device, hidden, f"{in_block[0]}x{in_block[1]}", in_sf, f"{out_block[0]}x{out_block[1]}", kind, layout)
-    m_in, k_in = _ceil_div(num_tokens, in_block[0]), hidden // in_block[1]
-    m_out, k_out = _ceil_div(num_tokens, out_block[0]), hidden // out_block[1]
+    checked = _check_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    (device, num_tokens, hidden, block, in_block, in_sf, in_kind, out_block, out_key, kind, layout, x_ptr, x_stride, in_sf_ptr,
+     in_sf_stride) = checked  # fmt: skip
+    launcher = _LOSSLESS.get(device, hidden, in_block, in_sf, out_key, kind, layout)
+    m_in, k_in = -(-num_tokens // block[0]), hidden // block[1]
+    m_out, k_out = -(-num_tokens // out_block[0]), hidden // out_block[1]
     if num_tokens and not _values_unchecked():
-        _check_lossless_scales(op, in_sf_t, in_kind, (m_in, k_in), (m_out, k_out), in_block, out_block)
-    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)
-    out_sf = _alloc_sf(m_out, k_out, kind, layout, data.device)
+        _check_lossless_scales(LOSSLESS_SIGNATURE.op, x[1], in_kind, (m_in, k_in), (m_out, k_out), block, out_block)
+    out = torch.empty((num_tokens, hidden), dtype=_F8, device=x[0].device)
+    out_sf = _alloc_sf(m_out, k_out, kind, layout, x[0].device)
     # the kernel moves codes as 4-byte words: its x_stride counts words
     launcher(
-        device, current_stream(device), data.data_ptr(), in_sf_t.data_ptr(), out.data_ptr(), out_sf.data_ptr(), num_tokens,
-        data.stride(0) // 4, _sf_kernel_stride(in_sf_t, in_kind, in_layout), _sf_kernel_stride(out_sf, kind, layout),
+        device, current_stream(device), x_ptr, in_sf_ptr, out.data_ptr(), out_sf.data_ptr(), num_tokens, x_stride // 4, in_sf_stride,
+        _sf_kernel_stride(out_sf, kind, layout),
     )  # fmt: skip
     return out, out_sf
 
@@ -141,6 +165,85 @@ def _check_lossless_scales(op, sf, kind, in_grid, out_grid, in_block, out_block)
             f"within 2**11 of the largest scale factor of its {out_block} output block, for the cast to be lossless",
             f"the scale factor at [{m}, {k}] 2**{gap} below it",
         )
+
+
+# ---- batched_transpose_weight_sf: its options, then each weight's checker (its errors name sf[i] and outs[i]) ----------
+
+_TRANSPOSE_OP = "tkaot.quant.batched_transpose_weight_sf"
+_TRANSPOSE_OPTIONS = Signature(
+    _TRANSPOSE_OP,
+    tensors=(),
+    rules=(
+        Rule("block_size", "block_size in (32, 128) and type(block_size) is int", "32 or 128", actual="repr(block_size)"),
+        Rule("transpose_sf1s and outs", "len(sf) == len(transpose_sf1s) == len(outs)", "one entry per weight ({len(sf)})",
+             actual="f'{len(transpose_sf1s)} and {len(outs)} entries'"),
+    ),
+    scalars=("sf", "block_size", "transpose_sf1s", "outs"),
+    returns=(),
+)  # fmt: skip
+_check_transpose_options = lazy_checker(_TRANSPOSE_OPTIONS, globals(), "_check_transpose_options")
+
+
+def _out_layouts(grouped: bool, groups: int, n: int, k: int, packs_n: int, packs_k: int, transpose) -> tuple:
+    """((shape, strides) of sf0, (shape, strides) of sf1): TileKernels' layouts, groups leading when the input has them."""
+    lead = (groups,) if grouped else ()
+    lead_stride0, lead_stride1 = ((packs_k * n,), (packs_n * k,)) if grouped else ((), ())
+    sf1_shape, sf1_strides = ((packs_n, k), (k, 1)) if transpose else ((k, packs_n), (1, k))
+    return ((*lead, n, packs_k), (*lead_stride0, 1, n)), ((*lead, *sf1_shape), (*lead_stride1, *sf1_strides))
+
+
+def _laid_out(shape, strides, layout) -> bool:
+    """A given output has the layout's shape and strides (the stride of a dimension of size 1 is never used: any)."""
+    return tuple(shape) == layout[0] and all(n == 1 or a == b for n, a, b in zip(layout[0], strides, layout[1]))
+
+
+def _weight_signature(i: int) -> Signature:
+    """Weight i's checks: its sf (contiguous fp32 blocks, with groups or without), on the device of the first weight
+    (`first`, None for the first), and when given the (sf0, sf1) it is written to."""
+    name, out = f"sf[{i}]", f"outs[{i}]"
+    given = "f'shape {tuple(h_sf%s)}, strides {s_sf%s}'"
+    return Signature(
+        _TRANSPOSE_OP,
+        tensors=(
+            Tensor("sf", (_F32,), (("n_blocks", "k_blocks"), ("groups", "n_blocks", "k_blocks")), layout="contiguous", label=name,
+                   what="2-D (n_blocks, k_blocks) or 3-D (num_groups, n_blocks, k_blocks)"),
+            Tensor("sf0", (_I32,), None, layout="any", align=16, optional=True, label=f"{out}[0]"),
+            Tensor("sf1", (_I32,), None, layout="any", align=16, optional=True, label=f"{out}[1]"),
+        ),
+        unpack={"out": ("sf0", "sf1")},
+        defaults={"groups": 1},
+        rules=(
+            Rule(name, "first is None or device == first", "on cuda:{first} like the input", actual="f'cuda:{device}'", after="sf"),
+            Let("n", "n_blocks * block_size", after="sf"),
+            Let("k", "k_blocks * block_size", after="sf"),
+            Rule(name, "0 < groups <= 65535 and n % 128 == 0 and k % 128 == 0",
+                 "1 to 65535 groups of (n / {block_size}, k / {block_size}) blocks, n and k multiples of 128",
+                 actual="f'shape {tuple(h_sf)}'", after="sf"),
+            Let("packs_n", "-(-n_blocks // 4)", after="sf"),
+            Let("packs_k", "-(-k_blocks // 4)", after="sf"),
+            Let("words", "(groups * packs_k * n, groups * packs_n * k)", after="sf"),
+            Rule(name, "max(words) <= _MAX_I32", "small enough for 2**31 output words", actual="f'shape {tuple(h_sf)}'", after="sf"),
+            Let("layouts", "_out_layouts(len(h_sf) == 3, groups, n, k, packs_n, packs_k, transpose)", after="sf"),
+            Rule(f"{out}[0]", "_laid_out(h_sf0, s_sf0, layouts[0])", "of shape {layouts[0][0]} with strides {layouts[0][1]}",
+                 actual=given % (0, 0), after="sf0"),
+            Rule(f"{out}[1]", "_laid_out(h_sf1, s_sf1, layouts[1])", "of shape {layouts[1][0]} with strides {layouts[1][1]}",
+                 actual=given % (1, 1), after="sf1"),
+        ),
+        scalars=("block_size", "transpose", "first"),
+        env={"_out_layouts": _out_layouts, "_laid_out": _laid_out},
+        returns=("device", "groups", "n_blocks", "k_blocks", "layouts", "words", "p_sf"),
+    )  # fmt: skip
+
+
+class _WeightChecks(dict):
+    """i -> the checker of weight i, written at its first use."""
+
+    def __missing__(self, i: int):
+        check = self[i] = _weight_signature(i).checker()
+        return check
+
+
+_WEIGHT_CHECKS = _WeightChecks()
 
 
 def batched_transpose_weight_sf(
@@ -172,72 +275,30 @@ def batched_transpose_weight_sf(
     synchronisation; skipped during CUDA-graph capture, when the kernel uses each value's
     exponent field).
     """
-    op = "tkaot.quant.batched_transpose_weight_sf"
-    if block_size not in (32, 128) or type(block_size) is not int:
-        fail(op, "block_size", "32 or 128", repr(block_size))
     sf, transpose_sf1s, outs = list(sf), list(transpose_sf1s), list(outs)
-    if not len(sf) == len(transpose_sf1s) == len(outs):
-        fail(op, "transpose_sf1s and outs", f"one entry per weight ({len(sf)})", f"{len(transpose_sf1s)} and {len(outs)} entries")
+    _check_transpose_options(sf, block_size, transpose_sf1s, outs)
     if not sf:
         return []
     device, plans, pool_words = None, [], 0
     for i, (weight_sf, transpose, out) in enumerate(zip(sf, transpose_sf1s, outs)):
-        name = f"sf[{i}]"
-        device = check_cuda(op, name, weight_sf, device)
-        if weight_sf.dtype != torch.float32:
-            fail(op, name, "torch.float32", weight_sf.dtype)
-        if weight_sf.dim() not in (2, 3):
-            fail(op, name, "2-D (n_blocks, k_blocks) or 3-D (num_groups, n_blocks, k_blocks)", f"shape {tuple(weight_sf.shape)}")
-        if not weight_sf.is_contiguous():
-            fail(op, name, "contiguous", f"strides {weight_sf.stride()}")
-        groups = weight_sf.shape[0] if weight_sf.dim() == 3 else 1
-        n_blocks, k_blocks = weight_sf.shape[-2:]
-        n, k = n_blocks * block_size, k_blocks * block_size
-        if not 0 < groups <= 65535 or n % 128 or k % 128:
-            want = f"1 to 65535 groups of (n / {block_size}, k / {block_size}) blocks, n and k multiples of 128"
-            fail(op, name, want, f"shape {tuple(weight_sf.shape)}")
-        packs_k, packs_n = _ceil_div(k_blocks, 4), _ceil_div(n_blocks, 4)
-        if groups * max(packs_k * n, packs_n * k) > MAX_I32:
-            fail(op, name, "small enough for 2**31 output words", f"shape {tuple(weight_sf.shape)}")
-        lead = (groups,) if weight_sf.dim() == 3 else ()
-        lead_stride0, lead_stride1 = ((packs_k * n,), (packs_n * k,)) if lead else ((), ())
-        sf1_shape, sf1_strides = ((packs_n, k), (k, 1)) if transpose else ((k, packs_n), (1, k))
-        layouts = (((*lead, n, packs_k), (*lead_stride0, 1, n)), ((*lead, *sf1_shape), (*lead_stride1, *sf1_strides)))
+        device, groups, n_blocks, k_blocks, layouts, words, sf_ptr = _WEIGHT_CHECKS[i](weight_sf, out, block_size, transpose, device)
+        offsets = None
         if out is None:
-            offsets = (pool_words, pool_words + groups * packs_k * n)
-            pool_words = offsets[1] + groups * packs_n * k
-        else:
-            _check_out_pair(op, f"outs[{i}]", out, layouts, device)
-            offsets = None
-        plans.append((weight_sf, groups, n_blocks, k_blocks, layouts, offsets, out))
+            offsets = (pool_words, pool_words + words[0])
+            pool_words = offsets[1] + words[1]
+        plans.append((sf_ptr, groups, n_blocks, k_blocks, layouts, offsets, out))
     launcher = _TRANSPOSE_SF.get(device, block_size)
     if not _values_unchecked():
         bad = torch.stack([((w.view(torch.int32) & _POW2_MASK) != 0).any() for w in sf]).tolist()
         if any(bad):
-            fail(op, f"sf[{bad.index(True)}]", "positive powers of two (or 0) in float32", "other values")
+            fail(_TRANSPOSE_OP, f"sf[{bad.index(True)}]", "positive powers of two (or 0) in float32", "other values")
     pool = torch.empty(pool_words, dtype=torch.int32, device=sf[0].device) if None in outs else None
     stream = current_stream(device)
     results = []
-    for weight_sf, groups, n_blocks, k_blocks, layouts, offsets, out in plans:
+    for sf_ptr, groups, n_blocks, k_blocks, layouts, offsets, out in plans:
         if out is None:
             out = tuple(pool.as_strided(shape, strides, offset) for (shape, strides), offset in zip(layouts, offsets))
         if n_blocks and k_blocks:  # else both outputs are empty
-            launcher(device, stream, weight_sf.data_ptr(), out[0].data_ptr(), out[1].data_ptr(), groups, n_blocks, k_blocks)
+            launcher(device, stream, sf_ptr, out[0].data_ptr(), out[1].data_ptr(), groups, n_blocks, k_blocks)
         results.append(out)
     return results
-
-
-def _check_out_pair(op: str, name: str, out, layouts, device: int) -> None:
-    if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise TypeError(f"{op}: {name} must be None or an (sf0, sf1) pair, got {type(out).__name__}")
-    for j, (t, (shape, strides)) in enumerate(zip(out, layouts)):
-        part = f"{name}[{j}]"
-        check_cuda(op, part, t, device)
-        if t.dtype != torch.int32:
-            fail(op, part, "torch.int32 (packed UE8M0)", t.dtype)
-        # the stride of a dimension of size 1 is never used, so it may be anything
-        same_strides = all(n == 1 or a == b for n, a, b in zip(shape, t.stride(), strides))
-        if tuple(t.shape) != shape or not same_strides:
-            fail(op, part, f"of shape {shape} with strides {strides}", f"shape {tuple(t.shape)}, strides {t.stride()}")
-        if t.data_ptr() % 16:
-            fail(op, part, "16-byte aligned", f"address {t.data_ptr():#x}")
