@@ -15,7 +15,6 @@ from build_tools.build import build_variants
 from build_tools.compile import BuildError, compile_variant
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
-from tkaot._quant import block_casts as _block_casts
 from tkaot._quant import casts as _casts
 from tkaot._spec import LaunchSpec
 from tkaot.errors import NoGPUError
@@ -195,7 +194,7 @@ def test_signatures_match_tile_kernels():
     if not path.exists():
         pytest.skip("no TileKernels API listing beside the checkout")
     api = json.loads(path.read_text())
-    for name in (*_casts.__all__, *_block_casts.__all__):
+    for name in _casts.__all__:
         params = list(inspect.signature(getattr(tkaot.quant, name)).parameters)
         assert api[f"quant.{name}"]["params"] == params, name
 

@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tkaot._quant.block_casts  # noqa: F401  (the modules recording() patches)
-import tkaot._quant.casts  # noqa: F401
+import tkaot._quant.casts  # noqa: F401  (the modules recording() patches)
 import tkaot._quant.weight_casts  # noqa: F401
 import tkaot.quant
 from tkaot import _op
@@ -39,7 +38,7 @@ except ImportError:  # run as a test file: tests/ is not a package on the path
     from casts_corpus import ALL, Call
 
 RECORD = Path(__file__).resolve().parent / "data" / "casts_contract.jsonl"
-MODULES = ("tkaot._quant.casts", "tkaot._quant.block_casts", "tkaot._quant.weight_casts")
+MODULES = ("tkaot._quant.casts", "tkaot._quant.weight_casts")
 # the per-call caches the cast modules keep (module name -> dict attributes), emptied before each call's first run
 HOT_PATHS = {"tkaot._quant.casts": ("_PLANS",)}
 # ops that compute on the host: their returned values are recorded too (by hash)

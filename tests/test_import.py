@@ -45,6 +45,6 @@ def test_quant_loads_each_op_module_on_first_use():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     before, after = (set(names) for names in json.loads(proc.stdout))
-    lazy = {f"tkaot._quant.{m}" for m in ("casts", "block_casts", "weight_casts", "cast_common", "fused", "swiglu", "norm_cast", "norm")}
+    lazy = {f"tkaot._quant.{m}" for m in ("casts", "weight_casts", "cast_common", "fused", "swiglu", "norm_cast", "norm")}
     assert not before & lazy
     assert {"tkaot._quant.swiglu", "tkaot._quant.fused"} <= after and not after & {"tkaot._quant.norm_cast", "tkaot._quant.casts"}

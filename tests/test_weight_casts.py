@@ -16,7 +16,7 @@ from build_tools.build import build_variants
 from build_tools.compile import BuildError, compile_variant
 from build_tools.ops import Variant
 from tkaot._kernel import Kernel
-from tkaot._quant import block_casts as _block_casts
+from tkaot._quant import casts as _casts
 from tkaot._quant import weight_casts as _weight_casts
 from tkaot._spec import compile_grid
 from tkaot.errors import NoGPUError, VariantNotBuilt
@@ -75,7 +75,7 @@ def test_launch_specs_match_what_the_ops_pass(artifacts):
     specs = {e["kernel"]: e["launch"] for e in data["variants"]}
     assert {a[0] for a in specs["per_block_cast_lossless"]["args"]} == set(_weight_casts._LOSSLESS.args)
     assert {a[0] for a in specs["batched_transpose_weight_sf"]["args"]} == set(_weight_casts._TRANSPOSE_SF.args)
-    assert {a[0] for a in specs["per_channel_cast"]["args"]} == set(_block_casts._PER_CHANNEL.args)
+    assert {a[0] for a in specs["per_channel_cast"]["args"]} == set(_casts._PER_CHANNEL.args)
     # a 128 x 128 tile a CTA: 4 tiles across 512 channels
     lossless = [e["launch"] for e in data["variants"] if e["key"] == Variant.make("per_block_cast_lossless", LOSSLESS).key][0]
     assert lossless["grid"] == ["4", "((num_tokens + 127) // 128)", "1"] and lossless["block"] == [256, 1, 1]
@@ -225,10 +225,10 @@ def launches(fake_cuda, registry, artifacts, monkeypatch):
     """
     monkeypatch.setenv("TKAOT_PATH", str(artifacts))
     monkeypatch.setattr("tkaot._op.REGISTRY", registry)
-    for op in (_weight_casts._LOSSLESS, _weight_casts._TRANSPOSE_SF, _block_casts._PER_CHANNEL):
+    for op in (_weight_casts._LOSSLESS, _weight_casts._TRANSPOSE_SF, _casts._PER_CHANNEL):
         monkeypatch.setattr(op, "cache", {})
     monkeypatch.setattr(_weight_casts, "current_stream", lambda device: 7)
-    monkeypatch.setattr(_block_casts, "current_stream", lambda device: 7)
+    monkeypatch.setattr(_casts, "current_stream", lambda device: 7)
     monkeypatch.setattr(_weight_casts, "_values_unchecked", lambda: True)  # meta tensors hold no values
     recorded = []
 

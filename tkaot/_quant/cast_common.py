@@ -105,8 +105,11 @@ def sf_rules(n: str, label: str, rows: str, cols: str, layout: str, kind: str) -
     )  # fmt: skip
 
 
+PAIR = {"x": ("x_data", "x_sf")}  # the unpack of a signature whose input is pair_input's
+
+
 def pair_input(block_rules_: tuple, data_dtypes: tuple = (_F8, _I8), contiguous: bool = False, sf_dtypes=(_F32, _F8, _I32)):
-    """A pre-quantized input x, the (data, sf) pair a signature unpacks ({"x": ("x_data", "x_sf")}): data x[0] of
+    """A pre-quantized input x, the (data, sf) pair a signature unpacks (unpack=PAIR): data x[0] of
     data_dtypes (E2M1 int8: two codes a byte) in 16-byte aligned rows (or contiguous), then block_rules_ (placed after
     x_data, binding the scale block as `block`), then sf x[1] of sf_dtypes, one per block, row- or column-major as
     found. Returns (tensors, rules); binds num_tokens, hidden (logical), in_kind, in_dtype, in_block, in_sf, x_sf_stride."""

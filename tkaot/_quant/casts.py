@@ -1,4 +1,4 @@
-"""tkaot.quant's per-token FP8/FP4 casts, cast backs and plain dtype cast, with TileKernels 2.1.0's names and arguments.
+"""tkaot.quant's FP8/FP4 casts, with TileKernels 2.1.0's names, arguments, defaults and returns.
 
 Formats: "e4m3" data is torch.float8_e4m3fn; "e2m1" data is torch.int8 holding two
 FP4 codes a byte (first element in the low nibble), so its last dimension is half
@@ -10,8 +10,7 @@ stride is padded to 16 bytes (DeepGEMM's layout).
 
 Each op's inputs are declared once, as Signatures (tkaot/_validate.py; the pieces the casts share are in
 cast_common.py): its checker raises ValueError/TypeError naming the argument before anything is allocated or
-launched, and returns, by the names in its `returns`, what the launch reads. The per-block and per-channel casts
-are in block_casts.py.
+launched, and returns, by the names in its `returns`, what the launch reads.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from tkaot._quant.cast_common import (
     _SF_DTYPE,
     _SF_ITEM_BYTES,
     IN_BLOCKS,
+    PAIR,
     _alloc_sf,
     _sf_cols,
     _sf_kernel_stride,
@@ -36,12 +36,16 @@ from tkaot._quant.cast_common import (
     pair_input,
     sf_kind_rules,
 )
-from tkaot._quant.kernels import CAST, CAST_BACK, PER_TOKEN_CAST, STOCHASTIC_PAIRS
+from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST, STOCHASTIC_PAIRS
 from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
 
 __all__ = [
     "cast",
     "cast_back",
+    "per_block_cast",
+    "per_block_cast_with_precomputed_sf",
+    "per_block_cast_with_sf_only",
+    "per_channel_cast",
     "per_token_cast_and_cast_back",
     "per_token_cast",
     "per_token_cast_back",
@@ -50,12 +54,15 @@ __all__ = [
     "unpack_from_e2m1fn_x2",
 ]
 
-_GROUPS = (16, 32, 64, 128)
-_PAIR = {"x": ("x_data", "x_sf")}  # a pre-quantized input, unpacked (cast_common.pair_input)
+_GROUPS = (16, 32, 64, 128)  # per-token scale groups
+_BLOCKS = ((32, 32), (32, 128), (128, 32), (128, 128))  # per-block scale blocks
+_IN_DTYPE = Let("in_dtype", "'bfloat16' if t_x is _dt_bfloat16 else 'float32'", after="x")  # a bf16/fp32 input's
 
 _PER_TOKEN = {op: OpKernels(op, PER_TOKEN_CAST) for op in PER_TOKEN_CAST.ops}
-_CAST = OpKernels("tkaot.quant.cast", CAST)
 _CAST_BACK = {op: OpKernels(op, CAST_BACK) for op in CAST_BACK.ops}
+_PER_BLOCK = {op: OpKernels(op, PER_BLOCK_CAST) for op in PER_BLOCK_CAST.ops}
+_PER_CHANNEL = OpKernels("tkaot.quant.per_channel_cast", PER_CHANNEL_CAST)
+_CAST = OpKernels("tkaot.quant.cast", CAST)
 
 
 # ---- per-token casts ---------------------------------------------------------------------------------------------------
@@ -66,12 +73,12 @@ _PT_RETURNS = (
     "in_dtype", "in_block", "in_sf", "sf_stride",
 )  # fmt: skip
 _PT_SCALARS = ("fmt", "num_per_channels", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0", "use_e4m3_sf")
-_X = Tensor("x", (_BF16, _F32), (("num_tokens", "hidden"),), what="2-D (num_tokens, hidden)")
+_X_ROWS = Tensor("x", (_BF16, _F32), (("num_tokens", "hidden"),), what="2-D (num_tokens, hidden)")
 _SIZE = "f'{num_tokens} tokens of {hidden} channels'"
 _ELEMENTS = "fewer than 2**33 elements", _SIZE  # the kernels index 4-element vectors with an int32
 # per_token_cast's hot path: x alone, with every rule that reads a per-call value (the others hold for a plan's key)
 PER_TOKEN_X = Signature(
-    "tkaot.quant.per_token_cast", tensors=(_X,), rules=(Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", *_ELEMENTS, after="x"),),
+    "tkaot.quant.per_token_cast", tensors=(_X_ROWS,), rules=(Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", *_ELEMENTS, after="x"),),
     returns=("device", "t_x", "num_tokens", "hidden", "p_x", "s_x[0]"),
 )  # fmt: skip
 
@@ -86,11 +93,11 @@ def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
             Let("in_sf_ptr", "p_x_sf", after=last), Let("in_sf_stride", "x_sf_stride", after=last),
         )  # fmt: skip
     else:
-        inputs, last = (_X,), "x"
+        inputs, last = (_X_ROWS,), "x"
         rules = (
             Rule("x_block_size", "x_block_size is None", "None for a bf16/fp32 input", actual="repr(x_block_size)", after="x"),
             Let("x_ptr", "p_x", after="x"), Let("x_stride", "s_x[0]", after="x"), Let("in_sf_ptr", "0", after="x"),
-            Let("in_sf_stride", "0", after="x"), Let("in_dtype", "'bfloat16' if t_x is _dt_bfloat16 else 'float32'", after="x"),
+            Let("in_sf_stride", "0", after="x"), _IN_DTYPE,
             Let("in_block", "'none'", after="x"), Let("in_sf", "'none'", after="x"),
         )  # fmt: skip
     rules += (
@@ -111,7 +118,7 @@ def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
     given, given_rules = given_buffers(mode, "num_tokens", last, packed_rows=True)
     return Signature(
         op, tensors=(*inputs, *given), rules=rules + given_rules, scalars=_PT_SCALARS, defaults={"sf_stride": 0},
-        unpack=_PAIR if quantized else None, env={"_FMT_DTYPE": _FMT_DTYPE, "_SF_DTYPE": _SF_DTYPE}, returns=_PT_RETURNS,
+        unpack=PAIR if quantized else None, env={"_FMT_DTYPE": _FMT_DTYPE, "_SF_DTYPE": _SF_DTYPE}, returns=_PT_RETURNS,
     )  # fmt: skip
 
 
@@ -151,17 +158,10 @@ def _per_token(op, mode, x, fmt, group, x_block_size, col_major, round_sf, use_p
 
 
 def per_token_cast(
-    x,
-    fmt: str,
-    num_per_channels: int,
-    x_block_size: tuple[int, int] | None = None,
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-    use_e4m3_sf: bool = False,
-    stochastic_cast: bool = False,
+    x, fmt: str, num_per_channels: int, x_block_size: tuple[int, int] | None = None, use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False, use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False, stochastic_cast: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Cast rows to FP8/FP4 with one scale factor per `num_per_channels` channels of each token.
 
     Args:
@@ -226,31 +226,18 @@ def _plan(x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, sto
 
 
 def per_token_cast_with_sf_only(
-    x: torch.Tensor,
-    fmt: str,
-    num_per_channels: int,
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-    use_e4m3_sf: bool = False,
-    out_sf: torch.Tensor | None = None,
-) -> torch.Tensor:
+    x: torch.Tensor, fmt: str, num_per_channels: int, use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+    use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False, out_sf: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The scale factors per_token_cast would return, without writing the data."""
     return _per_token("tkaot.quant.per_token_cast_with_sf_only", "sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
                       round_sf, use_packed_ue8m0, use_e4m3_sf, False, None, None, out_sf)  # fmt: skip
 
 
 def per_token_cast_with_precomputed_sf(
-    x: torch.Tensor,
-    fmt: str,
-    num_per_channels: int,
-    sf: torch.Tensor,
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-    use_e4m3_sf: bool = False,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    x: torch.Tensor, fmt: str, num_per_channels: int, sf: torch.Tensor, use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False, use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False, out: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Cast with given row-major scale factors: data = round(x * (1 / sf)); returns the data only.
 
     sf is (num_tokens, hidden // num_per_channels), float32 (float8_e4m3fn with use_e4m3_sf).
@@ -278,7 +265,7 @@ def _cast_back_signature(op: str) -> Signature:
     """A cast back's input: the (data, sf) pair, one sf per x_block_size block."""
     inputs, rules = pair_input(block_rules("x_block_size", "block", IN_BLOCKS, "x_data", given=True))
     return Signature(
-        op, tensors=inputs, unpack=_PAIR, scalars=("fmt", "x_block_size", "x_special_fmt"),
+        op, tensors=inputs, unpack=PAIR, scalars=("fmt", "x_block_size", "x_special_fmt"),
         rules=(
             *rules,
             Rule("fmt", "fmt == 'bf16' or fmt == 'fp32'", "'bf16' or 'fp32'", actual="repr(fmt)", after="x_sf"),
@@ -317,6 +304,185 @@ def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | N
 def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt: str | None = None) -> torch.Tensor:
     """cast_back with scale blocks of (1, num_per_channels)."""
     return _cast_back("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
+
+
+# ---- per-block casts ---------------------------------------------------------------------------------------------------
+
+_X_MATRIX = Tensor("x", (_BF16, _F32), (("num_tokens", "hidden"),), layout="contiguous", align=16, what="2-D (num_tokens, hidden)")
+_WIDTH = Rule("x", "hidden % 128 == 0", "a multiple of 128 channels wide", actual="f'{hidden} channels'")
+
+# What every per-block checker returns, by name: _per_block unpacks them in this order
+_PB_RETURNS = (
+    "device", "num_tokens", "hidden", "in_dtype", "block", "kind", "layout", "m_blocks", "k_blocks", "out_cols", "p_x", "sf_stride",
+)  # fmt: skip
+
+
+def _per_block_signature(op: str, mode: str) -> Signature:
+    """A per-block cast's inputs: x, then the caller's buffers of the mode."""
+    given, given_rules = given_buffers(mode, "m_blocks", "x", packed_rows=False)
+    return Signature(
+        op, tensors=(_X_MATRIX, *given),
+        rules=(
+            fmt_rule("x"),
+            *block_rules("block_size", "block", _BLOCKS, "x"),
+            *sf_kind_rules("x", e4m3_sf=False),
+            Let("layout", "'col' if use_tma_aligned_col_major_sf else 'row'", after="x"),
+            _WIDTH.replace(after="x"),
+            Let("m_blocks", "-(-num_tokens // block[0])", after="x"),
+            Let("k_blocks", "hidden // block[1]", after="x"),
+            Rule("x", "m_blocks <= 65535", "at most {65535 * block[0]} tokens for block_size {block}", actual="num_tokens", after="x"),
+            _IN_DTYPE,
+            Let("out_dtype", "_FMT_DTYPE[fmt]", after="x"),
+            Let("out_cols", "hidden // 2 if fmt == 'e2m1' else hidden", after="x"),
+            Let("sf_dtype", "_SF_DTYPE[kind]", after="x"),
+            Let("sf_cols", "-(-k_blocks // 4) if kind == 'ue8m0' else k_blocks", after="x"),
+            *given_rules,
+        ),
+        scalars=("fmt", "block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0"), defaults={"sf_stride": 0},
+        env={"_FMT_DTYPE": _FMT_DTYPE, "_SF_DTYPE": _SF_DTYPE}, returns=_PB_RETURNS,
+    )  # fmt: skip
+
+
+_BLOCK_MODES = dict(zip(PER_BLOCK_CAST.ops, ("cast", "sf_only", "precomputed_sf")))
+PER_BLOCK_SIGNATURES = {op: _per_block_signature(op, mode) for op, mode in _BLOCK_MODES.items()}
+_PER_BLOCK_CHECKS: dict = {}  # op -> its checker (a stand-in that compiles it at the first call)
+_PER_BLOCK_CHECKS.update({op: lazy_checker(sig, _PER_BLOCK_CHECKS, op) for op, sig in PER_BLOCK_SIGNATURES.items()})
+
+
+def _per_block(op, mode, x, fmt, block_size, col_major, round_sf, use_packed_ue8m0, sf, out_x, out_sf):
+    """Every per-block cast: check (its declared signature), pick the variant, allocate what was not given, launch."""
+    given = {"cast": (out_sf, out_x), "sf_only": (out_sf,), "precomputed_sf": (sf, out_x)}[mode]
+    device, num_tokens, hidden, in_dtype, block, kind, layout, m_blocks, k_blocks, out_cols, x_ptr, sf_stride = _PER_BLOCK_CHECKS[op](
+        x, *given, fmt, block_size, col_major, round_sf, use_packed_ue8m0
+    )  # fmt: skip
+    launcher = _PER_BLOCK[op].get(device, hidden, in_dtype, fmt, block[0], block[1], kind, layout, mode)
+    if mode == "precomputed_sf":
+        out_sf = sf
+    if out_x is None and mode != "sf_only":
+        out_x = torch.empty((num_tokens, out_cols), dtype=_FMT_DTYPE[fmt], device=x.device)
+    if out_sf is None:
+        out_sf = _alloc_sf(m_blocks, k_blocks, kind, layout, x.device)
+        sf_stride = _sf_kernel_stride(out_sf, kind, layout)
+    out_ptr = out_x.data_ptr() if out_x is not None else 0
+    launcher(device, current_stream(device), x_ptr, out_ptr, out_sf.data_ptr(), num_tokens, sf_stride)
+    if mode == "sf_only":
+        return out_sf
+    if mode == "precomputed_sf":
+        return out_x
+    return out_x, out_sf
+
+
+def per_block_cast(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+    use_packed_ue8m0: bool = False, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Cast a contiguous (num_tokens, hidden) bf16/fp32 matrix with one scale factor per block_size block.
+
+    block_size is (num_per_tokens, num_per_channels), each 32 or 128; hidden a multiple of 128;
+    any token count (a partial last block takes the amax of its rows). Returns (data, sf) with sf
+    (ceil(num_tokens / bm), hidden / bk) [int32 packed UE8M0: a quarter of the columns, rounded up].
+    """
+    out_x, out_sf = (None, None) if out is None else out
+    return _per_block("tkaot.quant.per_block_cast", "cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                      None, out_x, out_sf)  # fmt: skip
+
+
+def per_block_cast_with_sf_only(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+    use_packed_ue8m0: bool = False, out_sf: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The scale factors per_block_cast would return, without writing the data."""
+    return _per_block("tkaot.quant.per_block_cast_with_sf_only", "sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, None, None, out_sf)  # fmt: skip
+
+
+def per_block_cast_with_precomputed_sf(
+    x: torch.Tensor, fmt: str, block_size: tuple[int, int], sf: torch.Tensor, use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False, use_packed_ue8m0: bool = False, out: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Cast with given row-major fp32 block scale factors: data = round(x * (1 / sf)); returns the data only."""
+    return _per_block("tkaot.quant.per_block_cast_with_precomputed_sf", "precomputed_sf", x, fmt, block_size,
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf, out, None)  # fmt: skip
+
+
+# ---- per-channel cast --------------------------------------------------------------------------------------------------
+
+# What both per-channel checkers return, by name: per_channel_cast unpacks them in this order
+_PC_RETURNS = ("device", "num_tokens", "hidden", "in_dtype", "in_block", "in_sf", "kind", "m_blocks", "x_ptr", "in_sf_ptr", "in_sf_stride")
+
+
+def _per_channel_signature(quantized: bool) -> Signature:
+    """per_channel_cast's inputs: a bf16/fp32 matrix, or (quantized) a (data, sf) pair of FP8 data and per-token sf."""
+    if quantized:
+        inputs, rules = pair_input(
+            (Rule("num_per_channels", "num_per_channels in (32, 128)", "32 or 128 for a pre-quantized (data, sf) input",
+                  actual="repr(num_per_channels)", after="x_data"),
+             Let("block", "(1, num_per_channels)", after="x_data")),
+            data_dtypes=(_F8,), contiguous=True,
+        )  # fmt: skip
+        last = "x_sf"
+        rules += (Let("x_ptr", "p_x_data", after=last), Let("in_sf_ptr", "p_x_sf", after=last),
+                  Let("in_sf_stride", "x_sf_stride", after=last))  # fmt: skip
+    else:
+        inputs, last = (_X_MATRIX,), "x"
+        rules = (
+            Rule("num_per_channels", "num_per_channels is None", "None for a bf16/fp32 input", actual="repr(num_per_channels)", after="x"),
+            _IN_DTYPE, Let("in_block", "'none'", after="x"), Let("in_sf", "'none'", after="x"),
+            Let("x_ptr", "p_x", after="x"), Let("in_sf_ptr", "0", after="x"), Let("in_sf_stride", "0", after="x"),
+        )  # fmt: skip
+    return Signature(
+        "tkaot.quant.per_channel_cast", tensors=inputs, unpack=PAIR if quantized else None,
+        rules=(
+            fmt_rule(last, ("e4m3",)),
+            Rule("num_per_tokens", "num_per_tokens in (32, 128)", "32 or 128", actual="repr(num_per_tokens)", after=last),
+            *sf_kind_rules(last, e4m3_sf=False),
+            *rules,
+            _WIDTH.replace(after=last),
+            Let("m_blocks", "-(-num_tokens // num_per_tokens)", after=last),
+            Rule("x", "m_blocks <= 65535", "at most {65535 * num_per_tokens} tokens", actual="num_tokens", after=last),
+        ),
+        scalars=("fmt", "num_per_tokens", "round_sf", "num_per_channels", "use_packed_ue8m0"), returns=_PC_RETURNS,
+    )  # fmt: skip
+
+
+PER_CHANNEL_SIGNATURE, PER_CHANNEL_QUANTIZED = _per_channel_signature(False), _per_channel_signature(True)
+_check_channel = lazy_checker(PER_CHANNEL_SIGNATURE, globals(), "_check_channel")
+_check_channel_pair = lazy_checker(PER_CHANNEL_QUANTIZED, globals(), "_check_channel_pair")
+
+
+def per_channel_cast(
+    x, fmt: str, num_per_tokens: int, round_sf: bool = False, num_per_channels: int | None = None, use_packed_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Cast to E4M3 with one scale factor per channel for every num_per_tokens (32 or 128) tokens.
+
+    Args:
+        x: a contiguous (num_tokens, hidden) bf16/fp32 matrix, hidden a multiple of 128; or a
+            pre-quantized (data, sf) pair: data contiguous float8_e4m3fn, sf its per-token scale
+            factors in blocks of (1, num_per_channels) (float32, float8_e4m3fn or packed UE8M0
+            int32; row-major, or column-major with any token stride, e.g. a slice along tokens).
+            Such an input is decoded as data * sf in fp32 first.
+        fmt: "e4m3".
+        num_per_tokens: tokens per scale factor, 32 or 128.
+        round_sf: round scale factors up to powers of two.
+        num_per_channels: the input's scale block width, 32 or 128, for (data, sf) inputs; None otherwise.
+        use_packed_ue8m0: store the powers of two as exponent bytes (needs round_sf).
+
+    Returns:
+        (data, sf): data (num_tokens, hidden) float8_e4m3fn; sf (ceil(num_tokens / num_per_tokens), hidden)
+        row-major float32, or with use_packed_ue8m0 int32 of shape (ceil(that / 4), hidden), four
+        token blocks a word.
+    """
+    quantized = not isinstance(x, torch.Tensor)
+    device, num_tokens, hidden, in_dtype, in_block, in_sf, kind, m_blocks, x_ptr, in_sf_ptr, in_sf_stride = (
+        _check_channel_pair if quantized else _check_channel
+    )(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0)
+    launcher = _PER_CHANNEL.get(device, hidden, in_dtype, in_block, in_sf, num_per_tokens, kind)
+    on = x[0].device if quantized else x.device
+    out = torch.empty((num_tokens, hidden), dtype=_F8, device=on)
+    sf_rows = -(-m_blocks // 4) if kind == "ue8m0" else m_blocks
+    out_sf = torch.empty((sf_rows, hidden), dtype=_SF_DTYPE[kind], device=on)
+    launcher(device, current_stream(device), x_ptr, in_sf_ptr, out.data_ptr(), out_sf.data_ptr(), num_tokens, in_sf_stride)
+    return out, out_sf
 
 
 # ---- the plain dtype cast, and E2M1 unpacking --------------------------------------------------------------------------

@@ -9,8 +9,8 @@ Both require power-of-two scale factors, which TileKernels asserts inside its
 kernels (a device trap). tkaot checks the values on the device with torch before
 launching instead, and raises ValueError; that costs one synchronisation per
 call, and is skipped while a CUDA graph is being captured (see each op for what
-its kernel then makes of a bad value). Every other check is on shapes, dtypes,
-strides and devices, done before anything is allocated or launched.
+its kernel then makes of a bad value). Every other check is declared, as Signatures
+(tkaot/_validate.py), and done before anything is allocated or launched.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tkaot._quant.cast_common import (
     _I8,
     _I32,
     IN_BLOCKS,
+    PAIR,
     SF_PACKED_RULE,
     _alloc_sf,
     _sf_kernel_stride,
@@ -67,7 +68,7 @@ _LOSSLESS_INPUT, _LOSSLESS_PAIR_RULES = pair_input(
 LOSSLESS_SIGNATURE = Signature(
     "tkaot.quant.per_block_cast_lossless",
     tensors=_LOSSLESS_INPUT,
-    unpack={"x": ("x_data", "x_sf")},
+    unpack=PAIR,
     rules=(
         *_LOSSLESS_PAIR_RULES,
         fmt_rule("x_sf", ("e4m3",), " (the lossless cast goes from FP4 E2M1 to FP8 E4M3)"),
@@ -90,14 +91,9 @@ _check_lossless = lazy_checker(LOSSLESS_SIGNATURE, globals(), "_check_lossless")
 
 
 def per_block_cast_lossless(
-    x: tuple[torch.Tensor, torch.Tensor],
-    fmt: str,
-    x_block_size: tuple[int, int],
-    out_block_size: tuple[int, int],
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int], out_block_size: tuple[int, int],
+    use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False, use_packed_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Re-quantize block-scaled FP4 (E2M1) data to FP8 (E4M3) with larger scale blocks, exactly.
 
     Args:
@@ -247,11 +243,8 @@ _WEIGHT_CHECKS = _WeightChecks()
 
 
 def batched_transpose_weight_sf(
-    sf: Sequence[torch.Tensor],
-    block_size: int,
-    transpose_sf1s: Sequence[bool],
-    outs: Sequence[tuple[torch.Tensor, torch.Tensor] | None],
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    sf: Sequence[torch.Tensor], block_size: int, transpose_sf1s: Sequence[bool], outs: Sequence[tuple[torch.Tensor, torch.Tensor] | None],
+) -> list[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
     """Turn weights' fp32 power-of-two block scale factors into DeepGEMM's per-row packed UE8M0 ones.
 
     Args:
