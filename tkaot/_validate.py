@@ -70,7 +70,7 @@ class Tensor(Record):
     # align: int = 1
     # optional: bool = False
     # what: str = ""  # how the shape reads in an error ("(num_tokens, hidden)"); derived when empty
-    # label: str = ""  # what errors call it ("out[0] (topk_idx)"); the name when empty
+    # label: str = ""  # what errors call it ("out[0] (topk_idx)"); the name when empty; it may name scalars in braces ("sf[{i}]")
     # only_with: str = ""  # an optional tensor checked only when this earlier tensor is given (else taken as None)
     __slots__ = _fields = ("name", "dtypes", "shapes", "layout", "align", "optional", "what", "label", "only_with")
     _defaults = {"layout": "rows", "align": 1, "optional": False, "what": "", "label": "", "only_with": ""}
@@ -162,6 +162,11 @@ class Signature:
         return _source(self)[0]
 
 
+def _text(s: str) -> str:
+    """A text as source: an f-string where it names the checker's arguments in braces (a label such as "sf[{i}]")."""
+    return f"f{s!r}" if "{" in s else repr(s)
+
+
 def _shape_text(dims: tuple) -> str:
     return "(" + ", ".join(str(d) for d in dims) + (",)" if len(dims) == 1 else ")")
 
@@ -184,8 +189,8 @@ def _source(sig: Signature) -> tuple[str, dict]:
 
     def fail_line(indent: str, name: str, expected: str, actual: str, literal: bool = True) -> None:
         """A raise of `expected` (text, or with literal=False an expression) and `actual` (an expression)."""
-        text = repr(expected) if literal else expected
-        out(f"{indent}    _fail(_op, {name!r}, {text}, {actual})")
+        text = _text(expected) if literal else expected
+        out(f"{indent}    _fail(_op, {_text(name)}, {text}, {actual})")
 
     def emit_rules(items: list, ind: str = "    ") -> None:
         for r in items:
@@ -281,7 +286,7 @@ def _source(sig: Signature) -> tuple[str, dict]:
         out(f"{ind}try:")
         out(f"{ind}    d_{n}, t_{n}, h_{n}, s_{n}, p_{n} = {n}.get_device(), {n}.dtype, {n}.shape, {n}.stride(), {n}.data_ptr()")
         out(f"{ind}except AttributeError:")
-        out(f"{ind}    _not_a_tensor(_op, {label!r}, {n})")
+        out(f"{ind}    _not_a_tensor(_op, {_text(label)}, {n})")
         # device
         if i == 0:
             if t.optional:

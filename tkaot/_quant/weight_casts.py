@@ -62,6 +62,8 @@ def _sf_exponents(sf: torch.Tensor, kind: str, m_blocks: int, k_blocks: int) -> 
     return (bits >> 23) & 0xFF, ((bits & _POW2_MASK) != 0).any()
 
 
+# ---- per_block_cast_lossless ----------------------------------------------------------------------------------------
+
 _LOSSLESS_INPUT, _LOSSLESS_PAIR_RULES = pair_input(
     block_rules("x_block_size", "block", IN_BLOCKS, "x_data", given=True), data_dtypes=(_I8,), sf_dtypes=(_F32, _I32)
 )
@@ -163,7 +165,7 @@ def _check_lossless_scales(op, sf, kind, in_grid, out_grid, in_block, out_block)
         )
 
 
-# ---- batched_transpose_weight_sf: its options, then each weight's checker (its errors name sf[i] and outs[i]) ----------
+# ---- batched_transpose_weight_sf: its options, then each weight's ----------------------------------------------------
 
 _TRANSPOSE_OP = "tkaot.quant.batched_transpose_weight_sf"
 _TRANSPOSE_OPTIONS = Signature(
@@ -193,53 +195,41 @@ def _laid_out(shape, strides, layout) -> bool:
     return tuple(shape) == layout[0] and all(n == 1 or a == b for n, a, b in zip(layout[0], strides, layout[1]))
 
 
-def _weight_signature(i: int) -> Signature:
-    """Weight i's checks: its sf (contiguous fp32 blocks, with groups or without), on the device of the first weight
-    (`first`, None for the first), and when given the (sf0, sf1) it is written to."""
-    name, out = f"sf[{i}]", f"outs[{i}]"
-    given = "f'shape {tuple(h_sf%s)}, strides {s_sf%s}'"
-    return Signature(
-        _TRANSPOSE_OP,
-        tensors=(
-            Tensor("sf", (_F32,), (("n_blocks", "k_blocks"), ("groups", "n_blocks", "k_blocks")), layout="contiguous", label=name,
-                   what="2-D (n_blocks, k_blocks) or 3-D (num_groups, n_blocks, k_blocks)"),
-            Tensor("sf0", (_I32,), None, layout="any", align=16, optional=True, label=f"{out}[0]"),
-            Tensor("sf1", (_I32,), None, layout="any", align=16, optional=True, label=f"{out}[1]"),
-        ),
-        unpack={"out": ("sf0", "sf1")},
-        defaults={"groups": 1},
-        rules=(
-            Rule(name, "first is None or device == first", "on cuda:{first} like the input", actual="f'cuda:{device}'", after="sf"),
-            Let("n", "n_blocks * block_size", after="sf"),
-            Let("k", "k_blocks * block_size", after="sf"),
-            Rule(name, "0 < groups <= 65535 and n % 128 == 0 and k % 128 == 0",
-                 "1 to 65535 groups of (n / {block_size}, k / {block_size}) blocks, n and k multiples of 128",
-                 actual="f'shape {tuple(h_sf)}'", after="sf"),
-            Let("packs_n", "-(-n_blocks // 4)", after="sf"),
-            Let("packs_k", "-(-k_blocks // 4)", after="sf"),
-            Let("words", "(groups * packs_k * n, groups * packs_n * k)", after="sf"),
-            Rule(name, "max(words) <= _MAX_I32", "small enough for 2**31 output words", actual="f'shape {tuple(h_sf)}'", after="sf"),
-            Let("layouts", "_out_layouts(len(h_sf) == 3, groups, n, k, packs_n, packs_k, transpose)", after="sf"),
-            Rule(f"{out}[0]", "_laid_out(h_sf0, s_sf0, layouts[0])", "of shape {layouts[0][0]} with strides {layouts[0][1]}",
-                 actual=given % (0, 0), after="sf0"),
-            Rule(f"{out}[1]", "_laid_out(h_sf1, s_sf1, layouts[1])", "of shape {layouts[1][0]} with strides {layouts[1][1]}",
-                 actual=given % (1, 1), after="sf1"),
-        ),
-        scalars=("block_size", "transpose", "first"),
-        env={"_out_layouts": _out_layouts, "_laid_out": _laid_out},
-        returns=("device", "groups", "n_blocks", "k_blocks", "layouts", "words", "p_sf"),
-    )  # fmt: skip
-
-
-class _WeightChecks(dict):
-    """i -> the checker of weight i, written at its first use."""
-
-    def __missing__(self, i: int):
-        check = self[i] = _weight_signature(i).checker()
-        return check
-
-
-_WEIGHT_CHECKS = _WeightChecks()
+_GIVEN_LAYOUT = "f'shape {tuple(h_sf%d)}, strides {s_sf%d}'"
+# One weight's checks (its errors name sf[i] and outs[i]): its sf, contiguous fp32 blocks with groups or without, on the
+# device of the first weight (`first`, None for the first), and when given the (sf0, sf1) written
+WEIGHT_SIGNATURE = Signature(
+    _TRANSPOSE_OP,
+    tensors=(
+        Tensor("sf", (_F32,), (("n_blocks", "k_blocks"), ("groups", "n_blocks", "k_blocks")), layout="contiguous", label="sf[{i}]",
+               what="2-D (n_blocks, k_blocks) or 3-D (num_groups, n_blocks, k_blocks)"),
+        Tensor("sf0", (_I32,), None, layout="any", align=16, optional=True, label="outs[{i}][0]"),
+        Tensor("sf1", (_I32,), None, layout="any", align=16, optional=True, label="outs[{i}][1]"),
+    ),
+    unpack={"out": ("sf0", "sf1")},
+    defaults={"groups": 1},
+    rules=(
+        Rule("sf[{i}]", "first is None or device == first", "on cuda:{first} like the input", actual="f'cuda:{device}'", after="sf"),
+        Let("n", "n_blocks * block_size", after="sf"),
+        Let("k", "k_blocks * block_size", after="sf"),
+        Rule("sf[{i}]", "0 < groups <= 65535 and n % 128 == 0 and k % 128 == 0",
+             "1 to 65535 groups of (n / {block_size}, k / {block_size}) blocks, n and k multiples of 128",
+             actual="f'shape {tuple(h_sf)}'", after="sf"),
+        Let("packs_n", "-(-n_blocks // 4)", after="sf"),
+        Let("packs_k", "-(-k_blocks // 4)", after="sf"),
+        Let("words", "(groups * packs_k * n, groups * packs_n * k)", after="sf"),
+        Rule("sf[{i}]", "max(words) <= _MAX_I32", "small enough for 2**31 output words", actual="f'shape {tuple(h_sf)}'", after="sf"),
+        Let("layouts", "_out_layouts(len(h_sf) == 3, groups, n, k, packs_n, packs_k, transpose)", after="sf"),
+        Rule("outs[{i}][0]", "_laid_out(h_sf0, s_sf0, layouts[0])", "of shape {layouts[0][0]} with strides {layouts[0][1]}",
+             actual=_GIVEN_LAYOUT % (0, 0), after="sf0"),
+        Rule("outs[{i}][1]", "_laid_out(h_sf1, s_sf1, layouts[1])", "of shape {layouts[1][0]} with strides {layouts[1][1]}",
+             actual=_GIVEN_LAYOUT % (1, 1), after="sf1"),
+    ),
+    scalars=("block_size", "transpose", "first", "i"),
+    env={"_out_layouts": _out_layouts, "_laid_out": _laid_out},
+    returns=("device", "groups", "n_blocks", "k_blocks", "layouts", "words", "p_sf"),
+)  # fmt: skip
+_check_weight = lazy_checker(WEIGHT_SIGNATURE, globals(), "_check_weight")
 
 
 def batched_transpose_weight_sf(
@@ -274,7 +264,7 @@ def batched_transpose_weight_sf(
         return []
     device, plans, pool_words = None, [], 0
     for i, (weight_sf, transpose, out) in enumerate(zip(sf, transpose_sf1s, outs)):
-        device, groups, n_blocks, k_blocks, layouts, words, sf_ptr = _WEIGHT_CHECKS[i](weight_sf, out, block_size, transpose, device)
+        device, groups, n_blocks, k_blocks, layouts, words, sf_ptr = _check_weight(weight_sf, out, block_size, transpose, device, i)
         offsets = None
         if out is None:
             offsets = (pool_words, pool_words + words[0])
