@@ -5,6 +5,45 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
+import torch
+
+from tkaot.errors import NoGPUError
+
+# ---- validation without a GPU: meta tensors stand in for CUDA ones (the fake_cuda fixture, tests/conftest.py)
+
+
+def meta(*shape, dtype=torch.bfloat16, strides=None) -> torch.Tensor:
+    if strides is None:
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+
+def I8(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.int8)
+
+
+def I32(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.int32)
+
+
+def F32(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.float32)
+
+
+def FP8(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.float8_e4m3fn)
+
+
+def assert_each_reaches_the_registry(*calls: Callable[[], object]) -> None:
+    """Each call passes the op's validation: it gets as far as asking for a kernel, which without a GPU raises NoGPUError."""
+    for call in calls:
+        with pytest.raises(NoGPUError):
+            call()
+
+
+# ---- threads
+
 
 def run_on_threads(worker: Callable[[int, threading.Barrier], None], count: int = 8) -> None:
     """Call worker(i, barrier) for i in range(count), each on a thread of its own, and wait for all of them.

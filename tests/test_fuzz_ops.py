@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tkaot  # noqa: E402
+from tests.helpers import meta  # noqa: E402
 from tkaot import _op  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -71,12 +72,6 @@ def examples(**strategies):
         return run
 
     return decorate
-
-
-def meta(*shape, dtype=BF16, strides=None):
-    if strides is None:
-        return torch.empty(*shape, dtype=dtype, device="meta")
-    return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
 
 
 def refuses(call, recorded) -> None:
