@@ -2,11 +2,11 @@
 
     python -m bench.host_compare OLD_TREE . [--rounds 3]
 
-Each tree's calls run in their own fresh process (that tree's tkaot, this checkout's bench code), the trees
-alternating round by round; each figure is bench.timing.host_us (median of 5 loops of 20,000 calls, timed in
-chunks of 200 with the device drained between chunks, so the launch queue never blocks) of bench.host_overhead's
-1-token cases, launched for real. Prints one JSON line per tree and round, then the median over rounds per op
-and tree.
+Each tree's calls run in their own fresh process (that tree's tkaot, this checkout's bench code), pinned to one
+core, the trees alternating round by round. Each figure is bench.timing.host_us of bench.host_overhead's 1-token
+cases, launched for real: the least of 5 loops of 20,000 calls, timed in chunks of 200 with the device drained
+between chunks, so the launch queue never blocks. Prints one JSON line per tree and round, then the least over
+rounds per op and tree (noise on a host only ever adds time, so the least is the figure to compare).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -22,14 +21,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 _PROBE = """
-import json, torch
+import json, os, torch
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})  # one core: no migrations mid-loop
 from bench import timing
 from bench.host_overhead import cases
 import tkaot
 result = {"launcher": tkaot.launcher_kind()}
 for name, fn in cases("cuda").items():
     fn(); torch.cuda.synchronize()
-    result[name] = round(timing.host_us(fn), 3)
+    result[name] = round(timing.host_us(fn, stat=min), 3)
     torch.cuda.synchronize()
 print(json.dumps(result))
 """
@@ -57,9 +57,9 @@ def main() -> None:
                 if isinstance(value, float):
                     samples[tree].setdefault(name, []).append(value)
     names = list(next(iter(samples.values())))
-    print(f"{'host µs per call (median of rounds)':45s} " + " ".join(f"{t[-12:]:>12s}" for t in args.trees))
+    print(f"{'host µs per call (least of rounds)':45s} " + " ".join(f"{t[-12:]:>12s}" for t in args.trees))
     for name in names:
-        print(f"{name:45s} " + " ".join(f"{statistics.median(samples[t].get(name, [float('nan')])):12.2f}" for t in args.trees))
+        print(f"{name:45s} " + " ".join(f"{min(samples[t].get(name, [float('nan')])):12.2f}" for t in args.trees))
 
 
 if __name__ == "__main__":

@@ -57,8 +57,8 @@ def device_us(call: Callable[[dict], object], inputs: list[dict], reps: int = 30
     return statistics.median(times) * 1000.0 / n, mode
 
 
-def host_us(call: Callable[[], object], n: int = 20000, rounds: int = 5, chunk: int = 200) -> float:
-    """Median host µs per call of `call` over `rounds` loops of `n` calls.
+def host_us(call: Callable[[], object], n: int = 20000, rounds: int = 5, chunk: int = 200, stat=statistics.median) -> float:
+    """Host µs per call of `call`: `stat` (the median) over `rounds` loops of `n` calls.
 
     The calls run in chunks of `chunk`, the device drained between chunks and only the calls timed, so the
     launch queue never fills: a figure is the host's own cost, never a wait on the GPU."""
@@ -75,7 +75,7 @@ def host_us(call: Callable[[], object], n: int = 20000, rounds: int = 5, chunk: 
             spent += time.perf_counter_ns() - t0
             torch.cuda.synchronize()
         results.append(spent / (n // chunk * chunk) / 1000.0)
-    return statistics.median(results)
+    return stat(results)
 
 
 def copy_ceiling_tbps(nbytes: int = 2 << 30, reps: int = 20) -> float:

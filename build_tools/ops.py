@@ -8,13 +8,13 @@ order) is the one currency between kernels_src, the build and the manifest; the 
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from build_tools.imports import imported_names
 from tkaot._decl import FAMILIES, Axis, KernelDecl, all_kernels, build_command, format_value
 
 __all__ = [
@@ -75,20 +75,14 @@ def _declaration_file(kernel: str) -> Path:
 def _kernels_src_imports(path: Path) -> set[Path]:
     """Files of kernels_src modules that `path` imports (directly), found by reading its imports."""
     found: set[Path] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] != "kernels_src":
-                continue
-            candidate = KERNELS_ROOT.joinpath(*parts[1:])
-            for f in (candidate.with_suffix(".py"), candidate / "__init__.py"):
-                if f.is_file():
-                    found.add(f)
+    for name in imported_names(path):
+        parts = name.split(".")
+        if parts[0] != "kernels_src":
+            continue
+        candidate = KERNELS_ROOT.joinpath(*parts[1:])
+        for f in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+            if f.is_file():
+                found.add(f)
     return found
 
 

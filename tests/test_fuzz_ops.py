@@ -9,6 +9,8 @@ GPU, driver or kernel is needed. The example count is bounded for CI.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tkaot  # noqa: E402
+from tests.helpers import meta  # noqa: E402
 from tkaot import _op  # noqa: E402
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -54,10 +57,21 @@ def launches(monkeypatch):
     return recorded
 
 
-def meta(*shape, dtype=BF16, strides=None):
-    if strides is None:
-        return torch.empty(*shape, dtype=dtype, device="meta")
-    return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+def examples(**strategies):
+    """@given(**strategies) under SETTINGS, for a test of the `launches` recorder: cleared before each example, since
+    one function-scoped fixture serves every example hypothesis draws."""
+
+    def decorate(test):
+        @SETTINGS
+        @given(**strategies)
+        @functools.wraps(test)
+        def run(launches, **drawn):
+            launches.clear()
+            test(launches, **drawn)
+
+        return run
+
+    return decorate
 
 
 def refuses(call, recorded) -> None:
@@ -98,10 +112,8 @@ def norm_args(d):
     return x, weight, kwargs
 
 
-@SETTINGS
-@given(d=NORM)
+@examples(d=NORM)
 def test_norm_forward_valid_calls_launch_their_declared_variant(launches, d):
-    launches.clear()  # one fixture serves every example
     x, weight, kwargs = norm_args(d)
     out, rstd, _ = tkaot.quant.norm_forward(x, weight, 1e-6, **kwargs)
     key = f"hidden={d['hidden']},dtype={_name(d['dtype'])},with_weight={str(d['weight']).lower()}," \
@@ -131,10 +143,8 @@ def misaligned_rows(x):
     return meta(*shape, dtype=x.dtype, strides=(shape[-2] * row, row, 1)[-len(shape) :])
 
 
-@SETTINGS
-@given(d=NORM, which=st.integers(0, len(NORM_BREAKS) - 1))
+@examples(d=NORM, which=st.integers(0, len(NORM_BREAKS) - 1))
 def test_norm_forward_invalid_calls_raise_before_any_launch(launches, d, which):
-    launches.clear()  # one fixture serves every example
     x, weight, kwargs = NORM_BREAKS[which](*norm_args(d))
     refuses(lambda: tkaot.quant.norm_forward(x, weight, 1e-6, **kwargs), launches)
 
@@ -166,10 +176,8 @@ def rotary_args(d):
     return query, cache, kwargs
 
 
-@SETTINGS
-@given(d=ROTARY)
+@examples(d=ROTARY)
 def test_apply_rotary_valid_calls_launch_their_declared_variant(launches, d):
-    launches.clear()  # one fixture serves every example
     query, cache, kwargs = rotary_args(d)
     assert tkaot.transform.apply_rotary(query, cache, **kwargs) is None
     key = f"rot_dim={d['rot']},dtype={_name(d['dtype'])},interleaved={str(d['interleaved']).lower()}"
@@ -188,10 +196,8 @@ ROTARY_BREAKS = [
 ]
 
 
-@SETTINGS
-@given(d=ROTARY, which=st.integers(0, len(ROTARY_BREAKS) - 1))
+@examples(d=ROTARY, which=st.integers(0, len(ROTARY_BREAKS) - 1))
 def test_apply_rotary_invalid_calls_raise_before_any_launch(launches, d, which):
-    launches.clear()  # one fixture serves every example
     query, cache, kwargs = ROTARY_BREAKS[which](*rotary_args(d))
     refuses(lambda: tkaot.transform.apply_rotary(query, cache, **kwargs), launches)
 
@@ -220,10 +226,8 @@ def gate_args(d):
     return logits, (d["topk"], d["shared"] > 0, max(d["shared"], 1), 2.5, 0), kwargs
 
 
-@SETTINGS
-@given(d=GATE)
+@examples(d=GATE)
 def test_moe_gate_valid_calls_launch_their_declared_variant(launches, d):
-    launches.clear()  # one fixture serves every example
     logits, args, kwargs = gate_args(d)
     idx, weights = tkaot.moe.moe_topk_gate_forward(logits, *args, **kwargs)
     assert launches == [("moe_topk_gate", f"num_experts={d['experts']},num_topk={d['topk']},tiling=ballot4")]
@@ -243,10 +247,8 @@ GATE_BREAKS = [
 ]
 
 
-@SETTINGS
-@given(d=GATE, which=st.integers(0, len(GATE_BREAKS) - 1))
+@examples(d=GATE, which=st.integers(0, len(GATE_BREAKS) - 1))
 def test_moe_gate_invalid_calls_raise_before_any_launch(launches, d, which):
-    launches.clear()  # one fixture serves every example
     logits, args, kwargs = GATE_BREAKS[which](*gate_args(d))
     refuses(lambda: tkaot.moe.moe_topk_gate_forward(logits, *args, **kwargs), launches)
 
@@ -279,10 +281,8 @@ def swiglu_args(d):
     return x, d["group"], kwargs
 
 
-@SETTINGS
-@given(d=SWIGLU)
+@examples(d=SWIGLU)
 def test_swiglu_cast_valid_calls_launch_their_declared_variant(launches, d):
-    launches.clear()  # one fixture serves every example
     x, group, kwargs = swiglu_args(d)
     out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", group, **kwargs)
     from tkaot._quant.kernels import SWIGLU_TILINGS
@@ -305,9 +305,7 @@ SWIGLU_BREAKS = [
 ]
 
 
-@SETTINGS
-@given(d=SWIGLU, which=st.integers(0, len(SWIGLU_BREAKS) - 1))
+@examples(d=SWIGLU, which=st.integers(0, len(SWIGLU_BREAKS) - 1))
 def test_swiglu_cast_invalid_calls_raise_before_any_launch(launches, d, which):
-    launches.clear()  # one fixture serves every example
     x, group, kwargs = SWIGLU_BREAKS[which](*swiglu_args(d))
     refuses(lambda: tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", group, **kwargs), launches)

@@ -1,7 +1,8 @@
 """The runtime's modules import each other without cycles (read from their source, nothing imported)."""
 
-import ast
 from pathlib import Path
+
+from build_tools.imports import imported_names
 
 RUNTIME = Path(__file__).resolve().parent.parent / "tkaot"
 
@@ -13,15 +14,7 @@ def _module_name(path: Path) -> str:
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The tkaot modules a file imports at module level or inside functions (either can close a cycle at run time)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        found |= {n for n in names if n in modules}
-    return found
+    return imported_names(path) & modules
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:

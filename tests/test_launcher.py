@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers import run_on_threads
 from tkaot import _cuda, _kernel
 from tkaot._kernel import Kernel
 from tkaot._spec import Arg, LaunchSpec, Param, compile_grid
@@ -408,26 +409,16 @@ def test_threads_launch_concurrently_without_mixing_arguments(driver, kind):
     driver.sizes = [SIZES[p.type] for p in SPEC.params]
     per_thread = 300
     plans = {}
-    errors = []
-    barrier = threading.Barrier(8)
 
-    def worker(seed):
-        try:
-            rng = random.Random(seed)
-            plan = [values_for(SPEC, ARGS, rng) for _ in range(per_thread)]
-            plans[threading.get_ident()] = plan
-            barrier.wait()
-            for values in plan:
-                launch(seed % 2, 0x1000 + seed, *values)
-        except BaseException as exc:
-            errors.append(exc)
+    def worker(seed, barrier):
+        rng = random.Random(seed)
+        plan = [values_for(SPEC, ARGS, rng) for _ in range(per_thread)]
+        plans[threading.get_ident()] = plan
+        barrier.wait()
+        for values in plan:
+            launch(seed % 2, 0x1000 + seed, *values)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_on_threads(worker, 8)
     assert len(driver.calls) == 8 * per_thread
     for ident, plan in plans.items():
         seen = [c[6] for c in driver.calls if c[0] == ident]
@@ -441,22 +432,14 @@ def test_many_threads_through_the_c_noop(driver, monkeypatch):
     launch = make_kernel(SPEC).bind(ARGS, "compiled")
     values = values_for(SPEC, ARGS, random.Random(6))
 
-    def worker():
+    def worker(i, barrier):
         for _ in range(20000):
             launch(0, 0, *values)
 
-    threads = [threading.Thread(target=worker) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_on_threads(worker, 16)
     # and through cuLaunchKernelEx (the config and its attribute on each thread's C stack)
     launch = make_kernel(SPEC.replace(pdl=True)).bind(ARGS, "compiled", True)
-    threads = [threading.Thread(target=worker) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_on_threads(worker, 16)
     assert driver.calls == []
 
 

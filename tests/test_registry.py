@@ -209,3 +209,41 @@ def test_a_useless_tkaot_path_entry_is_warned_about_once(tmp_path, monkeypatch, 
         f"TKAOT_PATH entry {tmp_path / 'typo'} does not exist; skipping it",
     ]
     assert [s.root for s in first][:1] == [artifact_dir]
+
+
+def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
+    """preload() of the committed set on a fake driver: every variant's cubin (sha256-checked) reaches the driver
+    exactly once, in the set's order; a second preload loads nothing new; a corrupt cubin fails it by name."""
+    import torch
+
+    from tkaot import _kernel
+
+    loaded = []
+
+    class FakeModule:
+        def __init__(self, image, device_index):
+            loaded.append(image)
+
+        def function(self, symbol, smem):
+            return len(loaded)
+
+    r = reg.Registry()
+    monkeypatch.delenv("TKAOT_PATH", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(r, "device_arch", lambda index: "sm90")
+    monkeypatch.setattr(_kernel._cuda, "Module", FakeModule)
+    (prebuilt,) = r.artifact_sets("sm90")
+    variants = list(prebuilt.index())
+    assert r.preload() == len(variants) > 600
+    kernels = [r.kernel("op", kernel, key, 0) for kernel, key in variants]
+    assert loaded == [k.read_cubin() for k in kernels]
+    assert all(k.functions[0] == i + 1 for i, k in enumerate(kernels))
+    assert r.preload() == len(variants) and len(loaded) == len(variants)
+
+    bad = reg.Registry()
+    monkeypatch.setattr(bad, "device_arch", lambda index: "sm90")
+    victim = bad.kernel("op", *variants[7], 0)
+    monkeypatch.setattr(victim, "cubin_sha256", "0" * 64)
+    with pytest.raises(ArtifactError, match="is corrupt"):
+        bad.preload()

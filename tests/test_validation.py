@@ -4,13 +4,10 @@ import pytest
 import torch
 
 import tkaot
+from tests.helpers import meta
 from tkaot.errors import NoGPUError
 
 # fake_cuda (tests/conftest.py) lets meta tensors stand in for CUDA ones
-
-
-def meta(*shape, dtype=torch.bfloat16):
-    return torch.empty(*shape, dtype=dtype, device="meta")
 
 
 def test_cpu_tensor_is_refused():

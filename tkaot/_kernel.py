@@ -89,12 +89,13 @@ class Kernel:
             )
         return image
 
-    def load(self, device_index: int):
-        """Load the module on a device (once) and return its CUfunction."""
+    def load(self, device_index: int, image: bytes | None = None):
+        """Load the module on a device (once) and return its CUfunction. `image`: the cubin, already read by
+        read_cubin()."""
         with self._lock:
             fn = self.functions.get(device_index)
             if fn is None:
-                module = _cuda.Module(self.read_cubin(), device_index)
+                module = _cuda.Module(self.read_cubin() if image is None else image, device_index)
                 fn = module.function(self.spec.symbol, self.spec.smem)
                 self._modules[device_index] = module
                 self.functions[device_index] = fn

@@ -90,23 +90,38 @@ class LaunchSpec(Record):
             raise ManifestError(f"kernel symbol {self.symbol!r} is not an identifier")
         if len(self.grid) != 3 or len(self.block) != 3:
             raise ManifestError("grid and block must have three dimensions")
-        arg_types = {}
-        for a in self.args:
-            if not a.name.isidentifier() or a.role not in ARG_ROLES or a.type not in PARAM_TYPES:
-                raise ManifestError(f"bad argument {a}")
-            arg_types[a.name] = a.type
-        for p in self.params:
-            if p.type not in PARAM_TYPES:
-                raise ManifestError(f"parameter {p.name!r} has unknown type {p.type!r}")
-            if arg_types.get(p.name) != p.type:
-                raise ManifestError(f"kernel parameter {p.name!r} ({p.type}) is not supplied by any op argument")
-        dims = {a.name for a in self.args if a.role == "dim"}
+        dims = _checked_arguments(self.params, self.args)
         for expr in self.grid:
             check_grid_expr(expr, dims)
         if not all(0 < b <= 1024 for b in self.block) or self.smem < 0:
             raise ManifestError(f"bad block {self.block} or shared memory {self.smem}")
         if type(self.pdl) is not bool:
             raise ManifestError(f"pdl must be true or false, got {self.pdl!r}")
+
+
+def _checked_arguments(params: tuple[Param, ...], args: tuple[Arg, ...]) -> frozenset[str]:
+    """Check a parameter and argument list; returns the dim names. The lists a manifest's variants share (_shared)
+    are checked once, remembered by identity (the entry holds them, so an id is never reused while remembered)."""
+    seen = _CHECKED.get((id(params), id(args)))
+    if seen is not None and seen[0] is params and seen[1] is args:
+        return seen[2]
+    arg_types = {}
+    for a in args:
+        if not a.name.isidentifier() or a.role not in ARG_ROLES or a.type not in PARAM_TYPES:
+            raise ManifestError(f"bad argument {a}")
+        arg_types[a.name] = a.type
+    for p in params:
+        if p.type not in PARAM_TYPES:
+            raise ManifestError(f"parameter {p.name!r} has unknown type {p.type!r}")
+        if arg_types.get(p.name) != p.type:
+            raise ManifestError(f"kernel parameter {p.name!r} ({p.type}) is not supplied by any op argument")
+    dims = frozenset(a.name for a in args if a.role == "dim")
+    if len(_CHECKED) < 4096:
+        _CHECKED[(id(params), id(args))] = (params, args, dims)
+    return dims
+
+
+_CHECKED: dict[tuple[int, int], tuple] = {}
 
 
 # The variants of one kernel share their parameter and argument lists: parsed once per process
@@ -123,9 +138,9 @@ def _shared(table: dict, items: list, make) -> tuple:
     return found
 
 
-def check_grid_expr(text: str, names: set[str]) -> ast.expr:
+def check_grid_expr(text: str, names: set[str] | frozenset[str]) -> ast.expr:
     """Parse `text` and refuse anything but integer arithmetic over `names`."""
-    return _checked_grid_expr(text, frozenset(names))
+    return _checked_grid_expr(text, names if type(names) is frozenset else frozenset(names))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -93,6 +93,15 @@ class ArtifactSet:
             self._read_index()
         return self._index
 
+    def parse_all(self) -> None:
+        """Parse every entry not parsed yet, in one pass (preload wants them all: one JSON parse, not one a line)."""
+        index = self.index()
+        pending = [k for k, entry in index.items() if isinstance(entry, str)]
+        if pending:
+            text = "[" + ",".join(index[k].rstrip(",") for k in pending) + "]"
+            for k, entry in zip(pending, _parse_json(text, self.root / "manifest.json")):
+                index[k] = entry
+
     def kernel(self, kernel: str, key: str) -> Kernel | None:
         entry = self.index().get((kernel, key))
         if entry is None:
@@ -291,21 +300,32 @@ class Registry:
         )
 
     def preload(self, device_index: int | None = None) -> int:
-        """Load every variant of the device's arch now; returns how many were loaded."""
+        """Load every variant of the device's arch now; returns how many were loaded.
+
+        The cubins are read and checked (sha256) by a few threads while this one hands them to the driver, in the
+        sets' order; file reads and hashing run without the GIL, so the two overlap."""
+        from concurrent.futures import ThreadPoolExecutor
+
         import torch
 
         if not torch.cuda.is_available():
             raise NoGPUError("tkaot.preload() needs a CUDA GPU, and torch sees none")
         device_index = torch.cuda.current_device() if device_index is None else device_index
         arch = self.device_arch(device_index)
-        count = 0
         with collector_paused():
+            kernels = []
             for s in self.artifact_sets(arch):
-                for kernel, key in s.index():
-                    k = self.kernel("preload", kernel, key, device_index)
-                    k.load(device_index)
-                    count += 1
-        return count
+                s.parse_all()
+                kernels += [self.kernel("preload", kernel, key, device_index) for kernel, key in s.index()]
+            todo = [k for k in kernels if device_index not in k.functions]
+            with ThreadPoolExecutor(max_workers=_PRELOAD_READERS) as readers:
+                for k, image in zip(todo, readers.map(Kernel.read_cubin, todo)):
+                    k.load(device_index, image)
+        return len(kernels)
+
+
+# Threads reading and hashing cubins during preload (enough to keep ahead of the driver's module loads)
+_PRELOAD_READERS = 4
 
 
 def check_version(s: ArtifactSet, arch: str) -> None:

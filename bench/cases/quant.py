@@ -20,62 +20,30 @@ def _fp8_pair():
     return {"x": (data, sf)}
 
 
+def _case(label: str, make, moved: int, op: str, *args, reference: bool = True, **kwargs) -> Case:
+    """The case `label`: tkaot's `op`, TileKernels' and (unless reference=False) the pure-torch reference's,
+    each called with a["x"] and the same arguments; `moved` is the fewest bytes the op moves."""
+    ours, torch_ref = getattr(tkaot.quant, op), getattr(ref, op)
+    return Case(
+        op=label,
+        shape=f"{TOKENS}x{HIDDEN} {'e4m3' if make is _fp8_pair else 'bf16'}",
+        bytes=moved,
+        make=make,
+        tkaot=lambda a: ours(a["x"], *args, **kwargs),
+        torch=(lambda a: torch_ref(a["x"], *args, **kwargs)) if reference else None,
+        tile_kernels=lambda tk, a: getattr(tk.quant, op)(a["x"], *args, **kwargs),
+    )
+
+
 def cases() -> list[Case]:
     n = TOKENS * HIDDEN
-    shape = f"{TOKENS}x{HIDDEN} bf16"
-    out = [
-        Case(
-            op="per_token_cast e4m3/128",
-            shape=shape,
-            bytes=2 * n + n + 4 * n // 128,
-            make=_bf16,
-            tkaot=lambda a: tkaot.quant.per_token_cast(a["x"], "e4m3", 128),
-            torch=lambda a: ref.per_token_cast(a["x"], "e4m3", 128),
-            tile_kernels=lambda tk, a: tk.quant.per_token_cast(a["x"], "e4m3", 128),
+    return [
+        _case("per_token_cast e4m3/128", _bf16, 2 * n + n + 4 * n // 128, "per_token_cast", "e4m3", 128),
+        _case(
+            "per_token_cast e4m3/128 ue8m0 col", _bf16, 2 * n + n + n // 128, "per_token_cast", "e4m3", 128, reference=False, **DEEPGEMM_SF
         ),
-        Case(
-            op="per_token_cast e4m3/128 ue8m0 col",
-            shape=shape,
-            bytes=2 * n + n + n // 128,
-            make=_bf16,
-            tkaot=lambda a: tkaot.quant.per_token_cast(a["x"], "e4m3", 128, **DEEPGEMM_SF),
-            tile_kernels=lambda tk, a: tk.quant.per_token_cast(a["x"], "e4m3", 128, **DEEPGEMM_SF),
-        ),
-        Case(
-            op="per_token_cast e2m1/32",
-            shape=shape,
-            bytes=2 * n + n // 2 + 4 * n // 32,
-            make=_bf16,
-            tkaot=lambda a: tkaot.quant.per_token_cast(a["x"], "e2m1", 32),
-            torch=lambda a: ref.per_token_cast(a["x"], "e2m1", 32),
-            tile_kernels=lambda tk, a: tk.quant.per_token_cast(a["x"], "e2m1", 32),
-        ),
-        Case(
-            op="per_token_cast_back e4m3/128",
-            shape=f"{TOKENS}x{HIDDEN} e4m3",
-            bytes=n + 4 * n // 128 + 2 * n,
-            make=_fp8_pair,
-            tkaot=lambda a: tkaot.quant.per_token_cast_back(a["x"], "bf16", 128),
-            torch=lambda a: ref.per_token_cast_back(a["x"], "bf16", 128),
-            tile_kernels=lambda tk, a: tk.quant.per_token_cast_back(a["x"], "bf16", 128),
-        ),
-        Case(
-            op="per_block_cast e4m3/128x128",
-            shape=shape,
-            bytes=2 * n + n + 4 * n // (128 * 128),
-            make=_bf16,
-            tkaot=lambda a: tkaot.quant.per_block_cast(a["x"], "e4m3", (128, 128)),
-            torch=lambda a: ref.per_block_cast(a["x"], "e4m3", (128, 128)),
-            tile_kernels=lambda tk, a: tk.quant.per_block_cast(a["x"], "e4m3", (128, 128)),
-        ),
-        Case(
-            op="per_channel_cast e4m3/128",
-            shape=shape,
-            bytes=2 * n + n + 4 * n // 128,
-            make=_bf16,
-            tkaot=lambda a: tkaot.quant.per_channel_cast(a["x"], "e4m3", 128),
-            torch=lambda a: ref.per_channel_cast(a["x"], "e4m3", 128),
-            tile_kernels=lambda tk, a: tk.quant.per_channel_cast(a["x"], "e4m3", 128),
-        ),
+        _case("per_token_cast e2m1/32", _bf16, 2 * n + n // 2 + 4 * n // 32, "per_token_cast", "e2m1", 32),
+        _case("per_token_cast_back e4m3/128", _fp8_pair, n + 4 * n // 128 + 2 * n, "per_token_cast_back", "bf16", 128),
+        _case("per_block_cast e4m3/128x128", _bf16, 2 * n + n + 4 * n // (128 * 128), "per_block_cast", "e4m3", (128, 128)),
+        _case("per_channel_cast e4m3/128", _bf16, 2 * n + n + 4 * n // 128, "per_channel_cast", "e4m3", 128),
     ]
-    return out

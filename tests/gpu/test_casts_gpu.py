@@ -86,6 +86,16 @@ def dense(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def check_precomputed_sf_cast(op: str, x, fmt: str, size, sf, ref_round_sf: bool, flags: dict, tokens: int) -> None:
+    """tkaot.quant.<op> (a *_with_precomputed_sf cast) writes the reference's data, byte for byte, into a poisoned out."""
+    want = getattr(ref, op)(x, fmt, size, sf, round_sf=ref_round_sf)
+    out = poisoned_like(want)
+    got = getattr(tkaot.quant, op)(x, fmt, size, sf, **flags, out=out)
+    torch.cuda.synchronize()
+    assert got is out
+    assert_bytes_equal(got, want, f"data, {tokens} tokens")
+
+
 def prequantized(tokens: int, v: dict):
     """A (data, sf) input in the variant's input format, and its x_block_size."""
     bm, bk = (int(n) for n in v["in_block"].split("x"))
@@ -140,12 +150,7 @@ def test_per_token_cast_with_precomputed_sf(seed, v):
     for tokens in TOKENS:
         x = make_input(tokens, hidden, torch.bfloat16)
         _, sf = ref.per_token_cast(make_input(tokens, hidden, torch.bfloat16), fmt, group, **sf_flags(kind))
-        want = ref.per_token_cast_with_precomputed_sf(x, fmt, group, sf, round_sf=kind == "pow2")
-        out = poisoned_like(want)
-        got = tkaot.quant.per_token_cast_with_precomputed_sf(x, fmt, group, sf, **sf_flags(kind), out=out)
-        torch.cuda.synchronize()
-        assert got is out
-        assert_bytes_equal(got, want, f"data, {tokens} tokens")
+        check_precomputed_sf_cast("per_token_cast_with_precomputed_sf", x, fmt, group, sf, kind == "pow2", sf_flags(kind), tokens)
 
 
 @pytest.mark.parametrize("v", [v for v in PER_TOKEN if v["stochastic"]], ids=variant_id)
@@ -239,12 +244,7 @@ def test_per_block_cast_is_bit_exact(seed, v):
         m_blocks = -(-tokens // block[0])
         if v["mode"] == "precomputed_sf":
             _, sf = ref.per_block_cast(make_input(tokens, hidden, dtype), fmt, block, round_sf=kind == "pow2")
-            want = ref.per_block_cast_with_precomputed_sf(x, fmt, block, sf, round_sf=kind == "pow2")
-            out = poisoned_like(want)
-            got = tkaot.quant.per_block_cast_with_precomputed_sf(x, fmt, block, sf, **block_flags(v), out=out)
-            torch.cuda.synchronize()
-            assert got is out
-            assert_bytes_equal(got, want, f"data, {tokens} tokens")
+            check_precomputed_sf_cast("per_block_cast_with_precomputed_sf", x, fmt, block, sf, kind == "pow2", block_flags(v), tokens)
             continue
         want_x, want_sf = ref.per_block_cast(x, fmt, block, **block_flags(v))
         out_sf = poisoned_sf(m_blocks, hidden // block[1], kind, layout)

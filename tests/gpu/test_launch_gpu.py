@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tkaot
+from tests.helpers import run_on_threads
 from tkaot import reference
 
 pytestmark = pytest.mark.gpu
@@ -17,32 +18,22 @@ TOL = dict(rtol=2**-7, atol=2**-7)
 def test_eight_threads_on_their_own_streams(seed):
     hidden, tokens = 4096, 257
     weight = torch.randn(hidden, dtype=torch.bfloat16, device="cuda")
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
 
-    def worker(i: int) -> None:
-        try:
-            stream = torch.cuda.Stream()
-            gen = torch.Generator(device="cuda").manual_seed(seed + i)
-            with torch.cuda.stream(stream):
-                xs = [torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda", generator=gen) for _ in range(4)]
-                barrier.wait()
-                for _ in range(50):
-                    outs = [tkaot.quant.norm_forward(x, weight, 1e-6, with_rstd=True) for x in xs]
-                stream.synchronize()
-                for x, (out, rstd, _) in zip(xs, outs):
-                    ref, ref_rstd, _ = reference.norm_forward(x, weight, 1e-6, with_rstd=True)
-                    torch.testing.assert_close(out, ref, **TOL)
-                    torch.testing.assert_close(rstd, ref_rstd, rtol=1e-5, atol=0)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+    def worker(i: int, barrier: threading.Barrier) -> None:
+        stream = torch.cuda.Stream()
+        gen = torch.Generator(device="cuda").manual_seed(seed + i)
+        with torch.cuda.stream(stream):
+            xs = [torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda", generator=gen) for _ in range(4)]
+            barrier.wait()
+            for _ in range(50):
+                outs = [tkaot.quant.norm_forward(x, weight, 1e-6, with_rstd=True) for x in xs]
+            stream.synchronize()
+            for x, (out, rstd, _) in zip(xs, outs):
+                ref, ref_rstd, _ = reference.norm_forward(x, weight, 1e-6, with_rstd=True)
+                torch.testing.assert_close(out, ref, **TOL)
+                torch.testing.assert_close(rstd, ref_rstd, rtol=1e-5, atol=0)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_on_threads(worker, 8)
 
 
 def _rss_bytes() -> int:

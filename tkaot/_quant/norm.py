@@ -11,12 +11,16 @@ from tkaot._validate import Rule, Signature, Tensor, lazy_checker
 __all__ = ["norm_forward"]
 
 _ROWS = (("num_tokens", "hidden"), ("batch", "num_tokens", "hidden"))
+# RMSNorm's inputs; norm_forward_and_per_token_cast (tkaot/_quant/norm_cast.py) takes the same
+NORM_INPUTS = (
+    Tensor("x", (torch.bfloat16, torch.float32), _ROWS, what="2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)"),
+    Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
+    Tensor("residual", "x", "x", optional=True),
+)
 SIGNATURE = Signature(
     "tkaot.quant.norm_forward",
     tensors=(
-        Tensor("x", (torch.bfloat16, torch.float32), _ROWS, what="2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)"),
-        Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
-        Tensor("residual", "x", "x", optional=True),
+        *NORM_INPUTS,
         Tensor("out", "x", "x", optional=True),
         Tensor("residual_out", "x", "x", optional=True),
     ),

@@ -15,7 +15,7 @@ from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import _SF_DTYPE, SF_KIND, SF_PACKED_RULE, _align, _sf_cols
 from tkaot._quant.fused import _BF16, _F32, _FP8, _I32, _empty_strided
 from tkaot._quant.kernels import NORM_CAST
-from tkaot._quant.norm import norm_forward
+from tkaot._quant.norm import NORM_INPUTS, norm_forward
 from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["norm_forward_and_per_token_cast"]
@@ -30,7 +30,6 @@ def _sf_strides_fit(shape, strides, unit: int) -> bool:
 
 
 _SHAPE = "f'shape {tuple(h_x)}'"
-_ROWS = (("num_tokens", "hidden"), ("batch", "num_tokens", "hidden"))
 _MEGA = Rule(
     "mega_moe_sf", "mega_moe_sf is None and not mega_moe_block_m", "None (the mega MoE sf layout is not supported)",
     actual="'a tensor' if mega_moe_sf is not None else f'mega_moe_block_m={mega_moe_block_m}'", after="x",
@@ -41,9 +40,7 @@ _NEW_SF_STRIDE = "cols * (((num_tokens + 3) & -4) if use_tma_aligned_col_major_s
 SIGNATURE = Signature(
     "tkaot.quant.norm_forward_and_per_token_cast",
     tensors=(
-        Tensor("x", (torch.bfloat16, torch.float32), _ROWS, what="2-D (num_tokens, hidden) or 3-D (batch, num_tokens, hidden)"),
-        Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
-        Tensor("residual", "x", "x", optional=True),
+        *NORM_INPUTS,
         Tensor("residual_out", "x", "x", optional=True, only_with="residual"),  # ignored without a residual
         Tensor("out_bf16", (torch.bfloat16,), "x", optional=True),
         Tensor("data", (torch.float8_e4m3fn,), "x", optional=True, label="out[0]"),

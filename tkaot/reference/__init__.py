@@ -1,4 +1,8 @@
-"""Pure-torch references of tkaot's ops: the meaning the kernels are tested against."""
+"""Pure-torch references of tkaot's ops: the meaning the kernels are tested against.
+
+The reference of an op takes the op's arguments, bound by the op's own signature (takes_arguments_of):
+its def names the ones it needs; the defaults are the op's.
+"""
 
 from tkaot.reference import fused  # noqa: F401
 from tkaot.reference.norm import norm_forward

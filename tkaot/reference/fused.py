@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
+import tkaot.quant
 from tkaot.reference import quant
+from tkaot.reference._arguments import takes_arguments_of
 
 TOKEN_ALIGNMENT = 128
 
@@ -27,15 +29,8 @@ def psum_row_mask(num_rows: int, psum_num_tokens_per_expert: torch.Tensor | None
     return mask
 
 
-def swiglu_forward(
-    x: torch.Tensor,
-    fmt: str = "fp32",
-    psum_num_tokens_per_expert: torch.Tensor | None = None,
-    topk_weights: torch.Tensor | None = None,
-    routed_scaling_factor: float | None = None,
-    clamp_value: float | None = None,
-    clamped_count: torch.Tensor | None = None,
-) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.swiglu_forward)
+def swiglu_forward(x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count) -> torch.Tensor:
     """silu(gate) * up * (topk_weights * routed_scaling_factor) over x = [gate | up], every row, in fp32.
 
     gate is clamped to at most clamp_value and up to [-clamp_value, clamp_value] first; clamped_count
@@ -71,18 +66,19 @@ def per_token_cast(v: torch.Tensor, group: int, sf_kind: str = "fp32", col_major
     return q, quant.store_sf(sf, sf_kind, col_major)
 
 
+@takes_arguments_of(tkaot.quant.swiglu_forward_and_per_token_cast)
 def swiglu_forward_and_per_token_cast(
-    x: torch.Tensor,
-    fmt: str,
-    num_per_channels: int | None,
-    psum_num_tokens_per_expert: torch.Tensor | None = None,
-    topk_weights: torch.Tensor | None = None,
-    routed_scaling_factor: float | None = None,
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-    clamp_value: float | None = None,
-    clamped_count: torch.Tensor | None = None,
+    x,
+    fmt,
+    num_per_channels,
+    psum_num_tokens_per_expert,
+    topk_weights,
+    routed_scaling_factor,
+    use_tma_aligned_col_major_sf,
+    round_sf,
+    use_packed_ue8m0,
+    clamp_value,
+    clamped_count,
 ):
     """swiglu_forward's fp32 output, cast per token group to E4M3 ((out, sf)), or as swiglu_forward for bf16/fp32."""
     if fmt != "e4m3":
@@ -92,16 +88,8 @@ def swiglu_forward_and_per_token_cast(
     return per_token_cast(v, num_per_channels, sf_kind, use_tma_aligned_col_major_sf)
 
 
-def norm_forward_and_per_token_cast(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    out_scale: float = 1.0,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-    rstd: torch.Tensor | None = None,
-):
+@takes_arguments_of(tkaot.quant.norm_forward_and_per_token_cast)
+def norm_forward_and_per_token_cast(x, weight, eps, residual, out_scale, round_sf, use_packed_ue8m0, rstd: torch.Tensor | None = None):
     """RMSNorm rounded to x.dtype, then cast to E4M3 per group of 32 columns of a row.
 
     s = round(x + residual); rstd = 1 / sqrt(mean(s**2) + eps) (or the given rstd, to reproduce a

@@ -8,6 +8,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import tkaot.moe
+from tkaot.reference._arguments import takes_arguments_of
+
 DUPLICATE_STRIDE = 23333
 _WARP = 32
 
@@ -81,23 +84,24 @@ def random_route(tokens: torch.Tensor, num_slots: int, num_physical_experts: int
     return chosen, weights
 
 
+@takes_arguments_of(tkaot.moe.moe_topk_gate_forward)
 def moe_topk_gate_forward(
-    logits: torch.Tensor,
-    num_topk: int,
-    use_shared_as_routed: bool,
-    num_shared_experts: int,
-    routed_scaling_factor: float,
-    ep_rank: int,
-    scoring_func: str = "sqrtsoftplus",
-    mask: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    image_bias: torch.Tensor | None = None,
-    image_token_mask: torch.Tensor | None = None,
-    fix_routing_mask: torch.Tensor | None = None,
-    to_physical_map: torch.Tensor | None = None,
-    logical_count: torch.Tensor | None = None,
-    unmapped_topk_idx: torch.Tensor | None = None,
-    force_random: torch.Tensor | None = None,
+    logits,
+    num_topk,
+    use_shared_as_routed,
+    num_shared_experts,
+    routed_scaling_factor,
+    ep_rank,
+    scoring_func,
+    mask,
+    bias,
+    image_bias,
+    image_token_mask,
+    fix_routing_mask,
+    to_physical_map,
+    logical_count,
+    unmapped_topk_idx,
+    force_random,
 ) -> GateResult:
     """The MoE top-k gate, token by token (inputs are not modified):
 
@@ -163,12 +167,14 @@ def moe_topk_gate_forward(
     return GateResult(topk_idx, topk_weights, unmapped, scores)
 
 
-def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+@takes_arguments_of(tkaot.moe.topk_gate)
+def topk_gate(scores, num_topk) -> torch.Tensor:
     """Indices of the num_topk largest scores per row, largest first, ties to the lower index."""
     return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :num_topk].contiguous()
 
 
-def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@takes_arguments_of(tkaot.moe.normalize_weight)
+def normalize_weight(topk_weights) -> tuple[torch.Tensor, torch.Tensor]:
     """(denominator, weights / denominator) with denominator = 1e-20 + warp_order_sum(weights)."""
     denominator = warp_order_sum(topk_weights) + 1e-20
     return denominator, topk_weights / denominator[:, None]

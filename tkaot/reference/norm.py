@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import torch
 
+import tkaot.quant
+from tkaot.reference._arguments import takes_arguments_of
 
-def norm_forward(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    out_scale: float = 1.0,
-    with_rstd: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+
+@takes_arguments_of(tkaot.quant.norm_forward)
+def norm_forward(x, weight, eps, residual, out_scale, with_rstd) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """RMSNorm over the last dimension with an optional residual added first.
 
     The residual sum is rounded to x.dtype (it is also returned); the mean of

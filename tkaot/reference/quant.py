@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+import tkaot.quant
+from tkaot.reference._arguments import takes_arguments_of
+
 FORMAT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -209,67 +212,48 @@ def block_cast(
     return data, store_sf(sf, sf_kind, col_major_sf, pack_along_m=bk == 1)
 
 
+@takes_arguments_of(tkaot.quant.per_token_cast)
 def per_token_cast(
-    x,
-    fmt: str,
-    num_per_channels: int,
-    x_block_size: tuple[int, int] | None = None,
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-    use_e4m3_sf: bool = False,
-    stochastic_cast: bool = False,
+    x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tkaot.quant.per_token_cast: blocks of (1, num_per_channels)."""
     kind = sf_kind_of(round_sf, use_packed_ue8m0, use_e4m3_sf)
     return block_cast(x, fmt, (1, num_per_channels), x_block_size, kind, use_tma_aligned_col_major_sf, stochastic_cast)
 
 
-def per_token_cast_with_precomputed_sf(
-    x: torch.Tensor, fmt: str, num_per_channels: int, sf: torch.Tensor, round_sf: bool = False
-) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.per_token_cast_with_precomputed_sf)
+def per_token_cast_with_precomputed_sf(x, fmt, num_per_channels, sf, round_sf) -> torch.Tensor:
     """tkaot.quant.per_token_cast_with_precomputed_sf: data = round(x * (1 / sf))."""
     inv_bf16 = round_sf and x.dtype == torch.bfloat16
     return block_cast(x, fmt, (1, num_per_channels), precomputed_sf=sf, inv_bf16=inv_bf16)[0]
 
 
-def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int]) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.cast_back)
+def cast_back(x, fmt, x_block_size) -> torch.Tensor:
     """Dequantize (data, sf) to "bf16" or "fp32": round(data * sf), the product in fp32."""
     raw, scale = _input(x, x_block_size)
     return (raw * scale).to(torch.bfloat16 if fmt == "bf16" else torch.float32)
 
 
-def per_token_cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.per_token_cast_back)
+def per_token_cast_back(x, fmt, num_per_channels) -> torch.Tensor:
     return cast_back(x, fmt, (1, num_per_channels))
 
 
-def per_block_cast(
-    x: torch.Tensor,
-    fmt: str,
-    block_size: tuple[int, int],
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@takes_arguments_of(tkaot.quant.per_block_cast)
+def per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0) -> tuple[torch.Tensor, torch.Tensor]:
     """tkaot.quant.per_block_cast."""
     return block_cast(x, fmt, block_size, None, sf_kind_of(round_sf, use_packed_ue8m0, False), use_tma_aligned_col_major_sf)
 
 
-def per_block_cast_with_precomputed_sf(
-    x: torch.Tensor, fmt: str, block_size: tuple[int, int], sf: torch.Tensor, round_sf: bool = False
-) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.per_block_cast_with_precomputed_sf)
+def per_block_cast_with_precomputed_sf(x, fmt, block_size, sf, round_sf) -> torch.Tensor:
     """tkaot.quant.per_block_cast_with_precomputed_sf: data = round(x * (1 / sf)) per block."""
     return block_cast(x, fmt, block_size, precomputed_sf=sf, inv_bf16=round_sf and x.dtype == torch.bfloat16)[0]
 
 
-def per_channel_cast(
-    x,
-    fmt: str,
-    num_per_tokens: int,
-    round_sf: bool = False,
-    num_per_channels: int | None = None,
-    use_packed_ue8m0: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@takes_arguments_of(tkaot.quant.per_channel_cast)
+def per_channel_cast(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0) -> tuple[torch.Tensor, torch.Tensor]:
     """tkaot.quant.per_channel_cast: blocks of (num_per_tokens, 1); UE8M0 packs four token blocks a word.
 
     A (data, sf) input (scale blocks (1, num_per_channels)) is decoded to fp32 first, data * sf
@@ -281,15 +265,15 @@ def per_channel_cast(
     return block_cast(x, fmt, (num_per_tokens, 1), None, sf_kind_of(round_sf, use_packed_ue8m0, False))
 
 
-def per_token_cast_and_cast_back(
-    x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False, use_e4m3_sf: bool = False
-) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.per_token_cast_and_cast_back)
+def per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf) -> torch.Tensor:
     """What tkaot.quant.per_token_cast_and_cast_back leaves in x: round(decode(cast(x)) * sf) in x's dtype."""
     data, sf = per_token_cast(x, fmt, num_per_channels, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf)
     return (decode(data) * expand_blocks(sf.float(), (1, num_per_channels), x.shape)).to(x.dtype)
 
 
-def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
+@takes_arguments_of(tkaot.quant.cast)
+def cast(x, dtype, stochastic_rounding) -> torch.Tensor:
     """tkaot.quant.cast: round to nearest even (FP8 saturating), or stochastically (unbiased)."""
     if dtype == torch.float8_e4m3fn:
         v = x.float()
@@ -314,14 +298,9 @@ def sf_exponents(sf: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     return (values.view(torch.int32) >> 23) & 0xFF
 
 
+@takes_arguments_of(tkaot.quant.per_block_cast_lossless)
 def per_block_cast_lossless(
-    x: tuple[torch.Tensor, torch.Tensor],
-    fmt: str,
-    x_block_size: tuple[int, int],
-    out_block_size: tuple[int, int],
-    use_tma_aligned_col_major_sf: bool = False,
-    round_sf: bool = False,
-    use_packed_ue8m0: bool = False,
+    x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tkaot.quant.per_block_cast_lossless, from exponents.
 
@@ -356,7 +335,8 @@ def pack_exponents(exps: torch.Tensor) -> torch.Tensor:
     return padded.view(torch.int32)
 
 
-def batched_transpose_weight_sf(sf, block_size: int, transpose_sf1s) -> list[tuple[torch.Tensor, torch.Tensor]]:
+@takes_arguments_of(tkaot.quant.batched_transpose_weight_sf)
+def batched_transpose_weight_sf(sf, block_size, transpose_sf1s) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """tkaot.quant.batched_transpose_weight_sf: per weight (sf0, sf1) of per-row packed UE8M0 words.
 
     sf0 row r holds the exponents of row block r // block_size along k; sf1 is sf0 of the

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+import tkaot.transform
+from tkaot.reference._arguments import takes_arguments_of
+
 
 def rotate(
     x: torch.Tensor,
@@ -48,15 +51,8 @@ def rotate(
     return out.to(x.dtype)
 
 
-def apply_rotary(
-    query: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    key: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    interleaved: bool = False,
-    conjugate: bool = False,
-    seqlen_offset: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+@takes_arguments_of(tkaot.transform.apply_rotary)
+def apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What tkaot.transform.apply_rotary writes in place, returned as (query, key or None) copies."""
     q = rotate(query, cos_sin_cache, positions, interleaved, conjugate, seqlen_offset)
     k = None if key is None else rotate(key, cos_sin_cache, positions, interleaved, conjugate, seqlen_offset)

@@ -1,0 +1,68 @@
+"""Helpers shared by the test modules (CPU and GPU)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from tkaot.errors import NoGPUError
+
+# ---- validation without a GPU: meta tensors stand in for CUDA ones (the fake_cuda fixture, tests/conftest.py)
+
+
+def meta(*shape, dtype=torch.bfloat16, strides=None) -> torch.Tensor:
+    if strides is None:
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+
+def I8(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.int8)
+
+
+def I32(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.int32)
+
+
+def F32(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.float32)
+
+
+def FP8(*shape) -> torch.Tensor:
+    return meta(*shape, dtype=torch.float8_e4m3fn)
+
+
+def assert_each_reaches_the_registry(*calls: Callable[[], object]) -> None:
+    """Each call passes the op's validation: it gets as far as asking for a kernel, which without a GPU raises NoGPUError."""
+    for call in calls:
+        with pytest.raises(NoGPUError):
+            call()
+
+
+# ---- threads
+
+
+def run_on_threads(worker: Callable[[int, threading.Barrier], None], count: int = 8) -> None:
+    """Call worker(i, barrier) for i in range(count), each on a thread of its own, and wait for all of them.
+
+    barrier (count parties) lets the workers start their real work at the same moment; the first
+    exception a worker raised fails the calling test.
+    """
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def run(i: int) -> None:
+        try:
+            worker(i, barrier)
+        except BaseException as exc:  # reported on the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
