@@ -28,18 +28,14 @@ import torch
 import tkaot._quant.casts  # noqa: F401  (the modules recording() patches)
 import tkaot._quant.weight_casts  # noqa: F401
 import tkaot.quant
+from tests.casts_corpus import ALL, Call
 from tkaot import _op
 from tkaot._decl import format_value
 from tkaot._quant import kernels
 
-try:
-    from tests.casts_corpus import ALL, Call
-except ImportError:  # run as a test file: tests/ is not a package on the path
-    from casts_corpus import ALL, Call
-
 RECORD = Path(__file__).resolve().parent / "data" / "casts_contract.jsonl"
 MODULES = ("tkaot._quant.casts", "tkaot._quant.weight_casts")
-# the per-call caches the cast modules keep (module name -> dict attributes), emptied before each call's first run
+# the hot-path caches the cast modules keep (module -> dict attributes), emptied before each call's first run
 HOT_PATHS = {"tkaot._quant.casts": ("_PLANS",)}
 # ops that compute on the host: their returned values are recorded too (by hash)
 HOST_VALUES = {"unpack_from_e2m1fn_x2"}
