@@ -37,6 +37,10 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("quant.swiglu_forward", "hidden a multiple of 256"): _SWIGLU_HIDDEN,
     ("quant.swiglu_forward_and_per_token_cast", "hidden a multiple of 256"): _SWIGLU_HIDDEN,
     ("quant.per_token_cast", "x_block_size must be one of"): _BLOCKS,
+    ("quant.per_token_cast", "a multiple of 64 and of num_per_channels"): (
+        "per_token_cast_kernel.py:32 asserts hidden % 64 == 0 only; per_token_cast_cuda.py:54 tiles a power-of-two group "
+        "over any such hidden (a last, partial group)"
+    ),
     ("quant.cast_back", "x_block_size must be one of"): _BLOCKS,
     ("quant.cast", "got torch.float8_e5m2"): "cast_kernel.py:29-33 restrict only stochastic rounding's dtype pairs",
     ("moe.moe_topk_gate_forward", "experts, got"): _GATE_EXPERTS,
