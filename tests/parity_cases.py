@@ -29,6 +29,7 @@ stream keyed by ep_rank), so they are compared byte for byte.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import zlib
@@ -80,7 +81,7 @@ def token_counts(rng: random.Random, n: int, fixed=ODD_TOKENS, multiple: int = 1
     """n token counts: `fixed` first, then log-uniform in [multiple, 8192], rounded down to multiples of `multiple`."""
     counts = list(fixed[:n])
     while len(counts) < n:
-        t = int(2 ** rng.uniform(0, 13))
+        t = int(2 ** rng.uniform(math.log2(multiple), 13))
         counts.append(min(MAX_TOKENS, max(multiple, t // multiple * multiple)))
     return counts
 

@@ -335,8 +335,7 @@ def transpose_weight_sf_cases(rng):
     def config(rng):
         return {"block_size": rng.choice([32, 128])}
 
-    tokens = (128, 384, 4096, 8192)
-    return assemble("quant.batched_transpose_weight_sf", rng, config, call, make, fixed=tokens, multiple=128)
+    return assemble("quant.batched_transpose_weight_sf", rng, config, call, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
 def _transpose_outs(gen, lead, n, k, bs, transpose):

@@ -137,7 +137,7 @@ def test_cases_are_reproducible_and_bounded(op):
     assert len(first) == parity_cases.CASES_PER_OP
     assert len({c.config for c in first}) <= parity_cases.CONFIGS_PER_OP
     tokens = {c.params["tokens"] for c in first}
-    fixed = parity_cases.ODD_TOKENS if 1 in tokens else (128, 384, 4096, 8192)
+    fixed = parity_cases.ODD_TOKENS if 1 in tokens else parity_cases.BLOCK_TOKENS
     assert set(fixed[: parity_cases.CASES_PER_OP]) <= tokens and max(tokens) <= parity_cases.MAX_TOKENS
     # two builds of a case hold equal tensors of the same layout (the GPU run compares bytes; CPU shows the layout)
     call_a, call_b = first[0].build("meta"), first[0].build("meta")
