@@ -18,7 +18,11 @@ every one TileKernels takes for the op, with these exceptions, each for a reason
   - swiglu's clamp_value is never negative: tkaot refuses a negative clamp (README), and TileKernels' results for
     one differ between its counting and non-counting paths;
   - x_special_fmt is always None (TileKernels asserts it), scoring_func always 'sqrtsoftplus' (likewise);
-  - on CUDA, TileKernels reads no other dtype than those drawn (its asserts; cast also takes float8_e5m2, drawn).
+  - dtypes are those TileKernels asserts or documents: bf16/fp32 activations; cast's fp32, bf16, fp16, E4M3 and E5M2,
+    FP8 to FP8 aside (CUDA has no direct conversion). SwiGLU and the in-place round trip assert no dtype and would
+    compile for fp16 as well; fp16 is not drawn for them.
+Bytes TileKernels leaves unwritten are not compared: rows between experts of a psum layout, and the padding bytes of
+packed UE8M0 rows (each case's `trims`).
 
 Non-deterministic outputs: TileKernels' stochastic rounding (per_token_cast's stochastic_cast, cast's
 stochastic_rounding) takes its random bits from a hash of the values, tkaot's from another hash, so those values

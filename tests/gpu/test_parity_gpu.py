@@ -103,13 +103,16 @@ def run_case(case: parity_cases.Case) -> Outcome:
 
 
 @pytest.fixture(scope="module")
-def warmed():
-    """TileKernels' kernels for every case compiled once, in parallel processes (see the module's docstring)."""
-    if WARM_WORKERS > 1:
+def warmed(request):
+    """TileKernels' kernels for the selected ops' cases compiled once, in parallel processes (see the docstring)."""
+    ops = sorted({item.callspec.params["op"] for item in request.session.items if getattr(item, "originalname", "") == "test_parity"})
+    if WARM_WORKERS > 1 and ops:
         start = time.monotonic()
         command = [sys.executable, "-m", "tests.gpu.test_parity_gpu", "--warm"]
         workers = [
-            subprocess.Popen([*command, str(i), str(WARM_WORKERS)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                [*command, str(i), str(WARM_WORKERS), ",".join(ops)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             for i in range(WARM_WORKERS)
         ]
         for worker in workers:
@@ -165,9 +168,9 @@ def test_no_missing_variants():
     assert not missing, f"{len(missing)} cases miss a variant:\n" + "\n".join(missing)
 
 
-def warm(shard: int, shards: int) -> None:
-    """Make the TileKernels calls of this shard's configurations (their compiles land in TileLang's cache)."""
-    for op in parity_cases.ops():
+def warm(shard: int, shards: int, ops: list[str]) -> None:
+    """Make the TileKernels calls of this shard's configurations of `ops` (their compiles land in TileLang's cache)."""
+    for op in ops:
         for case in parity_cases.cases(op):
             if zlib.crc32(f"{op}|{case.config}".encode()) % shards != shard:
                 continue
@@ -180,4 +183,4 @@ def warm(shard: int, shards: int) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--warm"]:
-    warm(int(sys.argv[2]), int(sys.argv[3]))
+    warm(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(","))
