@@ -37,6 +37,7 @@ import math
 import os
 import random
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -133,12 +134,14 @@ SIZE_KEYS = ("hidden", "experts", "heads")
 
 
 def covering(rng, draw_config, k: int) -> list[dict]:
-    """k configurations picked from 8 k draws, greedily, each adding the most option values not yet picked (sizes
-    aside), so that rare options show up even with few configurations."""
+    """k configurations picked from 8 k draws, greedily, each adding the most option values not picked yet (sizes
+    aside), a value of an option that takes n values counting 1/n, so that rare options show up even with few
+    configurations and no option crowds out the others."""
     candidates = [draw_config(rng) for _ in range(8 * k)]
+    values = Counter(key for key, _ in {f for c in candidates for f in _features(c)})
     picked, seen = [], set()
     for _ in range(k):
-        best = max(candidates, key=lambda c: len(_features(c) - seen))
+        best = max(candidates, key=lambda c: sum(1 / values[key] for key, _ in _features(c) - seen))
         candidates.remove(best)
         picked.append(best)
         seen |= _features(best)
