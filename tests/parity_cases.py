@@ -40,6 +40,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 
@@ -109,7 +110,7 @@ def pick(rng: random.Random, allowed, served=()):
 def label_of(p: dict) -> str:
     words = [f"{p['tokens']} tokens"] if "tokens" in p else []
     for key, value in p.items():
-        if key == "tokens" or value is None or value is False or value == 0:
+        if key == "tokens" or value is None or value is False or (type(value) is int and value == 0):
             continue
         words.append(key if value is True else f"{key}={value}")
     return ", ".join(words)
@@ -136,12 +137,12 @@ SIZE_KEYS = ("hidden", "experts", "heads")
 def covering(rng, draw_config, k: int) -> list[dict]:
     """k configurations picked from 8 k draws, greedily, each adding the most option values not picked yet (sizes
     aside), a value of an option that takes n values counting 1/n, so that rare options show up even with few
-    configurations and no option crowds out the others."""
+    configurations and no option crowds out the others (exact fractions: the same picks whatever the set order)."""
     candidates = [draw_config(rng) for _ in range(8 * k)]
     values = Counter(key for key, _ in {f for c in candidates for f in _features(c)})
     picked, seen = [], set()
     for _ in range(k):
-        best = max(candidates, key=lambda c: sum(1 / values[key] for key, _ in _features(c) - seen))
+        best = max(candidates, key=lambda c: sum(Fraction(1, values[key]) for key, _ in _features(c) - seen))
         candidates.remove(best)
         picked.append(best)
         seen |= _features(best)
@@ -277,6 +278,7 @@ def norm_cast_cases(rng) -> list[Case]:
             c["sf"] = rng.choice(["fp32", "pow2", "ue8m0"])
             c["col_major"] = rng.random() < 0.3
             c["with_out_bf16"] = rng.random() < 0.5
+            c["mega_moe_block_m"] = 0
             if c["sf"] != "fp32" and rng.random() < 0.25:
                 c["hidden"] = pick_size(rng, 128, 8192, NORM_HIDDEN)
                 c["mega_moe_block_m"] = rng.choice([64, 128, 192, 256])

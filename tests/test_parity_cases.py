@@ -10,8 +10,11 @@ source that accepts it. The comparison helpers (tests/parity_compare.py) are che
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,8 @@ import tkaot
 from tests import parity_cases, parity_compare
 from tkaot import _kernel, _op
 from tkaot.registry import Registry
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # tkaot refusing calls TileKernels 2.1.0 accepts: (op, a fragment of tkaot's message) -> where TileKernels takes it.
 # Each is a gap in tkaot, listed so that the suite stays green until it is closed (an entry no case meets fails).
@@ -143,6 +148,17 @@ def test_cases_are_reproducible_and_bounded(op):
     call_a, call_b = first[0].build("meta"), first[0].build("meta")
     a, b = parity_compare.inputs(call_a.args, call_a.kwargs), parity_compare.inputs(call_b.args, call_b.kwargs)
     assert [(p, t.shape, t.dtype, t.stride()) for p, t in a.items()] == [(p, t.shape, t.dtype, t.stride()) for p, t in b.items()]
+
+
+def test_cases_are_the_same_in_every_process():
+    """The GPU run's warm-up processes and the CPU check must meet the very cases of the test process."""
+    script = "from tests import parity_cases as p; print([(c.label, c.seed) for op in p.ops() for c in p.cases(op)])"
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        for seed in ("1", "2")
+    ]  # fmt: skip
+    assert runs[0] == runs[1] == repr([(c.label, c.seed) for op in parity_cases.ops() for c in parity_cases.cases(op)]) + "\n"
 
 
 def test_the_cases_cover_every_public_op():
