@@ -10,8 +10,11 @@ fails while any case misses. The summary (per op: cases, identical, within toler
 printed at the end, and written as JSON lines to the file TKAOT_PARITY_SUMMARY names.
 
 TileKernels compiles a kernel per static configuration the first time it meets it (seconds each). Before the tests,
-TKAOT_PARITY_WARM processes (default: up to 8) make the TileKernels calls of disjoint sets of configurations once, so
-the compiles run in parallel and land in TileLang's kernel cache, where the test process finds them; 0 turns this off.
+TKAOT_PARITY_WARM processes (default: one a core, up to 16) make the TileKernels calls of disjoint sets of
+configurations once, so the compiles run in parallel and land in TileLang's kernel cache, where the test process
+finds them; 0 turns this off. TKAOT_PARITY_CASES / _CONFIGS / _SEED choose the cases (tests/parity_cases.py).
+
+    TKAOT_PARITY_SUMMARY=parity.jsonl python -m pytest -q tests/gpu/test_parity_gpu.py
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ pytestmark = pytest.mark.gpu
 tile_kernels = pytest.importorskip("tile_kernels")
 
 ROOT = Path(__file__).resolve().parents[2]
-WARM_WORKERS = int(os.environ.get("TKAOT_PARITY_WARM", str(min(8, os.cpu_count() or 1))))
+WARM_WORKERS = int(os.environ.get("TKAOT_PARITY_WARM", str(min(16, os.cpu_count() or 1))))
 WARM_TIMEOUT_S = 900
 STATUSES = ("identical", "within tolerance", "differ", "missing", "errors")
 
