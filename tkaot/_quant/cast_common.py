@@ -75,7 +75,7 @@ def block_rules(arg: str, value: str, allowed: tuple, at: str, given: bool = Fal
     rules = (Rule(arg, f"{arg} is not None", "given for a pre-quantized (data, sf) input", actual="None", after=at),) if given else ()
     return (
         *rules,
-        Rule(arg, f"isinstance({arg}, (tuple, list)) and len({arg}) == 2 and all(isinstance(b, int) for b in {arg})",
+        Rule(arg, f"isinstance({arg}, (tuple, list)) and len({arg}) == 2 and isinstance({arg}[0], int) and isinstance({arg}[1], int)",
              "a pair of ints", actual=f"repr({arg})", after=at),
         Let(value, f"(int({arg}[0]), int({arg}[1]))", after=at),
         Rule(arg, f"{value} in {allowed!r}", f"one of {list(allowed)}", actual=value, after=at),
