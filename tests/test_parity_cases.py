@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # tkaot refusing calls TileKernels 2.1.0 accepts: (op, a fragment of tkaot's message) -> where TileKernels takes it.
 # Each is a gap in tkaot, listed so that the suite stays green until it is closed (an entry no case meets fails).
-_OUT_WITHOUT_SF = "norm_forward_kernel.py:211 unpacks out=(data, None); :53 allocates the sf (any layout)"
 _SWIGLU_HIDDEN = "swiglu_forward_cuda.py:62 asserts hidden % 64 == 0 only"
 _BLOCKS = (
     "per_token_cast_cuda.py:80-81 take any input block dividing (or divided by) the tile; "
@@ -36,8 +35,6 @@ _BLOCKS = (
 )
 _GATE_EXPERTS = "moe_topk_gate_forward_cuda.py:43 asserts experts % 4 == 0 only; moe_topk_gate_forward_kernel.py:75 topk <= experts"
 KNOWN_REFUSALS: dict[tuple[str, str], str] = {
-    ("quant.norm_forward_and_per_token_cast", "out must be None with use_tma_aligned_col_major_sf"): _OUT_WITHOUT_SF,
-    ("quant.norm_forward_and_per_token_cast", "object of type 'NoneType' has no len()"): _OUT_WITHOUT_SF,
     ("quant.norm_forward_and_per_token_cast", "mega_moe_sf must be None"): "norm_forward_kernel.py:128-137 take mega_moe_sf on CUDA",
     ("quant.swiglu_forward", "hidden a multiple of 256"): _SWIGLU_HIDDEN,
     ("quant.swiglu_forward_and_per_token_cast", "hidden a multiple of 256"): _SWIGLU_HIDDEN,

@@ -431,3 +431,22 @@ def test_norm_cast_cuda_graph(seed):
         torch.cuda.synchronize()
         (want_q, want_sf), _, _, _ = reference.fused.norm_forward_and_per_token_cast(x, w, 1e-6, round_sf=True, rstd=rstd)
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
+
+
+@pytest.mark.parametrize("col_major", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_norm_cast_out_pair_with_one_buffer_given(seed, col_major, packed):
+    """out=(data, None) allocates the sf (any layout) and out=(None, sf) the data, as TileKernels does: the bytes
+    equal those of a call that allocates both, and the given buffer is the one returned."""
+    x = torch.randn(127, 2048, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(2048, dtype=torch.bfloat16, device="cuda")
+    flags = dict(round_sf=packed, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major)
+    (want_data, want_sf), *_ = tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, **flags)
+    data = torch.full_like(want_data, float("nan"))
+    (got_data, got_sf), *_ = tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, out=(data, None), **flags)
+    assert got_data is data and _bits(got_data).equal(_bits(want_data))
+    assert got_sf.shape == want_sf.shape and got_sf.stride() == want_sf.stride() and _bits(got_sf).equal(_bits(want_sf))
+    if not col_major:
+        sf = torch.full_like(want_sf, -1)
+        (got_data, got_sf), *_ = tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, out=(None, sf), **flags)
+        assert got_sf is sf and _bits(got_sf).equal(_bits(want_sf)) and _bits(got_data).equal(_bits(want_data))

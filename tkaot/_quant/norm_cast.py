@@ -61,8 +61,8 @@ SIGNATURE = Signature(
         Rule("out[1]", f"num_tokens < 2**23 or sf is not None or {_NEW_SF_STRIDE} <= {MAX_I32}", "strided below 2**31",
              actual=f"f'a batch stride of {{{_NEW_SF_STRIDE}}} (bytes when packed, else elements)'", after="x"),
         Rule("out_bf16", "with_out_bf16", "None unless with_out_bf16=True", actual="'a tensor'", after="out_bf16"),
-        Rule("out", "not use_tma_aligned_col_major_sf", "None with use_tma_aligned_col_major_sf (given sf buffers are row-major)",
-             actual="'a (data, sf) pair'", after="data"),
+        Rule("out[1]", "not use_tma_aligned_col_major_sf", "None with use_tma_aligned_col_major_sf (a given sf buffer is row-major)",
+             actual="'a tensor'", after="sf"),
         # a given sf: row-major, shaped as returned
         Rule("out[1]", "t_sf is (_dt_int32 if unit == 4 else _dt_float32)", "{'torch.int32' if unit == 4 else 'torch.float32'}",
              actual="t_sf", after="sf"),
@@ -169,7 +169,8 @@ def norm_forward_and_per_token_cast(
         round_sf: round each sf up to a power of two.
         use_packed_ue8m0: store sf as exponent bytes, four per int32 (needs round_sf).
         with_out_bf16: also return y in bf16.
-        out: optional (data e4m3 shaped like x, sf) buffers; sf row-major, shaped as returned.
+        out: optional (data e4m3 shaped like x, sf) buffers, either of them None (then allocated); a given sf is
+            row-major, shaped as returned.
         out_bf16: optional buffer for y (needs with_out_bf16).
         residual_out: optional buffer for x + residual (ignored without residual).
         mega_moe_sf, mega_moe_block_m: not supported by tkaot (ValueError when given).
@@ -229,10 +230,15 @@ def norm_forward_and_per_token_cast(
         ob_ptr, ob_bs, ob_ts = out_bf16.data_ptr(), new_bs, new_ts
     else:
         ob_bs = ob_ts = 0
-    if out is None:
-        sf_dtype = _I32 if unit == 4 else _F32
+    # out: (data, sf), either of them None (allocated here)
+    data, out_sf = (None, None) if out is None else out
+    if data is None:
         data = _empty_strided(sizes, strides, dtype=_FP8, device=x_device)
         d_ptr, d_bs, d_ts = data.data_ptr(), new_bs, new_ts
+    else:
+        d_bs, d_ts = _rows(ds, batch, num_tokens)
+    if out_sf is None:
+        sf_dtype = _I32 if unit == 4 else _F32
         if use_tma_aligned_col_major_sf:
             pitch = (num_tokens + 3) & -4
             # each batch's (groups, tokens) block row by row, tokens padded to 16 bytes
@@ -251,8 +257,6 @@ def norm_forward_and_per_token_cast(
             sf_bs, sf_ts, sf_gs = num_tokens * cols * unit, cols * unit, unit
         sf_ptr = out_sf.data_ptr()
     else:
-        data, out_sf = out
-        d_bs, d_ts = _rows(ds, batch, num_tokens)
         sf_bs, sf_ts = _rows(sfs, batch, num_tokens)
         sf_bs, sf_ts, sf_gs = sf_bs * unit, sf_ts * unit, unit
     if with_rstd:
