@@ -4,10 +4,10 @@ Needs an artifact set holding the candidates and the variants the public ops lau
 for these cases (so "op (installed)" times the kernels the ops ship now), built with (cast_tune is no
 declared kernel now: its lines need the catalogue of commit 46d55b4)
 
-    tkaot-build build --op cast_tune --set "case=ptc_e4m3_128|ptc_e4m3_128_ue8m0_col|ptc_e2m1_32|cast_back_e4m3_128|per_channel_128" \
+    tkaot-build build --op cast_tune --set "case=ptc_e4m3_128|ptc_e4m3_128_ue8m0_col|cast_back_e4m3_128|per_channel_128" \
         --set "tiling=c0|c1|c2|c3" --out tune-artifacts/quant
-    tkaot-build build --op cast_tune --set "case=ptc_e2m1_32|ptc_e2m1_32_ue8m0" --set "tiling=c4|c5" --out tune-artifacts/quant
-    tkaot-build build --op cast_tune --set case=ptc_e2m1_32_ue8m0 --set "tiling=c0|c1|c2|c3" --out tune-artifacts/quant
+    tkaot-build build --op cast_tune --set case=ptc_e2m1_32 --set "tiling=c0|c1" --out tune-artifacts/quant
+    tkaot-build build --op cast_tune --set case=ptc_e2m1_32_ue8m0 --set "tiling=c0|c1" --out tune-artifacts/quant
     tkaot-build build --op per_token_cast --set hidden=7168 --set in_dtype=bfloat16 --set in_block=none --set in_sf=none \
         --set fmt=e4m3 --set group=128 --set "sf=fp32|ue8m0" --set "sf_layout=row|col" --set mode=cast --set stochastic=false \
         --out tune-artifacts/quant
@@ -36,9 +36,8 @@ The public op is timed beside them: TKAOT_PATH comes first, so it runs the
 variants built above (the tilings the op ships), else whatever the installed artifact sets hold.
 Tiling names (kernels_src/quant/tiling.py): t<threads>r<rows>c<cols>, v8 = 8-byte
 input vectors, h = CTAs walk along the rows, s = one lane forms each group's scale,
-f<n> = the FP4 code paths of per_token_cast.FP4_PATHS: f1 the word helpers of
-kernels_src/quant/fp4_words.py, f3 also no token checks in CTAs whose tokens are
-all in range, f2 / f4 = f1 / f3 with the group amax scattered over the group's lanes.
+f = bf16 to FP4 by the word helpers of kernels_src/quant/fp4_words.py, with no
+token checks in CTAs whose tokens are all in range.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ output written once. The sum of squares is reduced with warp shuffles, then
 across warps through shared memory; a group's amax with shuffles among the
 32 / vec lanes that hold it.
 
+The outputs are TileKernels' bytes: the row split over the same threads, each
+thread summing its squares into two fused multiply-add chains (even and odd
+elements) that it adds at the end, the same shuffle and warp order, and
+y = (s * rstd) * (weight * out_scale) as TileKernels forms it.
+
 Both shipped tilings (TILINGS) use the lean instruction sequence: the same fp32
 operations on the outputs, but bf16 outputs rounded two at a time into one word
 (cvt.rn.bf16x2.f32), FP8 converted two at a time, the "fp32" scale factor
@@ -41,12 +46,12 @@ FP8 = "float8_e4m3"
 
 NUM_THREADS = 128
 NUM_SMS = 132  # H200: the blocks that prefetch the weight into L2
-MAX_VECS_PER_THREAD = 4
+ELEMS_PER_THREAD = 32  # a thread's share of its row, at most, below 128 threads a row
 
 
 class Tiling(NamedTuple):
     blocks: int  # blocks an SM the compiler must fit (its register cap)
-    preload: bool  # the weight read with x, before the row reduction, and held in registers
+    preload: bool  # bf16 rows: the weight read with x, before the row reduction, and held in registers
     residual: bool  # for calls with a residual: has_residual taken as set, the residual sum stored after the reduction
 
 
@@ -79,20 +84,24 @@ __device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
 def row_tiling(hidden: int, dtype: str, tiling: str) -> tuple[int, int, int, int, int]:
     """(elements per vector, threads per row, vectors per thread, threads per block, min blocks per SM).
 
-    128 threads a block, a power of two of them a row, up to MAX_VECS_PER_THREAD vectors each
-    beyond 128 threads (7 for hidden 7168).
+    128 threads a block, a power of two of them a row: enough for ELEMS_PER_THREAD elements each, at
+    least 8 (fewer for rows of fewer vectors) and at most 128 (7 vectors each for hidden 7168 bf16).
+    TileKernels splits its rows the same way, so every thread sums the same elements in the same order.
     """
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = hidden // vec
-    row_threads = 8
-    while row_threads < NUM_THREADS and -(-num_vecs // row_threads) > MAX_VECS_PER_THREAD:
-        row_threads *= 2
+    row_threads = min(NUM_THREADS, max(min(8, _pow2_ceil(num_vecs)), _pow2_ceil(-(-hidden // ELEMS_PER_THREAD))))
     return vec, row_threads, -(-num_vecs // row_threads), NUM_THREADS, TILINGS[tiling].blocks
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def build(hidden: int, dtype: str, sf: str, tiling: str):
     vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
-    preload = TILINGS[tiling].preload
+    # An fp32 row's weight share (up to 32 values a thread) does not fit beside x under the register cap: it spills
+    preload = TILINGS[tiling].preload and dtype == "bfloat16"
     words = dtype == "bfloat16"
     pairs = dtype == "bfloat16"  # an fp32 row rounds to itself
     lean_sf = sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
@@ -219,14 +228,13 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
             y_reg = T.alloc_local((vec,), dtype)
             yb_reg = T.alloc_local((vec,), T.bfloat16)
             q_reg = T.alloc_local((vec,), FP8)
-            part = T.alloc_local((vec,), T.float32)
+            sums = T.alloc_local((2,), T.float32)
             yf = T.alloc_local((vec,), T.float32)
             sf_keep = T.alloc_local((vecs_per_thread,), sf_dtype)
             if pairs:
                 yv = T.alloc_local((vec,), T.float32)
                 word = T.alloc_var(T.uint32)
             acc = T.alloc_local((1,), T.float32)
-            acc[0] = 0.0
             amax = T.alloc_var(T.float32)
             scale = T.alloc_var(T.float32)
             if lean_sf:
@@ -234,90 +242,86 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
                 sf_lean = T.alloc_local((1,), T.float32)
                 inv_lean = T.alloc_local((1,), T.float32)
             warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
-            # One pass: a block takes rows_per_block rows
-            for it in T.serial(1):
-                token = (it * grid_x + block) * rows_per_block + tid // row_threads
-                load_row(x, residual, residual_out, x_reg, r_reg, b, token, lane, has_residual)
-                if preload and has_weight != 0:
-                    for v in T.unroll(vecs_per_thread):
-                        col = (v * row_threads + lane) * vec
-                        if exact or col < hidden:
-                            for j in T.vectorized(vec):
-                                w_reg[v, j] = weight[col + j]
-                for v in T.unroll(vecs_per_thread):
-                    if words:
-                        for j in T.unroll(vec):
-                            part[j] = widen(x_reg, v, j) * widen(x_reg, v, j)
-                    else:
-                        for j in T.vectorized(vec):
-                            part[j] = T.cast(x_reg[v, j], T.float32) * T.cast(x_reg[v, j], T.float32)
-                    for j in T.unroll(vec):
-                        acc[0] += part[j]
-
-                row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
-                if residual_given:
-                    store_residual_sums(residual_out, x_reg, b, token, lane)
-                inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / hidden + eps))
-                if has_rstd != 0 and lane == 0 and token < num_tokens:
-                    rstd[b, token] = inv_rms
-
+            token = block * rows_per_block + tid // row_threads
+            load_row(x, residual, residual_out, x_reg, r_reg, b, token, lane, has_residual)
+            if preload and has_weight != 0:
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
-                    in_row = exact or col < hidden
-                    wv = v if preload else 0
-                    if not preload and has_weight != 0 and in_row:
+                    if exact or col < hidden:
                         for j in T.vectorized(vec):
-                            w_reg[0, j] = weight[col + j]
-                    for j in T.unroll(vec):
-                        scale = out_scale
-                        if has_weight != 0:
-                            scale = widen(w_reg, wv, j) * out_scale
-                        if pairs:
-                            yv[j] = widen(x_reg, v, j) * inv_rms * scale
-                        else:
-                            y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                            w_reg[v, j] = weight[col + j]
+            # The thread's squares in two chains, even and odd elements, then their sum (TileKernels' order)
+            sums[0] = 0.0
+            sums[1] = 0.0
+            for v in T.unroll(vecs_per_thread):
+                for j in T.unroll(vec):
+                    sums[j % 2] = T.fma(widen(x_reg, v, j), widen(x_reg, v, j), sums[j % 2])
+            acc[0] = sums[0] + sums[1]
+
+            row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
+            if residual_given:
+                store_residual_sums(residual_out, x_reg, b, token, lane)
+            inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / hidden + eps))
+            if has_rstd != 0 and lane == 0 and token < num_tokens:
+                rstd[b, token] = inv_rms
+
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                in_row = exact or col < hidden
+                wv = v if preload else 0
+                if not preload and has_weight != 0 and in_row:
+                    for j in T.vectorized(vec):
+                        w_reg[0, j] = weight[col + j]
+                for j in T.unroll(vec):
+                    scale = out_scale
+                    if has_weight != 0:
+                        scale = widen(w_reg, wv, j) * out_scale
                     if pairs:
-                        # Rounded two at a time into one word; the low half shifted up, the high half masked
-                        for j in T.unroll(vec // 2):
-                            word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
-                            yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
-                            yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                        yv[j] = widen(x_reg, v, j) * inv_rms * scale
                     else:
-                        # Vectorized, the rounded outputs are unpacked two at a time
-                        for j in T.vectorized(vec):
-                            yf[j] = T.cast(y_reg[j], T.float32)
-                    # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
-                    amax = T.abs(yf[0])
-                    for j in T.unroll(1, vec):
-                        amax = T.max(amax, T.abs(yf[j]))
-                    for i in T.unroll(group_lanes.bit_length() - 1):
-                        amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                    if lean_sf:
-                        # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
-                        clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                        lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
-                        stored, inv = sf_lean[0], inv_lean[0]
-                    else:
-                        stored, inv = scale_factor(amax, "e4m3", sf)
-                    if has_out_bf16 != 0 and token < num_tokens and in_row:
-                        # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
-                        for j in T.unroll(vec):
-                            yb_reg[j] = T.cast(yf[j], T.bfloat16)
-                        for j in T.vectorized(vec):
-                            out_bf16[b, token, col + j] = yb_reg[j]
+                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                if pairs:
+                    # Rounded two at a time into one word; the low half shifted up, the high half masked
+                    for j in T.unroll(vec // 2):
+                        word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
+                        yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
+                        yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                else:
+                    # Vectorized, the rounded outputs are unpacked two at a time
                     for j in T.vectorized(vec):
-                        yf[j] = yf[j] * inv
+                        yf[j] = T.cast(y_reg[j], T.float32)
+                # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                amax = T.abs(yf[0])
+                for j in T.unroll(1, vec):
+                    amax = T.max(amax, T.abs(yf[j]))
+                for i in T.unroll(group_lanes.bit_length() - 1):
+                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                if lean_sf:
+                    # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
+                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                    lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
+                    stored, inv = sf_lean[0], inv_lean[0]
+                else:
+                    stored, inv = scale_factor(amax, "e4m3", sf)
+                if has_out_bf16 != 0 and token < num_tokens and in_row:
+                    # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
+                    for j in T.unroll(vec):
+                        yb_reg[j] = T.cast(yf[j], T.bfloat16)
                     for j in T.vectorized(vec):
-                        q_reg[j] = T.cast(yf[j], FP8)
-                    if token < num_tokens and in_row:
-                        for j in T.vectorized(vec):
-                            out[b, token, col + j] = q_reg[j]
-                        sf_keep[v] = stored
-                # The thread's scale factors, stored after its last vector under one branch
-                if token < num_tokens and lane % group_lanes == 0:
-                    for v in T.unroll(vecs_per_thread):
-                        col = (v * row_threads + lane) * vec
-                        if exact or col < hidden:
-                            store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
+                        out_bf16[b, token, col + j] = yb_reg[j]
+                for j in T.vectorized(vec):
+                    yf[j] = yf[j] * inv
+                for j in T.vectorized(vec):
+                    q_reg[j] = T.cast(yf[j], FP8)
+                if token < num_tokens and in_row:
+                    for j in T.vectorized(vec):
+                        out[b, token, col + j] = q_reg[j]
+                    sf_keep[v] = stored
+            # The thread's scale factors, stored after its last vector under one branch
+            if token < num_tokens and lane % group_lanes == 0:
+                for v in T.unroll(vecs_per_thread):
+                    col = (v * row_threads + lane) * vec
+                    if exact or col < hidden:
+                        store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
 
     return norm_cast

@@ -25,6 +25,12 @@ def layout(num_experts: int) -> tuple[int, int]:
 TILINGS = {GATE_TILINGS["default"]: 4}
 
 
+def warp_token(block, warps: int):
+    """(lane, token) of this thread: a warp a token, `warps` tokens a block."""
+    tid = T.get_thread_binding()
+    return tid % WARP, block * warps + tid // WARP
+
+
 def chunk_base(c: int, lane, num_experts: int):
     """The expert held in slot c * vec of this lane."""
     vec, chunks = layout(num_experts)

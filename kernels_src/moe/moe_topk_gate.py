@@ -20,6 +20,7 @@ from kernels_src.moe.common import (
     sqrt_softplus,
     warp_min,
     warp_sum,
+    warp_token,
     warp_topk_ballot,
 )
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
@@ -76,9 +77,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
-            tid = T.get_thread_binding()
-            lane = tid % WARP
-            token = block * warps + tid // WARP
+            lane, token = warp_token(block, warps)
             vals = T.alloc_local((chunks * vec,), T.float32)
             shift = T.alloc_local((chunks * vec,), T.float32)
             route = T.alloc_var(T.int32, init=ROUTED)

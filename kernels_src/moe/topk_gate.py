@@ -5,7 +5,7 @@ One warp selects for one token (common.warp_topk_ballot); scores are read once w
 
 import tilelang.language as T
 
-from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_topk_ballot
+from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_token, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._moe.kernels import TOPK_GATE
 
@@ -27,9 +27,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
-            tid = T.get_thread_binding()
-            lane = tid % WARP
-            token = block * warps + tid // WARP
+            lane, token = warp_token(block, warps)
             vals = T.alloc_local((chunks * vec,), T.float32)
             idx = T.alloc_var(T.int32, init=-1)
             if token < num_tokens:

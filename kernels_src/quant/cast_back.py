@@ -67,10 +67,8 @@ def build(hidden, in_dtype, in_block, in_sf, out_dtype, tiling: RowTiling | None
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % 16 == 0)
-            bx, by = tiling.block(gx, gy, segs)
             tid = T.get_thread_binding()
-            first_row = bx * rows_per_cta + tid // tpr
-            first_vec = by * (tpr * cols) + tid % tpr
+            first_row, first_vec = tiling.origin(gx, gy, tid, tpr, segs)
             x_reg = T.alloc_local((vecs_per_thread, regs), storage)
             scale = T.alloc_local((vecs_per_thread,), "float32")
             o_reg = T.alloc_local((vec,), out_dtype)

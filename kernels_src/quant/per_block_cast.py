@@ -12,6 +12,7 @@ import tilelang.language as T
 
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
+from kernels_src.quant.encode import store_encoded
 from tkaot._quant.kernels import PER_BLOCK_CAST
 
 DECL = PER_BLOCK_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -102,15 +103,6 @@ def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
                     if row < num_tokens:
                         for j in T.unroll(vec):
                             xf[j] = T.Cast("float32", x_reg[p, j]) * inv
-                        if fp4_out:
-                            for w in T.unroll(out_vec):
-                                o_reg[w] = common.pack_e2m1(
-                                    [common.e2m1_code(xf[w * word_codes + n]) for n in range(word_codes)], out_storage
-                                )
-                        else:
-                            for j in T.vectorized(out_vec):
-                                o_reg[j] = common.to_e4m3(xf[j])
-                        for j in T.vectorized(out_vec):
-                            out[row, col // (word_codes if fp4_out else 1) + j] = o_reg[j]
+                        store_encoded(xf, o_reg, out, row, col)
 
     return per_block_cast

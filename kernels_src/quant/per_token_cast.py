@@ -9,8 +9,8 @@ stores the group's scale factor (with tiling.one_scale, lane i of a group forms
 the scale of the group's vector i and the others fetch it with a shuffle). Addresses are constant offsets plus a multiple
 of the row stride, and one cubin serves every token count.
 
-tiling.fp4 picks leaner code paths for bf16 -> E2M1 (FP4_PATHS: the word helpers of
-fp4_words, fewer shuffles, no token checks in full CTAs); the shipped tilings use none.
+tiling.fp4 casts bf16 -> E2M1 by the word helpers of fp4_words, with no token checks
+in CTAs whose tokens are all in range (TILING_E2M1_BF16, where it was timed).
 
 Inputs are bf16 / fp32, or already quantized (E4M3 or packed E2M1) with their
 own scale factors in blocks of `in_block` (the decoded input is data * sf).
@@ -25,6 +25,7 @@ import tilelang.language as T
 
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common, fp4_words
+from kernels_src.quant.encode import store_encoded
 from kernels_src.quant.tiling import RowTiling
 from tkaot._quant.kernels import PER_TOKEN_CAST
 
@@ -37,11 +38,9 @@ DECL = PER_TOKEN_CAST  # the declaration this module builds (tkaot/_quant/kernel
 TILING = RowTiling(128, 4, 1, walk="hidden")
 TILING_E2M1 = RowTiling(128, 4, 1, one_scale=True)
 # H200 (bench/tuning/tune_quant.py): bf16 -> e2m1/32 casts by the fp4_words helpers with unchecked full CTAs,
-# t128r4c1sf3: 41.1 µs = 3.75 TB/s with fp32 sf (t128r4c1s 46.4), 40.7 with ue8m0 (46.5); the combinations
+# t128r4c1sf ("sf3" then): 41.1 µs = 3.75 TB/s with fp32 sf (t128r4c1s 46.4), 40.7 with ue8m0 (46.5); the combinations
 # timed and edge-checked there take it (fp4_path_applies), every other e2m1 variant keeps TILING_E2M1.
-TILING_E2M1_BF16 = RowTiling(128, 4, 1, one_scale=True, fp4=3)
-# tiling.fp4 -> (fp4_words helpers, amax scattered over a group's lanes, unchecked full CTAs); see build()
-FP4_PATHS = {0: (False, False, False), 1: (True, False, False), 2: (True, True, False), 3: (True, False, True), 4: (True, True, True)}
+TILING_E2M1_BF16 = RowTiling(128, 4, 1, one_scale=True, fp4=True)
 # in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
 STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
 
@@ -103,18 +102,12 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     fp4_out = fmt == "e2m1"
     # FP4 output goes out as whole words of packed codes: uint32 (8 codes), or uint16 for 4-element vectors
     word_codes = 8 if vec % 8 == 0 else 4
-    # tiling.fp4 (FP4_PATHS): 1 casts eight bf16 values to one word of codes by the fp4_words helpers (amax and
-    # cast); 2 also reduces the group amax by halving exchanges that leave lane i with vector i's (one_scale, as many
-    # vectors a thread as lanes a group: log2(lanes) shuffles instead of vecs * log2(lanes)); 3 is 1 with a CTA whose
-    # tokens are all in range checking none (one CTA-uniform branch; registers capped at 64); 4 is 2 and 3
-    if tiling.fp4 not in FP4_PATHS:
-        raise ValueError(f"{DECL.name}: tiling {tiling}: no FP4 code path {tiling.fp4} (one of {sorted(FP4_PATHS)})")
-    fp4_helpers, scatter_amax, full_tiles = FP4_PATHS[tiling.fp4]
-    full_tiles = 65536 // (64 * num_threads) if full_tiles else 0  # CTAs an SM must hold: 64 registers a thread
+    # tiling.fp4: eight bf16 values to one word of codes by the fp4_words helpers (amax and cast), and a CTA whose
+    # tokens are all in range checking none (one CTA-uniform branch; registers capped at 64)
+    fp4_helpers = tiling.fp4
+    full_tiles = 65536 // (64 * num_threads) if tiling.fp4 else 0  # CTAs an SM must hold: 64 registers a thread
     if fp4_helpers and not (fp4_out and in_dtype == "bfloat16" and vec == 8 and mode == "cast" and not stochastic):
         raise ValueError(f"{DECL.name}: tiling {tiling} casts bf16 to e2m1 in 8-element vectors with mode=cast, stochastic=false")
-    if scatter_amax and not (one_scale and vecs_per_thread == lanes):
-        raise ValueError(f"{DECL.name}: tiling {tiling} needs one_scale with {lanes} vectors a thread (as many as lanes a group)")
     out_vec = vec // word_codes if fp4_out else vec
     out_storage = ("uint32" if word_codes == 8 else "uint16") if fp4_out else "float8_e4m3"
     out_cols = hidden // word_codes if fp4_out else hidden
@@ -148,10 +141,8 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
 
         @T.macro
         def body(x, x_sf, out, out_sf):
-            bx, by = tiling.block(T.get_block_binding(0), T.get_block_binding(1), segs)
             tid = T.get_thread_binding()
-            first_row = bx * rows_per_cta + tid // tpr
-            first_vec = by * (tpr * cols) + tid % tpr
+            first_row, first_vec = tiling.origin(T.get_block_binding(0), T.get_block_binding(1), tid, tpr, segs)
             x_reg = T.alloc_local((vecs_per_thread, regs), storage)
             xf = T.alloc_local((vec,), "float32")
             o_reg = T.alloc_local((out_vec,), out_storage)
@@ -187,30 +178,17 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                     if quantized_in:
                         amax[u] = amax[u] * in_scale[u]
                 # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes
-                if scatter_amax:
-                    # Exchange at distance d: the lane whose bit d is clear keeps the first half of its vectors
-                    # and sends the second; after all halvings lane i holds the group amax of vector i in amax[0]
+                for u in T.unroll(vecs_per_thread):
                     for s in T.unroll(lanes.bit_length() - 1):
-                        upper = (tid & (lanes >> (s + 1))) != 0
-                        for i in T.unroll(lanes >> (s + 1)):
-                            half = lanes >> (s + 1)
-                            amax[i] = T.max(
-                                T.if_then_else(upper, amax[i + half], amax[i]),
-                                T.shfl_xor(T.if_then_else(upper, amax[i], amax[i + half]), half),
-                            )
-                else:
-                    for u in T.unroll(vecs_per_thread):
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax[u] = T.max(amax[u], T.shfl_xor(amax[u], lanes >> (s + 1)))
+                        amax[u] = T.max(amax[u], T.shfl_xor(amax[u], lanes >> (s + 1)))
 
             if one_scale:
                 # Lane i of each group (i < vecs_per_thread) forms the scale of the group's vector i
                 mine = tid % lanes
                 picked = T.alloc_var("float32")
                 picked = amax[0]
-                if not scatter_amax:
-                    for u in T.unroll(vecs_per_thread - 1):
-                        picked = T.if_then_else(mine == u + 1, amax[u + 1], picked)
+                for u in T.unroll(vecs_per_thread - 1):
+                    picked = T.if_then_else(mine == u + 1, amax[u + 1], picked)
                 stored, inv_value = common.scale_factor(picked, fmt, sf)
                 inv = inv_value
                 for u in T.unroll(vecs_per_thread):
@@ -265,16 +243,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                             for j in T.unroll(vec):
                                 rbits = common.hash_u32(T.Cast("uint32", token * hidden + col + j), common.f32_bits(xf[j]))
                                 xf[j] = common.with_sign_of(common.stochastic_round_magnitude(T.abs(xf[j]), rbits, fmt), xf[j])
-                        if fp4_out:
-                            for w in T.unroll(out_vec):
-                                o_reg[w] = common.pack_e2m1(
-                                    [common.e2m1_code(xf[w * word_codes + n]) for n in range(word_codes)], out_storage
-                                )
-                        else:
-                            for j in T.vectorized(out_vec):
-                                o_reg[j] = common.to_e4m3(xf[j])
-                        for j in T.vectorized(out_vec):
-                            out[token, col // (word_codes if fp4_out else 1) + j] = o_reg[j]
+                        store_encoded(xf, o_reg, out, token, col)
 
         return body
 

@@ -16,10 +16,9 @@ so the resident CTAs cover one contiguous band of rows, as a flat copy does.
 each group's scale factor is formed by one lane and fetched by the others with
 a shuffle, instead of by every lane for every vector (per_token_cast only).
 
-`fp4`: which code path casts bf16 to FP4 (per_token_cast.FP4_PATHS): 0 the TIR
-expressions of common.e2m1_code; 1-4 the word helpers of fp4_words (eight codes
-a call, fewer instructions a value), with the group amax scattered over the
-group's lanes (2, 4) and no token checks in CTAs whose tokens are all in range (3, 4).
+`fp4`: per_token_cast casts bf16 to FP4 by the word helpers of fp4_words (eight
+codes a call, fewer instructions a value) rather than the TIR expressions of
+common.e2m1_code, and checks no token in CTAs whose tokens are all in range.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_TEXT = re.compile(r"t(\d+)r(\d+)c(\d+)(?:v(\d+))?(h?)(s?)(?:f(\d+))?")
+_TEXT = re.compile(r"t(\d+)r(\d+)c(\d+)(?:v(\d+))?(h?)(s?)(f?)")
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class RowTiling:
     vec_bytes: int = 16  # most input bytes one vector load reads
     walk: str = "tokens"  # "tokens" or "hidden": which way consecutive CTAs go
     one_scale: bool = False  # one lane forms each group's scale factor
-    fp4: int = 0  # FP4 code path: 0 TIR expressions, 1-4 fp4_words helpers (per_token_cast.FP4_PATHS)
+    fp4: bool = False  # bf16 -> FP4 by the fp4_words helpers, full CTAs unchecked (per_token_cast)
 
     def threads_per_row(self, vecs_per_row: int, lanes: int = 1) -> int:
         """Threads spanning one row segment: a power of two dividing the row, a multiple of `lanes`."""
@@ -56,16 +55,22 @@ class RowTiling:
         """(token block, row segment) of the CTA at grid position (gx, gy)."""
         return (gx // segs, gx % segs) if self.walk == "hidden" else (gx, gy)
 
+    def origin(self, gx, gy, tid, tpr: int, segs: int) -> tuple:
+        """(first token, first vector of the row) of thread `tid` in the CTA at (gx, gy), `tpr` threads a row
+        segment: its vector u is vector first + u % cols * tpr of token first + u // cols * (threads // tpr)."""
+        bx, by = self.block(gx, gy, segs)
+        return bx * (self.threads // tpr * self.rows) + tid // tpr, by * (tpr * self.cols) + tid % tpr
+
     def __str__(self) -> str:
         vec = "" if self.vec_bytes == 16 else f"v{self.vec_bytes}"
-        fp4 = f"f{self.fp4}" if self.fp4 else ""
+        fp4 = "f" if self.fp4 else ""
         return f"t{self.threads}r{self.rows}c{self.cols}{vec}{'h' if self.walk == 'hidden' else ''}{'s' if self.one_scale else ''}{fp4}"
 
     @staticmethod
     def parse(text: str) -> RowTiling:
-        """'t128r4c1' -> RowTiling(128, 4, 1); suffixes: 'v8' 8-byte vectors, 'h' walk="hidden", 's' one_scale, 'f1' fp4=1."""
+        """'t128r4c1' -> RowTiling(128, 4, 1); suffixes: 'v8' 8-byte vectors, 'h' walk="hidden", 's' one_scale, 'f' fp4."""
         m = _TEXT.fullmatch(text)
         if m is None:
-            raise ValueError(f"not a row tiling: {text!r} (want t<threads>r<rows>c<cols>[v<bytes>][h][s][f<n>])")
+            raise ValueError(f"not a row tiling: {text!r} (want t<threads>r<rows>c<cols>[v<bytes>][h][s][f])")
         t, r, c, v, h, s, f = m.groups()
-        return RowTiling(int(t), int(r), int(c), int(v or 16), "hidden" if h else "tokens", bool(s), int(f or 0))
+        return RowTiling(int(t), int(r), int(c), int(v or 16), "hidden" if h else "tokens", bool(s), bool(f))

@@ -450,3 +450,74 @@ def test_norm_cast_out_pair_with_one_buffer_given(seed, col_major, packed):
         sf = torch.full_like(want_sf, -1)
         (got_data, got_sf), *_ = tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, out=(None, sf), **flags)
         assert got_sf is sf and _bits(got_sf).equal(_bits(want_sf)) and _bits(got_data).equal(_bits(want_data))
+
+
+# --- norm_forward_and_per_token_cast against TileKernels, byte for byte
+
+TK_NORM_HIDDENS = [2048, 7168]
+
+
+def _same_bytes(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
+    """Equal shapes, dtypes and bits (NaN payloads and signed zeros included), with a count of what differs."""
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (what, ours.shape, ours.dtype, theirs.shape, theirs.dtype)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[ours.element_size()]
+    a, b = ours.contiguous().view(bits), theirs.contiguous().view(bits)
+    differ = int((a != b).sum())
+    assert differ == 0, f"{what}: {differ} of {a.numel()} elements differ"
+
+
+def check_norm_cast_against_tile_kernels(tk, x, weight, residual, *, round_sf, packed, col_major=False, out_scale=1.0):
+    """tkaot, TileKernels and the reference (given TileKernels' rstd) on one call: every output's bytes."""
+    kw = dict(
+        residual=residual, out_scale=out_scale, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
+        use_packed_ue8m0=packed, with_out_bf16=True, with_rstd=True,
+    )  # fmt: skip
+    out_bf16 = torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    residual_out = None if residual is None else torch.full_like(x, float("nan"))
+    (q, sf), y, rstd, norm_input = tkaot.quant.norm_forward_and_per_token_cast(
+        x, weight, 1e-6, "e4m3", 32, out_bf16=out_bf16, residual_out=residual_out, **kw
+    )
+    (tq, tsf), ty, trstd, tnorm_input = tk.quant.norm_forward_and_per_token_cast(x, weight, 1e-6, "e4m3", 32, **kw)
+    torch.cuda.synchronize()
+    _same_bytes(rstd, trstd, "rstd")
+    _same_bytes(y, ty, "out_bf16")
+    _same_bytes(q, tq, "values")
+    _same_bytes(sf, tsf, "sf")
+    _same_bytes(norm_input, tnorm_input, "norm_input")
+    # The reference: every step after the row reduction, from TileKernels' rstd
+    (want_q, want_sf), want_y, _, want_sum = reference.fused.norm_forward_and_per_token_cast(
+        x, weight, 1e-6, residual, out_scale, round_sf, packed, rstd=trstd
+    )
+    _same_bytes(want_y.bfloat16(), ty, "reference out_bf16")
+    _same_bytes(want_q, tq, "reference values")
+    if not col_major:
+        _same_bytes(want_sf, tsf, "reference sf")
+    _same_bytes(want_sum, tnorm_input, "reference norm_input")
+
+
+@pytest.mark.parametrize("hidden", TK_NORM_HIDDENS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("round_sf, packed", SF_OPTIONS)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_norm_cast_bytes_match_tile_kernels(seed, hidden, dtype, round_sf, packed, with_residual, with_weight):
+    tk = pytest.importorskip("tile_kernels")
+    for tokens in TOKENS:
+        x = torch.randn(tokens, hidden, dtype=dtype, device="cuda") * 3
+        weight = torch.randn(hidden, dtype=dtype, device="cuda") if with_weight else None
+        residual = torch.randn(tokens, hidden, dtype=dtype, device="cuda") if with_residual else None
+        if tokens == 3:
+            x[1, :64] = 0  # zero groups: the amax floor
+        check_norm_cast_against_tile_kernels(tk, x, weight, residual, round_sf=round_sf, packed=packed)
+
+
+@pytest.mark.parametrize("round_sf, packed", SF_OPTIONS)
+def test_norm_cast_bytes_match_tile_kernels_col_major_scaled(seed, round_sf, packed):
+    """TMA-aligned column-major sf and an out_scale, with weight and residual, batched rows included."""
+    tk = pytest.importorskip("tile_kernels")
+    hidden = 7168
+    weight = torch.randn(hidden, dtype=torch.bfloat16, device="cuda")
+    for shape in [(127, hidden), (2, 4097, hidden)]:
+        x = torch.randn(*shape, dtype=torch.bfloat16, device="cuda") * 3
+        residual = torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+        check_norm_cast_against_tile_kernels(tk, x, weight, residual, round_sf=round_sf, packed=packed, col_major=True, out_scale=0.5)
