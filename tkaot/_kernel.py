@@ -192,7 +192,7 @@ class Launcher:
         self._size = pos
         self._offsets = tuple(offsets[i] for i in param_values)
         dims = {a.name for a in spec.args if a.role == "dim"}
-        self._grid = compile_grid(spec.grid, arg_names, dims & set(arg_names), fixed)
+        self._grid = compile_grid(spec.grid, arg_names, dims, fixed)
         self._block = spec.block
         self._smem = spec.smem
         self._functions = kernel.functions
