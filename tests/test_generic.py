@@ -213,3 +213,34 @@ def test_check_reports_specialised_generic_and_missing(tmp_path):
     gap = CliRunner().invoke(main, ["check", "--hf-config", str(config), "--artifacts", str(fake_set(tmp_path / "b", specialised))])
     assert gap.exit_code == 1 and f"; {len(casts_needed)} missing" in gap.output
     assert all(f"    missing per_token_cast {v.key}" in gap.output for v in casts_needed) and " generic " not in gap.output
+
+
+def test_topk_gate_256_experts_top6_runs_on_the_generic_gate(monkeypatch, registry, fake_cuda, driver):  # noqa: F811
+    from tkaot._moe import ops
+
+    monkeypatch.setattr(_op, "REGISTRY", registry)
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(ops, "current_stream", lambda device: 0)
+    monkeypatch.setattr(ops._TOPK, "cache", {})
+    monkeypatch.delenv("TKAOT_STRICT", raising=False)
+    monkeypatch.setenv("TKAOT_PATH", str(PREBUILT))
+    scores = torch.empty(4097, 256, device="meta")
+    with pytest.warns(GenericVariantWarning, match=r"no specialised topk_gate variant \[num_experts=256,num_topk=6,tiling=ballot4\]"):
+        assert tkaot.moe.topk_gate(scores, 6).shape == (4097, 6)
+    (launcher,) = ops._TOPK.cache.values()
+    kernel = getattr(launcher, "__self__", launcher).kernel
+    assert (kernel.kernel, kernel.key) == ("topk_gate_generic", "tiling=ballot4")
+    driver.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    driver.calls.clear()
+    tkaot.moe.topk_gate(scores, 6)
+    (record,) = driver.calls
+    sent = {p.name: raw for p, raw in zip(kernel.spec.params, record[6])}
+    assert record[2] == (1025, 1, 1) and {n: struct.unpack("<i", sent[n])[0] for n in ("num_experts", "num_topk", "num_tokens")} == {
+        "num_experts": 256,
+        "num_topk": 6,
+        "num_tokens": 4097,
+    }
+    # a specialised gate stays specialised
+    tkaot.moe.topk_gate(torch.empty(5, 256, device="meta"), 8)
+    launcher = ops._TOPK.cache[(0, 256, 8, "ballot4")]
+    assert getattr(launcher, "__self__", launcher).kernel.kernel == "topk_gate"

@@ -1,5 +1,6 @@
-"""The generic per-token cast on a GPU: byte for byte what the specialised variants write, the torch reference's
-bytes at widths no specialised variant has, and the calls that once found no kernel against TileKernels.
+"""The generic tier on a GPU. The per-token cast: byte for byte what the specialised variants write, the torch
+reference's bytes at widths no specialised variant has, and the calls that once found no kernel against TileKernels.
+The top-k gate: the specialised variants' indices (ties and NaNs included), the reference's at every expert count.
 
 Every output is poisoned (0xFF bytes) first, so an element either kernel leaves unwritten shows. `on_generic`
 hides the specialised per_token_cast variants from the registry, so the same call runs on the generic one.
@@ -18,8 +19,10 @@ import torch
 import tkaot
 from tests.gpu.test_casts_gpu import assert_bytes_equal, make_input, poisoned_like, poisoned_sf, sf_flags, shapeset_variants
 from tkaot import _op
+from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
+from tkaot.reference import moe as moe_ref
 from tkaot.reference import quant as ref
 
 if sys.version_info >= (3, 11):
@@ -55,18 +58,18 @@ def widths(v: dict) -> list[int]:
 
 
 @contextlib.contextmanager
-def on_generic():
-    """Calls of per_token_cast's ops run on the generic variants: the registry finds no specialised one."""
+def on_generic(specialised: str = "per_token_cast"):
+    """Calls of the `specialised` kernel's ops run on its generic variants: the registry finds no specialised one."""
     registry, real = _op.REGISTRY, _op.REGISTRY.kernel
 
     def kernel(op, name, key, device):
-        if name == "per_token_cast":
+        if name == specialised:
             raise VariantNotBuilt(op, name, key, [], "(hidden by the test)", [])
         return real(op, name, key, device)
 
     def forget():
         _casts._PTC_FAST.clear()
-        for kernels in _casts._PER_TOKEN.values():
+        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK):
             kernels.cache.clear()
 
     forget()
@@ -235,3 +238,52 @@ def test_strict_mode_raises_where_the_generic_variant_would_serve(monkeypatch):
         monkeypatch.setattr(kernels, "cache", {})
     with pytest.raises(tkaot.VariantNotBuilt, match="hidden=5120"):
         tkaot.quant.per_token_cast(torch.randn(4, 5120, dtype=torch.bfloat16, device="cuda"), "e2m1", 32)
+
+
+# ---- the top-k gate ----
+
+TOPK_BUILT = [(128, 8), (256, 8), (64, 6), (64, 8), (8, 4)]  # build_tools/shapesets/moe.toml
+EXPERTS = [1, 2, 3, 5, 8, 31, 32, 33, 63, 64, 100, 127, 128, 129, 200, 255, 256, 257, 384, 511, 512]
+
+
+def tied_scores(tokens: int, experts: int) -> torch.Tensor:
+    return torch.randint(-20, 20, (tokens, experts), device="cuda").float() / 4  # many exact ties
+
+
+@pytest.mark.parametrize(("experts", "topk"), TOPK_BUILT)
+def test_generic_topk_gate_returns_the_specialised_indices(seed, experts, topk):
+    for tokens in TOKENS:
+        scores = tied_scores(tokens, experts)
+        scores[::5, ::7] = float("nan")  # outside the op's contract, but the two kernels still agree
+        scores[::3, 1::9] = float("-inf")
+        want = tkaot.moe.topk_gate(scores, topk)
+        with on_generic("topk_gate"):
+            got = tkaot.moe.topk_gate(scores, topk)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), f"{tokens} tokens"
+
+
+@pytest.mark.parametrize("experts", EXPERTS)
+def test_generic_topk_gate_matches_the_reference(seed, experts):
+    for topk in sorted({1, 2, min(experts, 6), min(experts, 8), min(experts, 9), min(experts, 32)}):
+        for tokens in TOKENS:
+            scores = tied_scores(tokens, experts)
+            with on_generic("topk_gate"):
+                got = tkaot.moe.topk_gate(scores, topk)
+            torch.cuda.synchronize()
+            assert got.shape == (tokens, topk) and got.is_contiguous()
+            assert torch.equal(got, moe_ref.topk_gate(scores, topk)), f"top-{topk}, {tokens} tokens"
+
+
+def test_topk_gate_256_experts_top6_against_the_reference_and_tile_kernels(seed, monkeypatch):
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(_moe_ops._TOPK, "cache", {})
+    scores = tied_scores(4097, 256)
+    with pytest.warns(GenericVariantWarning, match="tkaot-build build --op topk_gate --set num_experts=256 --set num_topk=6"):
+        got = tkaot.moe.topk_gate(scores, 6)
+    assert torch.equal(got, moe_ref.topk_gate(scores, 6))
+    try:
+        import tile_kernels as tk
+    except Exception:  # not installed, or no TileLang here
+        return
+    assert torch.equal(got, tk.moe.topk_gate(scores, 6))
