@@ -1,5 +1,5 @@
 """Every kernel declaration against the prebuilt manifest: keys, argument names and dynamic dims of every
-built variant are the declaration's, and every op a declaration names is a public tkaot op."""
+built variant (generic ones included) are the declaration's, and every op a declaration names is a public tkaot op."""
 
 import importlib
 import json
@@ -47,3 +47,15 @@ def test_every_declared_op_is_public():
             module, _, name = op.rpartition(".")
             assert module in ("tkaot.quant", "tkaot.moe", "tkaot.transform"), op
             assert callable(getattr(importlib.import_module(module), name, None)), op
+
+
+def test_generic_entries_take_their_runtime_axes_as_dims(entries):
+    """A generic variant (KernelDecl.generic) is keyed without its runtime axes and takes each as a dynamic dim."""
+    generic = [e for e in entries if DECLS[e["kernel"]].generic_of]
+    assert generic
+    for e in generic:
+        decl = DECLS[e["kernel"]]
+        runtime = {a.name for a in decl.runtime_axes}
+        roles = {name: (role, kind) for name, role, kind in e["launch"]["args"]}
+        assert all(roles[name] == ("dim", "i32") for name in runtime), e["key"]
+        assert not runtime & set(e["static"]) and decl.generic_of in DECLS, e["key"]

@@ -216,6 +216,25 @@ def test_pdl_launches_go_through_cuLaunchKernelEx_alike_both_ways(driver, monkey
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_values_fixed_at_bind_launch_as_if_passed(driver, kind):
+    """A generic variant's runtime axes are bound once (tkaot/_op.py): the launch is the one passing them would make."""
+    rng = random.Random(5)
+    driver.sizes = [SIZES[p.type] for p in SPEC.params]
+    for fixed_names in (("m",), ("n", "k"), ("scale", "big"), ("b", "n", "m", "k")):
+        rest = tuple(a for a in ARGS if a not in fixed_names)
+        for _ in range(40):
+            values = values_for(SPEC, ARGS, rng)
+            by_name = dict(zip(ARGS, values))
+            launch = make_kernel(SPEC).bind(rest, kind, fixed={n: by_name[n] for n in fixed_names})
+            driver.calls.clear()
+            launch(0, 0x5EED, *(by_name[n] for n in rest))
+            want = expected(SPEC, ARGS, values)
+            assert [c[1:] for c in driver.calls] == ([want] if want else [])
+    with pytest.raises((TypeError, struct.error)):  # a fixed value is not passed again
+        make_kernel(SPEC).bind(ARGS[:-1], kind, fixed={"k": 3})(0, 0, *values_for(SPEC, ARGS, rng))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_driver_without_cuLaunchKernelEx_says_so_before_any_launch(driver, monkeypatch, kind):
     monkeypatch.setattr(_cuda, "launch_address", ORIGINAL_LAUNCH_ADDRESS)
     del driver.cuLaunchKernelEx
@@ -506,6 +525,13 @@ def test_extension_agrees_with_its_python_side():
         _launch.Launcher("f", b"\0", struct.pack("=qqqq", 1, 0, 9, 0) * 3, (1, 1, 1), 0, print, print)
     with pytest.raises(ValueError, match="unknown value type"):
         _launch.Launcher("x", b"", struct.pack("=qqqq", 0, 1, 9, 0) * 3, (1, 1, 1), 0, print, print)
+    grid = struct.pack("=qqqq", 0, 1, 9, 0) * 3
+    with pytest.raises(ValueError, match="constants must be"):
+        _launch.Launcher("q", b"\1", grid, (1, 1, 1), 0, print, print, None, None, False, b"\0" * 7)
+    with pytest.raises(ValueError, match="constants must be"):
+        _launch.Launcher("q", b"\1", grid, (1, 1, 1), 0, print, print, None, None, False, b"\0" * 8 * (_launch.MAX_CONSTANTS + 1))
+    with pytest.raises(ValueError, match="past the end"):
+        _launch.Launcher("q", b"\2", grid, (1, 1, 1), 0, print, print, None, None, False, b"\0" * 8)
 
 
 def test_extension_builds_reproducibly(tmp_path):

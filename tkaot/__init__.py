@@ -14,6 +14,7 @@ import importlib  # noqa: E402
 from tkaot.errors import (  # noqa: E402
     ArtifactError,
     CudaDriverError,
+    GenericVariantWarning,
     ManifestError,
     NoGPUError,
     TkaotError,
@@ -59,6 +60,7 @@ def launcher_kind() -> str:
 __all__ = [
     "ArtifactError",
     "CudaDriverError",
+    "GenericVariantWarning",
     "ManifestError",
     "NoGPUError",
     "TkaotError",

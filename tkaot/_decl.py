@@ -6,6 +6,12 @@ order), the shipped tilings, and the ops it serves. The TileLang source (kernels
 from it and the build checks the lowered signature against it; the runtime keys and binds
 variants with it. A variant's key is formatted by `KernelDecl.key` and nowhere else.
 
+A generic kernel (`KernelDecl.generic`) serves a specialised kernel's calls with some of its size axes
+taken at run time: its axes are the specialised kernel's minus those, its arguments the specialised
+kernel's plus one dynamic dim per runtime axis. The runtime launches it when the specialised variant of
+a call is not built (tkaot/_op.py), with the runtime axes fixed at bind, so the op passes the same
+arguments to either.
+
 Each family keeps its declarations in `tkaot/_<family>/kernels.py` as a tuple `KERNELS`;
 `all_kernels()` collects them.
 """
@@ -99,8 +105,10 @@ class KernelDecl(Record):
     # ops: tuple[str, ...]  # the public ops that launch it
     # role -> shipped tiling, for kernels with a "tiling" axis (whose choices are exactly these tilings)
     # tilings: Mapping[str, str] = {}
-    __slots__ = _fields = ("name", "source", "axes", "args", "dims", "ops", "tilings")
-    _defaults = {"tilings": MappingProxyType({})}
+    # generic_of: str = ""  # a generic kernel: the specialised kernel whose calls it serves
+    # runtime_axes: tuple[Axis, ...] = ()  # a generic kernel: the specialised kernel's axes it takes at run time
+    __slots__ = _fields = ("name", "source", "axes", "args", "dims", "ops", "tilings", "generic_of", "runtime_axes")
+    _defaults = {"tilings": MappingProxyType({}), "generic_of": "", "runtime_axes": ()}
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
@@ -112,6 +120,35 @@ class KernelDecl(Record):
             tiling = self.axis("tiling")
             if tiling.choices != tuple(dict.fromkeys(self.tilings.values())):
                 raise ValueError(f"{self.name}: the tiling axis must offer exactly the shipped tilings {dict(self.tilings)}")
+        if bool(self.generic_of) != bool(self.runtime_axes):
+            raise ValueError(f"{self.name}: a generic kernel names both the kernel it serves and its runtime axes")
+        if not {a.name for a in self.runtime_axes} <= set(self.dims):
+            raise ValueError(f"{self.name}: every runtime axis must be a dynamic dim")
+
+    def generic(self, name: str, source: str, runtime_axes: tuple[str, ...]) -> KernelDecl:
+        """The declaration of a generic kernel that serves this kernel's calls, taking `runtime_axes` (integer
+        axes) at run time as dynamic dims appended to this kernel's arguments; built from `source`."""
+        runtime = tuple(self.axis(n) for n in runtime_axes)
+        if any(a.kind is not int for a in runtime):
+            raise ValueError(f"{name}: runtime axes must be integers, not {[a.name for a in runtime if a.kind is not int]}")
+        return KernelDecl(
+            name=name,
+            source=source,
+            axes=tuple(a for a in self.axes if a.name not in runtime_axes),
+            args=(*self.args, *runtime_axes),
+            dims=(*self.dims, *runtime_axes),
+            ops=self.ops,
+            tilings=self.tilings,
+            generic_of=self.name,
+            runtime_axes=runtime,
+        )
+
+    def split(self, specialised: KernelDecl, values) -> tuple[tuple, dict[str, int]]:
+        """A generic kernel's view of a call of `specialised` with static `values` (in its axis order):
+        (this kernel's static values, {runtime axis: value})."""
+        runtime = {a.name for a in self.runtime_axes}
+        pairs = list(zip(specialised.axis_names, values))
+        return tuple(v for n, v in pairs if n not in runtime), {n: v for n, v in pairs if n in runtime}
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -142,6 +179,14 @@ def all_kernels() -> dict[str, KernelDecl]:
                 raise RuntimeError(f"kernel {decl.name!r} is declared twice")
             found[decl.name] = decl
     return found
+
+
+def generic_kernel(specialised: str) -> KernelDecl | None:
+    """The generic kernel declared for a specialised one, if any."""
+    for decl in all_kernels().values():
+        if decl.generic_of == specialised:
+            return decl
+    return None
 
 
 def kernel(name: str) -> KernelDecl:

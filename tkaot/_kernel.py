@@ -23,6 +23,7 @@ import hashlib
 import os
 import struct
 import threading
+from collections.abc import Mapping
 
 from tkaot import _cuda
 from tkaot._spec import LaunchSpec, compile_grid, grid_program
@@ -51,6 +52,9 @@ def _select_launcher():
         return None, "abi", f"{LAUNCHER_ENV}=abi"
     try:
         from tkaot import _launch
+
+        if not hasattr(_launch, "MAX_CONSTANTS"):  # built from an older _launch.c: no values fixed at bind
+            raise ImportError(f"{_launch.__file__} is older than its source; rebuild it (python -m build_tools.ext)")
     except ImportError as exc:
         if choice == "compiled":
             raise ImportError(f"{LAUNCHER_ENV}=compiled, but the compiled launcher does not import: {exc}") from None
@@ -101,27 +105,31 @@ class Kernel:
                 self.functions[device_index] = fn
             return fn
 
-    def bind(self, arg_names: tuple[str, ...], kind: str | None = None, pdl: bool | None = None):
+    def bind(self, arg_names: tuple[str, ...], kind: str | None = None, pdl: bool | None = None, fixed: Mapping | None = None):
         """A callable launcher(device_index, stream, *values in arg_names order) -> None.
 
         `kind` is "compiled" or "abi"; by default the one this process selected (LAUNCHER_KIND).
         `pdl`: launch with programmatic dependent launch; by default when the spec allows it and
         TKAOT_PDL does not say 0. A spec without `pdl` is never launched so (ValueError).
+        `fixed`: arguments given once, here, rather than per call (a generic kernel's runtime axes,
+        tkaot/_op.py): packed at bind and folded into the grid, so a call costs what it would without them.
         """
         kind = kind or LAUNCHER_KIND
         pdl = self.spec.pdl and PDL_ALLOWED if pdl is None else pdl
+        fixed = dict(fixed or {})
         if pdl and not self.spec.pdl:
             raise ValueError(f"{self} does not wait for the kernel before it, so it cannot be launched with PDL")
         if kind == "abi":
-            return Launcher(self, arg_names, pdl)
+            return Launcher(self, arg_names, pdl, fixed)
         if kind != "compiled" or _compiled is None:
             raise ValueError(f"launcher kind {kind!r} is not available here (this process uses {LAUNCHER_KIND!r}: {LAUNCHER_WHY})")
-        types, param_values = _layout(self, arg_names)
+        types, param_values = _layout(self, (*arg_names, *fixed))
         dims = {a.name for a in self.spec.args if a.role == "dim"}
+        constants = b"".join(_slot(t, v) for t, v in zip(types[len(arg_names) :], fixed.values()))
         launcher = _compiled.Launcher(
-            "".join(_PACK_CODES[t] for t in types), bytes(param_values), grid_program(self.spec.grid, arg_names, dims),
-            self.spec.block, self.spec.smem, functools.partial(self._addresses, pdl=pdl), self._launch_failed, self,
-            arg_names, pdl,
+            "".join(_PACK_CODES[t] for t in types[: len(arg_names)]), bytes(param_values),
+            grid_program(self.spec.grid, arg_names, dims, fixed), self.spec.block, self.spec.smem,
+            functools.partial(self._addresses, pdl=pdl), self._launch_failed, self, arg_names, pdl, constants,
         )  # fmt: skip
         # The bound method: a call through it skips the tuple a call of the object would build.
         return launcher.launch
@@ -139,6 +147,11 @@ class Kernel:
             _cuda.ensure_context(device_index)
             result = launcher.try_launch(device_index, stream, *values)
         _cuda.check(result, f"{'cuLaunchKernelEx' if launcher.pdl else 'cuLaunchKernel'}({self.kernel} [{self.key}])")
+
+
+def _slot(type_: str, value) -> bytes:
+    """One value as the compiled launcher holds it: eight bytes, the value in the low ones (little-endian)."""
+    return struct.pack("<" + _PACK_CODES[type_], value).ljust(8, b"\0")
 
 
 def _layout(kernel: Kernel, arg_names: tuple[str, ...]) -> tuple[list[str], list[int]]:
@@ -159,24 +172,28 @@ class Launcher:
     """The ABI launcher: launches one Kernel with values given positionally in `arg_names` order."""
 
     __slots__ = (
-        "kernel", "arg_names", "pdl", "_pack_into", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls", "_launch",
-        "_launch_ex",
+        "kernel", "arg_names", "pdl", "_pack_into", "_fixed", "_size", "_offsets", "_grid", "_block", "_smem", "_functions", "_tls",
+        "_launch", "_launch_ex",
     )  # fmt: skip
 
-    def __init__(self, kernel: Kernel, arg_names: tuple[str, ...], pdl: bool = False):
+    def __init__(self, kernel: Kernel, arg_names: tuple[str, ...], pdl: bool = False, fixed: Mapping | None = None):
         spec = kernel.spec
-        types, param_values = _layout(kernel, arg_names)
+        fixed = dict(fixed or {})
+        types, param_values = _layout(kernel, (*arg_names, *fixed))
         offsets = []
         pos = 0
         for t in types:
             offsets.append(pos)
             pos += struct.calcsize("=" + _PACK_CODES[t])
         self.kernel, self.arg_names, self.pdl = kernel, arg_names, pdl
-        self._pack_into = struct.Struct("=" + "".join(_PACK_CODES[t] for t in types)).pack_into
+        codes = [_PACK_CODES[t] for t in types]
+        self._pack_into = struct.Struct("=" + "".join(codes[: len(arg_names)])).pack_into
+        # the fixed values follow the per-call ones in the buffer, packed once per thread
+        self._fixed = struct.pack("=" + "".join(codes[len(arg_names) :]), *fixed.values())
         self._size = pos
         self._offsets = tuple(offsets[i] for i in param_values)
         dims = {a.name for a in spec.args if a.role == "dim"}
-        self._grid = compile_grid(spec.grid, arg_names, dims & set(arg_names))
+        self._grid = compile_grid(spec.grid, arg_names, dims, fixed)
         self._block = spec.block
         self._smem = spec.smem
         self._functions = kernel.functions
@@ -186,6 +203,7 @@ class Launcher:
 
     def _buffers(self):
         storage = bytearray(self._size)
+        storage[self._size - len(self._fixed) :] = self._fixed
         base = _cuda.ffi.cast("char *", _cuda.ffi.from_buffer(storage))
         params = _cuda.ffi.new("void *[]", max(1, len(self._offsets)))
         for i, off in enumerate(self._offsets):

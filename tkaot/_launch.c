@@ -14,6 +14,9 @@
    for it itself, see kernels_src/pdl.py); the launch config and its one
    attribute are on the stack too.
 
+   Values given once at construction (`constants`: eight bytes each, the value in the low bytes) follow
+   the per-call values: a kernel parameter may name one, and the call copies them in with one memcpy.
+
    Python keeps the slow paths: `loader(device)` loads the module the first
    time a device is seen and returns (cuLaunchKernel or, for pdl,
    cuLaunchKernelEx address, CUfunction address); `on_error(launcher, result, device, stream, *values)` turns a
@@ -61,6 +64,7 @@ enum { V_PTR = 'Q', V_I64 = 'q', V_I32 = 'i', V_F32 = 'f' };
 enum { G_CONST = 0, G_ARG, G_ADD, G_SUB, G_MUL, G_FLOORDIV, G_MOD, G_MIN, G_MAX, G_END };
 
 #define MAX_VALUES 128
+#define MAX_CONSTANTS 8
 #define MAX_GRID_STEPS 96
 #define MAX_STACK 16
 #define MAX_DEVICES 64
@@ -79,10 +83,11 @@ typedef struct {
     PyObject_HEAD
     void *launch; /* cuLaunchKernel (launch_fn) or, for pdl, cuLaunchKernelEx (launch_ex_fn); set by the first loader call */
     int pdl;
-    Py_ssize_t nvalues, nparams, nsteps;
+    Py_ssize_t nvalues, nparams, nsteps, nconstants;
     unsigned int block[3], smem;
     unsigned char types[MAX_VALUES];
-    unsigned char param_value[MAX_VALUES]; /* kernel parameter i is value param_value[i] */
+    unsigned char param_value[MAX_VALUES]; /* kernel parameter i is value param_value[i] (past nvalues: a constant) */
+    slot constants[MAX_CONSTANTS];
     grid_step grid[MAX_GRID_STEPS];
     void *functions[MAX_DEVICES]; /* CUfunction per device index, NULL until loaded */
     PyObject *loader, *on_error, *kernel, *arg_names;
@@ -142,16 +147,23 @@ bad:
 
 static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"fmt", "params", "grid", "block", "smem", "loader", "on_error", "kernel", "arg_names", "pdl", NULL};
-    const char *fmt, *params, *grid;
-    Py_ssize_t nfmt, nparams, ngrid;
+    static char *names[] = {"fmt", "params", "grid", "block", "smem", "loader", "on_error", "kernel", "arg_names", "pdl",
+                            "constants", NULL};
+    const char *fmt, *params, *grid, *constants = NULL;
+    Py_ssize_t nfmt, nparams, ngrid, nconstants = 0;
     unsigned int bx, by, bz, smem;
     PyObject *loader, *on_error, *kernel = Py_None, *arg_names = Py_None;
     int pdl = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s#y#y#(III)IOO|OOp", names, &fmt, &nfmt, &params, &nparams, &grid, &ngrid,
-                                     &bx, &by, &bz, &smem, &loader, &on_error, &kernel, &arg_names, &pdl))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s#y#y#(III)IOO|OOpy#", names, &fmt, &nfmt, &params, &nparams, &grid, &ngrid,
+                                     &bx, &by, &bz, &smem, &loader, &on_error, &kernel, &arg_names, &pdl, &constants, &nconstants))
         return NULL;
-    if (nfmt > MAX_VALUES || nparams > nfmt || ngrid % sizeof(grid_step) || ngrid / (Py_ssize_t)sizeof(grid_step) > MAX_GRID_STEPS) {
+    if (nconstants % (Py_ssize_t)sizeof(slot) || nconstants / (Py_ssize_t)sizeof(slot) > MAX_CONSTANTS) {
+        PyErr_Format(PyExc_ValueError, "constants must be at most %d slots of 8 bytes", MAX_CONSTANTS);
+        return NULL;
+    }
+    nconstants /= (Py_ssize_t)sizeof(slot);
+    if (nfmt + nconstants > MAX_VALUES || nparams > nfmt + nconstants || ngrid % sizeof(grid_step) ||
+        ngrid / (Py_ssize_t)sizeof(grid_step) > MAX_GRID_STEPS) {
         PyErr_SetString(PyExc_ValueError, "too many values, parameters or grid steps for the compiled launcher");
         return NULL;
     }
@@ -163,6 +175,8 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     if (self == NULL) return NULL;
     self->nvalues = nfmt;
     self->nparams = nparams;
+    self->nconstants = nconstants;
+    if (nconstants) memcpy(self->constants, constants, nconstants * sizeof(slot));
     self->nsteps = ngrid / (Py_ssize_t)sizeof(grid_step);
     self->block[0] = bx, self->block[1] = by, self->block[2] = bz, self->smem = smem;
     self->pdl = pdl;
@@ -176,7 +190,7 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         self->types[i] = (unsigned char)c;
     }
     for (Py_ssize_t i = 0; i < nparams; i++) {
-        if ((unsigned char)params[i] >= nfmt) {
+        if ((unsigned char)params[i] >= nfmt + nconstants) {
             PyErr_SetString(PyExc_ValueError, "a kernel parameter refers to a value past the end");
             goto fail;
         }
@@ -366,6 +380,7 @@ static int try_launch(Launcher *self, PyObject *const *args, Py_ssize_t nargs, i
     slot values[MAX_VALUES];
     for (Py_ssize_t i = 0; i < self->nvalues; i++)
         if (convert(args[i + 2], self->types[i], &values[i], i) < 0) return -1;
+    if (self->nconstants) memcpy(&values[self->nvalues], self->constants, self->nconstants * sizeof(slot));
     int64_t grid[3];
     if (eval_grid(self, values, grid) < 0) return -1;
     *result = 0;
@@ -533,9 +548,11 @@ static PyType_Slot launcher_slots[] = {
     {Py_tp_repr, launcher_repr},
     {Py_tp_methods, launcher_methods},
     {Py_tp_getset, launcher_getset},
-    {Py_tp_doc, "Launcher(fmt, params, grid, (bx, by, bz), smem, loader, on_error, kernel=None, arg_names=None, pdl=False)\n\n"
+    {Py_tp_doc, "Launcher(fmt, params, grid, (bx, by, bz), smem, loader, on_error, kernel=None, arg_names=None, pdl=False, "
+                "constants=b'')\n\n"
                 "fmt: one struct code per value (Q ptr, q i64, i i32, f f32); params: bytes, the value index of each "
-                "kernel parameter; grid: the postfix program of tkaot._spec.grid_program."},
+                "kernel parameter (past the values: a constant); grid: the postfix program of tkaot._spec.grid_program; "
+                "constants: values fixed for every call, eight little-endian bytes each."},
     {0, NULL},
 };
 
@@ -557,6 +574,7 @@ static int exec_module(PyObject *module)
     }
     if (PyModule_AddIntConstant(module, "MAX_DEVICES", MAX_DEVICES) < 0) return -1;
     if (PyModule_AddIntConstant(module, "MAX_VALUES", MAX_VALUES) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "MAX_CONSTANTS", MAX_CONSTANTS) < 0) return -1;
     PyObject *noop = PyLong_FromVoidPtr((void *)(uintptr_t)noop_launch);
     if (noop == NULL || PyModule_AddObject(module, "NOOP_LAUNCH", noop) < 0) {
         Py_XDECREF(noop);

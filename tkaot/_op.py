@@ -3,18 +3,41 @@
 Every op keeps one OpKernels. The first call with new static values goes
 through the registry (and may raise VariantNotBuilt); later calls are one
 dict lookup.
+
+Where the specialised variant of a call is not built but its kernel has a generic one
+(tkaot/_decl.py, KernelDecl.generic) that is, the generic variant is bound instead, its
+runtime axes fixed to the call's values, so the op launches it with the same arguments.
+The fallback warns once per variant and process, naming the command that builds the
+specialised variant; TKAOT_STRICT=1 refuses it (VariantNotBuilt).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import warnings
+
 import torch
 
-from tkaot._decl import KernelDecl
+from tkaot._decl import KernelDecl, build_command, generic_kernel
 from tkaot._kernel import Launcher
-from tkaot.errors import VariantNotBuilt
+from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 from tkaot.registry import REGISTRY
 
 current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+STRICT_ENV = "TKAOT_STRICT"
+
+# (arch, kernel, key) of the specialised variants whose fallback has been announced in this process
+_WARNED: set[tuple[str, str, str]] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def strict() -> bool:
+    """Whether TKAOT_STRICT forbids falling back to generic variants (1), or allows it (0 or unset)."""
+    choice = os.environ.get(STRICT_ENV, "")
+    if choice not in ("", "0", "1"):
+        raise ValueError(f"{STRICT_ENV}={choice!r}: use 1 (a missing specialised variant raises), 0 or leave it unset")
+    return choice == "1"
 
 
 class OpKernels:
@@ -34,17 +57,48 @@ class OpKernels:
         """The launcher for `values`. `general_tiling` names a tiling (the last static value) that serves every call
         the asked one serves: where the asked variant is not built but the general one is (a set built before the
         op specialised, or a hand-written shape set), the general one is launched, cached under `values`. With
-        neither built, VariantNotBuilt names the asked variant."""
+        neither built, the kernel's generic variant serves the call (see the module's docstring); without that,
+        VariantNotBuilt names the asked variant."""
         launcher = self.cache.get((device, *values))
         if launcher is None:
             try:
-                kernel = REGISTRY.kernel(self.op, self.kernel, self.key(values), device)
+                launcher = REGISTRY.kernel(self.op, self.kernel, self.key(values), device).bind(self.args)
             except VariantNotBuilt as missing:
-                if general_tiling is None or general_tiling == values[-1]:
-                    raise
-                try:
-                    kernel = REGISTRY.kernel(self.op, self.kernel, self.key((*values[:-1], general_tiling)), device)
-                except VariantNotBuilt:
-                    raise missing from None
-            launcher = self.cache[(device, *values)] = kernel.bind(self.args)
+                general = self._general(device, values, general_tiling)
+                launcher = general.bind(self.args) if general else self._generic(device, values, missing)
+            self.cache[(device, *values)] = launcher
         return launcher
+
+    def _general(self, device: int, values: tuple, general_tiling: str | None):
+        """The general tiling's variant of `values`, if there is one and it is built."""
+        if general_tiling is None or general_tiling == values[-1]:
+            return None
+        try:
+            return REGISTRY.kernel(self.op, self.kernel, self.key((*values[:-1], general_tiling)), device)
+        except VariantNotBuilt:
+            return None
+
+    def _generic(self, device: int, values: tuple, missing: VariantNotBuilt) -> Launcher:
+        """The generic variant's launcher for a call whose specialised variant is `missing`, or raise `missing`."""
+        generic = generic_kernel(self.kernel)
+        if generic is None or strict():
+            raise missing
+        static, fixed = generic.split(self.decl, values)
+        try:
+            kernel = REGISTRY.kernel(self.op, generic.name, generic.key(static), device)
+        except VariantNotBuilt:
+            raise missing from None
+        arch = REGISTRY.device_arch(device)
+        with _WARNED_LOCK:
+            first = (arch, self.kernel, missing.key) not in _WARNED
+            _WARNED.add((arch, self.kernel, missing.key))
+        if first:
+            warnings.warn(
+                f"{self.op}: no specialised {self.kernel} variant [{missing.key}] is built for {arch}; launching the "
+                f"generic {generic.name} [{kernel.key}] instead (same results, slower). Build the specialised one with:\n"
+                f"    {build_command(self.kernel, missing.key, arch)}\n"
+                f"and put the output directory on TKAOT_PATH (TKAOT_STRICT=1 makes this an error).",
+                GenericVariantWarning,
+                stacklevel=3,
+            )
+        return kernel.bind(self.args, fixed=fixed)

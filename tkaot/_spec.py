@@ -11,6 +11,8 @@ import ast
 import copy
 import functools
 import struct
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from tkaot._record import Record
 from tkaot.errors import ManifestError
@@ -21,6 +23,7 @@ ARG_ROLES = ("tensor", "scalar", "dim")
 
 _ALLOWED_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 _ALLOWED_CALLS = ("min", "max")
+_NONE: Mapping[str, int] = MappingProxyType({})
 
 
 class Param(Record):
@@ -174,11 +177,11 @@ def _checked_grid_expr(text: str, names: frozenset[str]) -> ast.expr:
     return tree.body
 
 
-def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str]):
+def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str], constants: Mapping[str, int] = _NONE):
     """Return f(values) -> (gx, gy, gz), values being a tuple in `arg_names` order.
 
-    Each expression is checked first; names are then replaced by tuple items, so the
-    compiled function does only integer arithmetic on one argument.
+    Each expression is checked first; names are then replaced by tuple items (or, for the dims in
+    `constants`, by their fixed values), so the compiled function does only integer arithmetic on one argument.
     """
     position = {name: i for i, name in enumerate(arg_names)}
 
@@ -186,11 +189,14 @@ def compile_grid(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: s
         def visit_Name(self, node: ast.Name) -> ast.AST:
             if node.id in _ALLOWED_CALLS:
                 return node
+            if node.id in constants:
+                return ast.copy_location(ast.Constant(int(constants[node.id])), node)
             item = ast.Subscript(ast.Name("v", ast.Load()), ast.Constant(position[node.id]), ast.Load())
             return ast.copy_location(item, node)
 
     # the checked trees are shared (cached): the transformer works on a copy
-    exprs = [ToItems().visit(copy.deepcopy(check_grid_expr(expr, dims & set(arg_names)))) for expr in grid]
+    known = dims & (set(arg_names) | set(constants))
+    exprs = [ToItems().visit(copy.deepcopy(check_grid_expr(expr, known))) for expr in grid]
     body = ast.Tuple(exprs, ast.Load())
     tree = ast.Expression(ast.Lambda(ast.arguments([], [ast.arg("v")], None, [], [], None, []), body))
     ast.fix_missing_locations(tree)
@@ -206,11 +212,11 @@ _G_CALLS = {"min": 7, "max": 8}
 _GRID_STEP = struct.Struct("=qq")
 
 
-def grid_program(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str]) -> bytes:
+def grid_program(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: set[str], constants: Mapping[str, int] = _NONE) -> bytes:
     """The grid as a postfix program over values in `arg_names` order, for the compiled launcher.
 
     Checked against the same grammar as compile_grid; evaluates to the same numbers
-    (Python's floor division and modulo), in 64-bit integers.
+    (Python's floor division and modulo), in 64-bit integers. Dims in `constants` become their fixed values.
     """
     position = {name: i for i, name in enumerate(arg_names)}
     steps: list[tuple[int, int]] = []
@@ -218,6 +224,8 @@ def grid_program(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: s
     def emit(node: ast.expr) -> None:
         if isinstance(node, ast.Constant):
             steps.append((_G_CONST, node.value))
+        elif isinstance(node, ast.Name) and node.id in constants:
+            steps.append((_G_CONST, int(constants[node.id])))
         elif isinstance(node, ast.Name):
             steps.append((_G_ARG, position[node.id]))
         elif isinstance(node, ast.BinOp):
@@ -230,7 +238,7 @@ def grid_program(grid: tuple[str, str, str], arg_names: tuple[str, ...], dims: s
             steps.append((_G_CALLS[node.func.id], 0))
 
     for expr in grid:
-        emit(check_grid_expr(expr, dims & set(arg_names)))
+        emit(check_grid_expr(expr, dims & (set(arg_names) | set(constants))))
         steps.append((_G_END, 0))
     try:
         return b"".join(_GRID_STEP.pack(op, operand) for op, operand in steps)

@@ -296,21 +296,38 @@ def unsupported_lines(needed) -> list[str]:
     return lines
 
 
+def generic_static(v) -> tuple[str, frozenset] | None:
+    """(generic kernel, its static values as check compares them) serving a needed variant, if its kernel has one."""
+    from tkaot._decl import all_kernels, generic_kernel
+
+    generic = generic_kernel(v.kernel)
+    if generic is None:
+        return None
+    values, _ = generic.split(all_kernels()[v.kernel], v.values)
+    return generic.name, frozenset(zip(generic.axis_names, map(format_value, values)))
+
+
 @main.command()
 @click.option("--hf-config", "hf_configs", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--artifacts", "artifact_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="check these sets instead")
 @click.option("--arch", default="sm90", show_default=True)
-def check(hf_configs, artifact_dirs, arch) -> None:
-    """Report the variants a model needs that the artifact sets lack.
+@click.option("--variants", "show_variants", is_flag=True, help="list every variant with how it is served")
+def check(hf_configs, artifact_dirs, arch, show_variants) -> None:
+    """Report how the artifact sets serve the variants a model needs: specialised, generic or missing.
 
     Without --artifacts, checks the sets the runtime would use (TKAOT_PATH,
     installed packages, a source checkout's prebuilt/). Run it before serving.
 
-    A variant no kernel can build (its values are outside a kernel's declared
-    axes) is reported as unsupported, with the reason and what to do; building
-    cannot fix it, so it does not fail the check. Exit status 1 only when a
-    variant that `tkaot-build build` can make is missing.
+    A variant whose specialised build is absent but whose kernel's generic
+    variant is there runs on that (the same results, slower; the runtime warns
+    once): it is reported as generic, with the command that specialises it,
+    and does not fail the check. A variant no kernel can build (its values are
+    outside a kernel's declared axes) is reported as unsupported, with the
+    reason and what to do; building cannot fix it, so it does not fail the
+    check either. Exit status 1 only when a variant that `tkaot-build build`
+    can make is missing.
     """
+    from tkaot._decl import build_command
     from tkaot._model_shapes import load_config, needed_variants, shape_tables
 
     have, sources = _have(arch, artifact_dirs)
@@ -321,15 +338,26 @@ def check(hf_configs, artifact_dirs, arch) -> None:
         except ValueError as exc:
             _fail(str(exc))
         needed = needed_variants(shape_tables(model))
-        buildable = [v for v in needed if v.reason is None]
-        missing = [v for v in buildable if (v.kernel, v.static) not in have]
-        unsupported = len(needed) - len(buildable)
+        status = {}
+        for v in needed:
+            if v.reason is not None:
+                status[v] = "unsupported"
+            elif (v.kernel, v.static) in have:
+                status[v] = "specialised"
+            else:
+                status[v] = "generic" if generic_static(v) in have else "missing"
+        missing = [v for v in needed if status[v] == "missing"]
+        generic = [v for v in needed if status[v] == "generic"]
+        unsupported = sum(s == "unsupported" for s in status.values())
         kernels = sorted({v.kernel for v in needed})
         name = model.name if model.name == str(config) else f"{model.name} ({config})"
-        tail = f"; {unsupported} unsupported" if unsupported else ""
+        tail = (f"; {len(generic)} generic" if generic else "") + (f"; {unsupported} unsupported" if unsupported else "")
         click.echo(f"{name}: needs {len(needed)} variants of {', '.join(kernels) or 'no kernel tkaot has'}; {len(missing)} missing{tail}")
-        for v in missing:
-            click.echo(f"    missing {v.kernel} {v.key}")
+        for v in needed if show_variants else missing + generic:
+            if status[v] != "unsupported":
+                click.echo(f"    {status[v]} {v.kernel} {v.key}")
+            if status[v] == "generic":
+                click.echo(f"        specialise it: {build_command(v.kernel, v.key, arch)}")
         for line in unsupported_lines(needed):
             click.echo(f"    {line}")
         if missing:

@@ -45,3 +45,7 @@ class CudaDriverError(TkaotError):
     def __init__(self, call: str, code: int, name: str, text: str):
         self.call, self.code, self.name, self.text = call, code, name, text
         super().__init__(f"{call} failed: {name} ({code}): {text}")
+
+
+class GenericVariantWarning(UserWarning):
+    """A call runs on its kernel's generic variant because the specialised one is not built (once per variant)."""

@@ -42,6 +42,9 @@ TOPK_GATE = KernelDecl(
     tilings=GATE_TILINGS,
 )
 
+# Any expert count and k in one variant: the calls whose specialised variant is not built (tkaot/_op.py)
+TOPK_GATE_GENERIC = TOPK_GATE.generic("topk_gate_generic", "kernels_src.moe.topk_gate_generic", ("num_experts", "num_topk"))
+
 NORMALIZE_WEIGHT = KernelDecl(
     name="normalize_weight",
     source="kernels_src.moe.normalize_weight",
@@ -51,4 +54,4 @@ NORMALIZE_WEIGHT = KernelDecl(
     ops=("tkaot.moe.normalize_weight",),
 )
 
-KERNELS = (MOE_TOPK_GATE, TOPK_GATE, NORMALIZE_WEIGHT)
+KERNELS = (MOE_TOPK_GATE, TOPK_GATE, TOPK_GATE_GENERIC, NORMALIZE_WEIGHT)

@@ -121,6 +121,10 @@ PER_TOKEN_CAST = KernelDecl(
     )),
 )  # fmt: skip
 
+# Every row width per_token_cast's options allow, one variant per combination of options: the calls whose
+# specialised variant is not built (tkaot/_op.py)
+PER_TOKEN_CAST_GENERIC = PER_TOKEN_CAST.generic("per_token_cast_generic", "kernels_src.quant.per_token_cast_generic", ("hidden",))
+
 PER_BLOCK_CAST = KernelDecl(
     name="per_block_cast",
     source="kernels_src.quant.per_block_cast",
@@ -205,6 +209,6 @@ BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
 )
 
 KERNELS = (
-    RMSNORM, NORM_CAST, SWIGLU, PER_TOKEN_CAST, PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, PER_BLOCK_CAST_LOSSLESS,
-    BATCHED_TRANSPOSE_WEIGHT_SF,
+    RMSNORM, NORM_CAST, SWIGLU, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC, PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK,
+    PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF,
 )  # fmt: skip

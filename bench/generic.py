@@ -1,0 +1,113 @@
+"""Generic against specialised variants, side by side in one run, at 8192x7168 bf16 (the generic tier's target:
+within 1.25x of the specialised variant's device time at large shapes).
+
+    python -m bench.generic [--out bench/results]
+
+Each case is timed twice on the same rotating inputs: on the specialised variant the default set builds, then on
+the generic variant of the same options (the specialised ones hidden from the registry). Prints a table and writes
+bench/results/<date>-<gpu>-generic.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+import tkaot
+from bench import timing
+from tkaot import _op
+from tkaot._quant import casts as _casts
+from tkaot.errors import GenericVariantWarning, VariantNotBuilt
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS, HIDDEN = 8192, 7168
+TARGET = 1.25  # generic / specialised device time, at most
+DEEPGEMM_SF = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+# (name, per_token_cast's arguments after x, its keywords, bytes moved per element of x): specialised at 7168 in the
+# default set
+CASES = [
+    ("e4m3/128", ("e4m3", 128), {}, 2 + 1 + 4 / 128),
+    ("e4m3/128 ue8m0 col", ("e4m3", 128), DEEPGEMM_SF, 2 + 1 + 1 / 128),
+    ("e4m3/128 pow2", ("e4m3", 128), {"round_sf": True}, 2 + 1 + 4 / 128),
+    ("e2m1/32", ("e2m1", 32), {}, 2 + 0.5 + 4 / 32),
+    ("e2m1/32 ue8m0", ("e2m1", 32), {"round_sf": True, "use_packed_ue8m0": True}, 2 + 0.5 + 1 / 32),
+    ("e2m1/16 e4m3 sf", ("e2m1", 16), {"use_e4m3_sf": True}, 2 + 0.5 + 1 / 16),
+]
+
+
+@contextlib.contextmanager
+def on_generic():
+    """per_token_cast's calls run on the generic variants: the registry finds no specialised one."""
+    registry, real = _op.REGISTRY, _op.REGISTRY.kernel
+
+    def kernel(op, name, key, device):
+        if name == "per_token_cast":
+            raise VariantNotBuilt(op, name, key, [], "(hidden by the benchmark)", [])
+        return real(op, name, key, device)
+
+    def forget():
+        _casts._PTC_FAST.clear()
+        for kernels in _casts._PER_TOKEN.values():
+            kernels.cache.clear()
+
+    forget()
+    registry.kernel = kernel
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GenericVariantWarning)
+            yield
+    finally:
+        del registry.kernel
+        forget()
+
+
+def launched_kernel(args: tuple, kwargs: dict, x: torch.Tensor) -> str:
+    """Which kernel the op's launcher for this call runs (to be sure each column measured what it says)."""
+    tkaot.quant.per_token_cast(x, *args, **kwargs)
+    launcher = next(iter(v[0] for v in _casts._PTC_FAST.values()))
+    return getattr(launcher, "__self__", launcher).kernel.kernel
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args(argv)
+    gpu = torch.cuda.get_device_properties(0).name
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    count = min(64, max(2, -(-3 * l2 // (TOKENS * HIDDEN * 2))))
+    inputs = [{"x": torch.randn(TOKENS, HIDDEN, device="cuda").to(torch.bfloat16)} for _ in range(count)]
+    rows = []
+    print(f"{gpu}: per_token_cast at {TOKENS}x{HIDDEN} bf16, generic against specialised (target: at most {TARGET}x)")
+    print("| options | specialised µs | generic µs | generic / specialised | generic TB/s |\n| --- | ---: | ---: | ---: | ---: |")
+    for name, call_args, kwargs, per_element in CASES:
+
+        def call(a, call_args=call_args, kwargs=kwargs):
+            return tkaot.quant.per_token_cast(a["x"], *call_args, **kwargs)
+
+        _casts._PTC_FAST.clear()
+        assert launched_kernel(call_args, kwargs, inputs[0]["x"]) == "per_token_cast", f"{name}: no specialised variant"
+        specialised, _ = timing.device_us(call, inputs)
+        with on_generic():
+            assert launched_kernel(call_args, kwargs, inputs[0]["x"]) == "per_token_cast_generic"
+            generic, _ = timing.device_us(call, inputs)
+        ratio = generic / specialised
+        tbps = TOKENS * HIDDEN * per_element / (generic * 1e-6) / 1e12
+        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+        print(
+            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
+        )
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"
+    path.write_text(json.dumps({"gpu": gpu, "shape": f"{TOKENS}x{HIDDEN} bf16", "target": TARGET, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

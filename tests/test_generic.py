@@ -1,0 +1,246 @@
+"""The generic tier on CPU: declarations of generic kernels, the runtime's fallback to them, and `check`.
+
+A generic kernel (tkaot/_decl.py, KernelDecl.generic) takes some of a specialised kernel's size axes at run time.
+The runtime launches the specialised variant of a call when it is built, else the generic one with those axes fixed
+at bind (one warning per variant and process, naming the command that builds the specialised one); TKAOT_STRICT=1
+turns the fallback into VariantNotBuilt. Meta tensors stand in for CUDA ones and a fake driver records the launches.
+"""
+
+import importlib
+import json
+import struct
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import tkaot
+from tests.test_launcher import FUNCTION, SIZES, driver  # noqa: F401 (driver: the fake driver fixture)
+from tkaot import _op
+from tkaot._decl import all_kernels, build_command, generic_kernel
+from tkaot._quant.kernels import PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC
+from tkaot._spec import MANIFEST_SCHEMA
+from tkaot.cli import main
+from tkaot.errors import GenericVariantWarning, VariantNotBuilt
+
+ROOT = Path(__file__).resolve().parent.parent
+PREBUILT = ROOT / "prebuilt" / "sm90"
+GENERIC = {name: decl for name, decl in all_kernels().items() if decl.generic_of}
+OP = "tkaot.quant.per_token_cast"
+
+# Valid calls that found no kernel before the generic tier: (hidden, per_token_cast's arguments after x)
+ONCE_MISSING = [
+    (5120, ("e2m1", 32), {}),
+    (5120, ("e2m1", 16), {"use_e4m3_sf": True}),
+    (5120, ("e4m3", 64), {"round_sf": True}),
+    (7168, ("e4m3", 64), {"round_sf": True}),
+    (1536, ("e2m1", 32), {"use_packed_ue8m0": True, "round_sf": True}),
+    (4096, ("e2m1", 32), {"use_packed_ue8m0": True, "round_sf": True}),
+]
+
+
+def test_generic_declarations_derive_from_their_specialised_kernel():
+    assert GENERIC, "no generic kernel is declared"
+    for name, generic in GENERIC.items():
+        spec = all_kernels()[generic.generic_of]
+        runtime = {a.name for a in generic.runtime_axes}
+        assert generic_kernel(spec.name) is generic
+        assert generic.runtime_axes == tuple(spec.axis(n) for n in runtime) and all(a.kind is int for a in generic.runtime_axes)
+        assert generic.axes == tuple(a for a in spec.axes if a.name not in runtime)
+        assert generic.args == (*spec.args, *(a.name for a in generic.runtime_axes))
+        assert set(generic.dims) == set(spec.dims) | runtime
+        assert generic.ops == spec.ops and generic.tilings == spec.tilings
+        assert importlib.import_module(generic.source).DECL is generic, name
+
+
+def test_split_takes_the_runtime_axes_out_of_a_specialised_key():
+    values = (5120, "bfloat16", "none", "none", "e2m1", 32, "fp32", "row", "cast", False)
+    static, fixed = PER_TOKEN_CAST_GENERIC.split(PER_TOKEN_CAST, values)
+    assert fixed == {"hidden": 5120} and static == values[1:]
+    assert PER_TOKEN_CAST_GENERIC.key(static) == PER_TOKEN_CAST.key(values).replace("hidden=5120,", "")
+
+
+def test_declarations_refuse_malformed_generic_kernels():
+    with pytest.raises(ValueError, match="runtime axes must be integers"):
+        PER_TOKEN_CAST.generic("bad", "kernels_src.quant.per_token_cast_generic", ("fmt",))
+    with pytest.raises(ValueError, match="names both"):
+        PER_TOKEN_CAST_GENERIC.replace(generic_of="")
+
+
+# ---- the fallback, through the op ----
+
+
+def trimmed_set(directory: Path, keep) -> Path:
+    """The prebuilt manifest's entries that `keep(entry)` accepts, as an artifact set (no cubins: loads are faked)."""
+    manifest = json.loads((PREBUILT / "manifest.json").read_text())
+    manifest["variants"] = [e for e in manifest["variants"] if keep(e)]
+    directory.mkdir(parents=True)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+@pytest.fixture
+def served(monkeypatch, registry, fake_cuda, driver):  # noqa: F811 (the imported fixture)
+    """per_token_cast on meta tensors against a registry of the sets on TKAOT_PATH; returns the driver's launches."""
+    from tkaot._quant import casts
+
+    monkeypatch.setattr(_op, "REGISTRY", registry)
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(casts, "current_stream", lambda device: 0)
+    monkeypatch.setattr(casts, "_PTC_FAST", {})
+    for kernels in casts._PER_TOKEN.values():
+        monkeypatch.setattr(kernels, "cache", {})
+    monkeypatch.delenv("TKAOT_STRICT", raising=False)
+    monkeypatch.setenv("TKAOT_PATH", str(PREBUILT))
+    return driver
+
+
+def cast(hidden: int, *args, tokens: int = 3, **kwargs):
+    return tkaot.quant.per_token_cast(torch.empty(tokens, hidden, dtype=torch.bfloat16, device="meta"), *args, **kwargs)
+
+
+def launched(kernels: _op.OpKernels, key_values: tuple):
+    """The Kernel behind the cached launcher of (device 0, *key_values)."""
+    launcher = kernels.cache[(0, *key_values)]
+    return getattr(launcher, "__self__", launcher).kernel
+
+
+def values_of(hidden, fmt, group, sf="fp32"):
+    return (hidden, "bfloat16", "none", "none", fmt, group, sf, "row", "cast", False)
+
+
+def test_the_specialised_variant_is_preferred(served):
+    kernels = importlib.import_module("tkaot._quant.casts")._PER_TOKEN[OP]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cast(7168, "e4m3", 128)
+    assert launched(kernels, values_of(7168, "e4m3", 128)).kernel == "per_token_cast"
+
+
+def test_a_missing_specialised_variant_runs_on_the_generic_one_with_one_warning(served):
+    kernels = importlib.import_module("tkaot._quant.casts")._PER_TOKEN[OP]
+    values = values_of(5120, "e2m1", 32)
+    key, generic = PER_TOKEN_CAST.key(values), PER_TOKEN_CAST_GENERIC.key(values[1:])
+    with pytest.warns(GenericVariantWarning) as caught:
+        cast(5120, "e2m1", 32)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"no specialised per_token_cast variant [{key}] is built for sm90" in message
+    assert f"generic per_token_cast_generic [{generic}]" in message and build_command("per_token_cast", key, "sm90") in message
+    kernel = launched(kernels, values)
+    assert (kernel.kernel, kernel.key) == ("per_token_cast_generic", generic)
+    # once per variant and process; the op's hot path takes the same launcher, which passes the runtime axis
+    # as the call's value, and the grid reads it: ceil(5120 / 512) segments by ceil(37 / 8) token blocks
+    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    served.calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cast(5120, "e2m1", 32, tokens=37)
+    (record,) = served.calls
+    assert record[1] == FUNCTION and record[2] == (10, 5, 1)
+    sent = {p.name: raw for p, raw in zip(kernel.spec.params, record[6])}
+    assert struct.unpack("<i", sent["hidden"])[0] == 5120 and struct.unpack("<i", sent["num_tokens"])[0] == 37
+
+
+def test_strict_mode_refuses_the_fallback(served, monkeypatch):
+    monkeypatch.setenv("TKAOT_STRICT", "1")
+    with pytest.raises(VariantNotBuilt) as refused:
+        cast(5120, "e2m1", 32)
+    assert refused.value.kernel == "per_token_cast" and "hidden=5120" in refused.value.key
+    assert refused.value.command == build_command("per_token_cast", refused.value.key, "sm90")
+    monkeypatch.setenv("TKAOT_STRICT", "yes")
+    with pytest.raises(ValueError, match="TKAOT_STRICT='yes'"):
+        cast(5120, "e2m1", 32)
+
+
+def test_without_either_variant_the_error_names_the_specialised_one(served, tmp_path, monkeypatch):
+    monkeypatch.setenv("TKAOT_PATH", str(trimmed_set(tmp_path / "set", lambda e: e["kernel"] != "per_token_cast_generic")))
+    with pytest.raises(VariantNotBuilt) as refused:
+        cast(5120, "e2m1", 32)
+    assert refused.value.kernel == "per_token_cast" and refused.value.key.startswith("hidden=5120,")
+
+
+@pytest.mark.parametrize(("hidden", "args", "kwargs"), ONCE_MISSING)
+def test_calls_once_missing_resolve_to_generic_variants(served, hidden, args, kwargs):
+    with pytest.warns(GenericVariantWarning, match="launching the generic per_token_cast_generic"):
+        data, sf = cast(hidden, *args, **kwargs)
+    fmt, group = args
+    assert data.shape == (3, hidden // 2 if fmt == "e2m1" else hidden) and sf.shape[0] == 3
+    (launcher,) = importlib.import_module("tkaot._quant.casts")._PER_TOKEN[OP].cache.values()
+    assert getattr(launcher, "__self__", launcher).kernel.kernel == "per_token_cast_generic"
+
+
+# ---- check ----
+
+
+def fake_set(directory: Path, entries) -> Path:
+    directory.mkdir(parents=True)
+    manifest = {"schema": MANIFEST_SCHEMA, "arch": "sm90", "tkaot_version": tkaot.__version__, "variants": entries}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+def test_check_reports_specialised_generic_and_missing(tmp_path):
+    from tkaot._model_shapes import load_config, needed_variants, shape_tables
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824, "num_attention_heads": 40}))
+    needed = [v for v in needed_variants(shape_tables(load_config(config))) if v.reason is None]
+    casts_needed = [v for v in needed if v.kernel == "per_token_cast"]
+    others = [v for v in needed if v.kernel != "per_token_cast"]
+    assert casts_needed and others
+    entry = lambda kernel, static: {"kernel": kernel, "key": all_kernels()[kernel].key(static.values()), "static": static}  # noqa: E731
+    specialised = [entry(v.kernel, v.params) for v in others]
+    generic = []
+    for v in casts_needed:
+        static, _ = PER_TOKEN_CAST_GENERIC.split(PER_TOKEN_CAST, v.values)
+        generic.append(entry("per_token_cast_generic", dict(zip(PER_TOKEN_CAST_GENERIC.axis_names, static))))
+
+    served = CliRunner().invoke(
+        main, ["check", "--hf-config", str(config), "--artifacts", str(fake_set(tmp_path / "a", specialised + generic))]
+    )
+    assert served.exit_code == 0, served.output
+    assert f"needs {len(needed)} variants of " in served.output and f"; 0 missing; {len(casts_needed)} generic" in served.output
+    for v in casts_needed:
+        assert (
+            f"    generic per_token_cast {v.key}\n        specialise it: {build_command('per_token_cast', v.key, 'sm90')}" in served.output
+        )
+    listed = CliRunner().invoke(main, ["check", "--variants", "--hf-config", str(config), "--artifacts", str(tmp_path / "a")])
+    assert listed.exit_code == 0 and all(f"    specialised {v.kernel} {v.key}" in listed.output for v in others)
+
+    gap = CliRunner().invoke(main, ["check", "--hf-config", str(config), "--artifacts", str(fake_set(tmp_path / "b", specialised))])
+    assert gap.exit_code == 1 and f"; {len(casts_needed)} missing" in gap.output
+    assert all(f"    missing per_token_cast {v.key}" in gap.output for v in casts_needed) and " generic " not in gap.output
+
+
+def test_topk_gate_256_experts_top6_runs_on_the_generic_gate(monkeypatch, registry, fake_cuda, driver):  # noqa: F811
+    from tkaot._moe import ops
+
+    monkeypatch.setattr(_op, "REGISTRY", registry)
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(ops, "current_stream", lambda device: 0)
+    monkeypatch.setattr(ops._TOPK, "cache", {})
+    monkeypatch.delenv("TKAOT_STRICT", raising=False)
+    monkeypatch.setenv("TKAOT_PATH", str(PREBUILT))
+    scores = torch.empty(4097, 256, device="meta")
+    with pytest.warns(GenericVariantWarning, match=r"no specialised topk_gate variant \[num_experts=256,num_topk=6,tiling=ballot4\]"):
+        assert tkaot.moe.topk_gate(scores, 6).shape == (4097, 6)
+    (launcher,) = ops._TOPK.cache.values()
+    kernel = getattr(launcher, "__self__", launcher).kernel
+    assert (kernel.kernel, kernel.key) == ("topk_gate_generic", "tiling=ballot4")
+    driver.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    driver.calls.clear()
+    tkaot.moe.topk_gate(scores, 6)
+    (record,) = driver.calls
+    sent = {p.name: raw for p, raw in zip(kernel.spec.params, record[6])}
+    assert record[2] == (1025, 1, 1) and {n: struct.unpack("<i", sent[n])[0] for n in ("num_experts", "num_topk", "num_tokens")} == {
+        "num_experts": 256,
+        "num_topk": 6,
+        "num_tokens": 4097,
+    }
+    # a specialised gate stays specialised
+    tkaot.moe.topk_gate(torch.empty(5, 256, device="meta"), 8)
+    launcher = ops._TOPK.cache[(0, 256, 8, "ballot4")]
+    assert getattr(launcher, "__self__", launcher).kernel.kernel == "topk_gate"
