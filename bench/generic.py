@@ -52,7 +52,7 @@ def on_generic():
         return real(op, name, key, device)
 
     def forget():
-        _casts._PTC_FAST.clear()
+        _casts._PLANS.clear()
         for kernels in _casts._PER_TOKEN.values():
             kernels.cache.clear()
 
@@ -70,7 +70,7 @@ def on_generic():
 def launched_kernel(args: tuple, kwargs: dict, x: torch.Tensor) -> str:
     """Which kernel the op's launcher for this call runs (to be sure each column measured what it says)."""
     tkaot.quant.per_token_cast(x, *args, **kwargs)
-    launcher = next(iter(v[0] for v in _casts._PTC_FAST.values()))
+    launcher = next(iter(v[0] for v in _casts._PLANS.values()))
     return getattr(launcher, "__self__", launcher).kernel.kernel
 
 
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
         def call(a, call_args=call_args, kwargs=kwargs):
             return tkaot.quant.per_token_cast(a["x"], *call_args, **kwargs)
 
-        _casts._PTC_FAST.clear()
+        _casts._PLANS.clear()
         assert launched_kernel(call_args, kwargs, inputs[0]["x"]) == "per_token_cast", f"{name}: no specialised variant"
         specialised, _ = timing.device_us(call, inputs)
         with on_generic():

@@ -89,7 +89,7 @@ def served(monkeypatch, registry, fake_cuda, driver):  # noqa: F811 (the importe
     monkeypatch.setattr(_op, "REGISTRY", registry)
     monkeypatch.setattr(_op, "_WARNED", set())
     monkeypatch.setattr(casts, "current_stream", lambda device: 0)
-    monkeypatch.setattr(casts, "_PTC_FAST", {})
+    monkeypatch.setattr(casts, "_PLANS", {})
     for kernels in casts._PER_TOKEN.values():
         monkeypatch.setattr(kernels, "cache", {})
     monkeypatch.delenv("TKAOT_STRICT", raising=False)

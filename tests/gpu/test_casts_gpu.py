@@ -340,7 +340,7 @@ def test_cuda_graph_capture_and_replay(seed):
 def test_unbuilt_combination_raises_variant_not_built(monkeypatch):
     # no specialised variant at 640 channels: the generic one serves the call (tests/gpu/test_generic_gpu.py), unless strict
     monkeypatch.setenv("TKAOT_STRICT", "1")
-    monkeypatch.setattr(_casts, "_PTC_FAST", {})
+    monkeypatch.setattr(_casts, "_PLANS", {})
     for kernels in _casts._PER_TOKEN.values():
         monkeypatch.setattr(kernels, "cache", {})
     x = torch.randn(4, 640, dtype=torch.bfloat16, device="cuda")

@@ -68,7 +68,7 @@ def on_generic(specialised: str = "per_token_cast"):
         return real(op, name, key, device)
 
     def forget():
-        _casts._PTC_FAST.clear()
+        _casts._PLANS.clear()
         for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK):
             kernels.cache.clear()
 
@@ -233,7 +233,7 @@ def test_calls_once_missing_run_and_agree_with_the_reference_and_tile_kernels(se
 
 def test_strict_mode_raises_where_the_generic_variant_would_serve(monkeypatch):
     monkeypatch.setenv("TKAOT_STRICT", "1")
-    monkeypatch.setattr(_casts, "_PTC_FAST", {})
+    monkeypatch.setattr(_casts, "_PLANS", {})
     for kernels in _casts._PER_TOKEN.values():
         monkeypatch.setattr(kernels, "cache", {})
     with pytest.raises(tkaot.VariantNotBuilt, match="hidden=5120"):
