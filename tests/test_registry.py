@@ -217,6 +217,7 @@ def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
     import torch
 
     from tkaot import _kernel
+    from tkaot._decl import all_kernels
 
     loaded = []
 
@@ -234,12 +235,16 @@ def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
     monkeypatch.setattr(r, "device_arch", lambda index: "sm90")
     monkeypatch.setattr(_kernel._cuda, "Module", FakeModule)
     (prebuilt,) = r.artifact_sets("sm90")
-    variants = list(prebuilt.index())
+    generic = {d.name for d in all_kernels().values() if d.generic_of}
+    assert generic and any(kernel in generic for kernel, _ in prebuilt.index())
+    variants = [(kernel, key) for kernel, key in prebuilt.index() if kernel not in generic]
     assert r.preload() == len(variants) > 600
     kernels = [r.kernel("op", kernel, key, 0) for kernel, key in variants]
     assert loaded == [k.read_cubin() for k in kernels]
     assert all(k.functions[0] == i + 1 for i, k in enumerate(kernels))
     assert r.preload() == len(variants) and len(loaded) == len(variants)
+    # the generic tier too, when asked: only its variants are new
+    assert r.preload(generic=True) == len(prebuilt.index()) == len(loaded)
 
     bad = reg.Registry()
     monkeypatch.setattr(bad, "device_arch", lambda index: "sm90")

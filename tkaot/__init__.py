@@ -36,15 +36,16 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def preload(device=None) -> int:
+def preload(device=None, generic: bool = False) -> int:
     """Load every kernel of the device's artifact sets now, so no call stalls later.
 
-    Returns the number of kernels loaded.
+    The generic tier's variants (fallbacks for calls no specialised variant serves) load too only with
+    `generic=True`; otherwise each loads at its first call. Returns the number of kernels loaded.
     """
     from tkaot.registry import REGISTRY
 
     index = device.index if hasattr(device, "index") else device
-    return REGISTRY.preload(index)
+    return REGISTRY.preload(index, generic)
 
 
 def launcher_kind() -> str:

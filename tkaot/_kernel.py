@@ -69,8 +69,11 @@ PDL_ALLOWED = _pdl_allowed()
 class Kernel:
     """A built variant: where its cubin is, how to launch it, and its loaded functions per device."""
 
-    def __init__(self, kernel: str, key: str, spec: LaunchSpec, cubin_path: str, cubin_sha256: str, origin: str):
-        self.kernel, self.key, self.spec = kernel, key, spec
+    def __init__(self, kernel: str, key: str, spec: LaunchSpec | dict, cubin_path: str, cubin_sha256: str, origin: str):
+        """`spec`: the LaunchSpec, or its manifest JSON, parsed and checked when first needed (preloading a whole
+        set reads only each variant's symbol and shared memory size)."""
+        self.kernel, self.key = kernel, key
+        self._spec, self._spec_json = (spec, None) if isinstance(spec, LaunchSpec) else (None, spec)
         self.cubin_path, self.cubin_sha256, self.origin = str(cubin_path), cubin_sha256, origin
         self._modules: dict[int, _cuda.Module] = {}
         self.functions: dict[int, object] = {}
@@ -78,6 +81,22 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.kernel} [{self.key}] from {self.origin})"
+
+    @property
+    def spec(self) -> LaunchSpec:
+        spec = self._spec
+        if spec is None:
+            spec = self._spec = LaunchSpec.from_json(self._spec_json)
+        return spec
+
+    def _entry(self) -> tuple[str, int]:
+        """(symbol, dynamic shared memory bytes), from the JSON when the spec is not parsed yet and both are plain."""
+        data = self._spec_json
+        if self._spec is None and type(data) is dict:
+            symbol, smem = data.get("symbol"), data.get("smem")
+            if type(symbol) is str and symbol.isidentifier() and type(smem) is int and smem >= 0:
+                return symbol, smem
+        return self.spec.symbol, self.spec.smem
 
     def read_cubin(self) -> bytes:
         try:
@@ -100,7 +119,7 @@ class Kernel:
             fn = self.functions.get(device_index)
             if fn is None:
                 module = _cuda.Module(self.read_cubin() if image is None else image, device_index)
-                fn = module.function(self.spec.symbol, self.spec.smem)
+                fn = module.function(*self._entry())
                 self._modules[device_index] = module
                 self.functions[device_index] = fn
             return fn

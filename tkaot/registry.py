@@ -26,9 +26,9 @@ import warnings
 from pathlib import Path
 
 from tkaot import __version__
-from tkaot._decl import build_command, parse_key
+from tkaot._decl import all_kernels, build_command, parse_key
 from tkaot._kernel import Kernel
-from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec
+from tkaot._spec import MANIFEST_SCHEMA
 from tkaot.errors import ArtifactError, ManifestError, NoGPUError, UnsupportedArchError, VariantNotBuilt
 
 SOURCE_PREBUILT = Path(__file__).resolve().parent.parent / "prebuilt"
@@ -108,9 +108,8 @@ class ArtifactSet:
             return None
         if isinstance(entry, str):
             entry = self._index[(kernel, key)] = _parse_json(entry.rstrip(","), self.root / "manifest.json")
-        spec = LaunchSpec.from_json(entry["launch"])
         cubin = os.path.join(self._cubins, entry["cubin"] + ".cubin")
-        return Kernel(kernel, key, spec, cubin, entry["cubin"], self.origin)
+        return Kernel(kernel, key, entry.get("launch"), cubin, entry["cubin"], self.origin)
 
     def _text(self) -> str:
         path = self.root / "manifest.json"
@@ -299,8 +298,10 @@ class Registry:
             [s.origin for s in sets],
         )
 
-    def preload(self, device_index: int | None = None) -> int:
-        """Load every variant of the device's arch now; returns how many were loaded.
+    def preload(self, device_index: int | None = None, generic: bool = False) -> int:
+        """Load every variant of the device's arch now (the generic tier's too with `generic`); returns how many
+        were loaded. Generic variants are fallbacks for calls no specialised variant serves (each warns when first
+        used), so by default they load at their first call.
 
         The cubins are read and checked (sha256) by a few threads while this one hands them to the driver, in the
         sets' order; file reads and hashing run without the GIL, so the two overlap."""
@@ -312,11 +313,12 @@ class Registry:
             raise NoGPUError("tkaot.preload() needs a CUDA GPU, and torch sees none")
         device_index = torch.cuda.current_device() if device_index is None else device_index
         arch = self.device_arch(device_index)
+        skip = set() if generic else {d.name for d in all_kernels().values() if d.generic_of}
         with collector_paused():
             kernels = []
             for s in self.artifact_sets(arch):
                 s.parse_all()
-                kernels += [self.kernel("preload", kernel, key, device_index) for kernel, key in s.index()]
+                kernels += [self.kernel("preload", kernel, key, device_index) for kernel, key in s.index() if kernel not in skip]
             todo = [k for k in kernels if device_index not in k.functions]
             with ThreadPoolExecutor(max_workers=_PRELOAD_READERS) as readers:
                 for k, image in zip(todo, readers.map(Kernel.read_cubin, todo)):
