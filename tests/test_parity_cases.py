@@ -62,7 +62,8 @@ def fake_sm90(monkeypatch):
     monkeypatch.setattr(_op, "REGISTRY", registry)
     launches: list[str] = []
 
-    def bind(self, arg_names, kind=None, pdl=None):
+    def bind(self, arg_names, kind=None, pdl=None, fixed=None):
+        # fixed: a generic variant's runtime axes, bound once; the op passes the values of arg_names alone
         def launch(device, stream, *values):
             assert len(values) == len(arg_names), f"{self}: {len(values)} values for {len(arg_names)} arguments"
             launches.append(f"{self.kernel}[{self.key}]")
