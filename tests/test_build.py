@@ -104,7 +104,8 @@ def test_lowered_kernel_must_match_its_declaration(monkeypatch):
     from build_tools.ops import declaration, load_kernel_module
 
     decl = declaration("rmsnorm")
-    wrong = decl.replace(args=tuple(a for a in decl.args if a != "eps") + ("bogus",), dims=decl.dims[1:] + ("bogus",))
+    # eps left out, a bogus dim added, and the first dim passed but not declared a dim
+    wrong = decl.replace(params=(*(a for a in decl.params if a != "eps"), decl.dims[0]), dims=(*decl.dims[1:], "bogus"))
     monkeypatch.setattr(build_tools.compile, "declaration", lambda kernel: wrong)
     monkeypatch.setattr(load_kernel_module("rmsnorm"), "DECL", wrong)
     with pytest.raises(BuildError, match=r"does not match its declaration") as err:

@@ -100,22 +100,20 @@ class KernelDecl(Record):
     # name: str
     # source: str  # its TileLang module ("kernels_src.<family>.<file>"); imported by the build only
     # axes: tuple[Axis, ...]
-    # args: tuple[str, ...]  # runtime arguments, in the order the ops pass them (the lowered kernel's, by name)
-    # dims: tuple[str, ...]  # the dynamic dims among args
+    # params: tuple[str, ...]  # runtime arguments before the dims (tensors and scalars), in the order the ops pass them
+    # dims: tuple[str, ...]  # then the dynamic dims (sizes and strides); `args` is both, the lowered kernel's by name
     # ops: tuple[str, ...]  # the public ops that launch it
     # role -> shipped tiling, for kernels with a "tiling" axis (whose choices are exactly these tilings)
     # tilings: Mapping[str, str] = {}
     # generic_of: str = ""  # a generic kernel: the specialised kernel whose calls it serves
     # runtime_axes: tuple[Axis, ...] = ()  # a generic kernel: the specialised kernel's axes it takes at run time
-    __slots__ = _fields = ("name", "source", "axes", "args", "dims", "ops", "tilings", "generic_of", "runtime_axes")
+    __slots__ = _fields = ("name", "source", "axes", "params", "dims", "ops", "tilings", "generic_of", "runtime_axes")
     _defaults = {"tilings": MappingProxyType({}), "generic_of": "", "runtime_axes": ()}
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
         if len(set(names)) != len(names) or len(set(self.args)) != len(self.args):
             raise ValueError(f"{self.name}: axis or argument names repeat")
-        if not set(self.dims) <= set(self.args):
-            raise ValueError(f"{self.name}: dynamic dims {sorted(set(self.dims) - set(self.args))} are not arguments")
         if self.tilings:
             tiling = self.axis("tiling")
             if tiling.choices != tuple(dict.fromkeys(self.tilings.values())):
@@ -135,7 +133,7 @@ class KernelDecl(Record):
             name=name,
             source=source,
             axes=tuple(a for a in self.axes if a.name not in runtime_axes),
-            args=(*self.args, *runtime_axes),
+            params=self.params,
             dims=(*self.dims, *runtime_axes),
             ops=self.ops,
             tilings=self.tilings,
@@ -149,6 +147,11 @@ class KernelDecl(Record):
         runtime = {a.name for a in self.runtime_axes}
         pairs = list(zip(specialised.axis_names, values))
         return tuple(v for n, v in pairs if n not in runtime), {n: v for n, v in pairs if n in runtime}
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """Every runtime argument in the ops' order: the params, then the dims."""
+        return (*self.params, *self.dims)
 
     @property
     def axis_names(self) -> tuple[str, ...]:

@@ -17,11 +17,10 @@ MOE_TOPK_GATE = KernelDecl(
         Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),
         tiling_axis(GATE_TILINGS),
     ),
-    args=(
+    params=(
         "logits", "bias", "image_bias", "image_token_mask", "mask", "fix_routing_mask", "force_random",
         "to_physical_map", "logical_count", "topk_idx", "topk_weights", "unmapped_topk_idx", "scores",
         "num_shared_experts", "routed_scaling_factor", "ep_rank", "flags",
-        "num_tokens", "num_logical_experts", "num_duplicates", "num_physical_topk", "unmapped_topk_idx_stride",
     ),
     dims=("num_tokens", "num_logical_experts", "num_duplicates", "num_physical_topk", "unmapped_topk_idx_stride"),
     ops=("tkaot.moe.moe_topk_gate_forward",),
@@ -36,7 +35,7 @@ TOPK_GATE = KernelDecl(
         Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),
         tiling_axis(GATE_TILINGS),
     ),
-    args=("scores", "topk_idx", "num_tokens"),
+    params=("scores", "topk_idx"),
     dims=("num_tokens",),
     ops=("tkaot.moe.topk_gate",),
     tilings=GATE_TILINGS,
@@ -49,7 +48,7 @@ NORMALIZE_WEIGHT = KernelDecl(
     name="normalize_weight",
     source="kernels_src.moe.normalize_weight",
     axes=(Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),),
-    args=("topk_weights", "denominator", "normalized_weights", "num_tokens"),
+    params=("topk_weights", "denominator", "normalized_weights"),
     dims=("num_tokens",),
     ops=("tkaot.moe.normalize_weight",),
 )

@@ -34,11 +34,7 @@ RMSNORM = KernelDecl(
         Axis("with_residual", bool, choices=_BOOL),
         Axis("with_rstd", bool, choices=_BOOL),
     ),
-    args=(
-        "x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale", "batch", "num_tokens",
-        "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-        "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
-    ),
+    params=("x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale"),
     dims=(
         "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
         "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
@@ -58,12 +54,9 @@ NORM_CAST = KernelDecl(
         Axis("sf", str, choices=SF_KINDS[:3]),
         tiling_axis(NORM_CAST_TILINGS),
     ),
-    args=(
-        "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd",
-        "eps", "out_scale", "has_weight", "has_residual", "has_rstd", "has_out_bf16",
-        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-        "residual_out_batch_stride", "residual_out_stride", "out_batch_stride", "out_stride",
-        "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride", "sf_stride", "sf_group_stride",
+    params=(
+        "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd", "eps", "out_scale",
+        "has_weight", "has_residual", "has_rstd", "has_out_bf16",
     ),
     dims=(
         "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
@@ -88,11 +81,9 @@ SWIGLU = KernelDecl(
         Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0")),
         tiling_axis(SWIGLU_TILINGS),
     ),
-    args=(
-        "x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count",
-        "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor",
-        "has_clamp", "clamp_value", "count_clamp",
-        "num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride",
+    params=(
+        "x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count", "has_psum", "alignment",
+        "search_steps", "has_weights", "routed_scaling_factor", "has_clamp", "clamp_value", "count_clamp",
     ),
     dims=("num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride"),
     ops=(_Q + "swiglu_forward", _Q + "swiglu_forward_and_per_token_cast"),
@@ -114,7 +105,7 @@ PER_TOKEN_CAST = KernelDecl(
         Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf", "round_trip")),
         Axis("stochastic", bool, choices=_BOOL),
     ),
-    args=("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    params=("x", "x_sf", "out", "out_sf"),
     dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
     ops=tuple(_Q + op for op in (
         "per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back",
@@ -138,7 +129,7 @@ PER_BLOCK_CAST = KernelDecl(
         Axis("sf_layout", str, choices=("row", "col")),
         Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf")),
     ),
-    args=("x", "out", "out_sf", "num_tokens", "sf_stride"),
+    params=("x", "out", "out_sf"),
     dims=("num_tokens", "sf_stride"),
     ops=tuple(_Q + op for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")),
 )
@@ -154,7 +145,7 @@ PER_CHANNEL_CAST = KernelDecl(
         Axis("block_m", int, choices=(32, 128)),
         Axis("sf", str, choices=SF_KINDS[:3]),
     ),
-    args=("x", "x_sf", "out", "out_sf", "num_tokens", "in_sf_stride"),
+    params=("x", "x_sf", "out", "out_sf"),
     dims=("num_tokens", "in_sf_stride"),
     ops=(_Q + "per_channel_cast",),
 )
@@ -163,7 +154,7 @@ CAST = KernelDecl(
     name="cast",
     source="kernels_src.quant.cast",
     axes=(Axis("in_dtype", str, choices=CAST_DTYPES), Axis("out_dtype", str, choices=CAST_DTYPES), Axis("stochastic", bool, choices=_BOOL)),
-    args=("x", "y", "n"),
+    params=("x", "y"),
     dims=("n",),
     ops=(_Q + "cast",),
 )
@@ -178,7 +169,7 @@ CAST_BACK = KernelDecl(
         Axis("in_sf", str, choices=IN_SF[1:]),
         Axis("out_dtype", str, choices=FLOAT_DTYPES),
     ),
-    args=("x", "x_sf", "out", "num_tokens", "x_stride", "sf_stride"),
+    params=("x", "x_sf", "out"),
     dims=("num_tokens", "x_stride", "sf_stride"),
     ops=(_Q + "cast_back", _Q + "per_token_cast_back"),
 )
@@ -194,7 +185,7 @@ PER_BLOCK_CAST_LOSSLESS = KernelDecl(
         Axis("sf", str, choices=("pow2", "ue8m0")),
         Axis("sf_layout", str, choices=("row", "col")),
     ),
-    args=("x", "x_sf", "out", "out_sf", "num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    params=("x", "x_sf", "out", "out_sf"),
     dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
     ops=(_Q + "per_block_cast_lossless",),
 )
@@ -203,7 +194,7 @@ BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
     name="batched_transpose_weight_sf",
     source="kernels_src.quant.batched_transpose_weight_sf",
     axes=(Axis("block_size", int, choices=(32, 128)),),
-    args=("sf", "sf0", "sf1", "num_groups", "num_sf_n", "num_sf_k"),
+    params=("sf", "sf0", "sf1"),
     dims=("num_groups", "num_sf_n", "num_sf_k"),
     ops=(_Q + "batched_transpose_weight_sf",),
 )

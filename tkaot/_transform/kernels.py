@@ -12,12 +12,7 @@ ROTARY = KernelDecl(
         Axis("dtype", str, choices=("bfloat16", "float32")),
         Axis("interleaved", bool, choices=(False, True)),
     ),
-    args=(
-        "x", "cos_sin_cache", "positions", "has_positions", "conjugate", "seqlen_offset",
-        "batch", "seqlen", "num_heads", "cache_rows",
-        "x_batch_stride", "x_stride", "x_head_stride", "cache_stride",
-        "positions_batch_stride", "positions_stride",
-    ),
+    params=("x", "cos_sin_cache", "positions", "has_positions", "conjugate", "seqlen_offset"),
     dims=(
         "batch", "seqlen", "num_heads", "cache_rows", "x_batch_stride", "x_stride", "x_head_stride", "cache_stride",
         "positions_batch_stride", "positions_stride",
