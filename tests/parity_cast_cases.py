@@ -118,13 +118,15 @@ def per_token_sf_only_cases(rng):
     return assemble("quant.per_token_cast_with_sf_only", rng, config, call, make)
 
 
-def per_token_precomputed_cases(rng):
-    def config(rng):
-        c = {"fmt": rng.choice(["e4m3", "e2m1"]), "group": rng.choice(GROUPS)}
-        c["hidden"] = _cast_hidden(rng, c["group"])
-        c.update(_input_config(rng, quantized_ok=False), sf=rng.choice(["fp32", "pow2", "e4m3"]))
-        return c
+def _unpacked_sf_config(rng):
+    """A bf16/fp32 per-token cast keeping an unpacked, row-major sf (precomputed sf, the round trip)."""
+    c = {"fmt": rng.choice(["e4m3", "e2m1"]), "group": rng.choice(GROUPS)}
+    c["hidden"] = _cast_hidden(rng, c["group"])
+    c.update(_input_config(rng, quantized_ok=False), sf=rng.choice(["fp32", "pow2", "e4m3"]))
+    return c
 
+
+def per_token_precomputed_cases(rng):
     def call(rng, config, tokens):
         return {"out": rng.random() < 0.5}
 
@@ -137,7 +139,7 @@ def per_token_precomputed_cases(rng):
             kwargs["out"] = gen.poisoned(p["tokens"], _out_cols(p["fmt"], p["hidden"]), dtype=_fmt_dtype(p["fmt"]))
         return Call((x, p["fmt"], p["group"], sf), kwargs)
 
-    return assemble("quant.per_token_cast_with_precomputed_sf", rng, config, call, make)
+    return assemble("quant.per_token_cast_with_precomputed_sf", rng, _unpacked_sf_config, call, make)
 
 
 def _cast_back_config(rng, blocks) -> dict:
@@ -170,17 +172,11 @@ def cast_back_cases(rng):
 
 
 def per_token_round_trip_cases(rng):
-    def config(rng):
-        c = {"fmt": rng.choice(["e4m3", "e2m1"]), "group": rng.choice(GROUPS)}
-        c["hidden"] = _cast_hidden(rng, c["group"])
-        c.update(_input_config(rng, quantized_ok=False), sf=rng.choice(["fp32", "pow2", "e4m3"]))
-        return c
-
     def make(gen, p):
         x, _ = _input(gen, p)
         return Call((x, p["fmt"], p["group"]), {"round_sf": p["sf"] == "pow2", "use_e4m3_sf": p["sf"] == "e4m3"})
 
-    return assemble("quant.per_token_cast_and_cast_back", rng, config, no_call_options, make)
+    return assemble("quant.per_token_cast_and_cast_back", rng, _unpacked_sf_config, no_call_options, make)
 
 
 # ---- per-block and per-channel casts, lossless recast, weight sf transpose
