@@ -320,14 +320,12 @@ def check(hf_configs, artifact_dirs, arch, show_variants) -> None:
 
     A variant whose specialised build is absent but whose kernel's generic
     variant is there runs on that (the same results, slower; the runtime warns
-    once): it is reported as generic, with the command that specialises it,
-    and does not fail the check. A variant no kernel can build (its values are
+    once): it is reported as generic, and does not fail the check. A variant no kernel can build (its values are
     outside a kernel's declared axes) is reported as unsupported, with the
     reason and what to do; building cannot fix it, so it does not fail the
     check either. Exit status 1 only when a variant that `tkaot-build build`
     can make is missing.
     """
-    from tkaot._decl import build_command
     from tkaot._model_shapes import load_config, needed_variants, shape_tables
 
     have, sources = _have(arch, artifact_dirs)
@@ -356,13 +354,11 @@ def check(hf_configs, artifact_dirs, arch, show_variants) -> None:
         for v in needed if show_variants else missing + generic:
             if status[v] != "unsupported":
                 click.echo(f"    {status[v]} {v.kernel} {v.key}")
-            if status[v] == "generic":
-                click.echo(f"        specialise it: {build_command(v.kernel, v.key, arch)}")
         for line in unsupported_lines(needed):
             click.echo(f"    {line}")
-        if missing:
+        if missing or generic:
             fix = f"tkaot-build build --hf-config {config} --arch {arch} -j {_cores()} --out DIR"
-            click.echo(f"    build them: {fix}")
+            click.echo(f"    {'build them' if missing else 'specialise the generic ones'}: {fix}")
             click.echo("    then serve with TKAOT_PATH=DIR, or pack them: tkaot-build wheel DIR --name NAME")
         gaps += len(missing)
     click.echo(f"checked against: {sources}")

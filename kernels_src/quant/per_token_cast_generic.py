@@ -103,7 +103,7 @@ def build(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % (16 // storage_bytes) == 0)
             tid = T.get_thread_binding()
-            T.assume(hidden % 64 == 0)  # the declared axis: a positive multiple of 64
+            T.assume(hidden % 64 == 0)  # as declared (per_token_cast's hidden axis): the output rows vectorize
             first_row = (bz * GRID_YZ + by) * rows_per_cta + tid // SEG_THREADS
             col = (bx * SEG_THREADS + tid % SEG_THREADS) * vec  # this thread's vector, in every one of its rows
             in_row = col + vec <= hidden  # the vector is in the row: all of it, or none (hidden is a multiple of vec)
