@@ -172,7 +172,10 @@ def assert_on_neighbours(data, sf, v: dict, tokens: int, hidden: int, seed: int)
     scaled, back = x / scale, ref.decode(data)
     down = ref.decode(ref.encode(scaled, v["fmt"]))  # nearest; the other neighbour is within one grid step
     step = grid_step(torch.maximum(scaled.abs(), down.abs()), v["fmt"])
-    assert torch.all((back - scaled).abs() <= step * 1.0001 + 1e-30), "a stochastic value left its neighbours"
+    # an E4M3 sf of a group whose amax / 448 is below E4M3's smallest step is 0: no grid to round on there
+    # (such a group's sf is compared with the reference above)
+    on_grid = (back - scaled).abs() <= step * 1.0001 + 1e-30
+    assert torch.all(on_grid | (scale == 0)), "a stochastic value left its neighbours"
 
 
 def grid_step(mag: torch.Tensor, fmt: str) -> torch.Tensor:
