@@ -1,5 +1,5 @@
-"""Generic against specialised variants, side by side in one run, at 8192x7168 bf16 (the generic tier's target:
-within 1.25x of the specialised variant's device time at large shapes).
+"""Generic against specialised variants, side by side in one run (the generic tier's target: within 1.25x of the
+specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256.
 
     python -m bench.generic [--out bench/results]
 
@@ -22,6 +22,7 @@ import torch
 import tkaot
 from bench import timing
 from tkaot import _op
+from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 
@@ -42,28 +43,29 @@ CASES = [
 
 
 @contextlib.contextmanager
-def on_generic():
-    """per_token_cast's calls run on the generic variants: the registry finds no specialised one."""
+def on_generic(specialised: str = "per_token_cast"):
+    """The `specialised` kernel's calls run on its generic variants: the registry finds no specialised one."""
     registry, real = _op.REGISTRY, _op.REGISTRY.kernel
 
     def kernel(op, name, key, device):
-        if name == "per_token_cast":
-            raise VariantNotBuilt(op, name, key, [], "(hidden by the benchmark)", [])
+        if name == specialised:
+            raise VariantNotBuilt(op, name, key, [], "(hidden on purpose)", [])
         return real(op, name, key, device)
 
     def forget():
         _casts._PLANS.clear()
-        for kernels in _casts._PER_TOKEN.values():
+        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK):
             kernels.cache.clear()
 
     forget()
-    registry.kernel = kernel
+    registry.kernel, warned, _op._WARNED = kernel, _op._WARNED, set()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", GenericVariantWarning)
             yield
     finally:
         del registry.kernel
+        _op._WARNED = warned
         forget()
 
 
@@ -72,6 +74,32 @@ def launched_kernel(args: tuple, kwargs: dict, x: torch.Tensor) -> str:
     tkaot.quant.per_token_cast(x, *args, **kwargs)
     launcher = next(iter(v[0] for v in _casts._PLANS.values()))
     return getattr(launcher, "__self__", launcher).kernel.kernel
+
+
+def topk_gate_row(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8) -> dict:
+    """topk_gate on its specialised variant and on the generic one."""
+    count = min(64, max(2, -(-3 * l2 // (tokens * experts * 4))))
+    inputs = [{"scores": torch.randn(tokens, experts, device="cuda")} for _ in range(count)]
+
+    def call(a):
+        return tkaot.moe.topk_gate(a["scores"], topk)
+
+    def launched() -> str:
+        launcher = _moe_ops._TOPK.cache[(0, experts, topk, "ballot4")]
+        return getattr(launcher, "__self__", launcher).kernel.kernel
+
+    _moe_ops._TOPK.cache.clear()
+    call(inputs[0])
+    assert launched() == "topk_gate", f"no specialised topk_gate variant for {experts} experts, top-{topk}"
+    specialised, _ = timing.device_us(call, inputs)
+    with on_generic("topk_gate"):
+        call(inputs[0])
+        assert launched() == "topk_gate_generic"
+        generic, _ = timing.device_us(call, inputs)
+    ratio = generic / specialised
+    name = f"topk_gate {tokens}x{experts} top-{topk}"
+    print(f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
+    return {"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)}
 
 
 def main(argv=None) -> None:
@@ -102,6 +130,7 @@ def main(argv=None) -> None:
         print(
             f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
         )
+    rows.append(topk_gate_row(l2))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"

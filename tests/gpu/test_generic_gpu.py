@@ -6,22 +6,22 @@ Every output is poisoned (0xFF bytes) first, so an element either kernel leaves 
 hides the specialised per_token_cast variants from the registry, so the same call runs on the generic one.
 """
 
-import contextlib
 import itertools
 import math
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 import tkaot
+from bench.generic import on_generic
 from tests.gpu.test_casts_gpu import assert_bytes_equal, make_input, poisoned_like, poisoned_sf, sf_flags, shapeset_variants
+from tests.test_generic import ONCE_MISSING
 from tkaot import _op
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
-from tkaot.errors import GenericVariantWarning, VariantNotBuilt
+from tkaot.errors import GenericVariantWarning
 from tkaot.reference import moe as moe_ref
 from tkaot.reference import quant as ref
 
@@ -55,33 +55,6 @@ def combo_id(v: dict) -> str:
 def widths(v: dict) -> list[int]:
     step = math.lcm(64, v["group"], int(v["in_block"].split("x")[1]) if v["in_block"] != "none" else 1)
     return [w for w in WIDTHS if w % step == 0]
-
-
-@contextlib.contextmanager
-def on_generic(specialised: str = "per_token_cast"):
-    """Calls of the `specialised` kernel's ops run on its generic variants: the registry finds no specialised one."""
-    registry, real = _op.REGISTRY, _op.REGISTRY.kernel
-
-    def kernel(op, name, key, device):
-        if name == specialised:
-            raise VariantNotBuilt(op, name, key, [], "(hidden by the test)", [])
-        return real(op, name, key, device)
-
-    def forget():
-        _casts._PLANS.clear()
-        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK):
-            kernels.cache.clear()
-
-    forget()
-    registry.kernel, warned, _op._WARNED = kernel, _op._WARNED, set()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", GenericVariantWarning)
-            yield
-    finally:
-        del registry.kernel
-        _op._WARNED = warned
-        forget()
 
 
 def quantized_input(tokens: int, hidden: int, v: dict):
@@ -148,18 +121,24 @@ def test_generic_writes_the_bytes_of_the_specialised_variant(seed, v):
             assert_bytes_equal(got[name], want[name], f"{name}, {tokens} tokens")
 
 
+def check_against_reference(v: dict, tokens: int, hidden: int, seed: int) -> dict:
+    """The generic variant's outputs for one call equal the reference's byte for byte (stochastic: the sf); returns them."""
+    with on_generic():
+        got = run(v, tokens, hidden, seed)
+    want = reference(v, tokens, hidden, seed)
+    torch.cuda.synchronize()
+    for name in want:
+        assert_bytes_equal(got[name], want[name], f"{name}, {tokens}x{hidden}")
+    return got
+
+
 @pytest.mark.parametrize("v", generic_combos(), ids=combo_id)
 def test_generic_matches_the_reference_at_any_width(seed, v):
     """Every generic variant of the default set at widths with and without specialised variants, odd token counts."""
     for hidden, tokens in itertools.product(widths(v), TOKENS):
         if tokens == 4097 and hidden > 5120:
             continue  # the widest rows at fewer tokens: the reference is slow
-        with on_generic():
-            got = run(v, tokens, hidden, seed)
-        want = reference(v, tokens, hidden, seed)
-        torch.cuda.synchronize()
-        for name in want:
-            assert_bytes_equal(got[name], want[name], f"{name}, {tokens}x{hidden}")
+        got = check_against_reference(v, tokens, hidden, seed)
         if v["stochastic"]:
             assert_on_neighbours(got["x"], got["sf"], v, tokens, hidden, seed)
 
@@ -197,22 +176,7 @@ def test_every_width_from_64_to_16384(seed, fmt, group, kind, layout, dtype):
     step = math.lcm(64, group)
     for hidden in list(range(step, 4096 + 1, step)) + list(range(4096 + 7 * step, 16384 + 1, 7 * step)) + [16384]:
         for tokens in (3,) if hidden % 1024 else (1, 3, 127):
-            with on_generic():
-                got = run(v, tokens, hidden, seed)
-            want = reference(v, tokens, hidden, seed)
-            torch.cuda.synchronize()
-            for name in want:
-                assert_bytes_equal(got[name], want[name], f"{name}, {tokens}x{hidden}")
-
-
-ONCE_MISSING = [
-    (5120, ("e2m1", 32), {}),
-    (5120, ("e2m1", 16), {"use_e4m3_sf": True}),
-    (5120, ("e4m3", 64), {"round_sf": True}),
-    (7168, ("e4m3", 64), {"round_sf": True}),
-    (1536, ("e2m1", 32), {"use_packed_ue8m0": True, "round_sf": True}),
-    (4096, ("e2m1", 32), {"use_packed_ue8m0": True, "round_sf": True}),
-]
+            check_against_reference(v, tokens, hidden, seed)
 
 
 @pytest.mark.parametrize(("hidden", "args", "kwargs"), ONCE_MISSING, ids=lambda p: str(p))
