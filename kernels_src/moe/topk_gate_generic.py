@@ -11,7 +11,7 @@ unrolled for the smallest of SLOT_BUCKETS that holds `per` (a uniform branch), s
 
 import tilelang.language as T
 
-from kernels_src.moe.common import NONE, TILINGS, WARP
+from kernels_src.moe.common import TILINGS, WARP, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._moe.kernels import MAX_EXPERTS, TOPK_GATE_GENERIC
 
@@ -26,39 +26,6 @@ def build(tiling: str):
     num_tokens = T.dynamic("num_tokens")
     num_experts = T.dynamic("num_experts")
     num_topk = T.dynamic("num_topk")
-
-    @T.macro
-    def select(vals, lane, per, slots: int, out_idx: T.Ref):
-        """Lane k (< num_topk) gets the k-th largest of the warp's `vals` (common.warp_topk_ballot, k and per at
-        run time, at most `slots` slots a lane)."""
-        removed = T.alloc_var(T.uint32, init=0)
-        best = T.alloc_var(T.float32)
-        best_slot = T.alloc_var(T.int32)
-        top = T.alloc_var(T.float32)
-        hit = T.alloc_var(T.uint32)
-        winner = T.alloc_var(T.int32)
-        slot = T.alloc_var(T.int32)
-        for k in T.serial(num_topk):
-            best = -T.infinity(T.float32)
-            best_slot = NONE
-            for s in T.unroll(slots):
-                if s < per and lane * per + s < num_experts and ((removed >> T.Cast(T.uint32, s)) & T.uint32(1)) == T.uint32(0):
-                    if vals[s] > best or best_slot == NONE:
-                        best = vals[s]
-                        best_slot = s
-            top = best
-            for i in T.unroll(5):
-                top = T.max(top, T.shfl_xor(top, 16 >> i))
-            hit = T.Cast(T.uint32, T.ballot(best_slot != NONE and best == top))
-            if hit == T.uint32(0):
-                # only when a value is NaN: any lane with slots left, so the route stays in range
-                hit = T.Cast(T.uint32, T.ballot(best_slot != NONE))
-            winner = T.__ffs(hit) - 1
-            slot = T.shfl_sync(best_slot, winner)
-            if lane == k:
-                out_idx = winner * per + slot  # noqa: F841 (a T.Ref: the caller's variable is written)
-            if lane == winner:
-                removed = removed | (T.uint32(1) << T.Cast(T.uint32, slot))
 
     @T.prim_func
     def topk_gate_generic(
@@ -94,11 +61,11 @@ def build(tiling: str):
                         else:
                             vals[s] = -T.infinity(T.float32)
                 if per <= SLOT_BUCKETS[0]:
-                    select(vals, lane, per, SLOT_BUCKETS[0], idx)
+                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[0])
                 elif per <= SLOT_BUCKETS[1]:
-                    select(vals, lane, per, SLOT_BUCKETS[1], idx)
+                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[1])
                 else:
-                    select(vals, lane, per, SLOT_BUCKETS[2], idx)
+                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[2])
                 if lane < num_topk:
                     topk_idx[token, lane] = T.Cast(T.int64, idx)
 
