@@ -3,15 +3,15 @@
 It serves the calls whose specialised topk_gate variant is not built, and returns the same
 indices: each lane holds the experts the specialised kernel's layout gives it (common.py:
 a run of `per` experts, 4 a vector when rows are 16-byte aligned, else 1; `per` now
-computed at run time), and the warp selects by the same ballots in the same order, so ties
-and NaNs resolve alike. A lane holds at most MAX_SLOTS experts; the selection loop is
+computed at run time), and the warp selects by the same ballots in the same order (one
+macro, common.warp_topk_ballot), so ties and NaNs resolve alike. A lane holds at most MAX_SLOTS experts; the selection loop is
 unrolled for the smallest of SLOT_BUCKETS that holds `per` (a uniform branch), so a
 256-expert gate scans the 8 slots the specialised kernel scans.
 """
 
 import tilelang.language as T
 
-from kernels_src.moe.common import TILINGS, WARP, warp_topk_ballot
+from kernels_src.moe.common import TILINGS, WARP, warp_token, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._moe.kernels import MAX_EXPERTS, TOPK_GATE_GENERIC
 
@@ -36,9 +36,7 @@ def build(tiling: str):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(num_experts > 0)
-            tid = T.get_thread_binding()
-            lane = tid % WARP
-            token = block * warps + tid // WARP
+            lane, token = warp_token(block, warps)
             aligned = num_experts % 4 == 0  # rows are 16-byte aligned (the op checks the pointer): 4 experts a vector
             per = T.if_then_else(aligned, (num_experts + 4 * WARP - 1) // (4 * WARP) * 4, (num_experts + WARP - 1) // WARP)
             first = lane * per
