@@ -57,17 +57,17 @@ def warp_min(x: T.Ref):
 
 
 @T.macro
-def warp_topk_ballot(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref):
-    """Lane k (< num_topk) gets the k-th largest of the warp's `vals`.
+def warp_topk_ballot(vals, lane, num_experts, num_topk, out_idx: T.Ref, per, slots: int):
+    """Lane k (< num_topk) gets the k-th largest of the warp's `vals`: a lane holds `per` experts, in the first of its `slots`.
 
     Ties go to the lower expert index, so the order is that of a stable
     descending sort; -inf values are still ranked (after every finite one).
     Each round a lane offers its best remaining slot (the first of equals); the warp
     max of those values alone (one shuffle a step) is found, and the lowest lane
     offering it wins, which on this layout is the lowest expert index.
+    per, num_experts and num_topk may be runtime values (the generic gate's): the
+    rounds are then a loop, and the slots past `per` are skipped.
     """
-    vec, chunks = layout(num_experts)
-    per = chunks * vec
     removed = T.alloc_var(T.uint32, init=0)
     best = T.alloc_var(T.float32)
     best_slot = T.alloc_var(T.int32)
@@ -75,11 +75,15 @@ def warp_topk_ballot(vals, lane, num_experts: int, num_topk: int, out_idx: T.Ref
     hit = T.alloc_var(T.uint32)
     winner = T.alloc_var(T.int32)
     slot = T.alloc_var(T.int32)
-    for k in T.unroll(num_topk):
+    for k in T.unroll(num_topk) if isinstance(num_topk, int) else T.serial(num_topk):
         best = -T.infinity(T.float32)
         best_slot = NONE
-        for s in T.unroll(per):
-            if lane * per + s < num_experts and ((removed >> T.Cast(T.uint32, s)) & T.uint32(1)) == T.uint32(0):
+        for s in T.unroll(slots):
+            if (
+                (isinstance(per, int) or s < per)  # a static `per` is the slot count: every slot is in the run
+                and lane * per + s < num_experts
+                and ((removed >> T.Cast(T.uint32, s)) & T.uint32(1)) == T.uint32(0)
+            ):
                 if vals[s] > best or best_slot == NONE:
                     best = vals[s]
                     best_slot = s

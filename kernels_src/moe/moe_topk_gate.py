@@ -180,7 +180,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
                                     vals[c * vec + j] = vals[c * vec + j] + shift[c * vec + j]
 
                     if route == ROUTED:
-                        warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
+                        warp_topk_ballot(vals, lane, num_experts, num_topk, idx, chunks * vec, chunks * vec)
                         out_idx = T.Cast(T.int64, idx)
                     elif lane < num_topk:
                         out_idx = unmapped_topk_idx[token, lane]

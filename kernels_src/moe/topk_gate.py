@@ -32,7 +32,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
             idx = T.alloc_var(T.int32, init=-1)
             if token < num_tokens:
                 load_row(vals, scores, token, lane, num_experts)
-                warp_topk_ballot(vals, lane, num_experts, num_topk, idx)
+                warp_topk_ballot(vals, lane, num_experts, num_topk, idx, chunks * vec, chunks * vec)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.Cast(T.int64, idx)
 

@@ -1,0 +1,265 @@
+"""A thread's vectors of a per-token cast, from load to store: written once for per_token_cast and
+per_token_cast_generic, so the two write the same bytes.
+
+A thread holds `count` vectors of `vec` elements, each inside one group and one input scale
+block. The kernel's tiling says only where they lie: vector u is at (token, col) = at(u), and it
+is read and written where in_range(token). Everything else is here: all loads issued before any
+math, the group amax (the lanes sharing a group reduce it with warp shuffles), the scale factor
+(with one_scale, lane i of a group forms the scale of the group's vector i and the others fetch it
+with a shuffle), scaling, rounding, and the stores of values and scale factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import tilelang.language as T
+
+from kernels_src.quant import common, fp4_words
+from kernels_src.quant.encode import store_encoded
+
+# in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
+STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
+
+
+def vector_elems(in_dtype: str, in_block: str, group: int, vec_bytes: int = 16) -> int:
+    """Elements a thread vector: vec_bytes of input at most, inside one group and one input scale block."""
+    _, storage_bytes, per_storage = STORAGE[in_dtype]
+    bk = common.block_shape(in_block)[1] if in_dtype in ("e4m3", "e2m1") else group
+    return min(vec_bytes // storage_bytes * per_storage, group, bk)
+
+
+def fp4_words_fit(in_dtype: str, fmt: str, vec: int, mode: str, stochastic: bool) -> bool:
+    """Whether the fp4_words helpers can cast these vectors: bf16 to E2M1 eight values a vector, rounded to nearest."""
+    return fmt == "e2m1" and in_dtype == "bfloat16" and vec == 8 and mode == "cast" and not stochastic
+
+
+@dataclass(frozen=True)
+class VectorCast:
+    """The op's static axes and how the kernel's tiling casts them (`hidden` may be a runtime dim)."""
+
+    in_dtype: str
+    in_block: str
+    in_sf: str
+    fmt: str
+    group: int
+    sf: str
+    sf_layout: str
+    mode: str
+    stochastic: bool
+    hidden: object  # the row width: an int, or the generic kernel's runtime dim
+    vec: int  # elements a vector (vector_elems)
+    count: int  # vectors a thread
+    one_scale: bool  # the tiling has lane i of a group form the scale factor of the group's vector i, where it can
+    fp4_helpers: bool  # bf16 -> E2M1 eight values a call by the fp4_words helpers (fp4_words_fit)
+
+    @property
+    def quantized_in(self) -> bool:
+        return self.in_dtype in ("e4m3", "e2m1")
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """The input scale block (rows, columns); (1, group) for an unquantized input."""
+        return common.block_shape(self.in_block) if self.quantized_in else (1, self.group)
+
+    @cached_property
+    def sf_in(self) -> common.SfLayout:
+        return common.SfLayout.from_input(
+            self.in_sf if self.quantized_in else "fp32", self.hidden // self.block[1] if self.quantized_in else 1
+        )
+
+    @cached_property
+    def sf_out(self) -> common.SfLayout:
+        return common.SfLayout(self.sf, self.sf_layout, self.hidden // self.group)
+
+    @property
+    def num_groups(self):
+        return self.sf_out.k_blocks
+
+    @property
+    def storage(self) -> str:
+        return STORAGE[self.in_dtype][0]
+
+    @property
+    def storage_bytes(self) -> int:
+        return STORAGE[self.in_dtype][1]
+
+    @property
+    def per_storage(self) -> int:
+        return STORAGE[self.in_dtype][2]
+
+    @property
+    def regs(self) -> int:
+        """Storage elements a vector."""
+        return self.vec // self.per_storage
+
+    @property
+    def lanes(self) -> int:
+        """Consecutive lanes sharing a group."""
+        return self.group // self.vec
+
+    @property
+    def shares_scale(self) -> bool:
+        """Lane i of a group forms the scale factor of the group's vector i and the others fetch it by shuffle."""
+        return self.one_scale and self.count <= self.lanes and self.mode in ("cast", "sf_only")
+
+    @property
+    def fp4_out(self) -> bool:
+        return self.fmt == "e2m1"
+
+    @property
+    def word_codes(self) -> int:
+        """FP4 output goes out as whole words of packed codes: uint32 (8 codes), or uint16 for 4-element vectors."""
+        return 8 if self.vec % 8 == 0 else 4
+
+    @property
+    def out_vec(self) -> int:
+        return self.vec // self.word_codes if self.fp4_out else self.vec
+
+    @property
+    def out_storage(self) -> str:
+        return ("uint32" if self.word_codes == 8 else "uint16") if self.fp4_out else "float8_e4m3"
+
+    @property
+    def out_cols(self):
+        return self.hidden // self.word_codes if self.fp4_out else self.hidden
+
+    @property
+    def inv_bf16(self) -> bool:
+        """TileKernels keeps 1/sf in bf16 for bf16 inputs with power-of-two scales."""
+        return self.in_dtype == "bfloat16" and self.sf in ("pow2", "ue8m0") and self.mode == "precomputed_sf"
+
+
+def decode(c: VectorCast, reg, u, j):
+    """The fp32 value of element j of vector u (not yet times its input scale)."""
+    if c.in_dtype == "e2m1":
+        return common.e2m1_value(T.Cast("uint32", reg[u, j // 2]) >> T.uint32(4 * (j % 2)))
+    return T.Cast("float32", reg[u, j])
+
+
+def quantized_value(c: VectorCast, v):
+    """The fp32 value v rounds to in c.fmt."""
+    if c.fp4_out:
+        return common.e2m1_value(common.e2m1_code(v))
+    return T.Cast("float32", common.to_e4m3(v))
+
+
+def element_index(c: VectorCast, token, col, j):
+    """Element (token, col + j)'s index in the row-major tensor, mod 2**32: the seed of its stochastic rounding
+    (with a static hidden, the int32 arithmetic the specialised cubins were built with)."""
+    if isinstance(c.hidden, int):
+        return T.Cast("uint32", token * c.hidden + col + j)
+    return T.Cast("uint32", token) * T.Cast("uint32", c.hidden) + T.Cast("uint32", col + j)
+
+
+@T.macro
+def store_sf(c: VectorCast, out_sf, token, col, stored):
+    """Store the scale factor of the group at column col; the last group's also zeroes the unused bytes of its
+    packed UE8M0 word (how many is known when hidden is; otherwise each is checked)."""
+    out_sf[c.sf_out.index(token, col // c.group)] = stored
+    if isinstance(c.num_groups, int):
+        if c.sf_out.pad > 0:
+            if col // c.group == c.num_groups - 1:
+                for p in T.unroll(c.sf_out.pad):
+                    out_sf[c.sf_out.index(token, c.num_groups + p)] = T.uint8(0)
+    elif c.sf_out.packed:
+        if col // c.group == c.num_groups - 1:
+            for p in T.unroll(common.UE8M0_PACK - 1):
+                if c.num_groups % common.UE8M0_PACK != 0 and c.num_groups % common.UE8M0_PACK + p < common.UE8M0_PACK:
+                    out_sf[c.sf_out.index(token, c.num_groups + p)] = T.uint8(0)
+
+
+@T.macro
+def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range):
+    """Cast this thread's vectors (see the module's docstring): x -> out and out_sf, by c.mode."""
+    x_reg = T.alloc_local((c.count, c.regs), c.storage)
+    xf = T.alloc_local((c.vec,), "float32")
+    o_reg = T.alloc_local((c.out_vec,), c.out_storage)
+    back = T.alloc_local((c.vec,), c.storage)
+    amax = T.alloc_local((c.count,), "float32")
+    in_scale = T.alloc_local((c.count,), "float32")
+    group_inv = T.alloc_local((c.count,), "float32")
+    inv = T.alloc_var("float32")
+    factor = T.alloc_var("float32")
+
+    # Issue every load first so they are in flight together
+    for u in T.unroll(c.count):
+        token, col = at(u)
+        if in_range(token):
+            for j in T.vectorized(c.regs):
+                x_reg[u, j] = x[token, col // c.per_storage + j]
+            if c.quantized_in:
+                in_scale[u] = common.decode_sf(x_sf[c.sf_in.index(token // c.block[0], col // c.block[1])], c.sf_in.kind)
+        else:
+            for j in T.vectorized(c.regs):
+                x_reg[u, j] = T.Cast(c.storage, 0)
+            in_scale[u] = T.float32(0)
+
+    if c.mode != "precomputed_sf":
+        for u in T.unroll(c.count):
+            if c.fp4_helpers:
+                amax[u] = fp4_words.absmax8(T.address_of(x_reg[u, 0]))
+            else:
+                amax[u] = T.float32(0)
+                for j in T.unroll(c.vec):
+                    amax[u] = T.max(amax[u], T.abs(decode(c, x_reg, u, j)))
+            if c.quantized_in:
+                amax[u] = amax[u] * in_scale[u]
+        # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes
+        for u in T.unroll(c.count):
+            for s in T.unroll(c.lanes.bit_length() - 1):
+                amax[u] = T.max(amax[u], T.shfl_xor(amax[u], c.lanes >> (s + 1)))
+
+    if c.shares_scale:
+        # Lane i of each group (i < count) forms the scale of the group's vector i
+        mine = tid % c.lanes
+        picked = T.alloc_var("float32")
+        picked = amax[0]
+        for u in T.unroll(c.count - 1):
+            picked = T.if_then_else(mine == u + 1, amax[u + 1], picked)
+        stored, inv_value = common.scale_factor(picked, c.fmt, c.sf)
+        inv = inv_value
+        for u in T.unroll(c.count):
+            group_inv[u] = T.shfl_sync(inv, u, c.lanes)
+        token, col = at(mine)
+        if mine < c.count and in_range(token):
+            store_sf(c, out_sf, token, col, stored)
+
+    for u in T.unroll(c.count):
+        token, col = at(u)
+        if in_range(token):
+            if c.mode == "precomputed_sf":
+                inv = T.float32(1.0) / common.decode_sf(out_sf[c.sf_out.index(token, col // c.group)], c.sf)
+                if c.inv_bf16:
+                    inv = T.Cast("float32", T.Cast("bfloat16", inv))
+            elif c.mode == "round_trip":
+                stored, inv_value = common.scale_factor(amax[u], c.fmt, c.sf)
+                inv = inv_value
+                for j in T.unroll(c.vec):
+                    xf[j] = decode(c, x_reg, u, j) * inv
+                for j in T.unroll(c.vec):
+                    back[j] = T.Cast(c.storage, quantized_value(c, xf[j]) * common.decode_sf(stored, c.sf))
+                for j in T.vectorized(c.vec):
+                    x[token, col + j] = back[j]
+            elif c.shares_scale:
+                inv = group_inv[u]
+            else:
+                stored, inv_value = common.scale_factor(amax[u], c.fmt, c.sf)
+                inv = inv_value
+                if tid % c.lanes == 0:
+                    store_sf(c, out_sf, token, col, stored)
+            if c.fp4_helpers:
+                o_reg[0] = fp4_words.e2m1x8(T.address_of(x_reg[u, 0]), inv)
+                out[token, col // c.word_codes] = o_reg[0]
+            elif c.mode in ("cast", "precomputed_sf"):
+                factor = inv
+                if c.quantized_in:
+                    factor = in_scale[u] * inv
+                for j in T.unroll(c.vec):
+                    xf[j] = decode(c, x_reg, u, j) * factor
+                if c.stochastic:
+                    for j in T.unroll(c.vec):
+                        rbits = common.hash_u32(element_index(c, token, col, j), common.f32_bits(xf[j]))
+                        xf[j] = common.with_sign_of(common.stochastic_round_magnitude(T.abs(xf[j]), rbits, c.fmt), xf[j])
+                store_encoded(xf, o_reg, out, token, col)
