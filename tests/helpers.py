@@ -66,3 +66,17 @@ def run_on_threads(worker: Callable[[int, threading.Barrier], None], count: int 
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def refusals(cases: list, doc: str):
+    """A test of `cases`, each (call, error, match): `call(tkaot.quant)` raises `error` matching `match` (before any
+    launch: the test runs on the fake device of the `fake_cuda` fixture). Assign it to a module-level test name."""
+    import tkaot
+
+    @pytest.mark.parametrize("call, error, match", cases)
+    def test(fake_cuda, call, error, match):
+        with pytest.raises(error, match=match):
+            call(tkaot.quant)
+
+    test.__doc__ = doc
+    return test

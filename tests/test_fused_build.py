@@ -13,7 +13,7 @@ from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
 from build_tools.sweep import load_shapeset
-from tests.helpers import assert_each_reaches_the_registry, meta
+from tests.helpers import assert_each_reaches_the_registry, meta, refusals
 from tkaot import reference
 from tkaot._kernel import Kernel
 from tkaot._quant import fused as _fused
@@ -456,8 +456,7 @@ def test_norm_cast_valid_input_reaches_the_registry(fake_cuda):
         tkaot.quant.norm_forward_and_per_token_cast(meta(4, 512), None, 1e-6, "e4m3", 32, round_sf=True, use_packed_ue8m0=True, out=packed)
 
 
-@pytest.mark.parametrize(
-    "call, error, match",
+test_fused_options_refused = refusals(
     [
         (lambda q: q.swiglu_forward_and_per_token_cast(meta(2**30, 4096), "e4m3", 128), ValueError, r"x must be below 2\*\*30 rows"),
         (lambda q: q.swiglu_forward(meta(4, 4096), "bf16", topk_weights=meta(4, dtype=torch.float32), routed_scaling_factor="2"),
@@ -488,11 +487,8 @@ def test_norm_cast_valid_input_reaches_the_registry(fake_cuda):
                                                      out=(meta(4, 512, dtype=torch.float8_e4m3fn), [1])),
          TypeError, r"out\[1\] must be a torch.Tensor"),
     ],
+    "The fused ops' Signature rules beyond the argument-by-argument table above: limits, option pairs, given sf layouts.",
 )  # fmt: skip
-def test_fused_options_refused(fake_cuda, call, error, match):
-    """The fused ops' Signature rules beyond the argument-by-argument table above: limits, option pairs, given sf layouts."""
-    with pytest.raises(error, match=match):
-        call(tkaot.quant)
 
 
 def test_fused_valid_edges_reach_the_registry(fake_cuda):
