@@ -44,7 +44,6 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
         "over any such hidden (a last, partial group)"
     ),
     ("quant.cast_back", "x_block_size must be one of"): _BLOCKS,
-    ("quant.cast", "got torch.float8_e5m2"): "cast_kernel.py:29-33 restrict only stochastic rounding's dtype pairs",
     ("moe.moe_topk_gate_forward", "experts, got"): _GATE_EXPERTS,
     ("moe.moe_topk_gate", "experts, got"): _GATE_EXPERTS,
 }

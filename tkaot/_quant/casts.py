@@ -487,8 +487,8 @@ def per_channel_cast(
 
 # ---- the plain dtype cast, and E2M1 unpacking --------------------------------------------------------------------------
 
-_CAST_NAMES = {_F32: "float32", _BF16: "bfloat16", torch.float16: "float16", _F8: "e4m3"}  # dtype -> the kernel's name
-_DTYPES = "float32, bfloat16, float16 or float8_e4m3fn"
+_CAST_NAMES = {_F32: "float32", _BF16: "bfloat16", torch.float16: "float16", _F8: "e4m3", torch.float8_e5m2: "e5m2"}  # the kernel's names
+_DTYPES = "float32, bfloat16, float16, float8_e4m3fn or float8_e5m2"
 CAST_SIGNATURE = Signature(
     "tkaot.quant.cast",
     tensors=(Tensor("x", tuple(_CAST_NAMES), None, layout="contiguous", align=16),),
@@ -496,20 +496,23 @@ CAST_SIGNATURE = Signature(
         Rule("dtype", "dtype in _CAST_NAMES", _DTYPES, actual="dtype"),
         Rule("dtype", "dtype is not t_x", "other than x's dtype {t_x}", actual="dtype"),
         Let("pair", "(_CAST_NAMES[t_x], _CAST_NAMES[dtype])"),
+        Rule("dtype", "not (pair[0] in _FP8 and pair[1] in _FP8)", "not an FP8 format when x is FP8 (no cast between FP8 formats)",
+             actual="dtype"),
         Rule("stochastic_rounding", "not stochastic_rounding or pair in _STOCHASTIC",
              "False for this cast (it supports float32 -> bfloat16/e4m3 and bfloat16 -> e4m3)", actual="pair"),
         Let("numel", "x.numel()"),
         Rule("x", f"numel <= {MAX_I32 - 2**16}", "smaller than 2**31 - 2**16 elements", actual="numel"),
     ),
     scalars=("dtype", "stochastic_rounding"),
-    env={"_CAST_NAMES": _CAST_NAMES, "_STOCHASTIC": STOCHASTIC_PAIRS},
+    env={"_CAST_NAMES": _CAST_NAMES, "_STOCHASTIC": STOCHASTIC_PAIRS, "_FP8": ("e4m3", "e5m2")},
     returns=("device", "pair", "h_x", "p_x", "numel"),
 )  # fmt: skip
 _check_cast = lazy_checker(CAST_SIGNATURE, globals(), "_check_cast")
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
-    """Cast a contiguous tensor to dtype (float32, bfloat16, float16, float8_e4m3fn); FP8 saturates at +-448.
+    """Cast a contiguous tensor to dtype (float32, bfloat16, float16, float8_e4m3fn, float8_e5m2; not FP8 to FP8);
+    FP8 saturates (E4M3 at +-448, E5M2 at +-57344).
 
     stochastic_rounding (float32 -> bfloat16 / float8_e4m3fn, bfloat16 -> float8_e4m3fn) rounds up
     with probability equal to the value's fraction of a step, so the rounding is unbiased.
