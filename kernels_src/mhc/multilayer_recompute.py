@@ -58,7 +58,7 @@ def build(mhc_mult: int):
             T.assume(hidden % VEC == 0)
             h = (block * THREADS + T.get_thread_binding()) * VEC
             res = T.alloc_local((m, VEC), T.float32)
-            new = T.alloc_local((m, VEC), T.float32)
+            mixed = T.alloc_local((m, VEC), T.float32)
             loaded = T.alloc_local((m, VEC), T.bfloat16)
             acc = T.alloc_local((VEC,), T.float32)
             out = T.alloc_local((VEC,), T.bfloat16)
@@ -89,13 +89,13 @@ def build(mhc_mult: int):
                             comb_w[i, o] = comb[t, i, o]
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
-                            new[o, k] = post_w[o] * T.cast(lo[k], T.float32)
+                            mixed[o, k] = post_w[o] * T.cast(lo[k], T.float32)
                         for i in T.unroll(m):
                             for k in T.unroll(VEC):
-                                new[o, k] = new[o, k] + comb_w[i, o] * res[i, k]
+                                mixed[o, k] = mixed[o, k] + comb_w[i, o] * res[i, k]
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
-                            loaded[o, k] = T.cast(new[o, k], T.bfloat16)
+                            loaded[o, k] = T.cast(mixed[o, k], T.bfloat16)
                         for k in T.vectorized(VEC):
                             residual[t, o, h + k] = loaded[o, k]
                     for o in T.unroll(m):

@@ -26,7 +26,7 @@ SIGNATURE = Signature(
         Tensor("residual", (BF16,), (("num_tokens", "mhc_mult", "hidden"),), layout="contiguous", align=16,
                what="3-D (num_tokens, mhc_mult, hidden)"),
         f32("post_mix", ("num_tokens", "mhc_mult")),
-        f32("comb_mix", ("num_tokens", "mhc_mult2")),
+        f32("comb_mix", ("num_tokens", "mhc_mult2"), what="2-D (num_tokens, mhc_mult * mhc_mult)"),
         Tensor("layer_input", (BF16,), (("num_tokens", "hidden"),), layout="contiguous", align=16),
     ),
     scalars=("rms_eps", "mhc_pre_eps", "mhc_sinkhorn_eps", "mhc_post_mult_value", "sinkhorn_repeat", "n_splits"),
