@@ -93,8 +93,10 @@ def _addresses(name: str, tensors, dtype: torch.dtype, numel: int, device: int, 
 
 
 def pointer_table(addresses: list[int], device: torch.device) -> torch.Tensor:
-    """The addresses as an int64 tensor on `device`: one pinned host tensor, copied asynchronously on the current stream."""
-    return torch.tensor(addresses, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+    """The addresses as an int64 tensor on `device`: for a CUDA device one pinned host tensor, copied asynchronously
+    on the current stream."""
+    cuda = device.type == "cuda"
+    return torch.tensor(addresses, dtype=torch.int64, pin_memory=cuda).to(device, non_blocking=cuda)
 
 
 def mhc_multilayer_recompute(
