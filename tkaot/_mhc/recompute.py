@@ -1,12 +1,15 @@
 """tkaot.mhc.mhc_multilayer_recompute: rebuild several layers' residual streams and layer inputs in one launch.
 
 The per-layer tensors reach the kernel through one int64 table of their addresses, built per call: a
-Python list of data_ptr()s, one pinned host tensor, one asynchronous copy on the current stream (the
-host buffer comes from torch's pinned-memory cache, which keeps it until the copy has run). That is
-the whole per-call host cost beyond the checks (bench/mhc_recompute_host.py measures it).
+Python list of data_ptr()s packed into an array, one pinned host tensor, one asynchronous copy on the
+current stream (the host buffer comes from torch's pinned-memory cache, which keeps it until the copy
+has run). That and the checks of every layer's tensors are the whole per-call host cost
+(bench/mhc_recompute_host.py measures it without a GPU).
 """
 
 from __future__ import annotations
+
+import array
 
 import torch
 
@@ -95,8 +98,10 @@ def _addresses(name: str, tensors, dtype: torch.dtype, numel: int, device: int, 
 def pointer_table(addresses: list[int], device: torch.device) -> torch.Tensor:
     """The addresses as an int64 tensor on `device`: for a CUDA device one pinned host tensor, copied asynchronously
     on the current stream."""
-    cuda = device.type == "cuda"
-    return torch.tensor(addresses, dtype=torch.int64, pin_memory=cuda).to(device, non_blocking=cuda)
+    host = torch.frombuffer(array.array("q", addresses), dtype=torch.int64)  # 3-4x cheaper than torch.tensor(list)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def mhc_multilayer_recompute(
