@@ -88,7 +88,9 @@ def reduce_bwd_cases(rng):
 
 def pre_big_fuse_cases(rng):
     def config(rng):
-        return {"hidden": pick(rng, HIDDEN, (7168, 4096)), "n_splits": pick(rng, (1, 8, 16), (16,)), "repeat": pick(rng, (1, 10, 20), (20,))}
+        return {
+            "hidden": pick(rng, HIDDEN, (7168, 4096)), "n_splits": pick(rng, (1, 8, 16), (16,)), "repeat": pick(rng, (1, 10, 20), (20,)),
+        }  # fmt: skip
 
     def make(gen, p):
         t, m, h, s = p["tokens"], 4, p["hidden"], p["n_splits"]

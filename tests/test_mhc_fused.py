@@ -182,7 +182,8 @@ def test_every_call_resolves_to_a_built_variant(built, monkeypatch):
         getattr(MHC, op)(*args, **kwargs)
     assert sorted(resolved) == sorted(OPS)
     with pytest.raises(tkaot.VariantNotBuilt, match="mhc_mult=2"):  # a rate the default set does not build
-        MHC.mhc_pre_big_fuse_fwd(*valid_calls(3, m=2)["mhc_pre_big_fuse_fwd"][0])
+        args, kwargs = valid_calls(3, m=2)["mhc_pre_big_fuse_fwd"]
+        MHC.mhc_pre_big_fuse_fwd(*args, **kwargs)
 
 
 def test_the_recompute_table_lists_every_layer_tensor_in_the_kernels_order(recorded, monkeypatch):
@@ -228,7 +229,8 @@ def _set(i, value):
 
 
 def _non_contiguous(*shape, dtype=F32):
-    return lambda: meta(*shape, dtype=dtype, strides=tuple(reversed([1] + [0] * (len(shape) - 1)))).transpose(0, -1).contiguous().transpose(0, -1) if False else meta(*reversed(shape), dtype=dtype).transpose(0, -1)  # noqa: E501
+    """A maker of a transposed (non-contiguous) meta tensor of `shape`."""
+    return lambda: meta(*reversed(shape), dtype=dtype).transpose(0, -1)
 
 
 REFUSALS = [
@@ -285,7 +287,8 @@ REFUSALS = [
     ("mhc_multilayer_recompute", _set(6, [meta(5, 4, 512, dtype=BF16)]), ValueError, "residual_list must be of 2 tensors"),
     ("mhc_multilayer_recompute", lambda a, k: [a.__setitem__(i, a[i][:1]) for i in (2, 3, 4, 6)], ValueError,
      "num_layers .3. or num_layers - 1"),
-    ("mhc_multilayer_recompute", _set(2, (meta(5, 512, dtype=BF16), meta(5, 511, dtype=BF16))), ValueError, r"layer_output_list\[1\] must be of 2560"),
+    ("mhc_multilayer_recompute", _set(2, (meta(5, 512, dtype=BF16), meta(5, 511, dtype=BF16))), ValueError,
+     r"layer_output_list\[1\] must be of 2560"),
     ("mhc_multilayer_recompute", _set(4, [meta(5, 4, 4, dtype=BF16)] * 2), ValueError, r"comb_mix_list\[0\] must be torch.float32"),
     ("mhc_multilayer_recompute", _set(1, [meta(5, 4, dtype=F32), meta(5, 4, dtype=F32), _non_contiguous(5, 4)()]), ValueError,
      r"pre_mix_list\[2\] must be contiguous"),
@@ -326,7 +329,8 @@ def test_head_mix_backward_is_autograd_of_its_forward(dtype):
     tiles = [(t // block) % num_sms for t in range(tokens)]
     g = dx / scale[0]
     assert torch.allclose(base_part[2], g[[t for t in range(tokens) if tiles[t] == 2]].sum(0), **tol)
-    torch.autograd.gradcheck(lambda *a: ref.mhc_head_compute_mix_fwd(*a, 1e-6), tuple(t.double().requires_grad_() for t in (x[:5], scale, base)))
+    small = tuple(t.double().requires_grad_() for t in (x[:5], scale, base))
+    torch.autograd.gradcheck(lambda *a: ref.mhc_head_compute_mix_fwd(*a, 1e-6), small)
 
 
 @pytest.mark.parametrize("dtype", [F32, torch.float64])

@@ -40,8 +40,13 @@ def _big_fuse_cases() -> list[Case]:
 
     return [
         Case(
-            op="mhc_pre_big_fuse_fwd", shape=f"{tokens}x{M}x{HIDDEN} bf16, {SPLITS} splits, 20 repeats", bytes=bytes_moved(tokens),
-            make=_big_fuse_inputs(tokens), tkaot=lambda a: _big_fuse(tkaot, a), tile_kernels=_big_fuse, host_timing=tokens == 1,
+            op="mhc_pre_big_fuse_fwd",
+            shape=f"{tokens}x{M}x{HIDDEN} bf16, {SPLITS} splits, 20 repeats",
+            bytes=bytes_moved(tokens),
+            make=_big_fuse_inputs(tokens),
+            tkaot=lambda a: _big_fuse(tkaot, a),
+            tile_kernels=_big_fuse,
+            host_timing=tokens == 1,
         )  # fmt: skip
         for tokens in (TOKENS, 1)
     ]
@@ -61,8 +66,8 @@ def _recompute_case(layers: int) -> Case:
 
     per_layer = TOKENS * (HIDDEN * 2 + HIDDEN * 2 + M * HIDDEN * 2 + (2 * M + M * M) * 4)
     return Case(
-        op="mhc_multilayer_recompute", shape=f"{TOKENS}x{M}x{HIDDEN} bf16, {layers} layers", bytes=TOKENS * M * HIDDEN * 2 + layers * per_layer,
-        make=make, tkaot=lambda a: call(tkaot, a), tile_kernels=call,
+        op="mhc_multilayer_recompute", shape=f"{TOKENS}x{M}x{HIDDEN} bf16, {layers} layers",
+        bytes=TOKENS * M * HIDDEN * 2 + layers * per_layer, make=make, tkaot=lambda a: call(tkaot, a), tile_kernels=call,
     )  # fmt: skip
 
 
@@ -108,8 +113,7 @@ def _small_cases() -> list[Case]:
         ("mhc_reduce_partials_and_rmsnorm_bwd", f"{TOKENS}x{M3}", 4 * TOKENS * (M3 + 1) * 4, reduce, reduce_bwd),
     ]
     return [
-        Case(op=op, shape=shape, bytes=n, make=make, tkaot=lambda a, f=f: f(tkaot, a), tile_kernels=f)
-        for op, shape, n, make, f in rows
+        Case(op=op, shape=shape, bytes=n, make=make, tkaot=lambda a, f=f: f(tkaot, a), tile_kernels=f) for op, shape, n, make, f in rows
     ]
 
 

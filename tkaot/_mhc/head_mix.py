@@ -48,7 +48,8 @@ BWD_SIGNATURE = Signature(
             f"of a power-of-two mhc_mult up to {HEAD_MIX_BWD_THREADS} (TileKernels' reductions need one)",
             actual="f'shape {tuple(h_output_mix_grad)}'", after="output_mix_grad",
         ),
-        Rule("output_mix_grad", "num_tokens * mhc_mult <= _MAX_I32", "of fewer than 2**31 elements", actual="f'shape {tuple(h_output_mix_grad)}'"),
+        Rule("output_mix_grad", "num_tokens * mhc_mult <= _MAX_I32", "of fewer than 2**31 elements",
+             actual="f'shape {tuple(h_output_mix_grad)}'"),
         *int_rules("token_block_size", "0", "_MAX_I32 // max(mhc_mult, 1)"),
     ),
 )  # fmt: skip

@@ -43,7 +43,11 @@ _TOKEN_MIXES = Rule("out", "num_tokens * mhc_mult3 <= _MAX_I32", "of fewer than 
 REDUCE_FWD_SIGNATURE = Signature(
     "tkaot.mhc.mhc_reduce_partials_and_rmsnorm_fwd",
     tensors=(
-        f32("out_mul_splitted", ("n_splits", "num_tokens", "n_rms_group", "mhc_mult3"), what="4-D (n_splits, num_tokens, n_rms_group, mhc_mult3)"),
+        f32(
+            "out_mul_splitted",
+            ("n_splits", "num_tokens", "n_rms_group", "mhc_mult3"),
+            what="4-D (n_splits, num_tokens, n_rms_group, mhc_mult3)",
+        ),
         f32("sqrsum_splitted", ("n_splits", "num_tokens", "n_rms_group")),
         f32("out_mul", ("num_tokens", "n_rms_group", "mhc_mult3")),
         f32("sqrsum", ("num_tokens", "n_rms_group")),
