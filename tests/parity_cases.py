@@ -525,6 +525,7 @@ def apply_rotary_cases(rng) -> list[Case]:
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
     from tests import parity_cast_cases as casts
+    from tests import parity_mhc_fused_cases as mhc_fused
 
     return {
         "quant.norm_forward": norm_forward_cases,
@@ -537,6 +538,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "moe.topk_gate": topk_gate_cases,
         "moe.normalize_weight": normalize_weight_cases,
         "transform.apply_rotary": apply_rotary_cases,
+        **mhc_fused.GENERATORS,
     }
 
 

@@ -73,7 +73,7 @@ def fake_sm90(monkeypatch):
     from tkaot._quant import weight_casts
 
     monkeypatch.setattr(weight_casts, "_values_unchecked", lambda: True)  # meta tensors hold no values to check
-    for family in (tkaot.quant, tkaot.moe, tkaot.transform):
+    for family in (tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc):
         for name in family.__all__:
             getattr(family, name)  # load every op module before patching them
     for name, module in list(sys.modules.items()):

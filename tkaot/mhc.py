@@ -1,0 +1,14 @@
+"""tkaot.mhc: TileKernels-compatible Manifold-Constrained Hyper-Connections ops, in tkaot/_mhc/, loaded on first use."""
+
+from tkaot._lazy import lazy_family
+
+_MODULES = {
+    "tkaot._mhc.head_mix": ("mhc_head_compute_mix_fwd", "mhc_head_compute_mix_bwd"),
+    "tkaot._mhc.norm_fn": (
+        "mhc_fn_normw_merge_fwd", "mhc_fn_normw_merge_bwd",
+        "mhc_reduce_partials_and_rmsnorm_fwd", "mhc_reduce_partials_and_rmsnorm_bwd",
+    ),
+    "tkaot._mhc.big_fuse": ("mhc_pre_big_fuse_fwd",),
+    "tkaot._mhc.recompute": ("mhc_multilayer_recompute",),
+}  # fmt: skip
+__getattr__, __dir__, __all__ = lazy_family("mhc", _MODULES, globals())
