@@ -23,7 +23,7 @@ from tkaot.errors import (  # noqa: E402
 )
 
 # The op families load on first use, so `import tkaot` costs only what its first call needs
-_LAZY = ("quant", "moe", "transform", "reference", "registry")
+_LAZY = ("quant", "moe", "transform", "engram", "modeling", "reference", "registry")
 
 
 def __getattr__(name: str):
@@ -67,7 +67,9 @@ __all__ = [
     "TkaotError",
     "UnsupportedArchError",
     "VariantNotBuilt",
+    "engram",
     "launcher_kind",
+    "modeling",
     "moe",
     "preload",
     "quant",
