@@ -8,12 +8,11 @@ One warp a (token, head) row. Lane l sums elements c * 256 + l * 8 + j for the c
 ascending order and j = 0..7 in order, then the warp sums its lanes: the order TileKernels sums
 in, so dot, rstd_x, rstd_k and the gate score come out the same bits. The first 32 chunks of x
 (hidden up to 8192) stay in registers for the output pass; beyond that x is read again. A CTA
-(4 warps) serves one head: it loads that head's weight row into shared memory once and its warps
-take tokens b * 4 + warp, stepping by all CTAs of the head, so the heads move over the tokens
-together and v is read from HBM about once.
+(4 warps) serves one head and 32 tokens: it loads that head's weight row into shared memory once
+and its warps take every fourth of its tokens. The head is the grid's fastest index, so the CTAs
+of a token's heads run together and v is read from HBM about once.
 
-Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), the CTAs a head
-(num_ctas), eps, clamp_value, scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score /
+Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value, scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score /
 rstd_x / rstd_k, bit 1 reads image_token_mask (masked tokens copy x to out, their saved values are
 0), bit 2 writes out in place of hidden_states (masked rows are then left alone).
 """
@@ -30,6 +29,7 @@ THREADS = WARPS * 32
 VEC = 8  # bf16 elements a lane reads at once
 CHUNK = 32 * VEC  # elements a warp reads at once
 REG_CHUNKS = 32  # chunks of x kept in registers
+TOKENS = 32  # tokens a CTA
 SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
@@ -54,14 +54,12 @@ def build(tiling: str):
         clamp_value: T.float32,
         scalar: T.float32,
         flags: T.int32,
-        num_ctas: T.int32,
     ):
-        with T.Kernel(hc_mult, num_ctas, threads=THREADS) as (head, cta):
+        with T.Kernel(hc_mult, T.ceildiv(num_tokens, TOKENS), threads=THREADS) as (head, cta):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % CHUNK == 0)
             T.assume(hidden <= MAX_GATE_HIDDEN)
-            T.assume(num_ctas > 0)
             tid = T.get_thread_binding()
             warp = tid // 32
             lane = tid % 32
@@ -87,8 +85,8 @@ def build(tiling: str):
                         w_smem[col + j] = weight_fused[head, col + j]
             T.sync_threads()
 
-            for step in T.serial(T.ceildiv(num_tokens, num_ctas * WARPS)):
-                token = (step * num_ctas + cta) * WARPS + warp
+            for step in T.serial(TOKENS // WARPS):
+                token = cta * TOKENS + step * WARPS + warp
                 if token < num_tokens:
                     if (flags & MASK) != 0 and image_token_mask[token]:
                         if (flags & IN_PLACE) == 0:

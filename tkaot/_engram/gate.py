@@ -20,7 +20,6 @@ __all__ = ["engram_gate_bwd", "engram_gate_fwd", "fused_weight", "grad_w_reduce"
 _BF16, _F32 = torch.bfloat16, torch.float32
 _HIDDEN = f"a multiple of 256 in [256, {MAX_GATE_HIDDEN}]"
 BWD_HC = 4  # the backward kernel's heads (TileKernels' backward asserts hc_mult == 4 too)
-FWD_CTAS_PER_SM = 2  # the forward tiling's CTAs an SM (64 KiB of shared memory, 181 registers a thread)
 _SAVE, _MASK, _IN_PLACE = 1, 2, 4  # the forward kernel's flags (kernels_src/engram/gate_fwd.py)
 
 
@@ -62,8 +61,8 @@ FWD_SIGNATURE = Signature(
     dims=("num_tokens", "hc_mult", "hidden"),
     rules=(
         _HIDDEN_RULE,
-        Rule("hidden_states", "1 <= hc_mult <= 65535", "of 1 to 65535 heads (hc_mult)", actual="f'shape {tuple(h_hidden_states)}'",
-             after="hidden_states"),
+        Rule("hidden_states", "1 <= hc_mult <= 65535 and num_tokens <= 32 * 65535", "of 1 to 65535 heads (hc_mult) and at most 2097120 tokens",
+             actual="f'shape {tuple(h_hidden_states)}'", after="hidden_states"),
         _KV_RULE,
         Rule("inplace", "not (inplace and save_for_backward)",
              message="inplace=True overwrites hidden_states, which the backward reads: pass save_for_backward=False with it"),
@@ -172,12 +171,11 @@ def engram_gate_fwd(
     if num_tokens == 0:
         return output, dot, gate_score, rstd_x, rstd_k
     flags = (_SAVE if save_for_backward else 0) | (_MASK if image_token_mask is not None else 0) | (_IN_PLACE if inplace else 0)
-    num_ctas = max(1, min(-(-num_tokens // 4), FWD_CTAS_PER_SM * _device.sm_count(device) // hc_mult))
     launcher = _FWD.get(device, GATE_FWD_TILINGS["default"])
     launcher(
         device, current_stream(device),
         x_ptr, kv_ptr, w_ptr, mask_ptr, output.data_ptr(), *saved,
-        float(eps), float(clamp_value), hidden**-0.5, flags, num_ctas,
+        float(eps), float(clamp_value), hidden**-0.5, flags,
         num_tokens, hc_mult, hidden,
     )  # fmt: skip
     return output, dot, gate_score, rstd_x, rstd_k

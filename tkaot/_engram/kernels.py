@@ -14,8 +14,9 @@ _E = "tkaot.engram."
 MAX_NGRAM = 8
 # The gate holds a head's fused weight row in shared memory (fp32): hidden at most 16384, a multiple of 256
 MAX_GATE_HIDDEN = 16384
-# Gate forward: 4 warps a CTA, one (token, head) row a warp, x kept in registers for the first 32 chunks of 256
-GATE_FWD_TILINGS = {"default": "w4r32"}
+# Gate forward: 4 warps a CTA, one (token, head) row a warp, x kept in registers for the first 32 chunks of 256,
+# 32 tokens a CTA
+GATE_FWD_TILINGS = {"default": "w4r32t32"}
 # Gate backward: 8 warps a CTA, two a head (4 heads), one CTA a weight-gradient partial
 GATE_BWD_TILINGS = {"default": "w8h4"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
@@ -45,7 +46,7 @@ GATE_FWD = KernelDecl(
     axes=(tiling_axis(GATE_FWD_TILINGS),),
     params=(
         "hidden_states", "kv", "weight_fused", "image_token_mask", "output", "dot", "gate_score", "rstd_x", "rstd_k",
-        "eps", "clamp_value", "scalar", "flags", "num_ctas",
+        "eps", "clamp_value", "scalar", "flags",
     ),
     dims=("num_tokens", "hc_mult", "hidden"),
     ops=(_E + "engram_gate_fwd",),
