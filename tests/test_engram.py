@@ -99,41 +99,43 @@ def test_modeling_gate_accumulates_into_main_grad():
 
 
 class TinyEngramModel(torch.nn.Module):
-    """Token embeddings as the residual streams, an Engram table as kv, the gate, then a linear read-out."""
+    """Token embeddings as the residual streams, an Engram table as kv, the gate, then a linear read-out; the gate's
+    inputs and weights in `dtype` (bf16 for the kernels)."""
 
-    def __init__(self, gate, vocab=11, hc=2, hidden=16, classes=3, seed=0):
+    def __init__(self, gate, vocab=11, hc=2, hidden=16, classes=3, dtype=torch.float32, seed=0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.hc, self.hidden, self.gate = hc, hidden, gate
+        self.hc, self.hidden, self.gate, self.dtype = hc, hidden, gate, dtype
         self.streams = torch.nn.Parameter(torch.randn(vocab, hc * hidden, generator=g) * 0.5)
         self.table = torch.nn.Parameter(torch.randn(vocab, (hc + 1) * hidden, generator=g) * 0.5)
-        self.weight_hidden = torch.nn.Parameter(1 + 0.1 * torch.randn(hc, hidden, generator=g))
-        self.weight_embed = torch.nn.Parameter(1 + 0.1 * torch.randn(hc, hidden, generator=g))
+        self.weight_hidden = torch.nn.Parameter((1 + 0.1 * torch.randn(hc, hidden, generator=g)).to(dtype))
+        self.weight_embed = torch.nn.Parameter((1 + 0.1 * torch.randn(hc, hidden, generator=g)).to(dtype))
         self.head = torch.nn.Parameter(torch.randn(hc * hidden, classes, generator=g) * 0.1)
 
     def forward(self, tokens):
-        x = self.streams[tokens].view(-1, self.hc, self.hidden)
-        out = self.gate(x, self.table[tokens], self.weight_hidden, self.weight_embed, 1e-6, 1e-6, None)
-        return out.reshape(len(tokens), -1) @ self.head
+        x = self.streams[tokens].view(-1, self.hc, self.hidden).to(self.dtype)
+        out = self.gate(x, self.table[tokens].to(self.dtype), self.weight_hidden, self.weight_embed, 1e-6, 1e-6, None)
+        return out.reshape(len(tokens), -1).float() @ self.head
 
 
 def reference_gate(hidden_states, kv, weight_hidden, weight_embed, clamp_value, eps, image_token_mask):
     """The same layer by plain autograd through the reference forward."""
     hc, hidden = hidden_states.shape[-2:]
-    fused = weight_hidden * weight_embed
+    fused = weight_hidden.float() * weight_embed.float()
     return ref.engram_gate_fwd(hidden_states, kv.view(-1, hc + 1, hidden), fused, eps, clamp_value, False, image_token_mask)[0]
 
 
-def train(gate, steps=6, device="cpu"):
+def train(gate, steps=6, device="cpu", **model):
+    """The losses of `steps` SGD steps of TinyEngramModel(gate, **model) on a fixed batch."""
     torch.manual_seed(0)
-    model = TinyEngramModel(gate).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    net = TinyEngramModel(gate, **model).to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 11, (64,), generator=g).to(device)
-    labels = (tokens % 3).to(device)
+    labels = tokens % 3
     losses = []
     for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(tokens), labels)
+        loss = torch.nn.functional.cross_entropy(net(tokens), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()

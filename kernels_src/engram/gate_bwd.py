@@ -93,16 +93,15 @@ def build(tiling: str):
 
             for t in T.serial(start, end):
                 if has_mask != 0 and image_token_mask[t]:
-                    for i in T.serial(T.ceildiv(HC * hidden, THREADS * 8)):
-                        e = (i * THREADS + tid) * 8
-                        if e < HC * hidden:
-                            for j in T.vectorized(8):
-                                grad_hidden_states[t, e // hidden, e % hidden + j] = grad_out[t, e // hidden, e % hidden + j]
-                    for i in T.serial(T.ceildiv((HC + 1) * hidden, THREADS * 8)):
-                        e = (i * THREADS + tid) * 8
-                        if e < (HC + 1) * hidden:
-                            for j in T.vectorized(8):
-                                grad_kv[t, e // hidden, e % hidden + j] = T.bfloat16(0)
+                    for i in T.serial(T.ceildiv(hidden, THREADS * 8)):
+                        col = (i * THREADS + tid) * 8
+                        if col < hidden:
+                            for h in T.unroll(HC):
+                                for j in T.vectorized(8):
+                                    grad_hidden_states[t, h, col + j] = grad_out[t, h, col + j]
+                            for h in T.unroll(HC + 1):
+                                for j in T.vectorized(8):
+                                    grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
                     # dL/dg of this warp's head: each warp sums its halves, then the two warps add
                     T.clear(acc)
