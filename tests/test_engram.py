@@ -259,18 +259,25 @@ def test_outputs_have_tile_kernels_shapes(launches):
     assert E.engram_hash(M(9, 3, dtype=I32), M(2, 3, dtype=I64), M(2, 2, 8, dtype=I32), M(2, 16, dtype=I32)).shape == (2, 9, 16)
 
 
+def _hash(ids=(7, 3, I32), mult=(2, 3, I64), vocab=(2, 2, 8, I32), offsets=(2, 16, I32), mask=None):
+    """engram_hash on meta tensors of the given (*shape, dtype)."""
+
+    def make(*shape_and_dtype):
+        return M(*shape_and_dtype[:-1], dtype=shape_and_dtype[-1])
+
+    return E.engram_hash(make(*ids), make(*mult), make(*vocab), make(*offsets), None if mask is None else make(*mask))
+
+
 REFUSED = [
-    (lambda: E.engram_hash(M(7, 3, dtype=I64), M(2, 3, dtype=I64), M(2, 2, 8, dtype=I32), M(2, 16, dtype=I32)), "ngram_token_ids must be torch.int32"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(2, 3, dtype=I32), M(2, 2, 8, dtype=I32), M(2, 16, dtype=I32)), "multipliers must be torch.int64"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(2, 3, dtype=I64), M(2, 3, 8, dtype=I32), M(2, 16, dtype=I32)), "vocab_sizes must be of shape"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(2, 3, dtype=I64), M(2, 2, 8, dtype=I64), M(2, 16, dtype=I32)), "vocab_sizes must be torch.int32"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(2, 3, dtype=I64), M(2, 2, 8, dtype=I32), M(2, 15, dtype=I32)), "offsets must be of shape"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(3, 3, dtype=I64), M(2, 2, 8, dtype=I32), M(2, 16, dtype=I32)), "vocab_sizes must be of shape"),
-    (lambda: E.engram_hash(M(7, 9, dtype=I32), M(2, 9, dtype=I64), M(2, 8, 8, dtype=I32), M(2, 64, dtype=I32)), "of 2 to 8 n-gram"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(2, 3, dtype=I64), M(2, 2, 8, dtype=I32), M(2, 16, dtype=I32), M(7, dtype=I32)),
-     "image_token_mask must be torch.bool"),
-    (lambda: E.engram_hash(M(7, 3, dtype=I32), M(2, 3, dtype=I64), M(2, 2, 8, dtype=I32), M(2, 16, dtype=I32), M(8, dtype=BOOL)),
-     "image_token_mask must be of shape"),
+    (lambda: _hash(ids=(7, 3, I64)), "ngram_token_ids must be torch.int32"),
+    (lambda: _hash(mult=(2, 3, I32)), "multipliers must be torch.int64"),
+    (lambda: _hash(vocab=(2, 3, 8, I32)), "vocab_sizes must be of shape"),
+    (lambda: _hash(vocab=(2, 2, 8, I64)), "vocab_sizes must be torch.int32"),
+    (lambda: _hash(offsets=(2, 15, I32)), "offsets must be of shape"),
+    (lambda: _hash(mult=(3, 3, I64)), "vocab_sizes must be of shape"),
+    (lambda: _hash(ids=(7, 9, I32), mult=(2, 9, I64), vocab=(2, 8, 8, I32), offsets=(2, 64, I32)), "of 2 to 8 n-gram"),
+    (lambda: _hash(mask=(7, I32)), "image_token_mask must be torch.bool"),
+    (lambda: _hash(mask=(8, BOOL)), "image_token_mask must be of shape"),
     (lambda: E.fused_weight(M(4, 7168), M(4, 7168, dtype=F32)), "weight_embed must be torch.bfloat16"),
     (lambda: E.fused_weight(M(4, 7168), M(4, 4096)), "weight_embed must be of shape"),
     (lambda: E.engram_gate_fwd(M(5, 4, 7168, dtype=F32), *_gate(5)[1:], 1e-20, 1e-6), "hidden_states must be torch.bfloat16"),
@@ -324,3 +331,15 @@ def test_modeling_on_cuda_tensors_runs_the_kernels(launches, monkeypatch):
     out.backward(M(6, 4, 512))
     assert [k for k, _ in launches][2:] == ["engram_gate_bwd", "engram_grad_w_reduce"]
     assert x.grad.shape == x.shape and kv.grad.shape == kv.shape and wh.grad.dtype == BF16
+
+
+def test_modeling_keeps_tile_kernels_call_shape():
+    """tile_kernels.modeling.engram: EngramGateFn.apply(hidden_states, kv, weight_hidden, weight_embed, clamp_value, eps,
+    image_token_mask), engram_gate its apply."""
+    import inspect
+
+    import tkaot.modeling
+
+    params = list(inspect.signature(EngramGateFn.forward).parameters)
+    assert params == ["ctx", "hidden_states", "kv", "weight_hidden", "weight_embed", "clamp_value", "eps", "image_token_mask"]
+    assert tkaot.modeling.engram.engram_gate is engram_gate and engram_gate == EngramGateFn.apply

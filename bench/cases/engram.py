@@ -114,7 +114,8 @@ def _sinkhorn_cases() -> list[Case]:
 
     m_bytes = rows * head_dim * 4
     return [
-        Case("engram_sinkhorn_step", f"{rows}x{head_dim} fp32", m_bytes + rows * 12, matrix, step(tkaot), tile_kernels=lambda t, a: step(t)(a)),
+        Case("engram_sinkhorn_step", f"{rows}x{head_dim} fp32", m_bytes + rows * 12, matrix, step(tkaot),
+             tile_kernels=lambda t, a: step(t)(a)),
         Case("engram_sinkhorn_finalize", f"{rows}x{head_dim} fp32", 2 * m_bytes + rows * 4, matrix, finalize(tkaot),
              tile_kernels=lambda t, a: finalize(t)(a)),
         Case("engram_sinkhorn_momentum_update", f"{numel} fp32 grad, bf16 momentum, nesterov", numel * (4 + 2 * 2 + 4), momentum,

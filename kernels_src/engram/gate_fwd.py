@@ -12,9 +12,10 @@ in, so dot, rstd_x, rstd_k and the gate score come out the same bits. The first 
 and its warps take every fourth of its tokens. The head is the grid's fastest index, so the CTAs
 of a token's heads run together and v is read from HBM about once.
 
-Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value, scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score /
-rstd_x / rstd_k, bit 1 reads image_token_mask (masked tokens copy x to out, their saved values are
-0), bit 2 writes out in place of hidden_states (masked rows are then left alone).
+Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value,
+scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score / rstd_x / rstd_k, bit 1 reads
+image_token_mask (masked tokens copy x to out, their saved values are 0), bit 2 writes out in place
+of hidden_states (masked rows are then left alone).
 """
 
 import tilelang.language as T

@@ -8,6 +8,6 @@ import functools
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -50,8 +50,14 @@ FUSED_SIGNATURE = Signature(
         _row("weight_embed", (_BF16,), (("hc_mult", "hidden"),)),
     ),
     dims=("hc_mult", "hidden"),
-    rules=(Rule("weight_hidden", "hidden % 8 == 0 and hc_mult * hidden <= _MAX_I32", "of hidden size a multiple of 8, below 2**31 elements",
-                actual="f'shape {tuple(h_weight_hidden)}'"),),  # fmt: skip
+    rules=(
+        Rule(
+            "weight_hidden",
+            "hidden % 8 == 0 and hc_mult * hidden <= _MAX_I32",
+            "of hidden size a multiple of 8, below 2**31 elements",
+            actual="f'shape {tuple(h_weight_hidden)}'",
+        ),
+    ),  # fmt: skip
 )
 
 FWD_SIGNATURE = Signature(
@@ -61,8 +67,8 @@ FWD_SIGNATURE = Signature(
     dims=("num_tokens", "hc_mult", "hidden"),
     rules=(
         _HIDDEN_RULE,
-        Rule("hidden_states", "1 <= hc_mult <= 65535 and num_tokens <= 32 * 65535", "of 1 to 65535 heads (hc_mult) and at most 2097120 tokens",
-             actual="f'shape {tuple(h_hidden_states)}'", after="hidden_states"),
+        Rule("hidden_states", "1 <= hc_mult <= 65535 and num_tokens <= 32 * 65535",
+             "of 1 to 65535 heads (hc_mult) and at most 2097120 tokens", actual="f'shape {tuple(h_hidden_states)}'", after="hidden_states"),
         _KV_RULE,
         Rule("inplace", "not (inplace and save_for_backward)",
              message="inplace=True overwrites hidden_states, which the backward reads: pass save_for_backward=False with it"),
@@ -101,8 +107,14 @@ REDUCE_SIGNATURE = Signature(
         Tensor("grad_weight_embed", (_F32,), (("hc_mult", "hidden"),), layout="contiguous"),
     ),
     dims=("num_partials", "hc_mult", "hidden"),
-    rules=(Rule("grad_w_partial", "num_partials * hc_mult * hidden <= _MAX_I32", "below 2**31 elements",
-                actual="f'shape {tuple(h_grad_w_partial)}'"),),  # fmt: skip
+    rules=(
+        Rule(
+            "grad_w_partial",
+            "num_partials * hc_mult * hidden <= _MAX_I32",
+            "below 2**31 elements",
+            actual="f'shape {tuple(h_grad_w_partial)}'",
+        ),
+    ),  # fmt: skip
 )
 
 _check_fused = lazy_checker(FUSED_SIGNATURE, globals(), "_check_fused")

@@ -54,15 +54,19 @@ MOMENTUM_SIGNATURE = Signature(
     returns=("device", "h_grad.numel()", "t_grad", "t_momentum_buffer", "p_grad", "p_momentum_buffer"),
 )  # fmt: skip
 
-STEP_SIGNATURE = Signature(
-    "tkaot.engram.engram_sinkhorn_step", tensors=_MATRIX, dims=("num_rows", "head_dim"), rules=(_HEAD_DIM, _ROWS)
-)
+STEP_SIGNATURE = Signature("tkaot.engram.engram_sinkhorn_step", tensors=_MATRIX, dims=("num_rows", "head_dim"), rules=(_HEAD_DIM, _ROWS))
 REDUCE_SIGNATURE = Signature(
     "tkaot.engram.engram_sinkhorn_step_reduce",
     tensors=(_f32("col_sumsq_partial", (("num_partials", "head_dim"),)), _f32("col_sumsq", (("head_dim",),))),
     dims=("num_partials", "head_dim"),
-    rules=(Rule("col_sumsq_partial", "num_partials * head_dim <= _MAX_I32", "below 2**31 elements",
-                actual="f'shape {tuple(h_col_sumsq_partial)}'"),),  # fmt: skip
+    rules=(
+        Rule(
+            "col_sumsq_partial",
+            "num_partials * head_dim <= _MAX_I32",
+            "below 2**31 elements",
+            actual="f'shape {tuple(h_col_sumsq_partial)}'",
+        ),
+    ),  # fmt: skip
 )
 FINALIZE_SIGNATURE = Signature(
     "tkaot.engram.engram_sinkhorn_finalize",
