@@ -21,7 +21,7 @@ import torch
 
 import tkaot
 from tests import parity_cases, parity_compare
-from tkaot import _kernel, _op
+from tkaot import _decl, _kernel, _op
 from tkaot.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,9 +73,12 @@ def fake_sm90(monkeypatch):
     from tkaot._quant import weight_casts
 
     monkeypatch.setattr(weight_casts, "_values_unchecked", lambda: True)  # meta tensors hold no values to check
-    for family in (tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc):
+    for family in (getattr(tkaot, name) for name in _decl.FAMILIES):
         for name in family.__all__:
             getattr(family, name)  # load every op module before patching them
+    from tkaot._engram import device as engram_device
+
+    monkeypatch.setattr(engram_device, "sm_count", lambda device: 132)  # an H200's
     for name, module in list(sys.modules.items()):
         if not name.startswith("tkaot"):
             continue
@@ -160,7 +163,7 @@ def test_cases_are_the_same_in_every_process():
 
 def test_the_cases_cover_every_public_op():
     tested = set(parity_cases.ops())
-    public = {f"{family}.{name}" for family in ("quant", "moe", "transform") for name in getattr(tkaot, family).__all__}
+    public = {f"{family}.{name}" for family in ("quant", "moe", "transform", "engram") for name in getattr(tkaot, family).__all__}
     assert tested == public
 
 

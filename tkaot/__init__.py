@@ -23,7 +23,7 @@ from tkaot.errors import (  # noqa: E402
 )
 
 # The op families load on first use, so `import tkaot` costs only what its first call needs
-_LAZY = ("quant", "moe", "transform", "mhc", "reference", "registry")
+_LAZY = ("quant", "moe", "transform", "mhc", "engram", "modeling", "reference", "registry")
 
 
 def __getattr__(name: str):
@@ -67,8 +67,10 @@ __all__ = [
     "TkaotError",
     "UnsupportedArchError",
     "VariantNotBuilt",
+    "engram",
     "launcher_kind",
     "mhc",
+    "modeling",
     "moe",
     "preload",
     "quant",

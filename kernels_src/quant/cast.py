@@ -17,7 +17,13 @@ DECL = CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 NUM_THREADS = 128
 VECS_PER_THREAD = 4
-_STORAGE = {"float32": ("float32", 4), "bfloat16": ("bfloat16", 2), "float16": ("float16", 2), "e4m3": ("float8_e4m3", 1), "e5m2": ("float8_e5m2", 1)}
+_STORAGE = {
+    "float32": ("float32", 4),
+    "bfloat16": ("bfloat16", 2),
+    "float16": ("float16", 2),
+    "e4m3": ("float8_e4m3", 1),
+    "e5m2": ("float8_e5m2", 1),
+}
 
 
 _FP8 = ("e4m3", "e5m2")
