@@ -61,7 +61,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             inv_ub = T.alloc_shared((rows, groups), T.float32)
             T.copy(x[row : row + rows, :], x_ub)
             with T.SimtVF(threads=THREADS):
-                amax = T.alloc_fragment((rows, groups), T.float32)
+                amax = T.alloc_shared((rows, groups), T.float32)  # UB: any group count
                 for i, g in T.Parallel(rows, groups):
                     amax[i, g] = T.float32(0)
                     for j in T.serial(group):

@@ -93,7 +93,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
                         u = T.if_then_else(has_clamp != 0, T.max(T.min(u0, clamp_value), -clamp_value), u0)
                         val_ub[i, c] = g / (T.float32(1) + T.exp(-g)) * u * w_ub[i]
                 if quantized:
-                    amax = T.alloc_fragment((rows, groups), T.float32)
+                    amax = T.alloc_shared((rows, groups), T.float32)  # UB: any group count
                     for i, q in T.Parallel(rows, groups):
                         amax[i, q] = T.float32(0)
                         for j in T.serial(group):
