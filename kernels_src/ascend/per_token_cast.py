@@ -61,12 +61,12 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             inv_ub = T.alloc_shared((rows, groups), T.float32)
             T.copy(x[row : row + rows, :], x_ub)
             with T.SimtVF(threads=THREADS):
-                amax = T.alloc_shared((rows, groups), T.float32)  # UB: any group count
+                amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
                 for i, g in T.Parallel(rows, groups):
-                    amax[i, g] = T.float32(0)
+                    amax[0] = T.float32(0)
                     for j in T.serial(group):
-                        amax[i, g] = T.max(amax[i, g], T.abs(T.cast(x_ub[i, g * group + j], "float32")))
-                    stored, inv = scale_factor(amax[i, g], fmt, sf)
+                        amax[0] = T.max(amax[0], T.abs(T.cast(x_ub[i, g * group + j], "float32")))
+                    stored, inv = scale_factor(amax[0], fmt, sf)
                     sf_ub[i, g] = stored
                     inv_ub[i, g] = inv
                 for k in T.serial(hidden // cols):

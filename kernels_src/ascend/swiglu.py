@@ -93,12 +93,12 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
                         u = T.if_then_else(has_clamp != 0, T.max(T.min(u0, clamp_value), -clamp_value), u0)
                         val_ub[i, c] = g / (T.float32(1) + T.exp(-g)) * u * w_ub[i]
                 if quantized:
-                    amax = T.alloc_shared((rows, groups), T.float32)  # UB: any group count
+                    amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
                     for i, q in T.Parallel(rows, groups):
-                        amax[i, q] = T.float32(0)
+                        amax[0] = T.float32(0)
                         for j in T.serial(group):
-                            amax[i, q] = T.max(amax[i, q], T.abs(val_ub[i, q * group + j]))
-                        stored, inv = scale_factor(amax[i, q], "e4m3", sf)
+                            amax[0] = T.max(amax[0], T.abs(val_ub[i, q * group + j]))
+                        stored, inv = scale_factor(amax[0], "e4m3", sf)
                         sf_ub[i, q] = stored
                         inv_ub[i, q] = inv
                     for k in T.serial(hidden // cols):
