@@ -99,7 +99,7 @@ def source_files(kernel: str) -> list[Path]:
     return sorted(seen | {_declaration_file(kernel)})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source_sha256(kernel: str) -> str:
     digest = hashlib.sha256()
     for f in source_files(kernel):

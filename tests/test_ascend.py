@@ -238,6 +238,31 @@ def test_sources_only_set_names_the_command_that_builds_binaries(tmp_path):
 
 
 def test_import_tkaot_stays_free_of_the_ascend_runtime():
-    code = "import sys, tkaot, tkaot.registry; print(sorted(m for m in sys.modules if m.split('.')[0] in ('cffi', 'torch_npu', 'tilelang')))"
+    code = (
+        "import sys, tkaot, tkaot.registry; print(sorted(m for m in sys.modules if m.split('.')[0] in ('cffi', 'torch_npu', 'tilelang')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "torch_npu" not in out.stdout and "tilelang" not in out.stdout, out.stderr
+
+
+def test_ascend950_wheel_packs_sources_headers_and_binaries(tmp_path):
+    import zipfile
+
+    from build_tools.wheel import artifact_wheel
+
+    v = Variant.make("topk_gate", CASES["topk_gate"])
+    root = ascend_set(tmp_path, [ascend.lower(v)])
+    wheel = artifact_wheel(root, tmp_path / "dist")
+    assert wheel.name.startswith("tkaot_ascend950-")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
+    entry = json.loads((root / "manifest.json").read_text())["variants"][0]
+    assert f"tkaot_ascend950/sources/{entry['source']}.asc" in names and f"tkaot_ascend950/binaries/{entry['binary']}.o" in names
+    assert "tkaot_ascend950/include/tl_templates/ascend/common.h" in names and "tkaot_ascend950/manifest.json" in names
+    import tkaot
+
+    assert f"Requires-Dist: tkaot=={tkaot.__version__}" in metadata  # version-locked like tkaot-sm90
+    (root / "binaries" / f"{entry['binary']}.o").write_bytes(b"altered")
+    with pytest.raises(Exception, match="does not match its sha256"):
+        artifact_wheel(root, tmp_path / "dist2")

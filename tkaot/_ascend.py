@@ -107,8 +107,8 @@ def npu_process() -> bool:
 def npu_stream(device: int) -> int:
     """torch_npu's current stream of NPU `device`, as an integer handle."""
     try:
-        import torch_npu  # noqa: F401  (registers torch.npu)
         import torch
+        import torch_npu  # noqa: F401  (registers torch.npu)
     except ImportError:
         raise AscendError("an NPU tensor needs torch_npu to find the current stream; pip install torch_npu") from None
     index = device
@@ -252,6 +252,8 @@ class AscendLauncher:
             struct.pack_into("=" + code, view, offset, values[pos])
         fn = self.kernel.functions.get(device) or self.kernel.load(device)
         check(
-            lib.aclrtLaunchKernelWithHostArgs(fn, blocks, ffi.cast("void *", stream), cfg if self.ub else ffi.NULL, buf, self.size, ffi.NULL, 0),
+            lib.aclrtLaunchKernelWithHostArgs(
+                fn, blocks, ffi.cast("void *", stream), cfg if self.ub else ffi.NULL, buf, self.size, ffi.NULL, 0
+            ),
             f"aclrtLaunchKernelWithHostArgs({self.kernel.kernel} [{self.kernel.key}])",
         )

@@ -62,13 +62,18 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             T.copy(x[row : row + rows, :], x_ub)
             with T.SimtVF(threads=THREADS):
                 amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
-                for i, g in T.Parallel(rows, groups):
-                    amax[0] = T.float32(0)
-                    for j in T.serial(group):
-                        amax[0] = T.max(amax[0], T.abs(T.cast(x_ub[i, g * group + j], "float32")))
-                    stored, inv = scale_factor(amax[0], fmt, sf)
-                    sf_ub[i, g] = stored
-                    inv_ub[i, g] = inv
+                # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
+                for t in T.Parallel(THREADS):
+                    for w in T.serial(T.ceildiv(rows * groups, THREADS)):
+                        pair = w * THREADS + t
+                        if pair < rows * groups:
+                            i, g = pair // groups, pair % groups
+                            amax[0] = T.float32(0)
+                            for j in T.serial(group):
+                                amax[0] = T.max(amax[0], T.abs(T.cast(x_ub[i, g * group + j], "float32")))
+                            stored, inv = scale_factor(amax[0], fmt, sf)
+                            sf_ub[i, g] = stored
+                            inv_ub[i, g] = inv
                 for k in T.serial(hidden // cols):
                     for i, j in T.Parallel(rows, cols):
                         c = k * cols + j

@@ -94,13 +94,18 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
                         val_ub[i, c] = g / (T.float32(1) + T.exp(-g)) * u * w_ub[i]
                 if quantized:
                     amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
-                    for i, q in T.Parallel(rows, groups):
-                        amax[0] = T.float32(0)
-                        for j in T.serial(group):
-                            amax[0] = T.max(amax[0], T.abs(val_ub[i, q * group + j]))
-                        stored, inv = scale_factor(amax[0], "e4m3", sf)
-                        sf_ub[i, q] = stored
-                        inv_ub[i, q] = inv
+                    # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
+                    for t in T.Parallel(THREADS):
+                        for w in T.serial(T.ceildiv(rows * groups, THREADS)):
+                            pair = w * THREADS + t
+                            if pair < rows * groups:
+                                i, q = pair // groups, pair % groups
+                                amax[0] = T.float32(0)
+                                for j in T.serial(group):
+                                    amax[0] = T.max(amax[0], T.abs(val_ub[i, q * group + j]))
+                                stored, inv = scale_factor(amax[0], "e4m3", sf)
+                                sf_ub[i, q] = stored
+                                inv_ub[i, q] = inv
                     for k in T.serial(hidden // cols):
                         for i, j in T.Parallel(rows, cols):
                             c = k * cols + j
