@@ -22,6 +22,7 @@ from tkaot._quant.kernels import SWIGLU
 DECL = SWIGLU
 REQUIRES = {"has_psum": 0, "count_clamp": 0, "sf_group_stride": 1}
 THREADS = 128
+UB_ROW_LIMIT = 192 * 1024  # bytes of one row's tiles, leaving room for the rest below the 216 KiB limit
 _OUT = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
 
 
@@ -33,8 +34,9 @@ def unsupported(hidden, dtype, fmt, group, sf, tiling) -> str | None:
         return f"hidden={hidden} needs whole groups of {group}"
     if fmt != "e4m3" and (group != 0 or sf != "none"):
         return f"fmt={fmt} takes group=0 and sf=none"
-    if hidden * (2 if dtype == "bfloat16" else 4) * 2 > 96 * 1024:
-        return f"hidden={hidden} {dtype}: a row does not fit the Unified Buffer tile"
+    elem, out_elem = (2 if dtype == "bfloat16" else 4), {"bf16": 2, "fp32": 4, "e4m3": 1}[fmt]
+    if hidden * (2 * elem + 4 + out_elem) > UB_ROW_LIMIT:
+        return f"hidden={hidden} {dtype} -> {fmt}: one row's input, fp32 values and output exceed the Unified Buffer"
     return None
 
 
