@@ -34,6 +34,16 @@ def make_state(tokens: int, seed: int = 0) -> dict:
     }  # fmt: skip
 
 
+def empty_state(tokens: int, device="cuda") -> dict:
+    """make_state's tensors, uninitialised (shapes, dtypes and layouts only: for tracing with fake tensors)."""
+    e = lambda *s, dtype=torch.bfloat16: torch.empty(*s, device=device, dtype=dtype)
+    return {
+        "h": e(tokens, HIDDEN), "res": e(tokens, HIDDEN), "w_attn": e(HIDDEN), "w_ffn": e(HIDDEN),
+        "attn_out": e(tokens, HIDDEN), "q": e(tokens, HEADS, ROPE), "k": e(tokens, 1, ROPE), "cos_sin": e(4096, ROPE, dtype=torch.float32),
+        "positions": e(tokens, dtype=torch.int64), "logits": e(tokens, EXPERTS, dtype=torch.float32), "gate_up": e(tokens, 2 * INTER),
+    }  # fmt: skip
+
+
 def step(s: dict) -> dict:
     x, _, res1 = tkaot.quant.norm_forward(s["h"], s["w_attn"], 1e-6, residual=s["res"])
     x_fp8, x_sf = tkaot.quant.per_token_cast(x, "e4m3", 128, round_sf=True)
