@@ -158,6 +158,14 @@ class TracedOp:
             raise ValueError(f"{self.qualname}: mutates names {sorted(unknown)}, which are not parameters")
         self.mutates = tuple(mutates)
         self.overloads: list = []
+        # what the real kernel must convert back (any parameter of a kind that is not passed as is), and the
+        # schema arguments that are lists of tensors (whose members are inputs too)
+        plain = ("tensor", "tensor?", "float", "float?", "int", "bool", "str", "str?", "dtype")
+        self._converts = any(kind not in plain for _, kind in self.params)
+        schema_kinds = [k for _, kind in self.params for k in _KINDS[kind]]
+        self._lists = tuple(
+            i for i, (_, plain_type, _) in enumerate(schema_kinds) if plain_type.startswith("Tensor") and "[]" in plain_type
+        )
 
     def schema_args(self) -> str:
         args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
@@ -221,13 +229,24 @@ class TracedOp:
 
     def _real(self, *flat):
         """The real kernel: the public op itself; returns the tensors it allocated (not its inputs), in result order."""
-        inputs = [t for value in flat for t in (value if isinstance(value, list) else (value,)) if isinstance(t, torch.Tensor)]
-        if torch.compiler.is_compiling():  # a compiler running kernels while it compiles: launch, do not trace again
-            result = _run_uncompiled(self.fn, self.unflatten(flat))
+        values = self.unflatten(flat) if self._converts else flat
+        if is_compiling():  # a compiler running kernels while it compiles: launch, do not trace again
+            result = _run_uncompiled(self.fn, values)
         else:
-            result = self.fn(*self.unflatten(flat))
-        outs = [t for t in _leaves(result) if isinstance(t, torch.Tensor) and not any(t is i for i in inputs)]
-        return _returns(outs)
+            result = self.fn(*values)
+        if result is None:
+            return None
+        given = {id(v) for v in flat}
+        for i in self._lists:
+            given.update(map(id, flat[i]))
+        outs = []
+        for leaf in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) not in given:
+                    outs.append(leaf)
+            elif isinstance(leaf, (tuple, list)):
+                outs += [t for t in _leaves(leaf) if isinstance(t, torch.Tensor) and id(t) not in given]
+        return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
 
     def _fake_kernel(self, *flat):
         """The fake kernel: what the fake allocates, in result order."""
