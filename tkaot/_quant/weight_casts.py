@@ -319,8 +319,8 @@ def _fake_transpose(new, sf, block_size, transpose_sf1s, outs):
     return results
 
 
-# A traced call returns at most this many new tensors (8 weights without outs): trace larger batches as several calls
-MAX_TRACED_WEIGHTS = 8
+# A traced call returns at most this many new tensors (4 weights without outs): trace larger batches as several calls
+MAX_TRACED_WEIGHTS = 4
 _traced_per_block_cast_lossless = traced(per_block_cast_lossless, _fake_lossless, outputs=2)
 _traced_batched_transpose_weight_sf = traced(
     batched_transpose_weight_sf, _fake_transpose, mutates=("outs",), outputs=2 * MAX_TRACED_WEIGHTS
