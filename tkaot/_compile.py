@@ -293,16 +293,18 @@ def traced(fn, fake, mutates: tuple = (), outputs: int = 1, kinds: dict | None =
     return op
 
 
+def op_families() -> list[str]:
+    """The public op families (tkaot.quant, ...): tkaot's lazily loaded modules that are not the reference or registry."""
+    import tkaot
+
+    return [name for name in tkaot._LAZY if name not in ("reference", "registry")]
+
+
 def register_all() -> list[str]:
     """Import every op module, registering all of tkaot's custom ops (to load a program exported elsewhere, say);
     returns their names."""
-    import tkaot
-
-    names = []
-    for family in ("quant", "moe", "transform"):
+    names = set()
+    for family in op_families():
         module = importlib.import_module(f"tkaot.{family}")
-        for name in module.__all__:
-            fn = getattr(module, name)
-            names.append(fn.__name__)
-    del tkaot
-    return sorted(n for n in set(names) if hasattr(torch.ops.tkaot, n))
+        names.update(getattr(module, name).__name__ for name in module.__all__)
+    return sorted(n for n in names if hasattr(torch.ops.tkaot, n))
