@@ -23,7 +23,7 @@ from tkaot.errors import (  # noqa: E402
 )
 
 # The op families load on first use, so `import tkaot` costs only what its first call needs
-_LAZY = ("quant", "moe", "transform", "reference", "registry")
+_LAZY = ("quant", "moe", "transform", "rand", "reference", "registry")
 
 
 def __getattr__(name: str):
@@ -71,5 +71,6 @@ __all__ = [
     "moe",
     "preload",
     "quant",
+    "rand",
     "transform",
 ]
