@@ -31,6 +31,7 @@ FLT_MAX = 3.4028234663852886e38
 _DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "e4m3": "float8_e4m3"}
 _BYTES = {"bfloat16": 2, "float32": 4, "e4m3": 1}
 _OUT = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "bfloat16"}
+FP8 = "float8_e4m3"
 
 SILU_FMA = """
 __device__ __forceinline__ float tkaot_silu_refined(float g, float s, float den) {
@@ -86,7 +87,7 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
         topk_weights: T.Tensor[(num_rows,), T.float32],
         psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
         x_grad: T.Tensor[(num_rows, 2 * hidden), out_t],
-        x_grad_fp8: T.Tensor[(num_rows, 2 * hidden), "float8_e4m3"],
+        x_grad_fp8: T.Tensor[(num_rows, 2 * hidden), FP8],
         x_grad_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
         weight_grad: T.Tensor[(num_rows,), T.float32],
         act_out: T.Tensor[(num_rows, hidden), out_t],

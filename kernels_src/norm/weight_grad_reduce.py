@@ -38,7 +38,6 @@ def build(dtype: str):
             col = block * cols_per_block + (tid % 32) * VEC
             acc = T.alloc_local((VEC,), T.float32)
             part = T.alloc_local((VEC,), T.float32)
-            res = T.alloc_local((VEC,), dtype)
             sums = T.alloc_shared((ROW_GROUPS, cols_per_block), T.float32)
             for j in T.unroll(VEC):
                 acc[j] = 0.0

@@ -13,6 +13,7 @@ __all__ = ["moe_topk_gate_backward"]
 
 _F32, _I64, _BOOL = torch.float32, torch.int64, torch.bool
 _SLOTS = (("num_tokens", "num_topk"),)
+_TOGETHER = "{} and {} come together (the aux-loss term)"
 SIGNATURE = Signature(
     "tkaot.moe.moe_topk_gate_backward",
     tensors=(
@@ -38,8 +39,8 @@ SIGNATURE = Signature(
         Rule("grad_scores_sum", "num_seqs > 0 and num_tokens % num_seqs == 0",
              "of a row count dividing num_tokens ({num_tokens})", actual="f'shape {tuple(h_grad_scores_sum)}'",
              after="grad_scores_sum"),
-        Rule("mask", "mask is None or grad_scores_sum is not None", message="mask and grad_scores_sum come together (the aux-loss term)"),
-        Rule("grad_scores_sum", "grad_scores_sum is None or mask is not None", message="grad_scores_sum and mask come together (the aux-loss term)"),
+        Rule("mask", "mask is None or grad_scores_sum is not None", message=_TOGETHER.format("mask", "grad_scores_sum")),
+        Rule("grad_scores_sum", "grad_scores_sum is None or mask is not None", message=_TOGETHER.format("grad_scores_sum", "mask")),
     ),
 )  # fmt: skip
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from tkaot._op import OpKernels, current_stream
-from tkaot._quant.kernels import NORM_BACKWARD_MAX_BLOCKS, NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE
-from tkaot._quant.kernels import norm_backward_tiling
+from tkaot._quant.kernels import NORM_BACKWARD_MAX_BLOCKS, NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, norm_backward_tiling
 from tkaot._validate import MAX_I32, Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["norm_backward"]
@@ -30,8 +29,9 @@ SIGNATURE = Signature(
     dims=("num_tokens", "hidden"),
     rules=(
         Rule("out_grad", "0 < hidden <= 8192 and hidden % 32 == 0", "of hidden size a multiple of 32 in [32, 8192]",
-             actual="f'shape {tuple(h_out_grad)}'"),
-        Rule("out_grad", f"num_tokens * hidden <= {MAX_I32}", "of fewer than 2**31 elements", actual="f'shape {tuple(h_out_grad)}'"),
+             actual="f'shape {tuple(h_out_grad)}'", after="out_grad.shape"),
+        Rule("out_grad", f"num_tokens * hidden <= {MAX_I32}", "of fewer than 2**31 elements", actual="f'shape {tuple(h_out_grad)}'",
+             after="out_grad.shape"),
         Rule("weight_grad", "weight is not None", message="weight_grad needs weight (it accumulates weight's gradient)",
              after="weight_grad"),
     ),

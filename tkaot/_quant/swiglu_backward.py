@@ -26,58 +26,60 @@ _FLOAT_OR_NONE = "{0} is None or type({0}) is float or type({0}) is int or (isin
 _SHAPE = "f'shape {tuple(h_x)}'"
 
 
-def _signature(op: str) -> Signature:
-    """The inputs of both ops (swiglu_backward passes quantized=False, and no x_sf)."""
+def _signature(op: str, quantized: bool) -> Signature:
+    """The inputs of both ops: swiglu_backward (quantized=False: fmt bf16 or fp32, act_x_grad of x's dtype, no x_sf)
+    and swiglu_backward_and_per_token_cast."""
+    fmts = ("e4m3", "bf16", "fp32") if quantized else ("bf16", "fp32")
+    fmt_text = ", ".join(map(repr, fmts[:-1])) + f" or {fmts[-1]!r}"
     return Signature(
-    op,
-    tensors=(
-        Tensor("x", (_BF16, _F32, _FP8), (("num_rows", "width"), ("batch", "seq", "width")), layout="contiguous", align=16,
-               what="2-D (num_tokens, 2 * hidden) or 3-D (batch, num_tokens, 2 * hidden): gate and up halves"),
-        Tensor("x_sf", (_F32,), (("num_rows", "in_groups"),), layout="contiguous", optional=True, label="x[1] (sf)"),
-        Tensor("act_x_grad", (_BF16, _F32), None, layout="contiguous", align=16),
-        Tensor("psum_num_tokens_per_expert", (torch.int32,), (("num_experts",),), layout="contiguous", optional=True),
-        Tensor("topk_weights", (_F32,), (("num_rows",),), layout="contiguous", optional=True),
-    ),
-    scalars=("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "routed_scaling_factor", "clamp_value", "quantized"),
-    rules=(
-        Let("num_rows", "num_rows if len(h_x) == 2 else batch * seq", after="x.shape"),
-        Rule("x", "not width & 1 and width >> 1 and (width >> 1) % 64 == 0",
-             "of width 2 * hidden with hidden a positive multiple of 64", _SHAPE, after="x.shape"),
-        Let("hidden", "width >> 1", after="x.shape"),
-        Rule("x", f"num_rows * width <= {MAX_I32}", "of fewer than 2**31 elements", _SHAPE, after="x.shape"),
-        Rule("fmt", "fmt in ('e4m3', 'bf16', 'fp32') if quantized else fmt in ('bf16', 'fp32')",
-             "'e4m3', 'bf16' or 'fp32'", actual="repr(fmt)", after="x"),
-        Rule("num_per_channels", "fmt != 'e4m3' or num_per_channels in (32, 128)", "32 or 128 for fmt='e4m3'", after="x"),
-        Rule("x", "(t_x is _dt_float8_e4m3fn) == (fmt == 'e4m3')",
-             "an (E4M3 data, fp32 sf) pair for fmt='e4m3' and a bf16 or fp32 tensor otherwise", actual="t_x", after="x"),
-        Rule("x", "fmt != 'e4m3' or hidden % num_per_channels == 0", "of hidden size a multiple of num_per_channels",
-             _SHAPE, after="x"),
-        Rule("x[1] (sf)", "fmt != 'e4m3' or x_sf is not None", "an fp32 tensor for fmt='e4m3'", actual="None", after="x"),
-        Rule("x[1] (sf)", "in_groups == 2 * hidden // num_per_channels",
-             "of shape ({num_rows}, {2 * hidden // num_per_channels}): one fp32 sf per group of x",
-             actual="tuple(h_x_sf)", after="x_sf"),
-        Rule("act_x_grad", "act_x_grad.numel() == num_rows * hidden and len(h_act_x_grad) and h_act_x_grad[-1] == hidden",
-             "of {num_rows} rows of hidden size {hidden} (x's rows)", actual="f'shape {tuple(h_act_x_grad)}'",
-             after="act_x_grad"),
-        Rule("act_x_grad", "quantized or t_act_x_grad is t_x", "of x's dtype", actual="t_act_x_grad", after="act_x_grad"),
-        SF_PACKED_RULE.replace(check=f"fmt != 'e4m3' or {SF_PACKED_RULE.check}"),
-        SF_KIND.replace(value=f"({SF_KIND.value}) if fmt == 'e4m3' else 'none'"),
-        Rule("routed_scaling_factor", _FLOAT_OR_NONE.format("routed_scaling_factor"), "a float or None", error="TypeError"),
-        Rule("routed_scaling_factor", "routed_scaling_factor is None or topk_weights is not None",
-             "None without topk_weights (it scales them)"),
-        Rule("clamp_value", _FLOAT_OR_NONE.format("clamp_value"), "a float or None", error="TypeError"),
-    ),
-    defaults={"batch": 1, "seq": 0, "in_groups": 0, "num_experts": 0},
-    env={"_REAL": (int, float)},
-    returns=(
-        "device", "num_rows", "hidden", "num_experts", "sf_kind", "t_x", "t_act_x_grad",
-        "p_x", "p_x_sf", "p_act_x_grad", "p_psum_num_tokens_per_expert", "p_topk_weights",
-    ),
-    )  # fmt: skip
+        op,
+        tensors=(
+            Tensor("x", (_BF16, _F32, _FP8), (("num_rows", "width"), ("batch", "seq", "width")), layout="contiguous", align=16,
+                   what="2-D (num_tokens, 2 * hidden) or 3-D (batch, num_tokens, 2 * hidden): gate and up halves"),
+            Tensor("x_sf", (_F32,), (("num_rows", "in_groups"),), layout="contiguous", optional=True, label="x[1] (sf)"),
+            Tensor("act_x_grad", (_BF16, _F32), None, layout="contiguous", align=16),
+            Tensor("psum_num_tokens_per_expert", (torch.int32,), (("num_experts",),), layout="contiguous", optional=True),
+            Tensor("topk_weights", (_F32,), (("num_rows",),), layout="contiguous", optional=True),
+        ),
+        scalars=("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "routed_scaling_factor", "clamp_value"),
+        rules=(
+            Let("num_rows", "num_rows if len(h_x) == 2 else batch * seq", after="x.shape"),
+            Rule("x", "not width & 1 and width >> 1 and (width >> 1) % 64 == 0",
+                 "of width 2 * hidden with hidden a positive multiple of 64", _SHAPE, after="x.shape"),
+            Let("hidden", "width >> 1", after="x.shape"),
+            Rule("x", f"num_rows * width <= {MAX_I32}", "of fewer than 2**31 elements", _SHAPE, after="x.shape"),
+            Rule("fmt", f"fmt in {fmts}", fmt_text, actual="repr(fmt)", after="x"),
+            Rule("num_per_channels", "fmt != 'e4m3' or num_per_channels in (32, 128)", "32 or 128 for fmt='e4m3'", after="x"),
+            Rule("x", "(t_x is _dt_float8_e4m3fn) == (fmt == 'e4m3')",
+                 "an (E4M3 data, fp32 sf) pair for fmt='e4m3' and a bf16 or fp32 tensor otherwise", actual="t_x", after="x"),
+            Rule("x", "fmt != 'e4m3' or hidden % num_per_channels == 0", "of hidden size a multiple of num_per_channels",
+                 _SHAPE, after="x"),
+            Rule("x[1] (sf)", "fmt != 'e4m3' or x_sf is not None", "an fp32 tensor for fmt='e4m3'", actual="None", after="x"),
+            Rule("x[1] (sf)", "in_groups == 2 * hidden // num_per_channels",
+                 "of shape ({num_rows}, {2 * hidden // num_per_channels}): one fp32 sf per group of x",
+                 actual="tuple(h_x_sf)", after="x_sf"),
+            Rule("act_x_grad", "act_x_grad.numel() == num_rows * hidden and len(h_act_x_grad) and h_act_x_grad[-1] == hidden",
+                 "of {num_rows} rows of hidden size {hidden} (x's rows)", actual="f'shape {tuple(h_act_x_grad)}'",
+                 after="act_x_grad"),
+            Rule("act_x_grad", "True" if quantized else "t_act_x_grad is t_x", "of x's dtype", actual="t_act_x_grad", after="act_x_grad"),
+            SF_PACKED_RULE.replace(check=f"fmt != 'e4m3' or {SF_PACKED_RULE.check}"),
+            SF_KIND.replace(value=f"({SF_KIND.value}) if fmt == 'e4m3' else 'none'"),
+            Rule("routed_scaling_factor", _FLOAT_OR_NONE.format("routed_scaling_factor"), "a float or None", error="TypeError"),
+            Rule("routed_scaling_factor", "routed_scaling_factor is None or topk_weights is not None",
+                 "None without topk_weights (it scales them)"),
+            Rule("clamp_value", _FLOAT_OR_NONE.format("clamp_value"), "a float or None", error="TypeError"),
+        ),
+        defaults={"batch": 1, "seq": 0, "in_groups": 0, "num_experts": 0},
+        env={"_REAL": (int, float)},
+        returns=(
+            "device", "num_rows", "hidden", "num_experts", "sf_kind", "t_x", "t_act_x_grad",
+            "p_x", "p_x_sf", "p_act_x_grad", "p_psum_num_tokens_per_expert", "p_topk_weights",
+        ),
+        )  # fmt: skip
 
 
-SIGNATURE = _signature("tkaot.quant.swiglu_backward")
-CAST_SIGNATURE = _signature("tkaot.quant.swiglu_backward_and_per_token_cast")
+SIGNATURE = _signature("tkaot.quant.swiglu_backward", False)
+CAST_SIGNATURE = _signature("tkaot.quant.swiglu_backward_and_per_token_cast", True)
 _CHECKS = {}
 _CHECKS[False] = lazy_checker(SIGNATURE, _CHECKS, False)
 _CHECKS[True] = lazy_checker(CAST_SIGNATURE, _CHECKS, True)
@@ -91,7 +93,7 @@ def _backward(x, x_sf, act_x_grad, fmt, num_per_channels, psum, topk_weights, ro
     (device, num_rows, hidden, num_experts, sf_kind, x_dtype, grad_dtype,
      x_ptr, x_sf_ptr, grad_ptr, psum_ptr, weights_ptr) = _CHECKS[quantized](
         x, x_sf, act_x_grad, psum, topk_weights, fmt, num_per_channels, round_sf, use_packed_ue8m0,
-        routed_scaling_factor, clamp_value, quantized,
+        routed_scaling_factor, clamp_value,
     )  # fmt: skip
     where = x.device
     out_dtype = _OUT[fmt]
