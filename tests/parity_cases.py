@@ -64,6 +64,8 @@ class Call:
     kwargs: dict
     trims: dict[str, Callable] = field(default_factory=dict)
     adjacent: dict[str, str] = field(default_factory=dict)
+    # returned tensors both libraries sum in their own order (backward ops): path -> assert_close's rtol, atol
+    close: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -524,6 +526,7 @@ def apply_rotary_cases(rng) -> list[Case]:
 
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
+    from tests import parity_backward_cases as backward
     from tests import parity_cast_cases as casts
 
     return {
@@ -537,6 +540,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "moe.topk_gate": topk_gate_cases,
         "moe.normalize_weight": normalize_weight_cases,
         "transform.apply_rotary": apply_rotary_cases,
+        **backward.GENERATORS,
     }
 
 
