@@ -1,10 +1,10 @@
 """tkaot.rand: TileKernels-compatible random tensors (randn, randn_like, set_seed).
 
-On CUDA, TileKernels' randn is torch.randn, and so is tkaot's: torch's Philox generator already writes
-normal samples at the copy ceiling, is reproducible under torch.manual_seed (which set_seed calls), keeps
-its own offset per device and is safe inside CUDA graphs (each replay draws fresh numbers). A kernel of
-our own would have to match all of that to be worth shipping, and could only win where torch's launch
-overhead shows; none is shipped until a measurement says otherwise (bench/cases/rand.py).
+On CUDA, TileKernels' randn is torch.randn, and so is tkaot's: the same numbers as TileKernels for the same
+seed, reproducible under torch.manual_seed (which set_seed calls), an offset kept per device, and safe inside
+CUDA graphs (each replay draws fresh numbers). A kernel of our own would have to keep all of that and be
+faster to be worth shipping; none is until a measurement says so (bench/cases/backward.py times randn beside
+torch and TileKernels).
 """
 
 from __future__ import annotations
