@@ -64,6 +64,8 @@ class Call:
     kwargs: dict
     trims: dict[str, Callable] = field(default_factory=dict)
     adjacent: dict[str, str] = field(default_factory=dict)
+    # returned tensors both libraries sum in their own order (backward ops): path -> assert_close's rtol, atol
+    close: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -657,6 +659,7 @@ def engram_sinkhorn_finalize_cases(rng) -> list[Case]:
 
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
+    from tests import parity_backward_cases as backward
     from tests import parity_cast_cases as casts
     from tests import parity_mhc_fused_cases as mhc_fused
 
@@ -681,6 +684,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "engram.engram_sinkhorn_step": engram_sinkhorn_step_cases,
         "engram.engram_sinkhorn_step_reduce": engram_sinkhorn_step_reduce_cases,
         "engram.engram_sinkhorn_finalize": engram_sinkhorn_finalize_cases,
+        **backward.GENERATORS,
     }
 
 

@@ -243,3 +243,14 @@ def test_adjacent_levels_pass_and_farther_ones_fail():
     assert "more than one e4m3 level apart" in parity_compare.describe_non_adjacent("x", ours, far, "e4m3")
     ones, up = torch.ones(70000, dtype=torch.bfloat16), torch.full((70000,), 1.0078125, dtype=torch.bfloat16)
     assert "on average" in parity_compare.describe_non_adjacent("x", ones, up, "bf16")
+
+
+def test_close_outputs_pass_within_their_tolerance_and_fail_beyond():
+    x = torch.randn(4, 6)
+    call = ((torch.zeros(1),), {})
+    near, far = x + 1e-7, x.clone()
+    far[2, 3] += 1.0
+    assert parity_compare.compare_calls(call, near, call, x, close={"ret": (1e-5, 1e-6)}) == ([], True)
+    assert parity_compare.compare_calls(call, near, call, x)[0]  # byte for byte without it
+    problems, _ = parity_compare.compare_calls(call, far, call, x, close={"ret": (1e-5, 1e-6)})
+    assert len(problems) == 1 and "1 of 24 values" in problems[0] and "(2, 3)" in problems[0]
