@@ -75,6 +75,9 @@ def test_axes_refuse_unsupported_shapes():
         Variant.make("moe_topk_gate", dict(num_experts=66, num_topk=8, tiling="ballot4"))
     with pytest.raises(ValueError, match="num_topk"):
         Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=33, tiling="ballot4"))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Variant.make("moe_topk_gate", dict(num_experts=0, num_topk=1, tiling="ballot4"))
+    Variant.make("moe_topk_gate", dict(num_experts=4, num_topk=4, tiling="ballot4"))  # as TileKernels: any multiple of 4
 
 
 # ---- validation -------------------------------------------------------------------------------
@@ -95,7 +98,9 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
     [
         (dict(logits=meta(4, 256, dtype=torch.bfloat16)), ValueError, "logits must be torch.float32"),
         (dict(logits=meta(256)), ValueError, "logits must be 2-D"),
-        (dict(logits=meta(4, 66)), ValueError, "multiple of 4 in \\[64, 512\\] experts, got 66"),
+        (dict(logits=meta(4, 66)), ValueError, "multiple of 4 in \\[4, 512\\] experts, got 66"),
+        (dict(logits=meta(4, 0)), ValueError, "multiple of 4 in \\[4, 512\\] experts, got 0"),
+        (dict(logits=meta(4, 4)), ValueError, "num_topk must be in \\[1, 4\\], got 8"),
         (dict(logits=meta(4, 1024)), ValueError, "got 1024"),
         (dict(logits=meta(4, 512)[:, :256]), ValueError, "logits must be contiguous"),
         (dict(num_topk=0), ValueError, "num_topk must be in \\[1, 32\\], got 0"),
