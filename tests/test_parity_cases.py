@@ -33,7 +33,6 @@ _BLOCKS = (
     "per_token_cast_cuda.py:80-81 take any input block dividing (or divided by) the tile; "
     "cast_back_kernel.py:42 bars only (m, 1) blocks with column-major sf"
 )
-_GATE_EXPERTS = "moe_topk_gate_forward_cuda.py:43 asserts experts % 4 == 0 only; moe_topk_gate_forward_kernel.py:75 topk <= experts"
 KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("quant.norm_forward_and_per_token_cast", "mega_moe_sf must be None"): "norm_forward_kernel.py:128-137 take mega_moe_sf on CUDA",
     ("quant.swiglu_forward", "hidden a multiple of 256"): _SWIGLU_HIDDEN,
@@ -44,8 +43,6 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
         "over any such hidden (a last, partial group)"
     ),
     ("quant.cast_back", "x_block_size must be one of"): _BLOCKS,
-    ("moe.moe_topk_gate_forward", "experts, got"): _GATE_EXPERTS,
-    ("moe.moe_topk_gate", "experts, got"): _GATE_EXPERTS,
 }
 
 

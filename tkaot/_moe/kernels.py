@@ -42,9 +42,7 @@ TOPK_GATE = KernelDecl(
 )
 
 # Any expert count and k in one variant: the calls whose specialised variant is not built (tkaot/_op.py)
-MOE_TOPK_GATE_GENERIC = MOE_TOPK_GATE.generic(
-    "moe_topk_gate_generic", "kernels_src.moe.moe_topk_gate_generic", ("num_experts", "num_topk")
-)
+MOE_TOPK_GATE_GENERIC = MOE_TOPK_GATE.generic("moe_topk_gate_generic", "kernels_src.moe.moe_topk_gate_generic", ("num_experts", "num_topk"))
 TOPK_GATE_GENERIC = TOPK_GATE.generic("topk_gate_generic", "kernels_src.moe.topk_gate_generic", ("num_experts", "num_topk"))
 
 NORMALIZE_WEIGHT = KernelDecl(
@@ -72,4 +70,12 @@ MOE_TOPK_GATE_BACKWARD = KernelDecl(
 )  # fmt: skip
 # ---- end of the backward kernels
 
-KERNELS = (MOE_TOPK_GATE, MOE_TOPK_GATE_GENERIC, TOPK_GATE, TOPK_GATE_GENERIC, NORMALIZE_WEIGHT, NORMALIZE_WEIGHT_GENERIC, MOE_TOPK_GATE_BACKWARD)
+KERNELS = (
+    MOE_TOPK_GATE,
+    MOE_TOPK_GATE_GENERIC,
+    TOPK_GATE,
+    TOPK_GATE_GENERIC,
+    NORMALIZE_WEIGHT,
+    NORMALIZE_WEIGHT_GENERIC,
+    MOE_TOPK_GATE_BACKWARD,
+)
