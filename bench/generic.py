@@ -1,5 +1,6 @@
 """Generic against specialised variants, side by side in one run (the generic tier's target: within 1.25x of the
-specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256.
+specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256,
+moe_topk_gate_forward at 8192x256 top-8 (+1 shared slot) and normalize_weight at 8192x9.
 
     python -m bench.generic [--out bench/results]
 
@@ -54,7 +55,7 @@ def on_generic(specialised: str = "per_token_cast"):
 
     def forget():
         _casts._PLANS.clear()
-        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK):
+        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK, _moe_ops._GATE, _moe_ops._NORMALIZE):
             kernels.cache.clear()
 
     forget()
@@ -102,6 +103,45 @@ def topk_gate_row(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8
     return {"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)}
 
 
+def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
+    """One MoE routing op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+
+    def launched() -> str:
+        (launcher,) = {id(v): v for v in kernels.cache.values()}.values()
+        return getattr(launcher, "__self__", launcher).kernel.kernel
+
+    kernels.cache.clear()
+    call(inputs[0])
+    assert launched() == specialised, f"{name}: no specialised {specialised} variant"
+    special_us, _ = timing.device_us(call, inputs)
+    with on_generic(specialised):
+        call(inputs[0])
+        assert launched() == f"{specialised}_generic"
+        generic_us, _ = timing.device_us(call, inputs)
+    ratio = generic_us / special_us
+    print(f"| {name} | {special_us:.2f} | {generic_us:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
+    return {"options": name, "specialised_us": round(special_us, 3), "generic_us": round(generic_us, 3), "ratio": round(ratio, 3)}
+
+
+def gate_rows(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8) -> list[dict]:
+    """moe_topk_gate_forward (DeepSeek-V3's routing: a bias, one shared slot) and normalize_weight of its weights."""
+    count = min(64, max(2, -(-3 * l2 // (tokens * experts * 4))))
+    bias = torch.randn(experts, device="cuda") * 0.1
+    inputs = [{"logits": torch.randn(tokens, experts, device="cuda")} for _ in range(count)]
+
+    def gate(a):
+        return tkaot.moe.moe_topk_gate_forward(a["logits"], topk, True, 1, 2.5, 0, bias=bias)
+
+    def normalize(a):
+        return tkaot.moe.normalize_weight(a["w"])
+
+    weights = [{"w": torch.rand(tokens, topk + 1, device="cuda")} for _ in range(count)]
+    return [
+        routing_row(f"moe_topk_gate_forward {tokens}x{experts} top-{topk}+1", _moe_ops._GATE, "moe_topk_gate", inputs, gate),
+        routing_row(f"normalize_weight {tokens}x{topk + 1}", _moe_ops._NORMALIZE, "normalize_weight", weights, normalize),
+    ]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -131,6 +171,7 @@ def main(argv=None) -> None:
             f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
         )
     rows.append(topk_gate_row(l2))
+    rows += gate_rows(l2)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"
