@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 API = json.loads((Path(__file__).parent / "data" / "tile_kernels_2.1.0_api.json").read_text())
-FAMILIES = ("quant", "moe", "transform")
+FAMILIES = ("quant", "moe", "transform", "mhc")
 
 
 def _implemented():

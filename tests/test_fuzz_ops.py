@@ -46,7 +46,7 @@ def launches(monkeypatch):
         return launch
 
     monkeypatch.setattr(_op.OpKernels, "get", get)
-    for family in (tkaot.quant, tkaot.moe, tkaot.transform):
+    for family in (tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc):
         for name in family.__all__:
             module = __import__(getattr(family, name).__module__, fromlist=["_"])
             if hasattr(module, "current_stream"):

@@ -23,7 +23,7 @@ from tkaot.errors import (  # noqa: E402
 )
 
 # The op families load on first use, so `import tkaot` costs only what its first call needs
-_LAZY = ("quant", "moe", "transform", "reference", "registry")
+_LAZY = ("quant", "moe", "transform", "mhc", "reference", "registry")
 
 
 def __getattr__(name: str):
@@ -68,6 +68,7 @@ __all__ = [
     "UnsupportedArchError",
     "VariantNotBuilt",
     "launcher_kind",
+    "mhc",
     "moe",
     "preload",
     "quant",
