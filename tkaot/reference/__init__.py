@@ -5,6 +5,7 @@ its def names the ones it needs; the defaults are the op's.
 """
 
 from tkaot.reference import fused  # noqa: F401
+from tkaot.reference import mhc  # noqa: F401
 from tkaot.reference.norm import norm_forward
 from tkaot.reference.rope import apply_rotary
 
