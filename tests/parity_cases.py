@@ -58,12 +58,14 @@ STOCHASTIC = "values level by level (equal or neighbouring levels, unbiased), sf
 @dataclass
 class Call:
     """One call's arguments; `trims` cut bytes TileKernels leaves unspecified out of returned tensors (by result
-    path, tests/parity_compare.py), `adjacent` names the returned tensors compared level by level, with their format."""
+    path, tests/parity_compare.py), `adjacent` names the returned tensors compared level by level, with their format,
+    `close` the returned or input tensors compared by value, with their tolerance relative to the largest value."""
 
     args: tuple
     kwargs: dict
     trims: dict[str, Callable] = field(default_factory=dict)
     adjacent: dict[str, str] = field(default_factory=dict)
+    close: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -525,6 +527,7 @@ def apply_rotary_cases(rng) -> list[Case]:
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
     from tests import parity_cast_cases as casts
+    from tests import parity_mhc_cases as mhc
 
     return {
         "quant.norm_forward": norm_forward_cases,
@@ -537,6 +540,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "moe.topk_gate": topk_gate_cases,
         "moe.normalize_weight": normalize_weight_cases,
         "transform.apply_rotary": apply_rotary_cases,
+        **mhc.GENERATORS,
     }
 
 

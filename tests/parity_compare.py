@@ -4,7 +4,9 @@ What is compared: every tensor the call returns (shape, dtype, strides where a d
 which input it aliases, then its bytes) and the whole storage of every input tensor the returned ones do not alias
 (in-place updates, out= buffers nobody returns, and inputs that must stay untouched). A call's `trims` cut bytes
 TileKernels leaves unspecified out of a returned tensor first; its `adjacent` outputs (stochastic rounding) are
-compared level by level instead: each pair of values must be the same or neighbouring levels of the format.
+compared level by level instead: each pair of values must be the same or neighbouring levels of the format. Its
+`close` outputs or inputs (fp32 sums TileKernels adds in an order of its own, e.g. over a hidden row split across
+threads) are compared by value: each element within a relative tolerance of the tensor's largest magnitude.
 """
 
 from __future__ import annotations
@@ -108,9 +110,24 @@ def describe_non_adjacent(what: str, ours: torch.Tensor, theirs: torch.Tensor, f
     return None
 
 
-def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None, adjacent=None) -> tuple[list[str], bool]:
+def describe_far(what: str, ours: torch.Tensor, theirs: torch.Tensor, rtol: float) -> str | None:
+    """None when every value of ours lies within rtol * (theirs' largest magnitude) of theirs, NaN where theirs is
+    NaN; else how many do not and the first."""
+    if ours.shape != theirs.shape:
+        return f"{what}: shapes {tuple(ours.shape)} vs {tuple(theirs.shape)}"
+    a, b = ours.double(), theirs.double()
+    scale = b.nan_to_num(0.0, 0.0, 0.0).abs().max().item() if b.numel() else 0.0
+    bad = ((a - b).abs() > rtol * scale) | (a.isnan() != b.isnan())
+    bad &= ~(a.isnan() & b.isnan())
+    if not bad.any():
+        return None
+    index = tuple(bad.nonzero()[0].tolist())
+    return f"{what}: {int(bad.sum())} values beyond {rtol:g} of the largest ({scale:g}), first at {index}: tkaot {a[index].item()} vs TileKernels {b[index].item()}"
+
+
+def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None, adjacent=None, close=None) -> tuple[list[str], bool]:
     """(problems, whether a tolerance was used) comparing the tkaot call to the TileKernels one."""
-    trims, adjacent = trims or {}, adjacent or {}
+    trims, adjacent, close = trims or {}, adjacent or {}, close or {}
     problems: list[str] = []
     ours_in, theirs_in = inputs(ours_call[0], ours_call[1]), inputs(theirs_call[0], theirs_call[1])
     ours_out, theirs_out = flatten(ours_result), flatten(theirs_result)
@@ -135,6 +152,8 @@ def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None
         trim = trims.get(path, lambda t: t)
         if path in adjacent:
             problem = describe_non_adjacent(path, trim(ours), trim(theirs), adjacent[path])
+        elif path in close:
+            problem = describe_far(path, trim(ours), trim(theirs), close[path])
         else:
             problem = describe_difference(path, trim(ours), trim(theirs))
         if problem:
@@ -146,7 +165,12 @@ def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None
         if path in aliased or key in seen or any(theirs_in[p].untyped_storage().data_ptr() == key for p in aliased):
             continue
         seen.add(key)
+        if path in close:
+            problem = describe_far(path, ours_in[path], theirs, close[path])
+            if problem:
+                problems.append(problem)
+            continue
         problem = describe_difference(f"{path} (its storage, after the call)", storage_bytes(ours_in[path]), storage_bytes(theirs))
         if problem:
             problems.append(problem)
-    return problems, bool(adjacent)
+    return problems, bool(adjacent or close)

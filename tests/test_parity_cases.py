@@ -74,7 +74,7 @@ def fake_sm90(monkeypatch):
     from tkaot._quant import weight_casts
 
     monkeypatch.setattr(weight_casts, "_values_unchecked", lambda: True)  # meta tensors hold no values to check
-    for family in (tkaot.quant, tkaot.moe, tkaot.transform):
+    for family in (tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc):
         for name in family.__all__:
             getattr(family, name)  # load every op module before patching them
     for name, module in list(sys.modules.items()):
@@ -161,7 +161,7 @@ def test_cases_are_the_same_in_every_process():
 
 def test_the_cases_cover_every_public_op():
     tested = set(parity_cases.ops())
-    public = {f"{family}.{name}" for family in ("quant", "moe", "transform") for name in getattr(tkaot, family).__all__}
+    public = {f"{family}.{name}" for family in ("quant", "moe", "transform", "mhc") for name in getattr(tkaot, family).__all__}
     assert tested == public
 
 
@@ -241,3 +241,16 @@ def test_adjacent_levels_pass_and_farther_ones_fail():
     assert "more than one e4m3 level apart" in parity_compare.describe_non_adjacent("x", ours, far, "e4m3")
     ones, up = torch.ones(70000, dtype=torch.bfloat16), torch.full((70000,), 1.0078125, dtype=torch.bfloat16)
     assert "on average" in parity_compare.describe_non_adjacent("x", ones, up, "bf16")
+
+
+def test_close_values_pass_and_far_ones_fail():
+    theirs = torch.tensor([1000.0, -3.0, 0.0, float("nan")])
+    near = theirs + torch.tensor([0.004, -0.009, 0.001, 0.0])  # within 1e-5 of the largest (1000)
+    assert parity_compare.describe_far("x", near, theirs, 1e-5) is None
+    far = theirs + torch.tensor([0.0, 0.02, 0.0, 0.0])
+    assert "1 values beyond 1e-05" in parity_compare.describe_far("x", far, theirs, 1e-5)
+    assert "1 values beyond" in parity_compare.describe_far("x", torch.tensor([1000.0, -3.0, 0.0, 1.0]), theirs, 1e-5)
+    ours_in, theirs_in = torch.tensor([2.0, 1.000001]), torch.tensor([2.0, 1.0])  # an in-place input, by value
+    problems, tolerant = parity_compare.compare_calls(((ours_in,), {}), None, ((theirs_in,), {}), None, close={"args[0]": 1e-5})
+    assert problems == [] and tolerant
+
