@@ -122,7 +122,8 @@ def describe_far(what: str, ours: torch.Tensor, theirs: torch.Tensor, rtol: floa
     if not bad.any():
         return None
     index = tuple(bad.nonzero()[0].tolist())
-    return f"{what}: {int(bad.sum())} values beyond {rtol:g} of the largest ({scale:g}), first at {index}: tkaot {a[index].item()} vs TileKernels {b[index].item()}"
+    first = f"first at {index}: tkaot {a[index].item()} vs TileKernels {b[index].item()}"
+    return f"{what}: {int(bad.sum())} values beyond {rtol:g} of the largest ({scale:g}), {first}"
 
 
 def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None, adjacent=None, close=None) -> tuple[list[str], bool]:

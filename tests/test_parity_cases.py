@@ -253,4 +253,3 @@ def test_close_values_pass_and_far_ones_fail():
     ours_in, theirs_in = torch.tensor([2.0, 1.000001]), torch.tensor([2.0, 1.0])  # an in-place input, by value
     problems, tolerant = parity_compare.compare_calls(((ours_in,), {}), None, ((theirs_in,), {}), None, close={"args[0]": 1e-5})
     assert problems == [] and tolerant
-

@@ -44,9 +44,7 @@ def build(mhc: int):
                 if j < mhc:
                     pre_layer_mix[token, j] = T.sigmoid(input_mixes[token, j] * mhc_scale[0] + mhc_base[j]) + mhc_pre_eps
                 elif j < 2 * mhc:
-                    post_layer_mix[token, j - mhc] = (
-                        T.sigmoid(input_mixes[token, j] * mhc_scale[1] + mhc_base[j]) * mhc_post_mult_value
-                    )
+                    post_layer_mix[token, j - mhc] = T.sigmoid(input_mixes[token, j] * mhc_scale[1] + mhc_base[j]) * mhc_post_mult_value
                 else:
                     comb_res_mix[token, j - 2 * mhc] = input_mixes[token, j] * mhc_scale[2] + mhc_base[j]
 

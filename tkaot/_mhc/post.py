@@ -109,8 +109,9 @@ def mhc_post_bwd(
     on = x.device
     d_x = torch.empty(x.shape, dtype=BF16, device=on)
     d_residual = torch.empty(residual.shape, dtype=BF16, device=on)
-    if rows and not hidden:
-        return d_x, d_residual, torch.zeros(post_layer_mix.shape, dtype=F32, device=on), torch.zeros(comb_res_mix.shape, dtype=F32, device=on)
+    if rows and not hidden:  # sums over an empty row
+        zeros = torch.zeros(post_layer_mix.shape, dtype=F32, device=on), torch.zeros(comb_res_mix.shape, dtype=F32, device=on)
+        return d_x, d_residual, *zeros
     d_post = torch.empty(post_layer_mix.shape, dtype=F32, device=on)
     d_comb = torch.empty(comb_res_mix.shape, dtype=F32, device=on)
     if rows:

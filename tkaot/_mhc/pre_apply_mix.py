@@ -76,7 +76,5 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad):
         return torch.zeros((num_tokens, mhc), dtype=F32, device=x.device)
     mix_grad = torch.empty((num_tokens, mhc), dtype=F32, device=x.device)
     if num_tokens:
-        launcher(_BWD, device, mhc)(
-            device, current_stream(device), og_ptr, x_ptr, mix_ptr, xg_ptr, mix_grad.data_ptr(), num_tokens, hidden
-        )
+        launcher(_BWD, device, mhc)(device, current_stream(device), og_ptr, x_ptr, mix_ptr, xg_ptr, mix_grad.data_ptr(), num_tokens, hidden)
     return mix_grad
