@@ -17,15 +17,11 @@ from kernels_src.mhc.common import tree_sum
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
+from tkaot._mhc.kernels import sinkhorn_record_row as record_row
 
 DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
 THREADS = 64
-
-
-def record_row(mhc: int) -> int:
-    """fp32 words of one step record: the matrix, its sums, padded to 16 bytes."""
-    return -(-(mhc * mhc + mhc) // 4) * 4
 
 
 def _mul(a, b):

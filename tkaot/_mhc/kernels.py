@@ -74,7 +74,15 @@ SINKHORN_FWD = KernelDecl(
     name="mhc_sinkhorn_fwd", source="kernels_src.mhc.sinkhorn_fwd", axes=(MHC,),
     params=("comb_res_mix", "comb_res_mix_out", "repeat", "eps"), dims=("num_tokens",), ops=(_M + "mhc_sinkhorn_fwd",),
 )  # fmt: skip
-# The backward replays the forward, keeping every step's matrix and sums in `scratch` (repeat, 2, num_tokens, row)
+
+
+def sinkhorn_record_row(mhc: int) -> int:
+    """fp32 words of one step record of the Sinkhorn backward's scratch: the matrix and its sums, padded to 16 bytes."""
+    return -(-(mhc * mhc + mhc) // 4) * 4
+
+
+# The backward replays the forward, keeping every step's matrix and sums in `scratch`,
+# (repeat, 2, num_tokens, sinkhorn_record_row(mhc)) fp32, allocated by the op
 SINKHORN_BWD = KernelDecl(
     name="mhc_sinkhorn_bwd", source="kernels_src.mhc.sinkhorn_bwd", axes=(MHC,),
     params=("grad_output", "x", "grad_input", "scratch", "eps"), dims=("num_tokens", "repeat"), ops=(_M + "mhc_sinkhorn_bwd",),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tkaot._mhc.common import F32, current_stream, int_rules, launcher, mhc_rule, real_rule
-from tkaot._mhc.kernels import SINKHORN_BWD, SINKHORN_FWD
+from tkaot._mhc.kernels import SINKHORN_BWD, SINKHORN_FWD, sinkhorn_record_row
 from tkaot._op import OpKernels
 from tkaot._validate import Rule, Signature, Tensor, lazy_checker
 
@@ -44,11 +44,6 @@ _FWD = OpKernels(FWD_SIGNATURE.op, SINKHORN_FWD)
 _BWD = OpKernels(BWD_SIGNATURE.op, SINKHORN_BWD)
 
 
-def record_row(mhc: int) -> int:
-    """fp32 words of one step record of the backward's scratch (kernels_src/mhc/sinkhorn_bwd.py record_row)."""
-    return -(-(mhc * mhc + mhc) // 4) * 4
-
-
 def mhc_sinkhorn_fwd(comb_res_mix, comb_res_mix_out, repeat: int, eps: float):
     """Sinkhorn-normalise each token's matrix towards a doubly stochastic one: a row softmax plus eps, a division
     by the column sums plus eps, then repeat - 1 times a division by the row sums plus eps and by the column
@@ -81,5 +76,5 @@ def mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat: int, eps: float):
     """
     device, num_tokens, mhc, go, xp, gi = _check_bwd(grad_output, x, grad_input, repeat, eps)
     if num_tokens:
-        scratch = torch.empty((repeat, 2, num_tokens, record_row(mhc)), dtype=F32, device=x.device)
+        scratch = torch.empty((repeat, 2, num_tokens, sinkhorn_record_row(mhc)), dtype=F32, device=x.device)
         launcher(_BWD, device, mhc)(device, current_stream(device), go, xp, gi, scratch.data_ptr(), eps, num_tokens, repeat)
