@@ -4,7 +4,8 @@ One step for a batch of decode tokens of a DeepSeek-V3-sized layer: attention
 pre-norm (+ residual) -> FP8 cast of the GEMM input -> rotary on q/k -> FFN
 pre-norm (+ residual) -> MoE top-k gate -> SwiGLU + FP8 cast. The GEMMs are
 outside tkaot's scope; their outputs are stand-in buffers. Used by the GPU
-test (graph replay equals eager, bit for bit) and by `python -m bench.decode`.
+tests (graph replay and torch.compile equal eager, bit for bit) and by `python -m bench.decode`, which times
+a step eager, as a hand-captured CUDA graph, compiled (fullgraph) and compiled with mode="reduce-overhead".
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ def make_state(tokens: int, seed: int = 0) -> dict:
         "cos_sin": torch.cat([angles.cos(), angles.sin()], dim=1).contiguous(),
         "positions": torch.randint(0, 4096, (tokens,), device="cuda", generator=g, dtype=torch.int64),
         "logits": r(tokens, EXPERTS, dtype=torch.float32), "gate_up": r(tokens, 2 * INTER),
+    }  # fmt: skip
+
+
+def empty_state(tokens: int, device="cuda") -> dict:
+    """make_state's tensors, uninitialised (shapes, dtypes and layouts only: for tracing with fake tensors)."""
+    e = lambda *s, dtype=torch.bfloat16: torch.empty(*s, device=device, dtype=dtype)
+    return {
+        "h": e(tokens, HIDDEN), "res": e(tokens, HIDDEN), "w_attn": e(HIDDEN), "w_ffn": e(HIDDEN),
+        "attn_out": e(tokens, HIDDEN), "q": e(tokens, HEADS, ROPE), "k": e(tokens, 1, ROPE), "cos_sin": e(4096, ROPE, dtype=torch.float32),
+        "positions": e(tokens, dtype=torch.int64), "logits": e(tokens, EXPERTS, dtype=torch.float32), "gate_up": e(tokens, 2 * INTER),
     }  # fmt: skip
 
 
@@ -78,7 +89,17 @@ def main() -> None:
         state["q"].copy_(q0)
         state["k"].copy_(k0)
         replay = per_step_us(graph.replay)
-        results[tokens] = {"eager_us_per_step": round(eager, 2), "graph_us_per_step": round(replay, 2), "ops_per_step": 6}
+        # torch.compile: the step as one graph of tkaot custom ops (Inductor), then as CUDA graphs (reduce-overhead)
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True)
+        compiled_us = per_step_us(lambda s=state, f=compiled: f(s))
+        torch._dynamo.reset()
+        reduce_overhead = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+        reduce_overhead_us = per_step_us(lambda s=state, f=reduce_overhead: f(s))
+        results[tokens] = {
+            "eager_us_per_step": round(eager, 2), "graph_us_per_step": round(replay, 2),
+            "compiled_us_per_step": round(compiled_us, 2), "reduce_overhead_us_per_step": round(reduce_overhead_us, 2), "ops_per_step": 6,
+        }  # fmt: skip
     print(json.dumps({"decode_step": results}))
 
 

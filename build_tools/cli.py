@@ -20,6 +20,14 @@ def _fail(message: str) -> None:
     raise click.ClickException(message)
 
 
+def _needs_tilelang() -> None:
+    """`build` runs without TileLang only to compile Ascend sources (--arch ascend950 --sources); else one line."""
+    from tkaot.cli import BUILD_EXTRA, _absent
+
+    if _absent(("tilelang",)) is not None:
+        _fail(f"tkaot-build build needs the build extra: {BUILD_EXTRA}")
+
+
 def __getattr__(name: str):
     if name == "main":  # the whole tkaot-build group, read lazily: tkaot.cli adds these commands to it
         from tkaot.cli import main
@@ -105,8 +113,8 @@ def _selected(shapeset, hf_configs, op, sets, arch, shard) -> list:
     from build_tools.compile import ARCHES
     from build_tools.sweep import shard as take_shard
 
-    if arch not in ARCHES:
-        _fail(f"unknown arch {arch!r}; this build knows {sorted(ARCHES)}")
+    if arch not in ARCHES and arch != ASCEND_ARCH:
+        _fail(f"unknown arch {arch!r}; this build knows {sorted([*ARCHES, ASCEND_ARCH])}")
     variants = _variants_from_options(shapeset, op, sets, hf_configs)
     try:
         return take_shard(variants, shard)
@@ -144,11 +152,29 @@ class ProgressLines:
         return f"built {self.done}/{self.total} ({self.cached} from cache) in {_duration(elapsed)}, {rate * 60:.1f} variants/min, ETA {eta}"
 
 
+ASCEND_ARCH = "ascend950"  # built by build_tools/ascend.py: AscendC sources (TileLang), then binaries (CANN's bisheng)
+
+
 @click.command()
 @_selection
 @click.option("--out", "out_dir", default="tkaot-artifacts", show_default=True, type=click.Path(file_okay=False))
-def build(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir, out_dir) -> None:
-    """Compile variants into OUT (manifest.json + cubins/)."""
+@click.option(
+    "--sources",
+    "sources_dir",
+    type=click.Path(exists=True, file_okay=False),
+    help=f"{ASCEND_ARCH} only: compile the AscendC sources of this set into OUT with bisheng (no TileLang needed)",
+)
+@click.option("--require-binaries", is_flag=True, help=f"{ASCEND_ARCH} only: fail, rather than stop after the sources, without bisheng")
+def build(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir, out_dir, sources_dir, require_binaries) -> None:
+    """Compile variants into OUT (manifest.json + cubins/; for ascend950 AscendC sources, then binaries)."""
+    if arch == ASCEND_ARCH:
+        from build_tools.ascend_cli import build_ascend
+
+        build_ascend(shapeset, hf_configs, op, sets, jobs, shard, cache_dir, out_dir, sources_dir, require_binaries)
+        return
+    if sources_dir:
+        _fail(f"--sources compiles an {ASCEND_ARCH} set; it does not apply to --arch {arch}")
+    _needs_tilelang()
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
     from build_tools.compile import BuildError

@@ -242,7 +242,9 @@ def artifact_wheel(set_dir: Path, out_dir: Path, name: str | None = None, expect
         raise WheelError(f"{manifest_path} was built by tkaot {version}, not {expect_version}: rebuild it (make build)")
     package = artifact_package(arch, name)
     files = {f"{package}/manifest.json": manifest_bytes}
-    for entry in manifest["variants"]:
+    if arch == ASCEND_ARCH:
+        files.update(ascend_files(set_dir, package, manifest))
+    for entry in manifest["variants"] if arch != ASCEND_ARCH else ():
         cubin = set_dir / "cubins" / f"{entry['cubin']}.cubin"
         try:
             data = cubin.read_bytes()
@@ -270,6 +272,28 @@ def artifact_wheel(set_dir: Path, out_dir: Path, name: str | None = None, expect
     ]
     description = f"Cubins for tkaot {version} on {arch}: {summary}. Install beside `tkaot=={version}`.\n"
     return write_wheel(out_dir, distribution, version, files, metadata, description)
+
+
+ASCEND_ARCH = "ascend950"
+
+
+def ascend_files(set_dir: Path, package: str, manifest: dict) -> dict[str, bytes]:
+    """An ascend950 set's files (build_tools/ascend.py): the TileLang headers, each variant's AscendC source and,
+    where stage 2 ran, its binary; every one the manifest names checked against its sha256."""
+    files = {f"{package}/{p.relative_to(set_dir).as_posix()}": p.read_bytes() for p in sorted((set_dir / "include").rglob("*.h"))}
+    for entry in manifest["variants"]:
+        for field, folder, suffix in (("source", "sources", ".asc"), ("binary", "binaries", ".o")):
+            if field not in entry:
+                continue
+            path = set_dir / folder / f"{entry[field]}{suffix}"
+            try:
+                data = path.read_bytes()
+            except OSError:
+                raise WheelError(f"{entry['kernel']} [{entry['key']}]: {path} is missing") from None
+            if hashlib.sha256(data).hexdigest() != entry[field]:
+                raise WheelError(f"{entry['kernel']} [{entry['key']}]: {path} does not match its sha256")
+            files[f"{package}/{folder}/{path.name}"] = data
+    return files
 
 
 def main(argv: list[str] | None = None) -> None:

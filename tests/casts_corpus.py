@@ -96,7 +96,7 @@ def sf_tensor(tokens: int, groups: int, kind: str, layout: str, fill=None, **kw)
     return col((tokens, cols), dtype, pitch=pitch, fill=fill, **kw)
 
 
-NAMES = {BF16: "bf16", F32: "fp32", F16: "fp16", FP8: "fp8", I8: "i8", U8: "u8", I32: "i32"}
+NAMES = {BF16: "bf16", F32: "fp32", F16: "fp16", FP8: "fp8", torch.float8_e5m2: "e5m2", I8: "i8", U8: "u8", I32: "i32"}
 
 
 def cycle(values, i):
@@ -569,6 +569,11 @@ def cast_calls() -> list[Call]:
                     stochastic,
                 )
             )
+    e5m2 = torch.float8_e5m2  # appended to the record later (E5M2 both ways, no FP8 to FP8), before its first GPU run
+    for i, (src, dst) in enumerate([(a, e5m2) for a in (F32, BF16, F16)] + [(e5m2, b) for b in (F32, BF16, F16)]):
+        shape = cycle(shapes, i)
+        calls.append(Call(op, f"{NAMES[src]}-{NAMES[dst]}-rne-{'x'.join(map(str, shape))}", T(shape, src), dst, False))
+    calls += [Call(op, "bad-fp8-to-fp8", T((3, 8), FP8), e5m2), Call(op, "bad-fp8-to-fp8-back", T((3, 8), e5m2), FP8)]
     calls.append(Call(op, "one-element-offset", T((1,), F32, offset=4), BF16))
     calls.append(Call(op, "scalar", T((), F32), BF16))
     calls.append(Call(op, "stochastic-int", T((4, 4), F32), BF16, 1))

@@ -522,12 +522,146 @@ def apply_rotary_cases(rng) -> list[Case]:
     return assemble("transform.apply_rotary", rng, config, call, make)
 
 
+# ---- Engram (tkaot.engram)
+
+ENGRAM_HIDDEN = (2048, 4096, 5120, 7168)  # the default list's sizes TileKernels' gate takes (multiples of 256, >= 512)
+SINKHORN_HEAD_DIMS = (256, 5120)  # TileKernels' tests' (the head_dims tkaot builds)
+
+
+def _engram_gate_data(gen: Gen, p: dict, hc: int):
+    x = gen.activations(p["tokens"], hc, p["hidden"])
+    kv = gen.activations(p["tokens"], hc + 1, p["hidden"])
+    wh, we = gen.randn(hc, p["hidden"], dtype=BF16), gen.randn(hc, p["hidden"], dtype=BF16)
+    mask = gen.bools(p["tokens"], 0.3) if p["mask"] else None
+    return x, kv, wh, we, mask
+
+
+def engram_hash_cases(rng) -> list[Case]:  # 3-grams: the order the default set builds (TileKernels tests)
+    def config(rng):
+        return {"ngram": 3, "layers": rng.randint(1, 3), "tables": pick(rng, range(1, 9), (8,)),
+                "mask": rng.random() < 0.4}  # fmt: skip
+
+    def make(gen, p):
+        ids = gen.randint(0, 2**31 - 1, p["tokens"], p["ngram"], dtype=torch.int32)
+        mult = gen.randint(-(2**40), 2**40, p["layers"], p["ngram"])
+        vocab = gen.randint(1000, 500000, p["layers"], p["ngram"] - 1, p["tables"], dtype=torch.int32)
+        offsets = torch.cumsum(vocab.reshape(p["layers"], -1), dim=1, dtype=torch.int32) - vocab.reshape(p["layers"], -1)
+        mask = gen.bools(p["tokens"], 0.3) if p["mask"] else None
+        return Call((ids, mult, vocab, offsets.contiguous(), mask), {})
+
+    return assemble("engram.engram_hash", rng, config, no_call_options, make)
+
+
+def engram_fused_weight_cases(rng) -> list[Case]:
+    def config(rng):
+        return {"hc": pick(rng, range(1, 9), (4,)), "hidden": pick_size(rng, 256, 16384, ENGRAM_HIDDEN)}
+
+    def make(gen, p):  # no token dimension: the token count only varies the seed
+        return Call((gen.randn(p["hc"], p["hidden"], dtype=BF16), gen.randn(p["hc"], p["hidden"], dtype=BF16)), {})
+
+    return assemble("engram.fused_weight", rng, config, no_call_options, make)
+
+
+def engram_gate_fwd_cases(rng) -> list[Case]:
+    def config(rng):
+        save = rng.random() < 0.5
+        return {"hidden": max(512, pick_size(rng, 256, 16384, ENGRAM_HIDDEN)), "hc": pick(rng, range(1, 9), (4,)), "save": save,
+                "mask": rng.random() < 0.4, "inplace": not save and rng.random() < 0.5, "eps": rng.choice([1e-20, 1e-6]),
+                "clamp": rng.choice([1e-6, 0.05])}  # fmt: skip
+
+    def make(gen, p):
+        x, kv, wh, we, mask = _engram_gate_data(gen, p, p["hc"])
+        fused = wh.float() * we.float()
+        call = Call((x, kv, fused, p["eps"], p["clamp"], p["save"], mask, p["inplace"]), {})
+        if mask is not None and p["save"]:  # TileKernels leaves the saved values of image tokens unwritten
+            call.trims = {f"ret[{i}]": rows_only(~mask) for i in range(1, 5)}
+        return call
+
+    return assemble("engram.engram_gate_fwd", rng, config, no_call_options, make)
+
+
+def engram_gate_bwd_cases(rng) -> list[Case]:
+    def config(rng):
+        return {"hidden": max(512, pick_size(rng, 256, 16384, ENGRAM_HIDDEN)), "mask": rng.random() < 0.4,
+                "clamp": rng.choice([1e-6, 0.05])}  # fmt: skip
+
+    def make(gen, p):
+        from tkaot.reference import engram
+
+        x, kv, wh, we, mask = _engram_gate_data(gen, p, 4)
+        fused = wh.float() * we.float()
+        _, dot, gate, rx, rk = engram.engram_gate_fwd(x, kv, fused, 1e-20, p["clamp"], True, mask)
+        grad_out = gen.randn(p["tokens"], 4, p["hidden"], dtype=BF16)
+        return Call((grad_out, x, kv, fused, dot, gate, rx, rk, p["clamp"], mask), {})
+
+    return assemble("engram.engram_gate_bwd", rng, config, no_call_options, make)
+
+
+def engram_grad_w_reduce_cases(rng) -> list[Case]:
+    def config(rng):
+        return {"partials": rng.choice([132, 113, 64, 8]), "hc": 4, "hidden": pick_size(rng, 256, 16384, ENGRAM_HIDDEN)}
+
+    def make(gen, p):
+        shape = (p["hc"], p["hidden"])
+        partial = gen.randn(p["partials"], *shape)
+        return Call((partial, gen.randn(*shape, dtype=BF16), gen.randn(*shape, dtype=BF16), gen.randn(*shape), gen.randn(*shape)), {})
+
+    return assemble("engram.grad_w_reduce", rng, config, no_call_options, make)
+
+
+def engram_momentum_cases(rng) -> list[Case]:
+    def config(rng):
+        return {"grad": rng.choice(["bfloat16", "float32"]), "momentum": rng.choice(["bfloat16", "float32"]),
+                "nesterov": rng.random() < 0.5, "beta1": rng.choice([0.9, 0.95, 0.99])}  # fmt: skip
+
+    def make(gen, p):  # tokens * 256 elements
+        numel = p["tokens"] * 256
+        grad, momentum = gen.randn(numel, dtype=getattr(torch, p["grad"])), gen.randn(numel, dtype=getattr(torch, p["momentum"]))
+        return Call((grad, momentum, p["beta1"], p["nesterov"]), {})
+
+    return assemble("engram.engram_sinkhorn_momentum_update", rng, config, no_call_options, make)
+
+
+def _sinkhorn_matrix(gen: Gen, p: dict):
+    matrix = gen.randn(p["tokens"], p["head_dim"])
+    return matrix, gen.rand(p["tokens"]) + 0.5, gen.rand(p["head_dim"]) + 0.5
+
+
+def engram_sinkhorn_step_cases(rng) -> list[Case]:
+    def make(gen, p):  # tokens: the matrix's rows
+        return Call((*_sinkhorn_matrix(gen, p), 1e-20), {})
+
+    return assemble("engram.engram_sinkhorn_step", rng, lambda rng: {"head_dim": rng.choice(SINKHORN_HEAD_DIMS)}, no_call_options, make)
+
+
+def engram_sinkhorn_step_reduce_cases(rng) -> list[Case]:
+    def config(rng):
+        return {"partials": rng.choice([396, 339, 3]), "head_dim": pick_size(rng, 256, 8192, SINKHORN_HEAD_DIMS)}
+
+    def make(gen, p):  # no token dimension: the token count only varies the seed
+        return Call((gen.rand(p["partials"], p["head_dim"]), gen.poisoned(p["head_dim"], dtype=F32)), {})
+
+    return assemble("engram.engram_sinkhorn_step_reduce", rng, config, no_call_options, make)
+
+
+def engram_sinkhorn_finalize_cases(rng) -> list[Case]:
+    def call(rng, config, tokens):
+        return {"out": rng.random() < 0.5}
+
+    def make(gen, p):  # tokens: the matrix's rows
+        kwargs = {"out": gen.poisoned(p["tokens"], p["head_dim"], dtype=F32)} if p["out"] else {}
+        return Call((*_sinkhorn_matrix(gen, p), 1e-20, p["head_dim"] ** 0.5), kwargs)
+
+    return assemble("engram.engram_sinkhorn_finalize", rng, lambda rng: {"head_dim": rng.choice(SINKHORN_HEAD_DIMS)}, call, make)
+
+
 # ---- the registry
 
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
     from tests import parity_cast_cases as casts
     from tests import parity_mhc_cases as mhc
+    from tests import parity_mhc_fused_cases as mhc_fused
 
     return {
         "quant.norm_forward": norm_forward_cases,
@@ -541,6 +675,16 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "moe.normalize_weight": normalize_weight_cases,
         "transform.apply_rotary": apply_rotary_cases,
         **mhc.GENERATORS,
+        **mhc_fused.GENERATORS,
+        "engram.engram_hash": engram_hash_cases,
+        "engram.fused_weight": engram_fused_weight_cases,
+        "engram.engram_gate_fwd": engram_gate_fwd_cases,
+        "engram.engram_gate_bwd": engram_gate_bwd_cases,
+        "engram.grad_w_reduce": engram_grad_w_reduce_cases,
+        "engram.engram_sinkhorn_momentum_update": engram_momentum_cases,
+        "engram.engram_sinkhorn_step": engram_sinkhorn_step_cases,
+        "engram.engram_sinkhorn_step_reduce": engram_sinkhorn_step_reduce_cases,
+        "engram.engram_sinkhorn_finalize": engram_sinkhorn_finalize_cases,
     }
 
 

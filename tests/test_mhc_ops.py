@@ -22,12 +22,13 @@ from tests.helpers import meta
 from tkaot import _model_shapes, _op
 from tkaot._kernel import Kernel
 from tkaot._mhc import expand, post, pre_apply_mix, sinkhorn, split_mixes
-from tkaot._mhc.kernels import KERNELS
+from tkaot._mhc.kernels import KERNELS as ALL_KERNELS
 from tkaot._spec import LaunchSpec
 
 BF16, F32 = torch.bfloat16, torch.float32
 MODULES = (expand, pre_apply_mix, split_mixes, sinkhorn, post)
-DEFAULT = sweep(read_shapeset(resolve_shapeset("mhc")))
+KERNELS = tuple(d for d in ALL_KERNELS if d.ops[0].removeprefix("tkaot.mhc.") in {n for m in MODULES for n in m.__all__})
+DEFAULT = [v for v in sweep(read_shapeset(resolve_shapeset("mhc"))) if v.kernel in {d.name for d in KERNELS}]
 
 
 def op_kernels() -> dict[str, _op.OpKernels]:
@@ -47,7 +48,7 @@ def built(tmp_path_factory, build_cache):
 
 
 def test_the_default_set_builds_every_kernel_once_at_expansion_4():
-    assert sorted((v.kernel, v.key) for v in DEFAULT) == sorted((d.name, "mhc=4") for d in KERNELS)
+    assert sorted((v.kernel, v.key) for v in DEFAULT) == sorted((d.name, "mhc_mult=4") for d in KERNELS)
 
 
 def test_every_kernel_binds_the_arguments_its_op_passes(built):
@@ -143,8 +144,9 @@ LAUNCHED = {
 }  # fmt: skip
 
 
-def test_every_public_op_is_here():
-    assert sorted(tkaot.mhc.__all__) == sorted(LAUNCHED)
+def test_every_op_of_these_modules_is_here():
+    assert sorted(n for m in MODULES for n in m.__all__) == sorted(LAUNCHED)
+    assert set(LAUNCHED) < set(tkaot.mhc.__all__)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 127, 4097, 8191])
@@ -200,7 +202,7 @@ def test_tensors_tile_kernels_copies_may_be_strided(launches):
 def test_other_expansion_rates_ask_for_their_own_variant(launches, mhc):
     for op, args in valid_calls(5, mhc=mhc, hidden=64).items():
         getattr(tkaot.mhc, op)(*args)
-    assert {key for _, key, _ in launches} == {f"mhc={mhc}"}
+    assert {key for _, key, _ in launches} == {f"mhc_mult={mhc}"}
 
 
 # ---- invalid calls: refused before any launch
@@ -266,13 +268,13 @@ def test_invalid_calls_raise_before_any_launch(launches, op, what, args):
 
 
 def test_errors_name_the_argument_and_the_rule(launches):
-    with pytest.raises(ValueError, match=r"o must be of an expansion rate \(mhc\) in \[1, 8\], got shape \(5, 9, 64\)"):
+    with pytest.raises(ValueError, match=r"o must be of an expansion rate \(mhc_mult\) in \[1, 8\], got shape \(5, 9, 64\)"):
         tkaot.mhc.expand_to_mhc_fwd(*valid_calls(5, mhc=9, hidden=64)["expand_to_mhc_fwd"])
     with pytest.raises(ValueError, match="x must be of a hidden size that is a multiple of 8"):
         tkaot.mhc.mhc_pre_apply_mix_fwd(*valid_calls(5, hidden=60)["mhc_pre_apply_mix_fwd"])
     with pytest.raises(ValueError, match=r"input_mixes must be of shape \(5, 24\) for mhc=4, got \(5, 23\)"):
         tkaot.mhc.mhc_pre_split_mixes_fwd(*_swap(valid_calls(5)["mhc_pre_split_mixes_fwd"], 0, f32(5, 23)))
-    with pytest.raises(ValueError, match=r"repeat must be in \[1, 2\*\*31 - 1\], got 0"):
+    with pytest.raises(ValueError, match=r"repeat must be in \[1, 2147483647\], got 0"):
         tkaot.mhc.mhc_sinkhorn_bwd(*_swap(valid_calls(5)["mhc_sinkhorn_bwd"], 3, 0))
 
 
@@ -283,13 +285,14 @@ def test_hf_config_maps_hc_mult_to_every_mhc_kernel():
     model = _model_shapes.ModelConfig.from_dict({"hidden_size": 7168, "hc_mult": 4}, "v4-style")
     needed = _model_shapes.needed_variants(_model_shapes.shape_tables(model))
     mhc = {(v.kernel, v.key) for v in needed if v.kernel.startswith("mhc_")}
-    assert mhc == {(d.name, "mhc=4") for d in KERNELS}
+    assert mhc == {(d.name, d.key([4] if d.axis_names == ("mhc_mult",) else ["float32"])) for d in ALL_KERNELS}
     assert all(v.reason is None for v in needed if v.kernel.startswith("mhc_"))
     for config in ({"hidden_size": 7168}, {"hidden_size": 7168, "hc_mult": 0}, {"hidden_size": 7168, "hc_mult": True}):
         model = _model_shapes.ModelConfig.from_dict(config)
         assert not [v for v in _model_shapes.needed_variants(_model_shapes.shape_tables(model)) if v.kernel.startswith("mhc_")]
     wide = _model_shapes.ModelConfig.from_dict({"hidden_size": 7168, "mhc_mult": 16})
-    unsupported = [v for v in _model_shapes.needed_variants(_model_shapes.shape_tables(wide)) if v.kernel.startswith("mhc_")]
+    needed = _model_shapes.needed_variants(_model_shapes.shape_tables(wide))
+    unsupported = [v for v in needed if v.kernel.startswith("mhc_") and "mhc_mult=" in v.key]
     assert unsupported and all(v.reason for v in unsupported)
 
 

@@ -21,7 +21,7 @@ import torch
 
 import tkaot
 from tests import parity_cases, parity_compare
-from tkaot import _kernel, _op
+from tkaot import _decl, _kernel, _op
 from tkaot.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,6 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
         "over any such hidden (a last, partial group)"
     ),
     ("quant.cast_back", "x_block_size must be one of"): _BLOCKS,
-    ("quant.cast", "got torch.float8_e5m2"): "cast_kernel.py:29-33 restrict only stochastic rounding's dtype pairs",
     ("moe.moe_topk_gate_forward", "experts, got"): _GATE_EXPERTS,
     ("moe.moe_topk_gate", "experts, got"): _GATE_EXPERTS,
 }
@@ -74,9 +73,12 @@ def fake_sm90(monkeypatch):
     from tkaot._quant import weight_casts
 
     monkeypatch.setattr(weight_casts, "_values_unchecked", lambda: True)  # meta tensors hold no values to check
-    for family in (tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc):
+    for family in (getattr(tkaot, name) for name in _decl.FAMILIES):
         for name in family.__all__:
             getattr(family, name)  # load every op module before patching them
+    from tkaot._engram import device as engram_device
+
+    monkeypatch.setattr(engram_device, "sm_count", lambda device: 132)  # an H200's
     for name, module in list(sys.modules.items()):
         if not name.startswith("tkaot"):
             continue
@@ -161,7 +163,7 @@ def test_cases_are_the_same_in_every_process():
 
 def test_the_cases_cover_every_public_op():
     tested = set(parity_cases.ops())
-    public = {f"{family}.{name}" for family in ("quant", "moe", "transform", "mhc") for name in getattr(tkaot, family).__all__}
+    public = {f"{family}.{name}" for family in ("quant", "moe", "transform", "mhc", "engram") for name in getattr(tkaot, family).__all__}
     assert tested == public
 
 

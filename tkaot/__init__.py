@@ -23,7 +23,7 @@ from tkaot.errors import (  # noqa: E402
 )
 
 # The op families load on first use, so `import tkaot` costs only what its first call needs
-_LAZY = ("quant", "moe", "transform", "mhc", "reference", "registry")
+_LAZY = ("quant", "moe", "transform", "mhc", "engram", "modeling", "reference", "registry")
 
 
 def __getattr__(name: str):
@@ -39,12 +39,19 @@ def __dir__() -> list[str]:
 def preload(device=None, generic: bool = False) -> int:
     """Load every kernel of the device's artifact sets now, so no call stalls later.
 
+    device: an index, "cuda:1" or a torch.device; the current device when None (or "cuda"). Each device loads its
+    own modules: call it once per device a process drives.
+
     The generic tier's variants (fallbacks for calls no specialised variant serves) load too only with
     `generic=True`; otherwise each loads at its first call. Returns the number of kernels loaded.
     """
     from tkaot.registry import REGISTRY
 
-    index = device.index if hasattr(device, "index") else device
+    if isinstance(device, str):  # "cuda:1"
+        import torch
+
+        device = torch.device(device)
+    index = device if device is None or isinstance(device, int) else device.index  # torch.device("cuda"): the current one
     return REGISTRY.preload(index, generic)
 
 
@@ -67,8 +74,10 @@ __all__ = [
     "TkaotError",
     "UnsupportedArchError",
     "VariantNotBuilt",
+    "engram",
     "launcher_kind",
     "mhc",
+    "modeling",
     "moe",
     "preload",
     "quant",

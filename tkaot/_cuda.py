@@ -58,6 +58,7 @@ except Exception:  # pragma: no cover - regenerating, or a cffi that cannot read
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_INVALID_HANDLE = 400  # among others: a launch into a stream of a device whose context is not current
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
@@ -127,16 +128,50 @@ def ensure_context(device_index: int) -> None:
         check(cu.cuCtxSetCurrent(ctx[0]), "cuCtxSetCurrent")
 
 
+_primary: dict[int, object] = {}  # device index -> its primary context (torch's), retained once
+
+
+def primary_context(device_index: int):
+    context = _primary.get(device_index)
+    if context is None:
+        cu = lib()
+        dev, ctx = ffi.new("CUdevice *"), ffi.new("CUcontext *")
+        check(cu.cuDeviceGet(dev, device_index), "cuDeviceGet")
+        check(cu.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+        context = _primary[device_index] = ctx[0]
+    return context
+
+
+def on_device(device_index: int, call, *args):
+    """call(*args) with the device's primary context current on this thread, then the thread's own context again (a
+    thread that had none keeps the device's, as ensure_context leaves it). For work on a device other than the
+    current one: loading a module there, or a launch the driver refused from another device's context."""
+    cu = lib()
+    target = primary_context(device_index)
+    current = ffi.new("CUcontext *")
+    check(cu.cuCtxGetCurrent(current), "cuCtxGetCurrent")
+    previous = current[0]
+    if previous == target:
+        return call(*args)
+    check(cu.cuCtxSetCurrent(target), "cuCtxSetCurrent")
+    try:
+        return call(*args)
+    finally:
+        if previous != ffi.NULL:
+            check(cu.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
+
+
 class Module:
-    """One loaded cubin in the current context; unloaded when collected."""
+    """One loaded cubin in a device's primary context, whichever device is current; unloaded when collected."""
 
     def __init__(self, image: bytes, device_index: int):
-        ensure_context(device_index)
-        cu = lib()
         self._image = ffi.from_buffer(image)
+        self.handle = on_device(device_index, self._load)
+
+    def _load(self):
         handle = ffi.new("CUmodule *")
-        check(cu.cuModuleLoadData(handle, self._image), "cuModuleLoadData")
-        self.handle = handle[0]
+        check(lib().cuModuleLoadData(handle, self._image), "cuModuleLoadData")
+        return handle[0]
 
     def function(self, symbol: str, smem: int):
         cu = lib()

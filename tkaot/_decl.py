@@ -25,7 +25,7 @@ from types import MappingProxyType
 from tkaot._record import Record
 
 # The runtime families that declare kernels (tkaot/_<family>/kernels.py)
-FAMILIES = ("quant", "moe", "transform", "mhc")
+FAMILIES = ("quant", "moe", "transform", "mhc", "engram")
 
 
 class Axis(Record):

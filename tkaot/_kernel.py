@@ -165,6 +165,10 @@ class Kernel:
             # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
             _cuda.ensure_context(device_index)
             result = launcher.try_launch(device_index, stream, *values)
+        elif result == _cuda.CUDA_ERROR_INVALID_HANDLE:
+            # Launched while another device's context is current (the tensors are not on the current device): again
+            # with the tensors' device's context current
+            result = _cuda.on_device(device_index, launcher.try_launch, device_index, stream, *values)
         _cuda.check(result, f"{'cuLaunchKernelEx' if launcher.pdl else 'cuLaunchKernel'}({self.kernel} [{self.key}])")
 
 
@@ -273,4 +277,8 @@ class Launcher:
             # A thread that has not touched CUDA through torch yet: bind torch's context, then launch.
             _cuda.ensure_context(device_index)
             result = self._launch(*launch_args)
+        elif result == _cuda.CUDA_ERROR_INVALID_HANDLE:
+            # Launched while another device's context is current (the tensors are not on the current device): again
+            # with the tensors' device's context current
+            result = _cuda.on_device(device_index, self._launch, *launch_args)
         _cuda.check(result, f"{'cuLaunchKernelEx' if self.pdl else 'cuLaunchKernel'}({self.kernel.kernel} [{self.kernel.key}])")

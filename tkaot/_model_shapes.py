@@ -344,13 +344,24 @@ def normalize_weight_tables(model: ModelConfig) -> ShapeTables:
     return [{"num_topk": [model.experts_per_token]}] if model.num_experts and model.experts_per_token else []
 
 
-# mHC: every kernel is specialised on the expansion rate alone (tkaot/_mhc/kernels.py)
+# mHC (tkaot/_mhc/kernels.py): the kernels that keep (mhc_mult x ...) tiles in registers are specialised on the
+# expansion rate alone; the others on nothing but their float32 dtype
 def mhc_tables(model: ModelConfig) -> ShapeTables:
-    return [{"mhc": [model.hc_mult]}] if model.hc_mult else []
+    return [{"mhc_mult": [model.hc_mult]}] if model.hc_mult else []
+
+
+def mhc_f32_tables(model: ModelConfig) -> ShapeTables:
+    return [{"dtype": ["float32"]}] if model.hc_mult else []
 
 
 for _kernel in (
     "mhc_expand_fwd", "mhc_expand_bwd", "mhc_pre_apply_mix_fwd", "mhc_pre_apply_mix_bwd", "mhc_split_mixes_fwd",
     "mhc_split_mixes_bwd", "mhc_split_mixes_bwd_reduce", "mhc_sinkhorn_fwd", "mhc_sinkhorn_bwd", "mhc_post_fwd", "mhc_post_bwd",
+    "mhc_pre_big_fuse", "mhc_multilayer_recompute",
 ):  # fmt: skip
     mapping(_kernel)(mhc_tables)
+for _kernel in (
+    "mhc_head_mix_fwd", "mhc_head_mix_bwd", "mhc_normw_merge_fwd", "mhc_normw_merge_bwd", "mhc_reduce_partials_fwd",
+    "mhc_reduce_partials_bwd",
+):  # fmt: skip
+    mapping(_kernel)(mhc_f32_tables)

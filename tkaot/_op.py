@@ -19,12 +19,14 @@ import warnings
 
 import torch
 
+from tkaot._ascend import with_npu_streams
 from tkaot._decl import KernelDecl, build_command, generic_kernel
 from tkaot._kernel import Launcher
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 from tkaot.registry import REGISTRY
 
-current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# Ascend hook (tkaot/_ascend.py): unchanged unless torch_npu is installed, then it also serves NPU device codes
+current_stream = with_npu_streams(getattr(torch._C, "_cuda_getCurrentRawStream", None))
 STRICT_ENV = "TKAOT_STRICT"
 
 # (arch, kernel, key) of the specialised variants whose fallback has been announced in this process

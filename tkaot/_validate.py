@@ -31,7 +31,7 @@ from tkaot._record import Record
 MAX_I32 = 2**31 - 1
 _DTYPE_NAMES = {
     torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16", torch.float8_e4m3fn: "float8_e4m3fn",
-    torch.int8: "int8", torch.int32: "int32", torch.int64: "int64", torch.bool: "bool",
+    torch.float8_e5m2: "float8_e5m2", torch.int8: "int8", torch.int32: "int32", torch.int64: "int64", torch.bool: "bool",
 }  # fmt: skip
 LAYOUTS = ("rows", "contiguous", "any")
 _VEC = {d: 16 // d.itemsize for d in _DTYPE_NAMES}  # elements of a 16-byte vector

@@ -27,7 +27,8 @@ WIDTH = 120  # inspect's lines fit a terminal this wide
 BUILD_EXTRA = "pip install 'tkaot[build]'"
 # The build wing's commands: name -> (summary for --help, the modules it needs)
 BUILD_COMMANDS = {
-    "build": ("Compile variants into OUT (manifest.json + cubins/).", ("build_tools", "tilelang")),
+    # build runs without TileLang only to compile an ascend950 set's sources (--sources); it says so itself otherwise
+    "build": ("Compile variants into OUT (manifest.json + cubins/).", ("build_tools",)),
     "ops": ("List the kernels, the tkaot ops they serve, and their static axes.", ("build_tools", "tilelang")),
     "plan": ("Print what a build would make (variants, size, compile time); builds nothing.", ("build_tools", "tilelang")),
     "wheel": ("Pack a build directory into an installable artifact wheel.", ("build_tools",)),

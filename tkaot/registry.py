@@ -26,13 +26,15 @@ import warnings
 from pathlib import Path
 
 from tkaot import __version__
+from tkaot._ascend import ARCH as ASCEND_ARCH
+from tkaot._ascend import AscendKernel, npu_process
 from tkaot._decl import all_kernels, build_command, parse_key
 from tkaot._kernel import Kernel
 from tkaot._spec import MANIFEST_SCHEMA
 from tkaot.errors import ArtifactError, ManifestError, NoGPUError, UnsupportedArchError, VariantNotBuilt
 
 SOURCE_PREBUILT = Path(__file__).resolve().parent.parent / "prebuilt"
-KNOWN_ARCHES = ("sm90", "sm100")
+KNOWN_ARCHES = ("sm90", "sm100", ASCEND_ARCH)
 
 
 def arch_of_capability(major: int, minor: int) -> str:
@@ -108,6 +110,8 @@ class ArtifactSet:
             return None
         if isinstance(entry, str):
             entry = self._index[(kernel, key)] = _parse_json(entry.rstrip(","), self.root / "manifest.json")
+        if self.arch == ASCEND_ARCH:  # Ascend hook: binaries (or only sources) and their launcher, tkaot/_ascend.py
+            return AscendKernel(kernel, key, entry, str(self.root), self.origin)
         cubin = os.path.join(self._cubins, entry["cubin"] + ".cubin")
         return Kernel(kernel, key, entry.get("launch"), cubin, entry["cubin"], self.origin)
 
@@ -261,6 +265,10 @@ class Registry:
 
     def device_arch(self, device_index: int) -> str:
         arch = self._device_arch.get(device_index)
+        if arch is None and npu_process():  # Ascend hook: torch_npu without CUDA, every device an NPU (tkaot/_ascend.py)
+            if not self.artifact_sets(ASCEND_ARCH):
+                raise UnsupportedArchError(f"an NPU tensor needs an {ASCEND_ARCH} artifact set: pip install 'tkaot[{ASCEND_ARCH}]'")
+            arch = self._device_arch[device_index] = ASCEND_ARCH
         if arch is None:
             import torch
 

@@ -35,7 +35,7 @@ import tilelang.language as T
 
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
-from kernels_src.norm.row_sum import row_sum
+from kernels_src.norm.row_sum import NUM_THREADS, row_split, row_sum
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant.common import amax_floor, scale_factor
 from tkaot._quant.kernels import NORM_CAST
@@ -44,9 +44,7 @@ DECL = NORM_CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 GROUP = 32
 FP8 = "float8_e4m3"
 
-NUM_THREADS = 128
 NUM_SMS = 132  # H200: the blocks that prefetch the weight into L2
-ELEMS_PER_THREAD = 32  # a thread's share of its row, at most, below 128 threads a row
 
 
 class Tiling(NamedTuple):
@@ -82,20 +80,9 @@ __device__ __forceinline__ unsigned tkaot_bf16x2(float lo, float hi) {
 
 
 def row_tiling(hidden: int, dtype: str, tiling: str) -> tuple[int, int, int, int, int]:
-    """(elements per vector, threads per row, vectors per thread, threads per block, min blocks per SM).
-
-    128 threads a block, a power of two of them a row: enough for ELEMS_PER_THREAD elements each, at
-    least 8 (fewer for rows of fewer vectors) and at most 128 (7 vectors each for hidden 7168 bf16).
-    TileKernels splits its rows the same way, so every thread sums the same elements in the same order.
-    """
-    vec = 16 // (2 if dtype == "bfloat16" else 4)
-    num_vecs = hidden // vec
-    row_threads = min(NUM_THREADS, max(min(8, _pow2_ceil(num_vecs)), _pow2_ceil(-(-hidden // ELEMS_PER_THREAD))))
-    return vec, row_threads, -(-num_vecs // row_threads), NUM_THREADS, TILINGS[tiling].blocks
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+    """(elements per vector, threads per row, vectors per thread, threads per block, min blocks per SM): the
+    row split of kernels_src/norm/row_sum.py (TileKernels'), and the tiling's blocks an SM."""
+    return *row_split(hidden, dtype), NUM_THREADS, TILINGS[tiling].blocks
 
 
 def build(hidden: int, dtype: str, sf: str, tiling: str):

@@ -17,7 +17,8 @@ THREADS = 256
 UNROLL = 2
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
 

@@ -19,7 +19,8 @@ DECL = POST_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 THREADS = 128
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     sums = mhc * mhc + mhc  # d_comb row-major, then d_post

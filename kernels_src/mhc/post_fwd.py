@@ -18,7 +18,8 @@ DECL = POST_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 THREADS = 256
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
 

@@ -17,7 +17,8 @@ DECL = PRE_APPLY_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kerne
 THREADS = 128
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
 

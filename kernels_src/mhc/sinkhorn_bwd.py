@@ -60,7 +60,8 @@ def back_through_rows(g, scratch, rec, t, r, token, mhc: int, eps):
             g[i * mhc + k] = (g[i * mhc + k] - t[i]) / (rec[mhc * mhc + i] + eps)
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     repeat = T.dynamic("repeat")
     mm = mhc * mhc

@@ -61,7 +61,8 @@ def softmax_rows(x, sums, mhc: int):
             x[i * mhc + k] = x[i * mhc + k] / sums[i]
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     mm = mhc * mhc
 

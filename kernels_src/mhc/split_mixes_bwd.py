@@ -21,7 +21,8 @@ DECL = SPLIT_MIXES_BWD  # the declaration this module builds (tkaot/_mhc/kernels
 THREADS = 128
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     num_partials = T.dynamic("num_partials")
     mixes = mhc * (mhc + 2)

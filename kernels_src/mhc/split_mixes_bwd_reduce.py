@@ -11,7 +11,8 @@ DECL = SPLIT_MIXES_BWD_REDUCE  # the declaration this module builds (tkaot/_mhc/
 THREADS = 128
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_partials = T.dynamic("num_partials")
     mixes = mhc * (mhc + 2)
     sums = mixes + 3

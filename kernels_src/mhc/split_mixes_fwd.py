@@ -16,7 +16,8 @@ DECL = SPLIT_MIXES_FWD  # the declaration this module builds (tkaot/_mhc/kernels
 THREADS = 256
 
 
-def build(mhc: int):
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     mixes = mhc * (mhc + 2)
 

@@ -1,36 +1,24 @@
 """RMSNorm forward: out = round(x') * rstd * weight * out_scale, x' = round(x + residual).
 
 One row is spread over `row_threads` threads, each holding whole 16-byte
-vectors in registers, so the row is read once and written once. Rows are
-reduced with warp shuffles, then across warps through shared memory.
+vectors in registers, so the row is read once and written once. Each thread
+sums its squares in two fused multiply-add chains (even and odd elements), and
+rows are split and reduced (warp shuffles, then across warps through shared
+memory) as TileKernels does, so rstd and the output match it bit for bit.
 Tokens and batch are dynamic; `eps` and `out_scale` are runtime scalars.
 """
 
 import tilelang.language as T
 
-from kernels_src.norm.row_sum import row_sum
+from kernels_src.norm.row_sum import NUM_THREADS, row_split, row_sum
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._quant.kernels import RMSNORM
 
 DECL = RMSNORM  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
-NUM_THREADS = 128
-MAX_VECS_PER_THREAD = 8
-
-
-def _tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
-    """(elements per vector, threads per row, vectors per thread)."""
-    vec = 16 // (2 if dtype == "bfloat16" else 4)
-    num_vecs = hidden // vec
-    row_threads = 8
-    while row_threads < NUM_THREADS and -(-num_vecs // row_threads) > MAX_VECS_PER_THREAD // 2:
-        row_threads *= 2
-    return vec, row_threads, -(-num_vecs // row_threads)
-
-
 def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
-    vec, row_threads, vecs_per_thread = _tiling(hidden, dtype)
+    vec, row_threads, vecs_per_thread = row_split(hidden, dtype)
     rows_per_block = NUM_THREADS // row_threads
     lanes = min(row_threads, 32)
     row_warps = row_threads // lanes
@@ -74,9 +62,8 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
             r_reg = T.alloc_local((vec,), dtype)
             w_reg = T.alloc_local((vec,), dtype)
-            part = T.alloc_local((vec,), "float32")
+            sums = T.alloc_local((2,), "float32")
             acc = T.alloc_local((1,), "float32")
-            acc[0] = 0.0
             warp_sums = T.alloc_shared((rows_per_block, row_warps), "float32")
 
             for v in T.unroll(vecs_per_thread):
@@ -94,11 +81,13 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
                 else:
                     for j in T.vectorized(vec):
                         x_reg[v, j] = T.cast(0, dtype)
+            # The thread's squares in two chains, even and odd elements, then their sum (TileKernels' order)
+            sums[0] = 0.0
+            sums[1] = 0.0
             for v in T.unroll(vecs_per_thread):
-                for j in T.vectorized(vec):
-                    part[j] = T.cast(x_reg[v, j], "float32") * T.cast(x_reg[v, j], "float32")
                 for j in T.unroll(vec):
-                    acc[0] += part[j]
+                    sums[j % 2] = T.fma(T.cast(x_reg[v, j], "float32"), T.cast(x_reg[v, j], "float32"), sums[j % 2])
+            acc[0] = sums[0] + sums[1]
 
             row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
             inv_rms = T.alloc_var("float32", init=T.rsqrt(acc[0] / hidden + eps))

@@ -1,6 +1,26 @@
-"""The row reduction shared by RMSNorm and RMSNorm + cast: a thread's partial sum -> the row's sum."""
+"""The row split and row reduction shared by RMSNorm and RMSNorm + cast: a thread's partial sum -> the row's sum."""
 
 import tilelang.language as T
+
+NUM_THREADS = 128  # threads a block
+ELEMS_PER_THREAD = 32  # a thread's share of its row, at most, below NUM_THREADS threads a row
+
+
+def row_split(hidden: int, dtype: str) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, threads per row, vectors per thread).
+
+    A power of two of a block's threads take a row: enough for ELEMS_PER_THREAD elements each, at least 8
+    (fewer for rows of fewer vectors) and at most NUM_THREADS (7 vectors each for hidden 7168 bf16).
+    TileKernels splits its rows the same way, so every thread sums the same elements in the same order.
+    """
+    vec = 16 // (2 if dtype == "bfloat16" else 4)
+    num_vecs = hidden // vec
+    row_threads = min(NUM_THREADS, max(min(8, _pow2_ceil(num_vecs)), _pow2_ceil(-(-hidden // ELEMS_PER_THREAD))))
+    return vec, row_threads, -(-num_vecs // row_threads)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 @T.macro

@@ -1,7 +1,7 @@
 """Elementwise dtype cast of a contiguous tensor, round to nearest or stochastic.
 
 Each thread takes 16-byte input vectors (a scalar tail handles a last partial
-vector). FP8 results saturate at +-448. Stochastic rounding (fp32 -> bf16,
+vector). FP8 results saturate (E4M3 at +-448, E5M2 at +-57344). Stochastic rounding (fp32 -> bf16,
 fp32 -> e4m3, bf16 -> e4m3) rounds up with probability equal to the value's
 fraction of a step, from hashed (index, value) bits.
 """
@@ -17,12 +17,23 @@ DECL = CAST  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 NUM_THREADS = 128
 VECS_PER_THREAD = 4
-_STORAGE = {"float32": ("float32", 4), "bfloat16": ("bfloat16", 2), "float16": ("float16", 2), "e4m3": ("float8_e4m3", 1)}
+_STORAGE = {
+    "float32": ("float32", 4),
+    "bfloat16": ("bfloat16", 2),
+    "float16": ("float16", 2),
+    "e4m3": ("float8_e4m3", 1),
+    "e5m2": ("float8_e5m2", 1),
+}
+
+
+_FP8 = ("e4m3", "e5m2")
 
 
 def check_static(in_dtype, out_dtype, stochastic) -> None:
     if in_dtype == out_dtype:
         raise ValueError(f"{DECL.name}: in_dtype and out_dtype are both {in_dtype}")
+    if in_dtype in _FP8 and out_dtype in _FP8:
+        raise ValueError(f"{DECL.name}: no cast between FP8 formats ({in_dtype} -> {out_dtype})")
     if stochastic and (in_dtype, out_dtype) not in STOCHASTIC_PAIRS:
         raise ValueError(f"{DECL.name}: stochastic rounding supports {list(STOCHASTIC_PAIRS)}, not {(in_dtype, out_dtype)}")
 

@@ -1,20 +1,123 @@
 """Declarations of the kernels behind tkaot.mhc (tkaot/_decl.py): Manifold-Constrained Hyper-Connections.
 
-Every mHC kernel is specialised on the expansion rate `mhc` only (4 in DeepSeek's models): the token count,
-the hidden size and the Sinkhorn repeat count are runtime values, so one variant serves every model of one
-expansion rate. Activations are bf16 and mixes fp32, as in TileKernels, so there is no dtype axis.
+The expansion rate (`mhc_mult`, 4 in DeepSeek's models) is the only static axis, and only where a kernel
+keeps an (mhc_mult x ...) tile in registers (expand, pre-apply mix, split mixes, Sinkhorn and post all do);
+hidden size, token count, split count, Sinkhorn repeats, partial-row count (`num_sms`) and layer count are
+runtime values, so one cubin serves every GPU of an arch and every model of one expansion rate. Activations
+are bf16 and mixes fp32, as in TileKernels.
 """
 
 from __future__ import annotations
 
 from tkaot._decl import Axis, KernelDecl
 
+# Partial sums of the head-mix backward are reduced by a butterfly over one block: a power of two up to its width
+HEAD_MIX_BWD_THREADS = 128
+# Sinkhorn on one warp, one matrix element a lane
+MAX_BIG_FUSE_MULT = 4
+MAX_RECOMPUTE_MULT = 8
+
+
+def _power_of_two(limit: int) -> Axis:
+    return Axis(
+        "mhc_mult", int, check=lambda m: 1 <= m <= limit and m & (m - 1) == 0,
+        rule=f"a power of two in [1, {limit}]",
+    )  # fmt: skip
+
+
+# ---- mhc_head_compute_mix_fwd / _bwd (tkaot/_mhc/head_mix.py)
+
+HEAD_MIX_FWD = KernelDecl(
+    name="mhc_head_mix_fwd",
+    source="kernels_src.mhc.head_mix_fwd",
+    axes=(Axis("dtype", str, choices=("float32",)),),
+    params=("input_mix", "mhc_scale", "mhc_base", "output_mix", "mhc_pre_eps"),
+    dims=("num_tokens", "mhc_mult"),
+    ops=("tkaot.mhc.mhc_head_compute_mix_fwd",),
+)
+
+HEAD_MIX_BWD = KernelDecl(
+    name="mhc_head_mix_bwd",
+    source="kernels_src.mhc.head_mix_bwd",
+    axes=(Axis("dtype", str, choices=("float32",)),),
+    params=(
+        "output_mix_grad", "input_mix", "mhc_scale", "mhc_base", "input_mix_grad", "mhc_scale_grad_partial",
+        "mhc_base_grad_partial", "token_block_size",
+    ),
+    dims=("num_tokens", "mhc_mult", "num_sms"),
+    ops=("tkaot.mhc.mhc_head_compute_mix_bwd",),
+)  # fmt: skip
+
+# ---- mhc_fn_normw_merge_fwd / _bwd, mhc_reduce_partials_and_rmsnorm_fwd / _bwd (tkaot/_mhc/norm_fn.py)
+
+NORMW_MERGE_FWD = KernelDecl(
+    name="mhc_normw_merge_fwd",
+    source="kernels_src.mhc.normw_merge_fwd",
+    axes=(Axis("dtype", str, choices=("float32",)),),
+    params=("fn", "normw", "out_fn"),
+    dims=("m", "n"),
+    ops=("tkaot.mhc.mhc_fn_normw_merge_fwd",),
+)
+
+NORMW_MERGE_BWD = KernelDecl(
+    name="mhc_normw_merge_bwd",
+    source="kernels_src.mhc.normw_merge_bwd",
+    axes=(Axis("dtype", str, choices=("float32",)),),
+    params=("fn", "normw", "out_fn_grad", "fn_grad", "normw_grad"),
+    dims=("m", "n"),
+    ops=("tkaot.mhc.mhc_fn_normw_merge_bwd",),
+)
+
+REDUCE_PARTIALS_FWD = KernelDecl(
+    name="mhc_reduce_partials_fwd",
+    source="kernels_src.mhc.reduce_partials_fwd",
+    axes=(Axis("dtype", str, choices=("float32",)),),
+    params=("out_mul_splitted", "sqrsum_splitted", "out_mul", "sqrsum", "out", "rms_group_size", "rms_eps"),
+    dims=("n_splits", "num_tokens", "n_rms_group", "mhc_mult3"),
+    ops=("tkaot.mhc.mhc_reduce_partials_and_rmsnorm_fwd",),
+)
+
+REDUCE_PARTIALS_BWD = KernelDecl(
+    name="mhc_reduce_partials_bwd",
+    source="kernels_src.mhc.reduce_partials_bwd",
+    axes=(Axis("dtype", str, choices=("float32",)),),
+    params=("out_grad", "out_mul", "sqrsum", "out_mul_grad", "sqrsum_grad", "rms_group_size", "rms_eps", "rms_eps_sum"),
+    dims=("num_tokens", "n_rms_group", "mhc_mult3"),
+    ops=("tkaot.mhc.mhc_reduce_partials_and_rmsnorm_bwd",),
+)
+
+# ---- mhc_pre_big_fuse_fwd (tkaot/_mhc/big_fuse.py)
+
+PRE_BIG_FUSE = KernelDecl(
+    name="mhc_pre_big_fuse",
+    source="kernels_src.mhc.pre_big_fuse",
+    axes=(_power_of_two(MAX_BIG_FUSE_MULT),),
+    params=(
+        "gemm_out_mul", "gemm_out_sqrsum", "mhc_scale", "mhc_base", "residual", "post_mix", "comb_mix", "layer_input",
+        "rms_eps", "mhc_pre_eps", "mhc_sinkhorn_eps", "mhc_post_mult_value", "sinkhorn_repeat",
+    ),
+    dims=("n_splits", "num_tokens", "hidden"),
+    ops=("tkaot.mhc.mhc_pre_big_fuse_fwd",),
+)  # fmt: skip
+
+# ---- mhc_multilayer_recompute (tkaot/_mhc/recompute.py)
+
+MULTILAYER_RECOMPUTE = KernelDecl(
+    name="mhc_multilayer_recompute",
+    source="kernels_src.mhc.multilayer_recompute",
+    axes=(Axis("mhc_mult", int, check=lambda m: 1 <= m <= MAX_RECOMPUTE_MULT, rule=f"in [1, {MAX_RECOMPUTE_MULT}]"),),
+    params=("initial_residual", "pointer_table", "num_layers", "num_post"),
+    dims=("num_tokens", "hidden", "table_size"),
+    ops=("tkaot.mhc.mhc_multilayer_recompute",),
+)
+
 _M = "tkaot.mhc."
-MAX_MHC = 8  # the widest expansion any kernel is written for (registers per thread grow as mhc**2)
-MHC = Axis("mhc", int, check=lambda m: 1 <= m <= MAX_MHC, rule=f"an expansion rate in [1, {MAX_MHC}]")
+MAX_MHC = 8  # the widest expansion these kernels are written for (registers per thread grow as mhc_mult**2)
+MHC = Axis("mhc_mult", int, check=lambda m: 1 <= m <= MAX_MHC, rule=f"an expansion rate in [1, {MAX_MHC}]")
 ROWS = ("num_tokens", "hidden")
 
-# ---- expand, pre-apply mix, post: streaming over (num_tokens, mhc, hidden) bf16 rows
+# ---- expand, pre-apply mix, post (tkaot/_mhc/expand.py, pre_apply_mix.py, post.py): streaming over
+# (num_tokens, mhc_mult, hidden) bf16 rows
 
 EXPAND_FWD = KernelDecl(
     name="mhc_expand_fwd", source="kernels_src.mhc.expand_fwd", axes=(MHC,),
@@ -44,7 +147,7 @@ POST_BWD = KernelDecl(
     dims=ROWS, ops=(_M + "mhc_post_bwd",),
 )  # fmt: skip
 
-# ---- mixes: (num_tokens, mhc * (mhc + 2)) fp32 rows
+# ---- split mixes (tkaot/_mhc/split_mixes.py): (num_tokens, mhc_mult * (mhc_mult + 2)) fp32 rows
 
 SPLIT_MIXES_FWD = KernelDecl(
     name="mhc_split_mixes_fwd", source="kernels_src.mhc.split_mixes_fwd", axes=(MHC,),
@@ -68,7 +171,7 @@ SPLIT_MIXES_BWD_REDUCE = KernelDecl(
     params=("partials", "mhc_scale_grad", "mhc_base_grad"), dims=("num_partials",), ops=(_M + "mhc_pre_split_mixes_bwd",),
 )  # fmt: skip
 
-# ---- Sinkhorn normalisation of (num_tokens, mhc, mhc) fp32 matrices; `repeat` is a runtime value
+# ---- Sinkhorn (tkaot/_mhc/sinkhorn.py) of (num_tokens, mhc_mult, mhc_mult) fp32 matrices; `repeat` at run time
 
 SINKHORN_FWD = KernelDecl(
     name="mhc_sinkhorn_fwd", source="kernels_src.mhc.sinkhorn_fwd", axes=(MHC,),
@@ -76,19 +179,21 @@ SINKHORN_FWD = KernelDecl(
 )  # fmt: skip
 
 
-def sinkhorn_record_row(mhc: int) -> int:
+def sinkhorn_record_row(mhc_mult: int) -> int:
     """fp32 words of one step record of the Sinkhorn backward's scratch: the matrix and its sums, padded to 16 bytes."""
-    return -(-(mhc * mhc + mhc) // 4) * 4
+    return -(-(mhc_mult * mhc_mult + mhc_mult) // 4) * 4
 
 
 # The backward replays the forward, keeping every step's matrix and sums in `scratch`,
-# (repeat, 2, num_tokens, sinkhorn_record_row(mhc)) fp32, allocated by the op
+# (repeat, 2, num_tokens, sinkhorn_record_row(mhc_mult)) fp32, allocated by the op
 SINKHORN_BWD = KernelDecl(
     name="mhc_sinkhorn_bwd", source="kernels_src.mhc.sinkhorn_bwd", axes=(MHC,),
     params=("grad_output", "x", "grad_input", "scratch", "eps"), dims=("num_tokens", "repeat"), ops=(_M + "mhc_sinkhorn_bwd",),
 )  # fmt: skip
 
 KERNELS = (
+    HEAD_MIX_FWD, HEAD_MIX_BWD, NORMW_MERGE_FWD, NORMW_MERGE_BWD, REDUCE_PARTIALS_FWD, REDUCE_PARTIALS_BWD,
+    PRE_BIG_FUSE, MULTILAYER_RECOMPUTE,
     EXPAND_FWD, EXPAND_BWD, PRE_APPLY_MIX_FWD, PRE_APPLY_MIX_BWD, SPLIT_MIXES_FWD, SPLIT_MIXES_BWD, SPLIT_MIXES_BWD_REDUCE,
     SINKHORN_FWD, SINKHORN_BWD, POST_FWD, POST_BWD,
 )  # fmt: skip

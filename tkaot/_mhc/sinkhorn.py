@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._mhc.common import F32, current_stream, int_rules, launcher, mhc_rule, real_rule
+from tkaot._mhc.common import F32, current_stream, float_rule, int_rules, launcher, mhc_rule
 from tkaot._mhc.kernels import SINKHORN_BWD, SINKHORN_FWD, sinkhorn_record_row
 from tkaot._op import OpKernels
 from tkaot._validate import Rule, Signature, Tensor, lazy_checker
@@ -29,14 +29,14 @@ FWD_SIGNATURE = Signature(
     tensors=(_matrices("comb_res_mix"), _matrices("comb_res_mix_out", "comb_res_mix")),
     scalars=("repeat", "eps"),
     dims=("num_tokens", "mhc"),
-    rules=(_square("comb_res_mix"), mhc_rule("comb_res_mix"), *int_rules("repeat", 0), real_rule("eps")),
+    rules=(_square("comb_res_mix"), mhc_rule("comb_res_mix"), *int_rules("repeat", "0", "_MAX_I32"), float_rule("eps")),
 )
 BWD_SIGNATURE = Signature(
     "tkaot.mhc.mhc_sinkhorn_bwd",
     tensors=(_matrices("grad_output"), _matrices("x", "grad_output"), _matrices("grad_input", "grad_output")),
     scalars=("repeat", "eps"),
     dims=("num_tokens", "mhc"),
-    rules=(_square("grad_output"), mhc_rule("grad_output"), *int_rules("repeat", 1), real_rule("eps")),
+    rules=(_square("grad_output"), mhc_rule("grad_output"), *int_rules("repeat", "1", "_MAX_I32"), float_rule("eps")),
 )
 _check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
 _check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")

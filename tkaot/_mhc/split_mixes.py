@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._mhc.common import F32, current_stream, launcher, mhc_rule, real_rule
+from tkaot._mhc.common import F32, current_stream, f32, float_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD, SPLIT_MIXES_BWD_REDUCE, SPLIT_MIXES_FWD
 from tkaot._op import OpKernels
-from tkaot._validate import Rule, Signature, Tensor, lazy_checker
+from tkaot._validate import Rule, Signature, lazy_checker
 
 __all__ = ["mhc_pre_split_mixes_bwd", "mhc_pre_split_mixes_fwd"]
 
 _THREADS = 128  # kernels_src/mhc/split_mixes_bwd.py THREADS
 _MAX_PARTIALS = 256  # the first backward launch's blocks at most; each thread then takes whole tokens
-
-
-def _f32(name: str, shape: tuple, what: str = "") -> Tensor:
-    return Tensor(name, (F32,), (shape,), layout="contiguous", what=what)
 
 
 _TOKEN_MIXES = ("num_tokens", "mhc")
@@ -41,36 +37,36 @@ def _comb_rule(name: str) -> Rule:
 FWD_SIGNATURE = Signature(
     "tkaot.mhc.mhc_pre_split_mixes_fwd",
     tensors=(
-        _f32("input_mixes", ("num_tokens", "n_mixes"), _MIXES),
-        _f32("mhc_scale", (3,)),
-        _f32("mhc_base", ("n_base",)),
-        _f32("pre_layer_mix", _TOKEN_MIXES),
-        _f32("post_layer_mix", _TOKEN_MIXES),
-        _f32("comb_res_mix", ("num_tokens", "n_comb")),
+        f32("input_mixes", ("num_tokens", "n_mixes"), what=_MIXES),
+        f32("mhc_scale", (3,)),
+        f32("mhc_base", ("n_base",)),
+        f32("pre_layer_mix", _TOKEN_MIXES),
+        f32("post_layer_mix", _TOKEN_MIXES),
+        f32("comb_res_mix", ("num_tokens", "n_comb")),
     ),
     scalars=("mhc_post_mult_value", "mhc_pre_eps"),
     dims=("num_tokens", "mhc"),
     rules=(
-        *_mixes_rules("pre_layer_mix"), _comb_rule("comb_res_mix"), real_rule("mhc_post_mult_value"), real_rule("mhc_pre_eps"),
+        *_mixes_rules("pre_layer_mix"), _comb_rule("comb_res_mix"), float_rule("mhc_post_mult_value"), float_rule("mhc_pre_eps"),
     ),
 )  # fmt: skip
 BWD_SIGNATURE = Signature(
     "tkaot.mhc.mhc_pre_split_mixes_bwd",
     tensors=(
-        _f32("pre_layer_mix_grad", _TOKEN_MIXES),
-        _f32("post_layer_mix_grad", _TOKEN_MIXES),
-        _f32("comb_res_mix_grad", ("num_tokens", "n_comb")),
-        _f32("input_mixes", ("num_tokens", "n_mixes"), _MIXES),
-        _f32("post_layer_mix", _TOKEN_MIXES),
-        _f32("mhc_scale", (3,)),
-        _f32("mhc_base", ("n_base",)),
-        _f32("input_mixes_grad", ("num_tokens", "n_mixes")),
-        _f32("mhc_scale_grad", (3,)),
-        _f32("mhc_base_grad", ("n_base",)),
+        f32("pre_layer_mix_grad", _TOKEN_MIXES),
+        f32("post_layer_mix_grad", _TOKEN_MIXES),
+        f32("comb_res_mix_grad", ("num_tokens", "n_comb")),
+        f32("input_mixes", ("num_tokens", "n_mixes"), what=_MIXES),
+        f32("post_layer_mix", _TOKEN_MIXES),
+        f32("mhc_scale", (3,)),
+        f32("mhc_base", ("n_base",)),
+        f32("input_mixes_grad", ("num_tokens", "n_mixes")),
+        f32("mhc_scale_grad", (3,)),
+        f32("mhc_base_grad", ("n_base",)),
     ),
     scalars=("mhc_post_mult_value",),
     dims=("num_tokens", "mhc"),
-    rules=(*_mixes_rules("pre_layer_mix_grad"), _comb_rule("comb_res_mix_grad"), real_rule("mhc_post_mult_value")),
+    rules=(*_mixes_rules("pre_layer_mix_grad"), _comb_rule("comb_res_mix_grad"), float_rule("mhc_post_mult_value")),
 )
 _check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
 _check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._moe.kernels import GATE_TILINGS, MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE, NORMALIZE_WEIGHT, TOPK_GATE
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import Let, Rule, Signature, Tensor, lazy_checker
@@ -234,6 +235,11 @@ def moe_topk_gate_forward(
 
     Logits must be finite; a non-finite logit gives an unspecified (but in-bounds) route.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_moe_topk_gate_forward(
+            logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask, bias,
+            image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores
+        )
     (
         device, num_tokens, num_experts, num_shared, num_slots, num_logical, num_duplicates, unmapped_stride, flags,
         logits_ptr, mask_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, unmapped_ptr, fix_ptr, map_ptr, count_ptr,
@@ -280,6 +286,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     Returns:
         (num_tokens, num_topk) int64, contiguous.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_topk_gate(scores, num_topk)
     device, num_tokens, num_experts, scores_ptr = _check_topk(scores, num_topk)
     topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if num_tokens == 0:
@@ -301,6 +309,8 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     Returns:
         (denominator of shape (num_tokens,), normalized weights of shape (num_tokens, num_topk)).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_normalize_weight(topk_weights)
     device, num_tokens, num_topk, weights_ptr = _check_normalize(topk_weights)
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty_like(topk_weights)
@@ -312,3 +322,30 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 __all__ = ["moe_topk_gate", "moe_topk_gate_forward", "normalize_weight", "topk_gate"]
+
+
+# ---- tracing (tkaot/_compile.py): each op's outputs, allocated through `new`
+
+
+def _fake_gate(
+    new, logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func="sqrtsoftplus",
+    mask=None, bias=None, image_bias=None, image_token_mask=None, fix_routing_mask=None, to_physical_map=None, logical_count=None,
+    unmapped_topk_idx=None, force_random=None, out=None, scores=None,
+):  # fmt: skip
+    if out is not None:
+        return out
+    slots = (logits.shape[0], num_topk + (num_shared_experts if use_shared_as_routed else 0))
+    return new.empty(slots, _I64, logits.device), new.empty(slots, _F32, logits.device)
+
+
+def _fake_topk(new, scores, num_topk):
+    return new.empty((scores.shape[0], num_topk), _I64, scores.device)
+
+
+def _fake_normalize(new, topk_weights):
+    return new.empty(topk_weights.shape[:1], _F32, topk_weights.device), new.empty_like(topk_weights)
+
+
+_traced_moe_topk_gate_forward = traced(moe_topk_gate_forward, _fake_gate, mutates=("unmapped_topk_idx", "out", "scores"), outputs=2)
+_traced_topk_gate = traced(topk_gate, _fake_topk)
+_traced_normalize_weight = traced(normalize_weight, _fake_normalize, outputs=2)

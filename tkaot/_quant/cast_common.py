@@ -169,3 +169,26 @@ def given_buffers(mode: str, sf_rows: str, at: str, packed_rows: bool) -> tuple[
             rules.append(Rule(data, "num_tokens <= 1 or s_out_x[0] == out_cols", "contiguous of shape {(num_tokens, out_cols)}",
                               actual="f'strides {s_out_x}'", after="out_x"))  # fmt: skip
     return tuple(tensors), tuple(rules)
+
+
+# ---- tracing (tkaot/_compile.py): what the casts allocate, through a fake's `new`
+
+
+def new_sf(new, m_blocks: int, k_blocks: int, kind: str, col_major: bool, device):
+    """_alloc_sf's tensor, allocated through `new`."""
+    dtype, cols = _SF_DTYPE[kind], _sf_cols(k_blocks, kind)
+    if not col_major:
+        return new.empty((m_blocks, cols), dtype, device)
+    return new.empty_strided((m_blocks, cols), (1, max(_align(m_blocks, 16 // _SF_ITEM_BYTES[kind]), 1)), dtype, device)
+
+
+def sf_kind(round_sf: bool, use_packed_ue8m0: bool, use_e4m3_sf: bool = False) -> str:
+    return "ue8m0" if use_packed_ue8m0 else "pow2" if round_sf else "e4m3" if use_e4m3_sf else "fp32"
+
+
+def input_rows(x) -> tuple:
+    """(num_tokens, hidden, device) of a bf16/fp32 x or of a (data, sf) pair (E2M1 int8 data: two channels a byte)."""
+    if isinstance(x, torch.Tensor):
+        return x.shape[0], x.shape[1], x.device
+    data = x[0]
+    return data.shape[0], data.shape[1] * (2 if data.dtype == _I8 else 1), data.device

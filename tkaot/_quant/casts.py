@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.cast_common import (
     _BF16,
@@ -33,7 +34,10 @@ from tkaot._quant.cast_common import (
     block_rules,
     fmt_rule,
     given_buffers,
+    input_rows,
+    new_sf,
     pair_input,
+    sf_kind,
     sf_kind_rules,
 )
 from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST, STOCHASTIC_PAIRS
@@ -181,6 +185,11 @@ def per_token_cast(
         (data, sf): data (num_tokens, hidden) float8_e4m3fn or (num_tokens, hidden // 2) int8;
         sf (num_tokens, hidden // num_per_channels) [int32: ceil of that / 4].
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_token_cast(
+            x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast,
+            out
+        )
     if out is None and x_block_size is None and isinstance(x, torch.Tensor):
         # hot path: x's per-call rules, then its static values: a plan's key, entered once they passed every rule
         device, dtype, num_tokens, hidden, x_ptr, x_stride = _check_x(x)
@@ -230,6 +239,10 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False, out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The scale factors per_token_cast would return, without writing the data."""
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_token_cast_with_sf_only(
+            x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, out_sf
+        )
     return _per_token("tkaot.quant.per_token_cast_with_sf_only", "sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
                       round_sf, use_packed_ue8m0, use_e4m3_sf, False, None, None, out_sf)  # fmt: skip
 
@@ -243,6 +256,10 @@ def per_token_cast_with_precomputed_sf(
     sf is (num_tokens, hidden // num_per_channels), float32 (float8_e4m3fn with use_e4m3_sf).
     With round_sf and a bf16 input, 1 / sf is rounded to bf16 first (as TileKernels does).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_token_cast_with_precomputed_sf(
+            x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, out
+        )
     return _per_token("tkaot.quant.per_token_cast_with_precomputed_sf", "precomputed_sf", x, fmt, num_per_channels, None,
                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, False, sf, out, None)  # fmt: skip
 
@@ -254,6 +271,8 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
     otherwise). The scale factors are those of per_token_cast (round_sf: powers of two; use_e4m3_sf:
     rounded to E4M3). Returns None.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
     _per_token("tkaot.quant.per_token_cast_and_cast_back", "round_trip", x, fmt, num_per_channels, None, False, round_sf, False,
                use_e4m3_sf, False, None, None, None)  # fmt: skip
 
@@ -298,11 +317,15 @@ def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | N
     data is float8_e4m3fn or packed E2M1 int8; sf float32, int32 (packed UE8M0) or
     float8_e4m3fn, row- or column-major, one per x_block_size block.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_cast_back(x, fmt, x_block_size, x_special_fmt)
     return _cast_back("tkaot.quant.cast_back", x, fmt, x_block_size, x_special_fmt)
 
 
 def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt: str | None = None) -> torch.Tensor:
     """cast_back with scale blocks of (1, num_per_channels)."""
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_token_cast_back(x, fmt, num_per_channels, x_special_fmt)
     return _cast_back("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
 
 
@@ -382,6 +405,8 @@ def per_block_cast(
     any token count (a partial last block takes the amax of its rows). Returns (data, sf) with sf
     (ceil(num_tokens / bm), hidden / bk) [int32 packed UE8M0: a quarter of the columns, rounded up].
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
     out_x, out_sf = (None, None) if out is None else out
     return _per_block("tkaot.quant.per_block_cast", "cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                       None, out_x, out_sf)  # fmt: skip
@@ -392,6 +417,8 @@ def per_block_cast_with_sf_only(
     use_packed_ue8m0: bool = False, out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The scale factors per_block_cast would return, without writing the data."""
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_block_cast_with_sf_only(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out_sf)
     return _per_block("tkaot.quant.per_block_cast_with_sf_only", "sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
                       use_packed_ue8m0, None, None, out_sf)  # fmt: skip
 
@@ -401,6 +428,10 @@ def per_block_cast_with_precomputed_sf(
     round_sf: bool = False, use_packed_ue8m0: bool = False, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Cast with given row-major fp32 block scale factors: data = round(x * (1 / sf)); returns the data only."""
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_block_cast_with_precomputed_sf(
+            x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out
+        )
     return _per_block("tkaot.quant.per_block_cast_with_precomputed_sf", "precomputed_sf", x, fmt, block_size,
                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf, out, None)  # fmt: skip
 
@@ -472,6 +503,8 @@ def per_channel_cast(
         row-major float32, or with use_packed_ue8m0 int32 of shape (ceil(that / 4), hidden), four
         token blocks a word.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_channel_cast(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0)
     quantized = not isinstance(x, torch.Tensor)
     device, num_tokens, hidden, in_dtype, in_block, in_sf, kind, m_blocks, x_ptr, in_sf_ptr, in_sf_stride = (
         _check_channel_pair if quantized else _check_channel
@@ -487,8 +520,8 @@ def per_channel_cast(
 
 # ---- the plain dtype cast, and E2M1 unpacking --------------------------------------------------------------------------
 
-_CAST_NAMES = {_F32: "float32", _BF16: "bfloat16", torch.float16: "float16", _F8: "e4m3"}  # dtype -> the kernel's name
-_DTYPES = "float32, bfloat16, float16 or float8_e4m3fn"
+_CAST_NAMES = {_F32: "float32", _BF16: "bfloat16", torch.float16: "float16", _F8: "e4m3", torch.float8_e5m2: "e5m2"}  # the kernel's names
+_DTYPES = "float32, bfloat16, float16, float8_e4m3fn or float8_e5m2"
 CAST_SIGNATURE = Signature(
     "tkaot.quant.cast",
     tensors=(Tensor("x", tuple(_CAST_NAMES), None, layout="contiguous", align=16),),
@@ -496,24 +529,29 @@ CAST_SIGNATURE = Signature(
         Rule("dtype", "dtype in _CAST_NAMES", _DTYPES, actual="dtype"),
         Rule("dtype", "dtype is not t_x", "other than x's dtype {t_x}", actual="dtype"),
         Let("pair", "(_CAST_NAMES[t_x], _CAST_NAMES[dtype])"),
+        Rule("dtype", "not (pair[0] in _FP8 and pair[1] in _FP8)", "not an FP8 format when x is FP8 (no cast between FP8 formats)",
+             actual="dtype"),
         Rule("stochastic_rounding", "not stochastic_rounding or pair in _STOCHASTIC",
              "False for this cast (it supports float32 -> bfloat16/e4m3 and bfloat16 -> e4m3)", actual="pair"),
         Let("numel", "x.numel()"),
         Rule("x", f"numel <= {MAX_I32 - 2**16}", "smaller than 2**31 - 2**16 elements", actual="numel"),
     ),
     scalars=("dtype", "stochastic_rounding"),
-    env={"_CAST_NAMES": _CAST_NAMES, "_STOCHASTIC": STOCHASTIC_PAIRS},
+    env={"_CAST_NAMES": _CAST_NAMES, "_STOCHASTIC": STOCHASTIC_PAIRS, "_FP8": ("e4m3", "e5m2")},
     returns=("device", "pair", "h_x", "p_x", "numel"),
 )  # fmt: skip
 _check_cast = lazy_checker(CAST_SIGNATURE, globals(), "_check_cast")
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
-    """Cast a contiguous tensor to dtype (float32, bfloat16, float16, float8_e4m3fn); FP8 saturates at +-448.
+    """Cast a contiguous tensor to dtype (float32, bfloat16, float16, float8_e4m3fn, float8_e5m2; not FP8 to FP8);
+    FP8 saturates (E4M3 at +-448, E5M2 at +-57344).
 
     stochastic_rounding (float32 -> bfloat16 / float8_e4m3fn, bfloat16 -> float8_e4m3fn) rounds up
     with probability equal to the value's fraction of a step, so the rounding is unbiased.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_cast(x, dtype, stochastic_rounding)
     device, pair, shape, x_ptr, numel = _check_cast(x, dtype, stochastic_rounding)
     launcher = _CAST.get(device, pair[0], pair[1], bool(stochastic_rounding))
     y = torch.empty(shape, dtype=dtype, device=x.device)
@@ -543,8 +581,115 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
 
     A debugging helper; runs with torch ops on any device.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_unpack_from_e2m1fn_x2(x, out_dtype)
     _check_unpack(x)
     table = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=x.device)
     codes = x.view(torch.uint8).to(torch.int64)
     pairs = torch.stack((codes & 15, codes >> 4), dim=-1)
     return table[pairs].reshape(*x.shape[:-1], 2 * x.shape[-1]).to(out_dtype)
+
+
+# ---- tracing (tkaot/_compile.py): each op's outputs, allocated through `new` ----------------------------------------
+
+
+def _fake_per_token(new, x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, out_x, out_sf, data=True, sf=True):
+    num_tokens, hidden, device = input_rows(x)
+    if data and out_x is None:
+        out_x = new.empty((num_tokens, hidden // 2 if fmt == "e2m1" else hidden), _FMT_DTYPE[fmt], device)
+    if sf and out_sf is None:
+        out_sf = new_sf(new, num_tokens, hidden // group, sf_kind(round_sf, use_packed_ue8m0, use_e4m3_sf), col_major, device)
+    return out_x, out_sf
+
+
+def _fake_per_token_cast(
+    new, x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False,
+    use_e4m3_sf=False, stochastic_cast=False, out=None,
+):  # fmt: skip
+    out_x, out_sf = (None, None) if out is None else out
+    col_major = use_tma_aligned_col_major_sf
+    return _fake_per_token(new, x, fmt, num_per_channels, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, out_x, out_sf)
+
+
+def _fake_per_token_sf_only(new, x, fmt, num_per_channels, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False,
+                            use_e4m3_sf=False, out_sf=None):  # fmt: skip
+    return _fake_per_token(new, x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, None,
+                           out_sf, data=False)[1]  # fmt: skip
+
+
+def _fake_per_token_precomputed(new, x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf=False, round_sf=False,
+                                use_packed_ue8m0=False, use_e4m3_sf=False, out=None):  # fmt: skip
+    return _fake_per_token(new, x, fmt, num_per_channels, False, round_sf, use_packed_ue8m0, use_e4m3_sf, out, None, sf=False)[0]
+
+
+def _fake_round_trip(new, x, fmt, num_per_channels, round_sf=False, use_e4m3_sf=False):
+    return None  # x is replaced in place
+
+
+def _fake_cast_back(new, x, fmt, x_block_size, x_special_fmt=None):
+    num_tokens, hidden, device = input_rows(x)
+    return new.empty((num_tokens, hidden), _BF16 if fmt == "bf16" else _F32, device)
+
+
+def _fake_per_token_cast_back(new, x, fmt, num_per_channels, x_special_fmt=None):
+    return _fake_cast_back(new, x, fmt, (1, num_per_channels), x_special_fmt)
+
+
+def _fake_per_block(new, x, fmt, block_size, col_major, round_sf, use_packed_ue8m0, out_x, out_sf, data=True, sf=True):
+    num_tokens, hidden = x.shape
+    if data and out_x is None:
+        out_x = new.empty((num_tokens, hidden // 2 if fmt == "e2m1" else hidden), _FMT_DTYPE[fmt], x.device)
+    if sf and out_sf is None:
+        m_blocks, k_blocks = -(-num_tokens // block_size[0]), hidden // block_size[1]
+        out_sf = new_sf(new, m_blocks, k_blocks, sf_kind(round_sf, use_packed_ue8m0), col_major, x.device)
+    return out_x, out_sf
+
+
+def _fake_per_block_cast(new, x, fmt, block_size, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False, out=None):
+    out_x, out_sf = (None, None) if out is None else out
+    return _fake_per_block(new, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out_x, out_sf)
+
+
+def _fake_per_block_sf_only(new, x, fmt, block_size, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False,
+                            out_sf=None):  # fmt: skip
+    return _fake_per_block(new, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, None, out_sf, data=False)[1]
+
+
+def _fake_per_block_precomputed(new, x, fmt, block_size, sf, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False,
+                                out=None):  # fmt: skip
+    return _fake_per_block(new, x, fmt, block_size, False, round_sf, use_packed_ue8m0, out, None, sf=False)[0]
+
+
+def _fake_per_channel(new, x, fmt, num_per_tokens, round_sf=False, num_per_channels=None, use_packed_ue8m0=False):
+    num_tokens, hidden, device = input_rows(x)
+    m_blocks = -(-num_tokens // num_per_tokens)
+    kind = sf_kind(round_sf, use_packed_ue8m0)
+    sf_rows = -(-m_blocks // 4) if kind == "ue8m0" else m_blocks
+    return new.empty((num_tokens, hidden), _F8, device), new.empty((sf_rows, hidden), _SF_DTYPE[kind], device)
+
+
+def _fake_cast(new, x, dtype, stochastic_rounding=False):
+    return new.empty(x.shape, dtype, x.device)
+
+
+def _fake_unpack(new, x, out_dtype=torch.float32):
+    return new.empty((*x.shape[:-1], 2 * x.shape[-1]), out_dtype, x.device)
+
+
+_TENSOR_OR_PAIR = {"x": "tensors"}
+_traced_per_token_cast = traced(per_token_cast, _fake_per_token_cast, mutates=("out",), outputs=2, kinds=_TENSOR_OR_PAIR)
+_traced_per_token_cast_with_sf_only = traced(
+    per_token_cast_with_sf_only, _fake_per_token_sf_only, mutates=("out_sf",), kinds=_TENSOR_OR_PAIR
+)
+_traced_per_token_cast_with_precomputed_sf = traced(
+    per_token_cast_with_precomputed_sf, _fake_per_token_precomputed, mutates=("out",), kinds=_TENSOR_OR_PAIR
+)
+_traced_per_token_cast_and_cast_back = traced(per_token_cast_and_cast_back, _fake_round_trip, mutates=("x",), outputs=0)
+_traced_cast_back = traced(cast_back, _fake_cast_back, kinds=_TENSOR_OR_PAIR)
+_traced_per_token_cast_back = traced(per_token_cast_back, _fake_per_token_cast_back, kinds=_TENSOR_OR_PAIR)
+_traced_per_block_cast = traced(per_block_cast, _fake_per_block_cast, mutates=("out",), outputs=2)
+_traced_per_block_cast_with_sf_only = traced(per_block_cast_with_sf_only, _fake_per_block_sf_only, mutates=("out_sf",))
+_traced_per_block_cast_with_precomputed_sf = traced(per_block_cast_with_precomputed_sf, _fake_per_block_precomputed, mutates=("out",))
+_traced_per_channel_cast = traced(per_channel_cast, _fake_per_channel, outputs=2, kinds=_TENSOR_OR_PAIR)
+_traced_cast = traced(cast, _fake_cast)
+_traced_unpack_from_e2m1fn_x2 = traced(unpack_from_e2m1fn_x2, _fake_unpack)

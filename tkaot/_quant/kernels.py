@@ -12,8 +12,9 @@ IN_BLOCKS = ("none", "1x16", "1x32", "1x64", "1x128", "32x32", "128x128")
 IN_SF = ("none", "fp32", "fp32_col", "ue8m0", "ue8m0_col", "e4m3", "e4m3_col")
 # Output sf kinds: fp32, fp32 powers of two, packed UE8M0 exponent bytes, E4M3
 SF_KINDS = ("fp32", "pow2", "ue8m0", "e4m3")
-# cast's dtypes, and the pairs it can round stochastically
-CAST_DTYPES = ("float32", "bfloat16", "float16", "e4m3")
+# cast's dtypes (no FP8 to FP8: CUDA converts between the two FP8 formats through no instruction), and the pairs
+# it can round stochastically
+CAST_DTYPES = ("float32", "bfloat16", "float16", "e4m3", "e5m2")
 STOCHASTIC_PAIRS = (("float32", "bfloat16"), ("float32", "e4m3"), ("bfloat16", "e4m3"))
 LOSSLESS_OUT_BLOCKS = ("1x16", "1x32", "1x64", "1x128", "32x32", "32x128", "128x32", "128x128")
 

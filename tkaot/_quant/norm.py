@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.kernels import RMSNORM
 from tkaot._validate import Rule, Signature, Tensor, lazy_checker
@@ -69,6 +70,8 @@ def norm_forward(
         (out, rstd of shape x.shape[:-1] or None, the normalised input: x + residual,
         or x itself without residual).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_norm_forward(x, weight, eps, residual, out_scale, out, residual_out, with_rstd)
     device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(x, weight, residual, out, residual_out)
     x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
     if out is None:
@@ -104,3 +107,15 @@ def norm_forward(
         x_bs, x_s, r_bs, r_s, o_bs, o_s, ro_bs, ro_s,
     )  # fmt: skip
     return out, rstd, (x if residual is None else residual_out)
+
+
+def _fake(new, x, weight, eps, residual=None, out_scale=1.0, out=None, residual_out=None, with_rstd=False):
+    """norm_forward's outputs, allocated through `new` (tracing, tkaot/_compile.py)."""
+    out = new.empty_like(x) if out is None else out
+    rstd = new.empty(x.shape[:-1], torch.float32, x.device) if with_rstd else None
+    if residual is not None and residual_out is None:
+        residual_out = new.empty_like(x)
+    return out, rstd, (x if residual is None else residual_out)
+
+
+_traced_norm_forward = traced(norm_forward, _fake, mutates=("out", "residual_out"), outputs=3)

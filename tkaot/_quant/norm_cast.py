@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import _SF_DTYPE, SF_KIND, SF_PACKED_RULE, _align, _sf_cols
@@ -180,6 +181,11 @@ def norm_forward_and_per_token_cast(
         ((out, out_sf), out_bf16 or None, rstd of shape x.shape[:-1] or None, the normalised input:
         x + residual, or x itself without residual).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_norm_forward_and_per_token_cast(
+            x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+            with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd
+        )
     if num_per_channels is None and (fmt == "bf16" or fmt == "fp32"):
         UNQUANTIZED.checker()(x, fmt, with_out_bf16, out_bf16, mega_moe_sf, mega_moe_block_m)
         plain_out = None if out is None else out[0]
@@ -273,3 +279,36 @@ def norm_forward_and_per_token_cast(
             batch, num_tokens, x_bs, x_ts, r_bs, r_ts, ro_bs, ro_ts, d_bs, d_ts, ob_bs, ob_ts, sf_bs, sf_ts, sf_gs,
         )  # fmt: skip
     return (data, out_sf), out_bf16, rstd, (x if residual is None else residual_out)
+
+
+def _fake(
+    new, x, weight, eps, fmt, num_per_channels, residual=None, out_scale=1.0, use_tma_aligned_col_major_sf=False, round_sf=False,
+    use_packed_ue8m0=False, with_out_bf16=False, out=None, out_bf16=None, residual_out=None, mega_moe_sf=None, mega_moe_block_m=0,
+    with_rstd=False,
+):  # fmt: skip
+    """norm_forward_and_per_token_cast's outputs, allocated through `new` (tracing, tkaot/_compile.py)."""
+    device, lead = x.device, x.shape[:-1]
+    residual_out = None if residual is None else new.empty_like(x) if residual_out is None else residual_out
+    rstd = new.empty(lead, _F32, device) if with_rstd else None
+    data, sf = (None, None) if out is None else out
+    norm_input = x if residual is None else residual_out
+    if num_per_channels is None and (fmt == "bf16" or fmt == "fp32"):
+        return (new.empty_like(x) if data is None else data), None, rstd, norm_input
+    if data is None:
+        data = new.empty(x.shape, _FP8, device)
+    if with_out_bf16 and out_bf16 is None:
+        out_bf16 = new.empty(x.shape, _BF16, device)
+    if sf is None:
+        cols, dtype = ((x.shape[-1] + 127) >> 7, _I32) if use_packed_ue8m0 else (x.shape[-1] >> 5, _F32)
+        if use_tma_aligned_col_major_sf:
+            pitch = (lead[-1] + 3) & -4
+            strides = (1, pitch) if x.dim() == 2 else (cols * pitch, 1, pitch)
+            sf = new.empty_strided((*lead, cols), strides, dtype, device)
+        else:
+            sf = new.empty((*lead, cols), dtype, device)
+    return (data, sf), out_bf16, rstd, norm_input
+
+
+_traced_norm_forward_and_per_token_cast = traced(
+    norm_forward_and_per_token_cast, _fake, mutates=("out", "out_bf16", "residual_out"), outputs=5
+)

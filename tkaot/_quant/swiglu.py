@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import SF_KIND, SF_PACKED_RULE, _alloc_sf
@@ -208,6 +209,8 @@ def swiglu_forward(
 
     Everything is computed in fp32: silu(g) = g / (1 + exp(-g)). Returns (num_tokens, hidden).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_swiglu_forward(x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
     checked = _check_forward(x, psum_num_tokens_per_expert, topk_weights, clamped_count, fmt, routed_scaling_factor, clamp_value)
     return _swiglu(checked, x, routed_scaling_factor, clamp_value, False)
 
@@ -241,8 +244,45 @@ def swiglu_forward_and_per_token_cast(
     num_per_channels) fp32 or (num_tokens, ceil(hidden / num_per_channels / 4)) int32).
     A NaN output does not enter its group's amax (the other values set the sf) and is stored as NaN.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_swiglu_forward_and_per_token_cast(
+            x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, use_tma_aligned_col_major_sf,
+            round_sf, use_packed_ue8m0, clamp_value, clamped_count
+        )
     checked = _check_cast(
         x, psum_num_tokens_per_expert, topk_weights, clamped_count, fmt, num_per_channels, round_sf, use_packed_ue8m0,
         routed_scaling_factor, clamp_value,
     )  # fmt: skip
     return _swiglu(checked, x, routed_scaling_factor, clamp_value, use_tma_aligned_col_major_sf)
+
+
+def _fake_out(new, x, fmt, num_per_channels, col_major_sf, use_packed_ue8m0):
+    """SwiGLU's outputs, allocated through `new` (tracing, tkaot/_compile.py): out, or (out, sf) for a quantized format."""
+    num_tokens, hidden = x.shape[0], x.shape[1] // 2
+    _, group, out_dtype = _FORMATS[(fmt, num_per_channels)]
+    out = new.empty((num_tokens, hidden), out_dtype, x.device)
+    if not group:
+        return out
+    groups = hidden // group
+    cols, sf_dtype = (-(-groups // 4), _I32) if use_packed_ue8m0 else (groups, _F32)
+    if col_major_sf:
+        sf = new.empty_strided((num_tokens, cols), (1, -(-num_tokens // 4) * 4), sf_dtype, x.device)
+    else:
+        sf = new.empty((num_tokens, cols), sf_dtype, x.device)
+    return out, sf
+
+
+def _fake_forward(new, x, fmt, psum_num_tokens_per_expert=None, topk_weights=None, routed_scaling_factor=None, clamp_value=None,
+                  clamped_count=None):  # fmt: skip
+    return _fake_out(new, x, fmt, None, False, False)
+
+
+def _fake_cast(
+    new, x, fmt, num_per_channels, psum_num_tokens_per_expert=None, topk_weights=None, routed_scaling_factor=None,
+    use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False, clamp_value=None, clamped_count=None,
+):  # fmt: skip
+    return _fake_out(new, x, fmt, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+
+
+_traced_swiglu_forward = traced(swiglu_forward, _fake_forward, mutates=("clamped_count",))
+_traced_swiglu_forward_and_per_token_cast = traced(swiglu_forward_and_per_token_cast, _fake_cast, mutates=("clamped_count",), outputs=2)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.cast_common import (
     _F8,
@@ -32,6 +33,8 @@ from tkaot._quant.cast_common import (
     _sf_kernel_stride,
     block_rules,
     fmt_rule,
+    input_rows,
+    new_sf,
     pair_input,
 )
 from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF, PER_BLOCK_CAST_LOSSLESS
@@ -124,6 +127,10 @@ def per_block_cast_lossless(
     scale factor's exponent field, and rounds values of blocks beyond the bound to the
     nearest E4M3 (exact down to 2**14 below).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_per_block_cast_lossless(
+            x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
+        )
     checked = _check_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     (device, num_tokens, hidden, block, in_block, in_sf, in_kind, out_block, out_key, kind, layout, x_ptr, x_stride, in_sf_ptr,
      in_sf_stride) = checked  # fmt: skip
@@ -258,6 +265,8 @@ def batched_transpose_weight_sf(
     synchronisation; skipped during CUDA-graph capture, when the kernel uses each value's
     exponent field).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_batched_transpose_weight_sf(sf, block_size, transpose_sf1s, outs)
     sf, transpose_sf1s, outs = list(sf), list(transpose_sf1s), list(outs)
     _check_transpose_options(sf, block_size, transpose_sf1s, outs)
     if not sf:
@@ -285,3 +294,34 @@ def batched_transpose_weight_sf(
             launcher(device, stream, sf_ptr, out[0].data_ptr(), out[1].data_ptr(), groups, n_blocks, k_blocks)
         results.append(out)
     return results
+
+
+# ---- tracing (tkaot/_compile.py): each op's outputs, allocated through `new` ----------------------------------------
+
+
+def _fake_lossless(new, x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False):
+    num_tokens, hidden, device = input_rows(x)
+    m_out, k_out = -(-num_tokens // out_block_size[0]), hidden // out_block_size[1]
+    kind = "ue8m0" if use_packed_ue8m0 else "pow2"
+    return new.empty((num_tokens, hidden), _F8, device), new_sf(new, m_out, k_out, kind, use_tma_aligned_col_major_sf, device)
+
+
+def _fake_transpose(new, sf, block_size, transpose_sf1s, outs):
+    """Each new (sf0, sf1) as its own tensor (the op makes them views of one allocation): same shapes and strides."""
+    results = []
+    for weight_sf, transpose, out in zip(sf, transpose_sf1s, outs):
+        if out is None:
+            *lead, n_blocks, k_blocks = weight_sf.shape
+            n, k = n_blocks * block_size, k_blocks * block_size
+            layouts = _out_layouts(bool(lead), lead[0] if lead else 1, n, k, -(-n_blocks // 4), -(-k_blocks // 4), transpose)
+            out = tuple(new.empty_strided(shape, strides, _I32, weight_sf.device) for shape, strides in layouts)
+        results.append(out)
+    return results
+
+
+# A traced call returns at most this many new tensors (4 weights without outs): trace larger batches as several calls
+MAX_TRACED_WEIGHTS = 4
+_traced_per_block_cast_lossless = traced(per_block_cast_lossless, _fake_lossless, outputs=2)
+_traced_batched_transpose_weight_sf = traced(
+    batched_transpose_weight_sf, _fake_transpose, mutates=("outs",), outputs=2 * MAX_TRACED_WEIGHTS
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._transform.kernels import ROTARY
 from tkaot._validate import Let, Rule, Signature, Tensor, lazy_checker
@@ -115,6 +116,8 @@ def apply_rotary(
     Pair (a, b) with angle row (cos, sin) becomes (a cos - b sin, a sin + b cos), computed in
     fp32 and rounded to the input dtype. Returns None.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
     (
         device, dtype, batch, seqlen, q_heads, k_heads, cache_rows, rot_dim, cache_stride,
         q_bs, q_ts, q_hs, k_bs, k_ts, k_hs, pos_bs, pos_s, q_ptr, c_ptr, k_ptr, pos_ptr, _, _, _, _,
@@ -141,3 +144,11 @@ def apply_rotary(
             batch, seqlen, k_heads, cache_rows, k_bs, k_ts, k_hs, cache_stride, pos_bs, pos_s,
         )  # fmt: skip
     return None
+
+
+def _fake(new, query, cos_sin_cache, key=None, positions=None, interleaved=False, conjugate=False, seqlen_offset=0):
+    """apply_rotary allocates nothing: it rotates query and key in place (tracing, tkaot/_compile.py)."""
+    return None
+
+
+_traced_apply_rotary = traced(apply_rotary, _fake, mutates=("query", "key"), outputs=0)

@@ -10,5 +10,8 @@ from tkaot.reference.norm import norm_forward
 from tkaot.reference.rope import apply_rotary
 
 __all__ = ["norm_forward", "apply_rotary"]
+from tkaot.reference import (
+    engram,  # noqa: E402,F401
+    quant,  # noqa: E402,F401
+)
 from tkaot.reference import moe as moe  # noqa: E402 (explicit re-export)
-from tkaot.reference import quant  # noqa: E402,F401

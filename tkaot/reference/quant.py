@@ -278,6 +278,8 @@ def cast(x, dtype, stochastic_rounding) -> torch.Tensor:
     if dtype == torch.float8_e4m3fn:
         v = x.float()
         return (stochastic_round(v, "e4m3") if stochastic_rounding else v.clamp(-448.0, 448.0)).to(dtype)
+    if dtype == torch.float8_e5m2:
+        return x.float().clamp(-57344.0, 57344.0).to(dtype)
     if stochastic_rounding:  # float32 -> bfloat16: drop 16 bits, rounding up with probability (dropped bits) / 2**16
         bits = x.float().view(torch.int32)
         low = bits & 0xFFFF

@@ -1,0 +1,21 @@
+"""Ascend 950 kernels: TileLang's Ascend dialect (`tilelang.ascend.language`), lowered to AscendC.
+
+One module per kernel, named as the CUDA kernel whose declaration (tkaot/_<family>/kernels.py) it builds:
+the same `DECL`, so the same static axes, the same variant keys and the same op arguments, in the same
+meaning. Each module also says which of the declaration's static values it builds (`unsupported`), and
+which runtime values it cannot take yet (`REQUIRES`: argument -> the only value it accepts; the Ascend
+launcher refuses other calls with a clear error before anything is launched).
+
+The kernels are written for correctness first, in the dialect's SIMT style: a block (one AI vector core's
+turn) takes a tile of rows into the Unified Buffer, computes there in a `T.SimtVF` region and copies
+the results out. The block count is an expression in the token count (no persistent loop), so the binary
+does not depend on how many vector cores a device has. None of them has run on an NPU yet.
+"""
+
+# kernel name -> its Ascend module; build_tools/ascend.py reads this table
+ASCEND_SOURCES = {
+    "rmsnorm": "kernels_src.ascend.rmsnorm",
+    "per_token_cast": "kernels_src.ascend.per_token_cast",
+    "swiglu": "kernels_src.ascend.swiglu",
+    "topk_gate": "kernels_src.ascend.topk_gate",
+}

@@ -1,0 +1,42 @@
+"""The gate's fused RMSNorm weight: weight_fused = float(weight_hidden) * float(weight_embed), elementwise.
+
+A product of two bf16 values is exact in fp32. Each thread multiplies one 16-byte vector (8
+elements); the element count is a runtime value (a multiple of 8).
+"""
+
+import tilelang.language as T
+
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._engram.kernels import FUSED_WEIGHT
+
+DECL = FUSED_WEIGHT  # the declaration this module builds (tkaot/_engram/kernels.py)
+
+THREADS = 128
+VEC = 8
+
+
+def build(dtype: str):
+    numel = T.dynamic("numel")
+
+    @T.prim_func
+    def engram_fused_weight(
+        weight_hidden: T.Tensor[(numel,), dtype],
+        weight_embed: T.Tensor[(numel,), dtype],
+        weight_fused: T.Tensor[(numel,), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(numel, THREADS * VEC), threads=THREADS) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            T.assume(numel % VEC == 0)
+            base = (block * THREADS + T.get_thread_binding()) * VEC
+            a = T.alloc_local((VEC,), T.float32)
+            b = T.alloc_local((VEC,), T.float32)
+            if base < numel:
+                for j in T.vectorized(VEC):
+                    a[j] = weight_hidden[base + j]
+                for j in T.vectorized(VEC):
+                    b[j] = weight_embed[base + j]
+                for j in T.vectorized(VEC):
+                    weight_fused[base + j] = a[j] * b[j]
+
+    return engram_fused_weight

@@ -1,0 +1,84 @@
+"""mHC head mix, backward: input_mix_grad, and per-block partial sums of the scale and base gradients.
+
+With s = sigmoid(input_mix * scale + base[j]) and g = s * (1 - s) * output_mix_grad:
+input_mix_grad = g * scale; block p writes mhc_scale_grad_partial[p] = sum of g * input_mix and
+mhc_base_grad_partial[p, j] = sum of g over column j, over the tiles of `token_block_size` tokens
+p, p + num_sms, p + 2 * num_sms, ... (the caller sums the partial rows). `num_sms` (the grid),
+`token_block_size` and the expansion rate are runtime values: one cubin serves every GPU.
+
+A thread owns tile elements tid, tid + 128, ... (flattened token-major), so its column is
+tid % mhc_mult when the rate is a power of two up to 128; the block then sums by a butterfly over
+shared memory, pairs 64, 32, ... apart, down to mhc_mult apart for the base and to 1 for the scale.
+"""
+
+import tilelang.language as T
+
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS
+
+DECL = HEAD_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = HEAD_MIX_BWD_THREADS
+STEPS = THREADS.bit_length() - 1  # butterfly steps: 64, 32, ..., 1 apart
+
+
+def build(dtype: str):
+    num_tokens = T.dynamic("num_tokens")
+    mhc_mult = T.dynamic("mhc_mult")
+    num_sms = T.dynamic("num_sms")
+
+    @T.prim_func
+    def mhc_head_mix_bwd(
+        output_mix_grad: T.Tensor[(num_tokens, mhc_mult), T.float32],
+        input_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
+        mhc_scale: T.Tensor[(1,), T.float32],
+        mhc_base: T.Tensor[(mhc_mult,), T.float32],
+        input_mix_grad: T.Tensor[(num_tokens, mhc_mult), T.float32],
+        mhc_scale_grad_partial: T.Tensor[(num_sms, 1), T.float32],
+        mhc_base_grad_partial: T.Tensor[(num_sms, mhc_mult), T.float32],
+        token_block_size: T.int32,
+    ):
+        with T.Kernel(num_sms, threads=THREADS) as pid:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            T.assume(mhc_mult > 0)
+            T.assume(token_block_size > 0)
+            tid = T.get_thread_binding()
+            scale_sum = T.alloc_var(T.float32)
+            base_sum = T.alloc_var(T.float32)
+            s = T.alloc_var(T.float32)
+            g = T.alloc_var(T.float32)
+            scale_red = T.alloc_shared((THREADS,), T.float32)
+            base_red = T.alloc_shared((THREADS,), T.float32)
+            scale_sum = T.float32(0)
+            base_sum = T.float32(0)
+            tile = token_block_size * mhc_mult
+            tiles = T.ceildiv(num_tokens, token_block_size)
+            for wave in T.serial(T.ceildiv(tiles, num_sms)):
+                t = wave * num_sms + pid
+                if t < tiles:
+                    for r in T.serial(T.ceildiv(tile, THREADS)):
+                        f = r * THREADS + tid
+                        token = t * token_block_size + f // mhc_mult
+                        j = f % mhc_mult
+                        if f < tile and token < num_tokens:
+                            s = T.sigmoid(input_mix[token, j] * mhc_scale[0] + mhc_base[j])
+                            g = s * (T.float32(1) - s) * output_mix_grad[token, j]
+                            input_mix_grad[token, j] = g * mhc_scale[0]
+                            scale_sum = scale_sum + g * input_mix[token, j]
+                            base_sum = base_sum + g
+            for step in T.serial(STEPS):
+                apart = (THREADS // 2) >> step
+                T.sync_threads()
+                scale_red[tid] = scale_sum
+                base_red[tid] = base_sum
+                T.sync_threads()
+                scale_sum = scale_sum + scale_red[tid ^ apart]
+                if apart >= mhc_mult:
+                    base_sum = base_sum + base_red[tid ^ apart]
+            if tid == 0:
+                mhc_scale_grad_partial[pid, 0] = scale_sum
+            if tid < mhc_mult:
+                mhc_base_grad_partial[pid, tid] = base_sum
+
+    return mhc_head_mix_bwd

@@ -1,0 +1,40 @@
+"""mHC head mix, forward: output_mix = sigmoid(input_mix * mhc_scale[0] + mhc_base[j]) + mhc_pre_eps.
+
+Elementwise over the (num_tokens, mhc_mult) mixes, flattened: one thread an element, the expansion rate a
+runtime value (column j = element % mhc_mult), so one cubin serves every rate and token count. The
+sigmoid is TileLang's (1 / (1 + exp(-x)), IEEE division and expf), as TileKernels computes it.
+"""
+
+import tilelang.language as T
+
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import HEAD_MIX_FWD
+
+DECL = HEAD_MIX_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 256
+
+
+def build(dtype: str):
+    num_tokens = T.dynamic("num_tokens")
+    mhc_mult = T.dynamic("mhc_mult")
+
+    @T.prim_func
+    def mhc_head_mix_fwd(
+        input_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
+        mhc_scale: T.Tensor[(1,), T.float32],
+        mhc_base: T.Tensor[(mhc_mult,), T.float32],
+        output_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
+        mhc_pre_eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens * mhc_mult, THREADS), threads=THREADS) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            T.assume(mhc_mult > 0)
+            e = block * THREADS + T.get_thread_binding()
+            if e < num_tokens * mhc_mult:
+                token = e // mhc_mult
+                j = e % mhc_mult
+                output_mix[token, j] = T.sigmoid(input_mix[token, j] * mhc_scale[0] + mhc_base[j]) + mhc_pre_eps
+
+    return mhc_head_mix_fwd

@@ -1,0 +1,36 @@
+"""mHC norm-weight merge, forward: out_fn[i, k] = fn[i, k] * normw[k] (folding an RMSNorm weight into the
+(mhc_mult3, mhc_mult * hidden) mixing projection). Both sizes are runtime values; a thread takes
+`VEC` elements a block-stride apart, so loads stay coalesced for any width.
+"""
+
+import tilelang.language as T
+
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import NORMW_MERGE_FWD
+
+DECL = NORMW_MERGE_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 256
+VEC = 4  # elements a thread
+SPAN = THREADS * VEC  # columns a block
+
+
+def build(dtype: str):
+    m = T.dynamic("m")
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def mhc_normw_merge_fwd(
+        fn: T.Tensor[(m, n), T.float32],
+        normw: T.Tensor[(n,), T.float32],
+        out_fn: T.Tensor[(m, n), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(n, SPAN), m, threads=THREADS) as (block, row):
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            for v in T.unroll(VEC):
+                k = block * SPAN + v * THREADS + T.get_thread_binding()
+                if k < n:
+                    out_fn[row, k] = fn[row, k] * normw[k]
+
+    return mhc_normw_merge_fwd

@@ -1,0 +1,147 @@
+"""mHC pre-layer step, fused: split-K reduce + RMSNorm of the mixes, split into pre / post / comb mixes,
+Sinkhorn on comb, and the pre mix applied to the residual streams.
+
+Per token t (one block of 128 threads), with M = mhc_mult and the mixes m = sum over splits of
+gemm_out_mul[:, t] times r = rsqrt(sum over splits of gemm_out_sqrsum[:, t] / (M * hidden) + rms_eps):
+  post_mix[t, j]    = sigmoid(m[M + j] * mhc_scale[1] + mhc_base[M + j]) * mhc_post_mult_value
+  comb_mix[t]       = Sinkhorn(m[2M:] * mhc_scale[2] + mhc_base[2M:], as M x M): a row softmax plus
+                      mhc_sinkhorn_eps, a column normalisation, then sinkhorn_repeat - 1 times a row and
+                      a column normalisation, each dividing by (sum + mhc_sinkhorn_eps)
+  layer_input[t, h] = bf16(sum over i of pre[i] * residual[t, i, h]), pre[i] = sigmoid(m[i] * mhc_scale[0]
+                      + mhc_base[i]) + mhc_pre_eps, summed in stream order from zero.
+
+Threads 0 .. 3M²-ish (M * (M + 2)) reduce one mix each (the first M also make the pre mixes); after one
+barrier, warp 0 runs Sinkhorn with one matrix element a lane (element lane % M², row and column sums by
+xor shuffles over the lanes of a row, M/2 .. 1 apart, and of a column, M²/2 .. M apart), then every
+thread applies the pre mix to 16-byte vectors of the hidden dimension. Hidden size, split count and
+Sinkhorn repeats are runtime values; only M is static.
+"""
+
+import tilelang.language as T
+
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import PRE_BIG_FUSE
+
+DECL = PRE_BIG_FUSE  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 128
+VEC = 8  # bf16 elements in 16 bytes
+UNROLL = 2  # vectors a thread has in flight per stream
+
+
+def _log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
+def build(mhc_mult: int):
+    m = mhc_mult
+    mm = m * m
+    mix_count = m * (m + 2)
+    num_tokens = T.dynamic("num_tokens")
+    n_splits = T.dynamic("n_splits")
+    hidden = T.dynamic("hidden")
+
+    @T.macro
+    def row_sum(x):
+        for s in T.unroll(_log2(m)):
+            x = x + T.shfl_xor(x, (m // 2) >> s)
+        return x
+
+    @T.prim_func
+    def mhc_pre_big_fuse(
+        gemm_out_mul: T.Tensor[(n_splits, num_tokens, mix_count), T.float32],
+        gemm_out_sqrsum: T.Tensor[(n_splits, num_tokens), T.float32],
+        mhc_scale: T.Tensor[(3,), T.float32],
+        mhc_base: T.Tensor[(mix_count,), T.float32],
+        residual: T.Tensor[(num_tokens, m, hidden), T.bfloat16],
+        post_mix: T.Tensor[(num_tokens, m), T.float32],
+        comb_mix: T.Tensor[(num_tokens, mm), T.float32],
+        layer_input: T.Tensor[(num_tokens, hidden), T.bfloat16],
+        rms_eps: T.float32,
+        mhc_pre_eps: T.float32,
+        mhc_sinkhorn_eps: T.float32,
+        mhc_post_mult_value: T.float32,
+        sinkhorn_repeat: T.int32,
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as t:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            T.assume(hidden % VEC == 0)
+            tid = T.get_thread_binding()
+            mixes = T.alloc_shared((mix_count,), T.float32)
+            pre = T.alloc_shared((m,), T.float32)
+            squares = T.alloc_var(T.float32)
+            mix = T.alloc_var(T.float32)
+            cm = T.alloc_var(T.float32)
+            total = T.alloc_var(T.float32)
+            xv = T.alloc_local((UNROLL, m, VEC), T.bfloat16)
+            acc = T.alloc_local((VEC,), T.float32)
+            out = T.alloc_local((VEC,), T.bfloat16)
+
+            # the mixes: split sums from zero, times the RMS factor of the token's residual
+            if tid < mix_count:
+                squares = T.float32(0)
+                for split in T.serial(n_splits):
+                    squares = squares + gemm_out_sqrsum[split, t]
+                mix = T.float32(0)
+                for split in T.serial(n_splits):
+                    mix = mix + gemm_out_mul[split, t, tid]
+                mix = mix * T.rsqrt(squares / T.cast(m * hidden, T.float32) + rms_eps)
+                mixes[tid] = mix
+                if tid < m:
+                    pre[tid] = T.sigmoid(mix * mhc_scale[0] + mhc_base[tid]) + mhc_pre_eps
+            T.sync_threads()
+
+            if tid < 32:
+                if tid < m:
+                    post_mix[t, tid] = T.sigmoid(mixes[m + tid] * mhc_scale[1] + mhc_base[m + tid]) * mhc_post_mult_value
+                e = tid % mm
+                cm = mixes[2 * m + e] * mhc_scale[2] + mhc_base[2 * m + e]
+                # row softmax (max and sum over the M lanes of a row), plus eps
+                total = cm
+                for s in T.unroll(_log2(m)):
+                    total = T.max(total, T.shfl_xor(total, (m // 2) >> s))
+                cm = T.exp(cm - total)
+                total = cm
+                for s in T.unroll(_log2(m)):
+                    total = total + T.shfl_xor(total, (m // 2) >> s)
+                cm = cm / total + mhc_sinkhorn_eps
+                total = cm
+                for s in T.unroll(_log2(m)):
+                    total = total + T.shfl_xor(total, (mm // 2) >> s)
+                cm = cm / (total + mhc_sinkhorn_eps)
+                for _ in T.serial(sinkhorn_repeat - 1):
+                    total = cm
+                    for s in T.unroll(_log2(m)):
+                        total = total + T.shfl_xor(total, (m // 2) >> s)
+                    cm = cm / (total + mhc_sinkhorn_eps)
+                    total = cm
+                    for s in T.unroll(_log2(m)):
+                        total = total + T.shfl_xor(total, (mm // 2) >> s)
+                    cm = cm / (total + mhc_sinkhorn_eps)
+                if tid < mm:
+                    comb_mix[t, tid] = cm
+
+            # layer_input = the pre-mix-weighted sum of the residual streams
+            vectors = hidden // VEC
+            for it in T.serial(T.ceildiv(vectors, THREADS * UNROLL)):
+                for u in T.unroll(UNROLL):
+                    v = (it * UNROLL + u) * THREADS + tid
+                    if v < vectors:
+                        for i in T.unroll(m):
+                            for k in T.vectorized(VEC):
+                                xv[u, i, k] = residual[t, i, v * VEC + k]
+                for u in T.unroll(UNROLL):
+                    v = (it * UNROLL + u) * THREADS + tid
+                    if v < vectors:
+                        for k in T.unroll(VEC):
+                            acc[k] = T.float32(0)
+                        for i in T.unroll(m):
+                            for k in T.unroll(VEC):
+                                acc[k] = acc[k] + pre[i] * T.cast(xv[u, i, k], T.float32)
+                        for k in T.unroll(VEC):
+                            out[k] = T.cast(acc[k], T.bfloat16)
+                        for k in T.vectorized(VEC):
+                            layer_input[t, v * VEC + k] = out[k]
+
+    return mhc_pre_big_fuse

@@ -1,0 +1,268 @@
+"""Ascend 950 without an NPU: every Ascend kernel lowers and its launch spec matches its declaration; the
+two-stage build with a fake bisheng / ld.lld; the launcher against a fake libascendcl (a small C library
+built here with the system cc, which records every call and its arguments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tkaot._spec import LaunchSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("tilelang")
+
+from build_tools import ascend  # noqa: E402
+from build_tools.ops import Variant  # noqa: E402
+from kernels_src.ascend import ASCEND_SOURCES  # noqa: E402
+
+# One variant of each Ascend kernel, with its options on (residual, rstd, weights, E4M3 cast)
+CASES = {
+    "rmsnorm": dict(hidden=7168, dtype="bfloat16", with_weight=True, with_residual=True, with_rstd=True),
+    "per_token_cast": dict(
+        hidden=7168, in_dtype="bfloat16", in_block="none", in_sf="none", fmt="e4m3", group=128, sf="pow2",
+        sf_layout="row", mode="cast", stochastic=False,
+    ),
+    "swiglu": dict(hidden=2048, dtype="bfloat16", fmt="e4m3", group=128, sf="fp32", tiling="wscc2v9b1g"),
+    "topk_gate": dict(num_experts=256, num_topk=8, tiling="ballot4"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", sorted(ASCEND_SOURCES))
+def test_every_ascend_kernel_lowers_to_its_declared_contract(kernel):
+    v = Variant.make(kernel, CASES[kernel])
+    low = ascend.lower(v)
+    spec = low.spec
+    assert f'extern "C" __global__ __vector__ void {spec.symbol}(' in low.source
+    signature = low.source.split(f"void {spec.symbol}(", 1)[1].split(")", 1)[0]
+    # the kernel's own parameter order, each an op argument of the declared type
+    assert [p.split()[-1].lstrip("*") for p in signature.split(", ")] == [p.name for p in spec.params]
+    assert {a.name for a in spec.args} == set(ascend.declaration(kernel).args)
+    assert spec.block == (1, 1, 1) and 0 < spec.smem <= ascend.UB_LIMIT
+    assert set(low.requires) <= {a.name for a in spec.args}
+    LaunchSpec.from_json(spec.to_json())  # the grid is in the manifest grammar
+
+
+def test_grid_is_the_host_modules_block_count():
+    low = ascend.lower(Variant.make("topk_gate", CASES["topk_gate"]))
+    assert low.spec.grid == ("((num_tokens + 63) // 64)", "1", "1") and low.spec.smem == 256 * 64 * 4 + 8 * 64 * 8
+
+
+def test_unsupported_values_are_left_out_with_a_reason():
+    kept, left = ascend.select([Variant.make("per_token_cast", {**CASES["per_token_cast"], "fmt": "e2m1", "group": 32})])
+    assert kept == [] and list(left) == ["per_token_cast: E4M3 output only"]
+    kept, left = ascend.select([Variant.make("cast", dict(in_dtype="float32", out_dtype="bfloat16", stochastic=False))])
+    assert kept == [] and "no Ascend kernel yet" in next(iter(left))
+
+
+FAKE_TOOL = """#!/bin/sh
+# records its arguments, then writes its output (-o) with bytes derived from its input
+echo "$(basename $0) $*" >> "$FAKE_TOOL_LOG"
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+for a in "$@"; do case "$a" in *.asc|*.rel.o) cat "$a" | sha256sum | cut -c1-64 > "$out"; echo ELF >> "$out";; esac; done
+"""
+
+
+def cli(*args, env):
+    return subprocess.run([sys.executable, "-m", "build_tools.cli", *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+@pytest.fixture
+def tools_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TKAOT_PATH", "BISHENG_HOME")}
+    env["TKAOT_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "bisheng").exists())
+    return env
+
+
+def test_two_stage_build_with_a_fake_bisheng(tmp_path, tools_env):
+    out = tmp_path / "set"
+    select = ["--op", "topk_gate", "--set", "num_experts=256|64", "--set", "num_topk=8", "--set", "tiling=ballot4"]
+    first = cli("build", "--arch", "ascend950", *select, "--out", out, env=tools_env)
+    assert first.returncode == 0, first.stderr
+    assert "binaries not built: bisheng and ld.lld not found" in first.stderr and f"--sources {out} --out {out}" in first.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["arch"] == "ascend950" and len(manifest["variants"]) == 2
+    assert all("binary" not in e and (out / "sources" / f"{e['source']}.asc").is_file() for e in manifest["variants"])
+    assert (out / "include" / "tl_templates" / "ascend" / "common.h").is_file()
+    text = (out / "manifest.json").read_bytes()
+    again = cli("build", "--arch", "ascend950", *select, "--out", tmp_path / "again", env=tools_env)
+    assert again.returncode == 0 and (tmp_path / "again" / "manifest.json").read_bytes() == text  # reproducible
+    strict = cli("build", "--arch", "ascend950", *select, "--out", out, "--require-binaries", env=tools_env)
+    assert strict.returncode == 1 and "bisheng and ld.lld not found" in strict.stderr
+
+    bin_dir = tmp_path / "cann" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("bisheng", "ld.lld"):
+        (bin_dir / tool).write_text(FAKE_TOOL)
+        (bin_dir / tool).chmod(0o755)
+    env = {**tools_env, "BISHENG_HOME": str(tmp_path / "cann"), "FAKE_TOOL_LOG": str(tmp_path / "tools.log")}
+    built = cli("build", "--arch", "ascend950", "--sources", out, "--out", tmp_path / "bins", env=env)
+    assert built.returncode == 0, built.stderr
+    log = [line for line in (tmp_path / "tools.log").read_text().splitlines() if not line.endswith("--version")]
+    assert len(log) == 4 and log[0].startswith("bisheng ") and "--npu-arch=dav-3510" in log[0] and "--cce-aicore-only" in log[0]
+    assert log[1].startswith("ld.lld -m aicorelinux")
+    done = json.loads((tmp_path / "bins" / "manifest.json").read_text())
+    assert [e["source"] for e in done["variants"]] == [e["source"] for e in manifest["variants"]]
+    assert all((tmp_path / "bins" / "binaries" / f"{e['binary']}.o").is_file() for e in done["variants"])
+    assert done["provenance"]["bisheng_flags"] == list(ascend.BISHENG_FLAGS)
+
+
+FAKE_ACL = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+typedef struct { int id; union { unsigned char m; unsigned int ub; unsigned int r[4]; } value; } attr_t;
+typedef struct { attr_t *attrs; size_t num; } cfg_t;
+static FILE *log_file(void) { static FILE *f; if (!f) f = fopen(getenv("FAKE_ACL_LOG"), "a"); return f; }
+int aclrtBinaryLoadFromData(const void *data, size_t n, const void *opt, void **h) {
+    fprintf(log_file(), "load %zu %.*s\n", n, (int)(n < 8 ? n : 8), (const char *)data); fflush(log_file());
+    *h = (void *)0x1000; return 0;
+}
+int aclrtBinaryGetFunction(void *h, const char *name, void **f) {
+    fprintf(log_file(), "function %s\n", name); fflush(log_file()); *f = (void *)0x2000; return 0;
+}
+int aclrtBinaryUnLoad(void *h) { return 0; }
+int aclrtLaunchKernelWithHostArgs(void *f, unsigned int blocks, void *stream, cfg_t *cfg, void *args, size_t size, void *p, size_t pn) {
+    fprintf(log_file(), "launch fn=%p blocks=%u stream=%p attrs=%zu id=%d ub=%u size=%zu args=", f, blocks, stream,
+            cfg ? cfg->num : 0, cfg ? cfg->attrs[0].id : -1, cfg ? cfg->attrs[0].value.ub : 0, size);
+    for (size_t i = 0; i < size; i++) fprintf(log_file(), "%02x", ((unsigned char *)args)[i]);
+    fprintf(log_file(), "\n"); fflush(log_file());
+    return getenv("FAKE_ACL_FAIL") ? 507011 : 0;
+}
+const char *aclGetRecentErrMsg(void) { return "fake failure"; }
+"""
+
+
+@pytest.fixture
+def fake_acl(tmp_path, monkeypatch):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "acl.c").write_text(FAKE_ACL)
+    lib = tmp_path / "libfakeascendcl.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", lib, tmp_path / "acl.c"], check=True)
+    import tkaot._ascend as runtime
+
+    monkeypatch.setenv("TKAOT_ASCENDCL", str(lib))
+    monkeypatch.setenv("FAKE_ACL_LOG", str(tmp_path / "acl.log"))
+    monkeypatch.setattr(runtime, "_LIB", None)
+    return tmp_path / "acl.log"
+
+
+def ascend_set(tmp_path, lowered: list, binary: bool = True) -> Path:
+    root = tmp_path / "ascend950"
+    ascend.write_sources(root, lowered)
+    manifest = json.loads((root / "manifest.json").read_text())
+    if binary:
+        for e in manifest["variants"]:
+            data = b"FAKEELF-" + e["source"].encode()
+            e["binary"] = ascend.sha256(data)
+            (root / "binaries").mkdir(exist_ok=True)
+            (root / "binaries" / f"{e['binary']}.o").write_bytes(data)
+        (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_launcher_packs_arguments_ub_blocks_and_stream(tmp_path, fake_acl, monkeypatch):
+    from tkaot import _ascend
+    from tkaot._quant.kernels import RMSNORM
+    from tkaot.registry import ArtifactSet
+
+    low = ascend.lower(Variant.make("rmsnorm", CASES["rmsnorm"]))
+    root = ascend_set(tmp_path, [low])
+    key = Variant.make("rmsnorm", CASES["rmsnorm"]).key
+    kernel = ArtifactSet(root, "test").kernel("rmsnorm", key)
+    assert isinstance(kernel, _ascend.AscendKernel)
+    launch = kernel.bind(RMSNORM.args)
+    values = dict(
+        x=0x10, weight=0x20, residual=0x30, out=0x40, residual_out=0x50, rstd=0x60, eps=1e-6, out_scale=2.0, batch=3,
+        num_tokens=5, x_batch_stride=7 * 7168, x_stride=7168, residual_batch_stride=1, residual_stride=2,
+        out_batch_stride=3, out_stride=4, residual_out_batch_stride=5, residual_out_stride=6,
+    )  # fmt: skip
+    launch(0, 0xABC, *(values[n] for n in RMSNORM.args))
+    lines = fake_acl.read_text().splitlines()
+    assert lines[0].startswith("load ") and lines[0].endswith("FAKEELF-") and lines[1] == f"function {low.spec.symbol}"
+    fields = dict(f.split("=", 1) for f in lines[2].split()[1:])
+    rows = 2  # kernels_src/ascend/tile.py: two 7168-wide bf16 rows with a residual
+    assert int(fields["blocks"]) == 3 * -(-5 // rows) and int(fields["stream"], 16) == 0xABC
+    assert (fields["attrs"], fields["id"], int(fields["ub"])) == ("1", "2", low.spec.smem)
+    packed = bytes.fromhex(fields["args"])
+    assert len(packed) == int(fields["size"]) and len(packed) % 8 == 0
+    offset = 0
+    for p in low.spec.params:  # pointers 8 bytes, scalars 4 and 4-aligned, in the kernel's order
+        code = {"ptr": "<Q", "i32": "<i", "f32": "<f"}[p.type]
+        offset = -(-offset // struct.calcsize(code)) * struct.calcsize(code)
+        (got,) = struct.unpack_from(code, packed, offset)
+        assert got == pytest.approx(values[p.name], rel=1e-7), p.name
+        offset += struct.calcsize(code)
+    launch(0, 0xABC, *(values[n] if n != "num_tokens" else 0 for n in RMSNORM.args))  # no tokens: no launch
+    assert len(fake_acl.read_text().splitlines()) == 3
+
+
+def test_launcher_refuses_what_the_ascend_kernel_cannot_take_and_reports_acl_errors(tmp_path, fake_acl, monkeypatch):
+    from tkaot._ascend import AscendError
+    from tkaot._quant.kernels import SWIGLU
+    from tkaot.registry import ArtifactSet
+
+    v = Variant.make("swiglu", CASES["swiglu"])
+    root = ascend_set(tmp_path, [ascend.lower(v)])
+    launch = ArtifactSet(root, "test").kernel("swiglu", v.key).bind(SWIGLU.args)
+    values = {n: 0 for n in SWIGLU.args} | {"num_rows": 4, "sf_group_stride": 1, "x": 0x10}
+    with pytest.raises(ValueError, match="has_psum=1 is not supported yet"):
+        launch(0, 0, *((values | {"has_psum": 1})[n] for n in SWIGLU.args))
+    launch(0, 0, *(values[n] for n in SWIGLU.args))
+    monkeypatch.setenv("FAKE_ACL_FAIL", "1")
+    with pytest.raises(AscendError, match="aclrtLaunchKernelWithHostArgs.*507011: fake failure"):
+        launch(0, 0, *(values[n] for n in SWIGLU.args))
+
+
+def test_sources_only_set_names_the_command_that_builds_binaries(tmp_path):
+    from tkaot.errors import ArtifactError
+    from tkaot.registry import ArtifactSet
+
+    v = Variant.make("topk_gate", CASES["topk_gate"])
+    root = ascend_set(tmp_path, [ascend.lower(v)], binary=False)
+    kernel = ArtifactSet(root, "test").kernel("topk_gate", v.key)
+    with pytest.raises(ArtifactError, match=f"tkaot-build build --arch ascend950 --sources {root} --out ./tkaot-artifacts"):
+        kernel.bind(("scores", "topk_idx", "num_tokens"))
+
+
+def test_import_tkaot_stays_free_of_the_ascend_runtime():
+    code = (
+        "import sys, tkaot, tkaot.registry; print(sorted(m for m in sys.modules if m.split('.')[0] in ('cffi', 'torch_npu', 'tilelang')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "torch_npu" not in out.stdout and "tilelang" not in out.stdout, out.stderr
+
+
+def test_ascend950_wheel_packs_sources_headers_and_binaries(tmp_path):
+    import zipfile
+
+    from build_tools.wheel import artifact_wheel
+
+    v = Variant.make("topk_gate", CASES["topk_gate"])
+    root = ascend_set(tmp_path, [ascend.lower(v)])
+    wheel = artifact_wheel(root, tmp_path / "dist")
+    assert wheel.name.startswith("tkaot_ascend950-")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
+    entry = json.loads((root / "manifest.json").read_text())["variants"][0]
+    assert f"tkaot_ascend950/sources/{entry['source']}.asc" in names and f"tkaot_ascend950/binaries/{entry['binary']}.o" in names
+    assert "tkaot_ascend950/include/tl_templates/ascend/common.h" in names and "tkaot_ascend950/manifest.json" in names
+    import tkaot
+
+    assert f"Requires-Dist: tkaot=={tkaot.__version__}" in metadata  # version-locked like tkaot-sm90
+    (root / "binaries" / f"{entry['binary']}.o").write_bytes(b"altered")
+    with pytest.raises(Exception, match="does not match its sha256"):
+        artifact_wheel(root, tmp_path / "dist2")

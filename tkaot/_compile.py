@@ -1,0 +1,310 @@
+"""torch.compile and torch.export: each public op is also a torch custom op, `torch.ops.tkaot.<name>`.
+
+A plain call of a public op runs straight through its own code (validation, allocation, launch): no
+dispatcher. While torch.compile or torch.export traces (`torch.compiler.is_compiling()`, the first
+line of every op), the op hands its arguments to its `TracedOp` instead, which puts one custom-op call
+into the graph. The custom op's real kernel is the public op itself; its fake kernel, used for tracing,
+is the op's *fake*: a small function with the op's parameters (after a first `new`) that allocates the
+outputs the op would return, through `new`, with the op's exact shapes, dtypes and strides, and returns
+the op's result structure (given buffers and inputs in their places, None where the op returns None).
+
+An op module declares it next to the op:
+
+    def _fake(new, x, weight, eps, ..., out=None, ...):
+        return (new.empty_like(x) if out is None else out), ...
+
+    _traced = traced(norm_forward, _fake, mutates=("out", "residual_out"), outputs=3)
+
+The schema follows the op's parameters and their annotations (`_KINDS`). Arguments the op writes are
+declared in `mutates`. A custom op must not return its inputs, nor (to be functionalised, when it writes
+an argument) a list of tensors, so it returns only the tensors the op allocated, as a fixed tuple: one
+overload per count, `o0` .. `o<outputs>`, registered together. Which one a call takes is known while
+tracing (it depends on which optional buffers are given and on flags), and the traced call puts the
+outputs back into the op's result structure.
+
+Registration happens when an op module is first imported (a few tens of µs an overload); `import tkaot`
+registers nothing. `register_all()` imports every op module, for loading a program exported elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+is_compiling = torch.compiler.is_compiling
+NAMESPACE = "tkaot"
+_LIBRARY = None  # torch.library.Library(NAMESPACE, "FRAGMENT"), made at the first registration
+
+# How a parameter reaches the schema, by its annotation (as written: op modules use `from __future__ import annotations`).
+# Each kind: its schema arguments, (name suffix, schema type, schema type when the op writes the argument). Optional
+# tensors in a written list trip functionalisation, so a written pair is two arguments, and written pairs a list of
+# the given ones with a mask.
+_KINDS = {
+    "tensor": (("", "Tensor", "Tensor(a!)"),),
+    "tensor?": (("", "Tensor?", "Tensor(a!)?"),),
+    "tensors": (("", "Tensor[]", None),),  # a tensor, or a (data, sf) pair: a list of one or two
+    "pair": (("", "Tensor[]", None),),
+    "pair?": (("0", "Tensor?", "Tensor(a!)?"), ("1", "Tensor?", "Tensor(a!)?")),  # None, or a pair either of whose members may be None
+    "pairs?": (("", "Tensor[]", "Tensor(a!)[]"), ("_given", "bool[]", "bool[]")),  # a sequence of such pairs: the given ones
+    "tensor list": (("", "Tensor[]", None),),
+    "float": (("", "float", None),),
+    "float?": (("", "float?", None),),
+    "int": (("", "SymInt?", None),),  # optional: some int arguments take None for unquantized formats
+    "ints": (("", "int[]", None),),
+    "ints?": (("", "int[]?", None),),
+    "bool": (("", "bool", None),),
+    "bools": (("", "bool[]", None),),
+    "str": (("", "str", None),),
+    "str?": (("", "str?", None),),
+    "dtype": (("", "ScalarType", None),),
+}
+_ANNOTATIONS = {
+    "torch.Tensor": "tensor",
+    "torch.Tensor | None": "tensor?",
+    "tuple[torch.Tensor, torch.Tensor]": "pair",
+    "tuple[torch.Tensor, torch.Tensor] | None": "pair?",
+    "Sequence[torch.Tensor]": "tensor list",
+    "Sequence[tuple[torch.Tensor, torch.Tensor] | None]": "pairs?",
+    "float": "float",
+    "float | None": "float?",
+    "int": "int",
+    "int | None": "int",
+    "tuple[int, int]": "ints",
+    "tuple[int, int] | None": "ints?",
+    "bool": "bool",
+    "Sequence[bool]": "bools",
+    "str": "str",
+    "str | None": "str?",
+    "torch.dtype": "dtype",
+}
+
+
+class _Fresh:
+    """Where a fake's output goes, while a traced call works out which outputs are new."""
+
+    __slots__ = ()
+
+
+class _Probe:
+    """The `new` of a traced call: hands out markers, so the fake allocates nothing in the graph."""
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        return _Fresh()
+
+    empty_like = empty_strided = empty
+
+
+class _Allocator:
+    """The `new` of a fake kernel: allocates (fake tensors, while tracing) and remembers what it made."""
+
+    def __init__(self):
+        self.made = []
+
+    def empty(self, shape, dtype, device):
+        return self._keep(torch.empty(shape, dtype=dtype, device=device))
+
+    def empty_like(self, t):
+        return self._keep(torch.empty_like(t))
+
+    def empty_strided(self, shape, strides, dtype, device):
+        return self._keep(torch.empty_strided(shape, strides, dtype=dtype, device=device))
+
+    def _keep(self, t):
+        self.made.append(t)
+        return t
+
+
+def _leaves(result) -> list:
+    """The values of an op's result structure (nested tuples and lists), depth first."""
+    if isinstance(result, (tuple, list)):
+        return [leaf for item in result for leaf in _leaves(item)]
+    return [result]
+
+
+def _fill(result, outs: list):
+    """The result structure with each _Fresh marker replaced by the next of outs (popped from the front)."""
+    if isinstance(result, _Fresh):
+        return outs.pop(0)
+    if isinstance(result, tuple):
+        return tuple(_fill(item, outs) for item in result)
+    if isinstance(result, list):
+        return [_fill(item, outs) for item in result]
+    return result
+
+
+def _returns(outs: list):
+    """Tensors as a custom op with a fixed count of Tensor returns hands them back."""
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class TracedOp:
+    """One public op as the custom op tkaot::<name>: its schema, its kernels, and its traced call."""
+
+    def __init__(self, fn, fake, mutates: tuple = (), outputs: int = 1, kinds: dict | None = None):
+        self.fn, self.fake, self.name, self.outputs = fn, fake, fn.__name__, outputs
+        self.qualname = f"{NAMESPACE}::{self.name}"
+        kinds = kinds or {}
+        self.params = []  # (name, kind)
+        code, annotations = fn.__code__, fn.__annotations__  # (inspect.signature costs milliseconds the first time)
+        for name in code.co_varnames[: code.co_argcount]:
+            kind = kinds.get(name) or _ANNOTATIONS.get(annotations.get(name))
+            if kind is None:
+                raise TypeError(f"{self.qualname}: parameter {name} ({annotations.get(name)}) has no schema kind; declare it in kinds")
+            self.params.append((name, kind))
+        unknown = set(mutates) - {name for name, _ in self.params}
+        if unknown:
+            raise ValueError(f"{self.qualname}: mutates names {sorted(unknown)}, which are not parameters")
+        self.mutates = tuple(mutates)
+        self.overloads: list = []
+        # what the real kernel must convert back (any parameter of a kind that is not passed as is), and the
+        # schema arguments that are lists of tensors (whose members are inputs too)
+        plain = ("tensor", "tensor?", "float", "float?", "int", "bool", "str", "str?", "dtype")
+        self._converts = any(kind not in plain for _, kind in self.params)
+        schema_kinds = [k for _, kind in self.params for k in _KINDS[kind]]
+        self._lists = tuple(
+            i for i, (_, plain_type, _) in enumerate(schema_kinds) if plain_type.startswith("Tensor") and "[]" in plain_type
+        )
+
+    def schema_args(self) -> str:
+        args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
+        for name, kind in self.params:
+            for suffix, plain, written in _KINDS[kind]:
+                if name in self.mutates:
+                    if written is None:
+                        raise ValueError(f"{self.qualname}: {name} ({kind}) cannot be written")
+                    plain = written.replace("(a!)", f"({next(alias)}!)")
+                args.append(f"{plain} {name}{suffix}")
+        return ", ".join(args)
+
+    def register(self, library) -> None:
+        args = self.schema_args()
+        for count in range(self.outputs + 1):
+            overload = f"o{count}"
+            returns = "()" if count == 0 else "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
+            library.define(f"{self.name}.{overload}({args}) -> {returns}")
+            library.impl(f"{self.name}.{overload}", self._real, "CompositeExplicitAutograd")
+            library.impl(f"{self.name}.{overload}", self._fake_kernel, "Meta")
+        packet = getattr(torch.ops.tkaot, self.name)
+        self.overloads = [getattr(packet, f"o{count}") for count in range(self.outputs + 1)]
+
+    # ---- the argument conversions: public values <-> schema values
+
+    def flatten(self, values: tuple) -> list:
+        flat = []
+        for (_, kind), value in zip(self.params, values):
+            if kind == "tensors" or kind == "pair":
+                flat.append([value] if isinstance(value, torch.Tensor) else list(value))
+            elif kind == "pair?":
+                flat += (None, None) if value is None else value
+            elif kind == "pairs?":
+                flat += [t for pair in value if pair is not None for t in pair], [pair is not None for pair in value]
+            elif kind in ("tensor list", "bools", "ints") or (kind == "ints?" and value is not None):
+                flat.append(list(value))
+            else:
+                flat.append(value)
+        return flat
+
+    def unflatten(self, flat: tuple) -> list:
+        values, flat = [], iter(flat)
+        for _, kind in self.params:
+            value = next(flat)
+            if kind == "tensors":
+                value = value[0] if len(value) == 1 else tuple(value)
+            elif kind == "pair":
+                value = tuple(value)
+            elif kind == "pair?":
+                second = next(flat)
+                value = None if value is None and second is None else (value, second)
+            elif kind == "pairs?":
+                given, tensors = next(flat), iter(value)
+                value = [(next(tensors), next(tensors)) if g else None for g in given]
+            elif kind == "ints" or (kind == "ints?" and value is not None):
+                value = tuple(value)
+            values.append(value)
+        return values
+
+    # ---- the kernels and the traced call
+
+    def _real(self, *flat):
+        """The real kernel: the public op itself; returns the tensors it allocated (not its inputs), in result order."""
+        values = self.unflatten(flat) if self._converts else flat
+        if is_compiling():  # a compiler running kernels while it compiles: launch, do not trace again
+            result = _run_uncompiled(self.fn, values)
+        else:
+            result = self.fn(*values)
+        if result is None:
+            return None
+        given = {id(v) for v in flat}
+        for i in self._lists:
+            given.update(map(id, flat[i]))
+        outs = []
+        for leaf in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) not in given:
+                    outs.append(leaf)
+            elif isinstance(leaf, (tuple, list)):
+                outs += [t for t in _leaves(leaf) if isinstance(t, torch.Tensor) and id(t) not in given]
+        return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _fake_kernel(self, *flat):
+        """The fake kernel: what the fake allocates, in result order."""
+        new = _Allocator()
+        result = self.fake(new, *self.unflatten(flat))
+        return _returns([t for t in _leaves(result) if any(t is m for m in new.made)])
+
+    def __call__(self, *values):
+        """The traced call (values: the public op's arguments, all of them, in order)."""
+        layout = self.fake(_Probe, *values)
+        count = sum(1 for leaf in _leaves(layout) if isinstance(leaf, _Fresh))
+        if count > self.outputs:
+            raise ValueError(f"{self.qualname}: a traced call returns at most {self.outputs} new tensors, this one {count}: split it")
+        outs = self.overloads[count](*self.flatten(values))
+        if count == 1:
+            outs = [outs]
+        return _fill(layout, list(outs) if count else [])
+
+
+def _run_uncompiled(fn, values):
+    """Run fn with torch.compiler.is_compiling() False, so the op launches instead of tracing itself."""
+    import torch.compiler as compiler
+
+    flag = compiler._is_compiling_flag
+    compiler._is_compiling_flag = False
+    try:
+        return fn(*values)
+    finally:
+        compiler._is_compiling_flag = flag
+
+
+def traced(fn, fake, mutates: tuple = (), outputs: int = 1, kinds: dict | None = None) -> TracedOp:
+    """Declare and register public op `fn` as the custom op tkaot::<its name> (see the module's docstring).
+
+    fake: `fake(new, *fn's parameters)`, allocating through new.empty(shape, dtype, device) / empty_like(t) /
+    empty_strided(shape, strides, dtype, device) only. mutates: the parameters the op writes. outputs: the most
+    tensors one call allocates. kinds: schema kinds (`_KINDS`) of parameters whose annotation does not say
+    (a tensor-or-pair `x`)."""
+    global _LIBRARY
+    op = TracedOp(fn, fake, mutates, outputs, kinds)
+    if _LIBRARY is None:
+        _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+    op.register(_LIBRARY)
+    return op
+
+
+def op_families() -> list[str]:
+    """The public op families (tkaot.quant, ...): tkaot's lazily loaded modules that are not the reference or registry."""
+    import tkaot
+
+    return [name for name in tkaot._LAZY if name not in ("reference", "registry")]
+
+
+def register_all() -> list[str]:
+    """Import every op module, registering all of tkaot's custom ops (to load a program exported elsewhere, say);
+    returns their names."""
+    names = set()
+    for family in op_families():
+        module = importlib.import_module(f"tkaot.{family}")
+        names.update(getattr(module, name).__name__ for name in module.__all__)
+    return sorted(n for n in names if hasattr(torch.ops.tkaot, n))

@@ -1,0 +1,1 @@
+"""tkaot.engram's op modules and kernel declarations (the public names are in tkaot/engram.py)."""
