@@ -136,6 +136,22 @@ CALLS = [
     ("normalize_weight", lambda: (meta(5, 8, dtype=F32),), {}),
     ("apply_rotary", lambda: (meta(5, 16, 64), meta(4096, 64, dtype=F32)), dict(key=meta(5, 1, 64), positions=meta(5, dtype=I64))),
     ("apply_rotary", lambda: (meta(2, 5, 4, 128, dtype=F32), meta(4096, 128, dtype=F32)), dict(interleaved=True, seqlen_offset=3)),
+    ("expand_to_mhc_fwd", lambda: (meta(5, 64), meta(5, 4, 64)), {}),
+    ("expand_to_mhc_bwd", lambda: (meta(5, 4, 64), meta(5, 64)), {}),
+    ("mhc_pre_apply_mix_fwd", lambda: (meta(5, 4, 64), meta(5, 4, dtype=F32), meta(5, 64)), {}),
+    ("mhc_pre_apply_mix_bwd", lambda: (meta(5, 64), meta(5, 4, 64), meta(5, 4, dtype=F32), meta(5, 4, 64)), {}),
+    ("mhc_pre_split_mixes_fwd", lambda: (meta(5, 24, dtype=F32), meta(3, dtype=F32), meta(24, dtype=F32), meta(5, 4, dtype=F32),
+                                         meta(5, 4, dtype=F32), meta(5, 16, dtype=F32), 2.0, 1e-6), {}),
+    ("mhc_pre_split_mixes_bwd", lambda: (meta(5, 4, dtype=F32), meta(5, 4, dtype=F32), meta(5, 16, dtype=F32), meta(5, 24, dtype=F32),
+                                         meta(5, 4, dtype=F32), meta(3, dtype=F32), meta(24, dtype=F32), meta(5, 24, dtype=F32),
+                                         meta(3, dtype=F32), meta(24, dtype=F32), 2.0), {}),
+    ("mhc_sinkhorn_fwd", lambda: (meta(5, 4, 4, dtype=F32), meta(5, 4, 4, dtype=F32), 20, 1e-6), {}),
+    ("mhc_sinkhorn_bwd", lambda: (meta(5, 4, 4, dtype=F32), meta(5, 4, 4, dtype=F32), meta(5, 4, 4, dtype=F32), 3, 1e-6), {}),
+    ("mhc_post_fwd", lambda: (meta(2, 3, 64), meta(2, 3, 4, 64), meta(2, 3, 4, 1, dtype=F32), meta(2, 3, 4, 4, dtype=F32)), {}),
+    ("mhc_post_fwd", lambda: (meta(1, 3, 64), meta(1, 3, 4, 64), meta(1, 3, 4, 1, dtype=F32), meta(1, 3, 4, 4, dtype=F32)),
+     dict(out=meta(1, 3, 4, 64))),
+    ("mhc_post_bwd", lambda: (meta(2, 3, 64), meta(2, 3, 4, 64), meta(2, 3, 4, 1, dtype=F32), meta(2, 3, 4, 4, dtype=F32),
+                              meta(2, 3, 4, 64)), {}),
 ]  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import BF16, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import EXPAND_BWD, EXPAND_FWD
 from tkaot._op import OpKernels
@@ -45,6 +46,8 @@ def expand_to_mhc_fwd(x, o):
 
     Returns None.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_expand_to_mhc_fwd(x, o)
     device, num_tokens, hidden, mhc, x_ptr, o_ptr = _check_fwd(x, o)
     if num_tokens and hidden:
         launcher(_FWD, device, mhc)(device, current_stream(device), x_ptr, o_ptr, num_tokens, hidden)
@@ -61,6 +64,21 @@ def expand_to_mhc_bwd(o_grad, x_grad):
 
     Returns None.
     """
+    if is_compiling():
+        return _traced_expand_to_mhc_bwd(o_grad, x_grad)
     device, num_tokens, hidden, mhc, og_ptr, xg_ptr = _check_bwd(o_grad, x_grad)
     if num_tokens and hidden:
         launcher(_BWD, device, mhc)(device, current_stream(device), og_ptr, xg_ptr, num_tokens, hidden)
+
+
+# ---- traced forms (tkaot/_compile.py): both write their last argument and allocate nothing
+
+
+def _fake_in_place(new, *args):
+    return None
+
+
+_traced_expand_to_mhc_fwd = traced(expand_to_mhc_fwd, _fake_in_place, mutates=("o",), outputs=0, kinds={"x": "tensor", "o": "tensor"})
+_traced_expand_to_mhc_bwd = traced(
+    expand_to_mhc_bwd, _fake_in_place, mutates=("x_grad",), outputs=0, kinds={"o_grad": "tensor", "x_grad": "tensor"}
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import POST_BWD, POST_FWD
 from tkaot._op import OpKernels
@@ -74,6 +75,8 @@ def mhc_post_fwd(
 
     Returns out (a new contiguous tensor when not given).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
     residual = _dense(residual)
     device, rows, hidden, mhc, r_ptr, x_ptr, p_ptr, c_ptr, o_ptr = _check_fwd(residual, x, post_layer_mix, comb_res_mix, out)
     if out is None:
@@ -104,6 +107,8 @@ def mhc_post_bwd(
     d_comb_res_mix[i, o] = sum over hidden of residual[i] * d_o[o] and d_post_layer_mix[o] = sum over hidden
     of x * d_o[o] (fp32).
     """
+    if is_compiling():
+        return _traced_mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o)
     d_o = _dense(d_o)
     device, rows, hidden, mhc, do_ptr, x_ptr, r_ptr, p_ptr, c_ptr = _check_bwd(d_o, x, residual, post_layer_mix, comb_res_mix)
     on = x.device
@@ -120,3 +125,18 @@ def mhc_post_bwd(
             d_comb.data_ptr(), d_residual.data_ptr(), d_post.data_ptr(), d_x.data_ptr(), rows, hidden,
         )  # fmt: skip
     return d_x, d_residual, d_post, d_comb
+
+
+# ---- traced forms (tkaot/_compile.py)
+
+
+def _fake_fwd(new, x, residual, post_layer_mix, comb_res_mix, out=None):
+    return new.empty(residual.shape, BF16, residual.device) if out is None else out
+
+
+def _fake_bwd(new, x, residual, post_layer_mix, comb_res_mix, d_o):
+    return tuple(new.empty(t.shape, t.dtype, t.device) for t in (x, residual, post_layer_mix, comb_res_mix))
+
+
+_traced_mhc_post_fwd = traced(mhc_post_fwd, _fake_fwd, mutates=("out",), outputs=1)
+_traced_mhc_post_bwd = traced(mhc_post_bwd, _fake_bwd, outputs=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_FWD
 from tkaot._op import OpKernels
@@ -54,6 +55,8 @@ def mhc_pre_apply_mix_fwd(x, mix, o):
 
     Returns None.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_pre_apply_mix_fwd(x, mix, o)
     device, num_tokens, hidden, mhc, x_ptr, mix_ptr, o_ptr = _check_fwd(x, mix, o)
     if num_tokens and hidden:
         launcher(_FWD, device, mhc)(device, current_stream(device), x_ptr, mix_ptr, o_ptr, num_tokens, hidden)
@@ -71,6 +74,8 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad):
 
     Returns mix_grad, a new (num_tokens, mhc) fp32 tensor: sum over h of o_grad[t, h] * x[t, m, h].
     """
+    if is_compiling():
+        return _traced_mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad)
     device, num_tokens, hidden, mhc, og_ptr, x_ptr, mix_ptr, xg_ptr = _check_bwd(o_grad, x, mix, x_grad)
     if not hidden:
         return torch.zeros((num_tokens, mhc), dtype=F32, device=x.device)
@@ -78,3 +83,19 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad):
     if num_tokens:
         launcher(_BWD, device, mhc)(device, current_stream(device), og_ptr, x_ptr, mix_ptr, xg_ptr, mix_grad.data_ptr(), num_tokens, hidden)
     return mix_grad
+
+
+# ---- traced forms (tkaot/_compile.py)
+
+
+def _fake_fwd(new, x, mix, o):
+    return None
+
+
+def _fake_bwd(new, o_grad, x, mix, x_grad):
+    return new.empty((x.shape[0], x.shape[1]), F32, x.device)
+
+
+_TENSORS = {name: "tensor" for name in ("x", "mix", "o", "o_grad", "x_grad")}
+_traced_mhc_pre_apply_mix_fwd = traced(mhc_pre_apply_mix_fwd, _fake_fwd, mutates=("o",), outputs=0, kinds=_TENSORS)
+_traced_mhc_pre_apply_mix_bwd = traced(mhc_pre_apply_mix_bwd, _fake_bwd, mutates=("x_grad",), outputs=1, kinds=_TENSORS)

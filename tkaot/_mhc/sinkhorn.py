@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import F32, current_stream, float_rule, int_rules, launcher, mhc_rule
 from tkaot._mhc.kernels import SINKHORN_BWD, SINKHORN_FWD, sinkhorn_record_row
 from tkaot._op import OpKernels
@@ -57,6 +58,8 @@ def mhc_sinkhorn_fwd(comb_res_mix, comb_res_mix_out, repeat: int, eps: float):
 
     Returns None.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_sinkhorn_fwd(comb_res_mix, comb_res_mix_out, repeat, eps)
     device, num_tokens, mhc, src, dst = _check_fwd(comb_res_mix, comb_res_mix_out, repeat, eps)
     if num_tokens:
         launcher(_FWD, device, mhc)(device, current_stream(device), src, dst, repeat, eps, num_tokens)
@@ -74,7 +77,21 @@ def mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat: int, eps: float):
     The forward is replayed from x, its steps kept in a scratch buffer of repeat * 2 * num_tokens * 4 *
     (mhc * mhc + mhc, rounded up to 4) bytes (26 MB at 8192 tokens, mhc 4, 20 repeats). Returns None.
     """
+    if is_compiling():
+        return _traced_mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat, eps)
     device, num_tokens, mhc, go, xp, gi = _check_bwd(grad_output, x, grad_input, repeat, eps)
     if num_tokens:
         scratch = torch.empty((repeat, 2, num_tokens, sinkhorn_record_row(mhc)), dtype=F32, device=x.device)
         launcher(_BWD, device, mhc)(device, current_stream(device), go, xp, gi, scratch.data_ptr(), eps, num_tokens, repeat)
+
+
+# ---- traced forms (tkaot/_compile.py): both write their output buffer and return nothing
+
+
+def _fake(new, *args):
+    return None
+
+
+_TENSORS = {name: "tensor" for name in ("comb_res_mix", "comb_res_mix_out", "grad_output", "x", "grad_input")}
+_traced_mhc_sinkhorn_fwd = traced(mhc_sinkhorn_fwd, _fake, mutates=("comb_res_mix_out",), outputs=0, kinds=_TENSORS)
+_traced_mhc_sinkhorn_bwd = traced(mhc_sinkhorn_bwd, _fake, mutates=("grad_input",), outputs=0, kinds=_TENSORS)

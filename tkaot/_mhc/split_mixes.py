@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import F32, current_stream, f32, float_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD, SPLIT_MIXES_BWD_REDUCE, SPLIT_MIXES_FWD
 from tkaot._op import OpKernels
@@ -97,6 +98,10 @@ def mhc_pre_split_mixes_fwd(
 
     Returns None.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_pre_split_mixes_fwd(
+            input_mixes, mhc_scale, mhc_base, pre_layer_mix, post_layer_mix, comb_res_mix, mhc_post_mult_value, mhc_pre_eps
+        )
     device, num_tokens, mhc, im, scale, base, pre, post, comb = _check_fwd(
         input_mixes, mhc_scale, mhc_base, pre_layer_mix, post_layer_mix, comb_res_mix, mhc_post_mult_value, mhc_pre_eps
     )
@@ -138,6 +143,11 @@ def mhc_pre_split_mixes_bwd(
 
     Returns None.
     """
+    if is_compiling():
+        return _traced_mhc_pre_split_mixes_bwd(
+            pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes, post_layer_mix, mhc_scale, mhc_base,
+            input_mixes_grad, mhc_scale_grad, mhc_base_grad, mhc_post_mult_value,
+        )  # fmt: skip
     device, num_tokens, mhc, *pointers = _check_bwd(
         pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes, post_layer_mix, mhc_scale, mhc_base,
         input_mixes_grad, mhc_scale_grad, mhc_base_grad, mhc_post_mult_value,
@@ -153,3 +163,25 @@ def mhc_pre_split_mixes_bwd(
         )  # fmt: skip
     # with no tokens the sums are over nothing: the reduction writes zeros
     launcher(_BWD_REDUCE, device, mhc)(device, stream, partials.data_ptr(), scale_g, base_g, count)
+
+
+# ---- traced forms (tkaot/_compile.py): both write their output buffers and allocate nothing they return
+
+
+def _fake(new, *args):
+    return None
+
+
+_TENSORS = {
+    name: "tensor"
+    for name in (
+        "input_mixes", "mhc_scale", "mhc_base", "pre_layer_mix", "post_layer_mix", "comb_res_mix", "pre_layer_mix_grad",
+        "post_layer_mix_grad", "comb_res_mix_grad", "input_mixes_grad", "mhc_scale_grad", "mhc_base_grad",
+    )
+}  # fmt: skip
+_traced_mhc_pre_split_mixes_fwd = traced(
+    mhc_pre_split_mixes_fwd, _fake, mutates=("pre_layer_mix", "post_layer_mix", "comb_res_mix"), outputs=0, kinds=_TENSORS
+)
+_traced_mhc_pre_split_mixes_bwd = traced(
+    mhc_pre_split_mixes_bwd, _fake, mutates=("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"), outputs=0, kinds=_TENSORS
+)
