@@ -65,7 +65,8 @@ class Call:
     kwargs: dict
     trims: dict[str, Callable] = field(default_factory=dict)
     adjacent: dict[str, str] = field(default_factory=dict)
-    close: dict[str, float] = field(default_factory=dict)
+    # returned or written-in-place tensors both libraries sum in their own order: path -> assert_close's rtol, atol
+    close: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -659,6 +660,7 @@ def engram_sinkhorn_finalize_cases(rng) -> list[Case]:
 
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
+    from tests import parity_backward_cases as backward
     from tests import parity_cast_cases as casts
     from tests import parity_mhc_cases as mhc
     from tests import parity_mhc_fused_cases as mhc_fused
@@ -685,6 +687,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "engram.engram_sinkhorn_step": engram_sinkhorn_step_cases,
         "engram.engram_sinkhorn_step_reduce": engram_sinkhorn_step_reduce_cases,
         "engram.engram_sinkhorn_finalize": engram_sinkhorn_finalize_cases,
+        **backward.GENERATORS,
     }
 
 

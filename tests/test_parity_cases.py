@@ -245,13 +245,19 @@ def test_adjacent_levels_pass_and_farther_ones_fail():
     assert "on average" in parity_compare.describe_non_adjacent("x", ones, up, "bf16")
 
 
-def test_close_values_pass_and_far_ones_fail():
-    theirs = torch.tensor([1000.0, -3.0, 0.0, float("nan")])
-    near = theirs + torch.tensor([0.004, -0.009, 0.001, 0.0])  # within 1e-5 of the largest (1000)
-    assert parity_compare.describe_far("x", near, theirs, 1e-5) is None
-    far = theirs + torch.tensor([0.0, 0.02, 0.0, 0.0])
-    assert "1 values beyond 1e-05" in parity_compare.describe_far("x", far, theirs, 1e-5)
-    assert "1 values beyond" in parity_compare.describe_far("x", torch.tensor([1000.0, -3.0, 0.0, 1.0]), theirs, 1e-5)
-    ours_in, theirs_in = torch.tensor([2.0, 1.000001]), torch.tensor([2.0, 1.0])  # an in-place input, by value
-    problems, tolerant = parity_compare.compare_calls(((ours_in,), {}), None, ((theirs_in,), {}), None, close={"args[0]": 1e-5})
-    assert problems == [] and tolerant
+def test_close_outputs_pass_within_their_tolerance_and_fail_beyond():
+    x = torch.randn(4, 6)
+    call = ((torch.zeros(1),), {})
+    near, far = x + 1e-7, x.clone()
+    far[2, 3] += 1.0
+    assert parity_compare.compare_calls(call, near, call, x, close={"ret": (1e-5, 1e-6)}) == ([], True)
+    assert parity_compare.compare_calls(call, near, call, x)[0]  # byte for byte without it
+    problems, _ = parity_compare.compare_calls(call, far, call, x, close={"ret": (1e-5, 1e-6)})
+    assert len(problems) == 1 and "1 of 24 values" in problems[0] and "(2, 3)" in problems[0]
+
+
+def test_close_inputs_written_in_place_are_compared_by_value():
+    ours_in, theirs_in = torch.tensor([2.0, 1.000001]), torch.tensor([2.0, 1.0])
+    assert parity_compare.compare_calls(((ours_in,), {}), None, ((theirs_in,), {}), None, close={"args[0]": (1e-5, 0.0)}) == ([], True)
+    problems, _ = parity_compare.compare_calls(((ours_in + 1,), {}), None, ((theirs_in,), {}), None, close={"args[0]": (1e-5, 0.0)})
+    assert len(problems) == 1 and "args[0]" in problems[0]

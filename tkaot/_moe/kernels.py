@@ -53,4 +53,18 @@ NORMALIZE_WEIGHT = KernelDecl(
     ops=("tkaot.moe.normalize_weight",),
 )
 
-KERNELS = (MOE_TOPK_GATE, TOPK_GATE, TOPK_GATE_GENERIC, NORMALIZE_WEIGHT)
+# ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant.
+MOE_TOPK_GATE_BACKWARD = KernelDecl(
+    name="moe_topk_gate_backward",
+    source="kernels_src.moe.moe_topk_gate_backward",
+    axes=(),
+    params=(
+        "scores", "topk_idx", "topk_weights", "grad_topk_weights", "mask", "grad_scores_sum", "grad_logits",
+        "routed_scaling_factor", "has_aux", "tokens_per_seq",
+    ),
+    dims=("num_tokens", "num_experts", "num_topk"),
+    ops=("tkaot.moe.moe_topk_gate_backward",),
+)  # fmt: skip
+# ---- end of the backward kernels
+
+KERNELS = (MOE_TOPK_GATE, TOPK_GATE, TOPK_GATE_GENERIC, NORMALIZE_WEIGHT, MOE_TOPK_GATE_BACKWARD)

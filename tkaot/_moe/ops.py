@@ -239,7 +239,7 @@ def moe_topk_gate_forward(
         return _traced_moe_topk_gate_forward(
             logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask, bias,
             image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores
-        )
+        )  # fmt: skip
     (
         device, num_tokens, num_experts, num_shared, num_slots, num_logical, num_duplicates, unmapped_stride, flags,
         logits_ptr, mask_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, unmapped_ptr, fix_ptr, map_ptr, count_ptr,

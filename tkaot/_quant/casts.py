@@ -189,7 +189,7 @@ def per_token_cast(
         return _traced_per_token_cast(
             x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast,
             out
-        )
+        )  # fmt: skip
     if out is None and x_block_size is None and isinstance(x, torch.Tensor):
         # hot path: x's per-call rules, then its static values: a plan's key, entered once they passed every rule
         device, dtype, num_tokens, hidden, x_ptr, x_stride = _check_x(x)

@@ -185,7 +185,7 @@ def norm_forward_and_per_token_cast(
         return _traced_norm_forward_and_per_token_cast(
             x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
             with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd
-        )
+        )  # fmt: skip
     if num_per_channels is None and (fmt == "bf16" or fmt == "fp32"):
         UNQUANTIZED.checker()(x, fmt, with_out_bf16, out_bf16, mega_moe_sf, mega_moe_block_m)
         plain_out = None if out is None else out[0]

@@ -248,7 +248,7 @@ def swiglu_forward_and_per_token_cast(
         return _traced_swiglu_forward_and_per_token_cast(
             x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, use_tma_aligned_col_major_sf,
             round_sf, use_packed_ue8m0, clamp_value, clamped_count
-        )
+        )  # fmt: skip
     checked = _check_cast(
         x, psum_num_tokens_per_expert, topk_weights, clamped_count, fmt, num_per_channels, round_sf, use_packed_ue8m0,
         routed_scaling_factor, clamp_value,

@@ -11,6 +11,7 @@ from tkaot.reference.rope import apply_rotary
 
 __all__ = ["norm_forward", "apply_rotary"]
 from tkaot.reference import (
+    backward,  # noqa: E402,F401
     engram,  # noqa: E402,F401
     quant,  # noqa: E402,F401
 )
