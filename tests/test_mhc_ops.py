@@ -189,13 +189,16 @@ def test_post_returns_new_tensors_shaped_like_the_inputs(launches):
     assert mix_grad.shape == (3, 4) and mix_grad.dtype == F32
 
 
-def test_tensors_tile_kernels_copies_may_be_strided(launches):
-    """TileKernels reads post's residual and d_o through .contiguous(): any layout is accepted (and copied)."""
+def test_tensors_tile_kernels_copies_are_refused_when_strided(launches):
+    """TileKernels reads post's residual and d_o through .contiguous(); tkaot copies no user tensor silently, so a
+    non-contiguous one is refused (before any launch), naming its layout."""
     x, residual, post_mix, comb = valid_calls(3, hidden=64)["mhc_post_fwd"]
     strided = meta(1, 3, 64, 4).transpose(2, 3)
-    tkaot.mhc.mhc_post_fwd(x, strided, post_mix, comb)
-    tkaot.mhc.mhc_post_bwd(x, residual, post_mix, comb, strided)
-    assert len(launches) == 2
+    with pytest.raises(ValueError, match="residual"):
+        tkaot.mhc.mhc_post_fwd(x, strided, post_mix, comb)
+    with pytest.raises(ValueError, match="d_o"):
+        tkaot.mhc.mhc_post_bwd(x, residual, post_mix, comb, strided)
+    assert not launches
 
 
 @pytest.mark.parametrize("mhc", [1, 2, 3, 8])

@@ -49,11 +49,6 @@ _FWD = OpKernels(FWD_SIGNATURE.op, POST_FWD)
 _BWD = OpKernels(BWD_SIGNATURE.op, POST_BWD)
 
 
-def _dense(t):
-    """A tensor TileKernels reads through .contiguous(): itself when contiguous, else a contiguous copy."""
-    return t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous()
-
-
 def mhc_post_fwd(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -67,8 +62,8 @@ def mhc_post_fwd(
 
     Args:
         x: (num_seqs, num_tokens, hidden) bf16, contiguous, on a CUDA device; hidden a multiple of 8.
-        residual: (num_seqs, num_tokens, mhc, hidden) bf16, mhc in [1, 8]; any layout (a non-contiguous one is
-            copied first, as TileKernels does).
+        residual: (num_seqs, num_tokens, mhc, hidden) bf16, mhc in [1, 8], contiguous (TileKernels copies a
+            non-contiguous one; tkaot refuses it rather than copy silently).
         post_layer_mix: (num_seqs, num_tokens, mhc, 1) fp32, contiguous.
         comb_res_mix: (num_seqs, num_tokens, mhc, mhc) fp32, contiguous.
         out: optional (num_seqs, num_tokens, mhc, hidden) bf16, contiguous, written in place.
@@ -77,7 +72,6 @@ def mhc_post_fwd(
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
-    residual = _dense(residual)
     device, rows, hidden, mhc, r_ptr, x_ptr, p_ptr, c_ptr, o_ptr = _check_fwd(residual, x, post_layer_mix, comb_res_mix, out)
     if out is None:
         out = torch.empty(residual.shape, dtype=BF16, device=residual.device)
@@ -98,8 +92,8 @@ def mhc_post_bwd(
 
     Args:
         x, residual, post_layer_mix, comb_res_mix: the forward's inputs, shaped as there, all contiguous.
-        d_o: (num_seqs, num_tokens, mhc, hidden) bf16, the output's gradient; any layout (a non-contiguous one
-            is copied first, as TileKernels does).
+        d_o: (num_seqs, num_tokens, mhc, hidden) bf16, the output's gradient, contiguous (TileKernels copies a
+            non-contiguous one; tkaot refuses it rather than copy silently).
 
     Returns new tensors (d_x, d_residual, d_post_layer_mix, d_comb_res_mix), shaped like x, residual,
     post_layer_mix and comb_res_mix: d_residual[i] = sum over o of comb_res_mix[i, o] * d_o[o] and
@@ -109,7 +103,6 @@ def mhc_post_bwd(
     """
     if is_compiling():
         return _traced_mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o)
-    d_o = _dense(d_o)
     device, rows, hidden, mhc, do_ptr, x_ptr, r_ptr, p_ptr, c_ptr = _check_bwd(d_o, x, residual, post_layer_mix, comb_res_mix)
     on = x.device
     d_x = torch.empty(x.shape, dtype=BF16, device=on)
