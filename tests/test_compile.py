@@ -56,6 +56,7 @@ def no_launch(monkeypatch):
             if isinstance(value, _op.OpKernels):
                 monkeypatch.setattr(value, "cache", {})
     monkeypatch.setattr("tkaot._quant.weight_casts._values_unchecked", lambda: True)  # no value checks on meta tensors
+    monkeypatch.setattr("tkaot._engram.device.sm_count", lambda device: 132)  # an H200's SMs: engram's per-SM partials
 
 
 def col(rows, cols, dtype=F32, pad=4):
@@ -69,6 +70,23 @@ def pair(tokens, hidden, block=(1, 128), fp4=False, sf_dtype=F32):
     groups = hidden // block[1]
     cols = -(-groups // 4) if sf_dtype is I32 else groups
     return data, meta(-(-tokens // block[0]), cols, dtype=sf_dtype)
+
+
+def f32(*shape):
+    return meta(*shape, dtype=F32)
+
+
+def recompute_args(layers, post, tokens=5, m=4, hidden=512) -> tuple:
+    """mhc_multilayer_recompute's arguments: `layers` layer inputs (and pre mixes), `post` residuals (and their inputs)."""
+    return (
+        meta(tokens, m, hidden),
+        [f32(tokens, m, 1) for _ in range(layers)],
+        [meta(tokens, hidden) for _ in range(post)],
+        [f32(tokens, m, 1) for _ in range(post)],
+        [f32(tokens, m, m) for _ in range(post)],
+        [meta(tokens, hidden) for _ in range(layers)],
+        [meta(tokens, m, hidden) for _ in range(post)],
+    )
 
 
 q = tkaot.quant
@@ -152,6 +170,47 @@ CALLS = [
      dict(out=meta(1, 3, 4, 64))),
     ("mhc_post_bwd", lambda: (meta(2, 3, 64), meta(2, 3, 4, 64), meta(2, 3, 4, 1, dtype=F32), meta(2, 3, 4, 4, dtype=F32),
                               meta(2, 3, 4, 64)), {}),
+    # tkaot.mhc: every op writes given buffers and returns None
+    ("mhc_head_compute_mix_fwd", lambda: (f32(5, 4), f32(1), f32(4), f32(5, 4), 1e-6), {}),
+    ("mhc_head_compute_mix_fwd", lambda: (f32(0, 7), f32(1), f32(7), f32(0, 7), 1e-6), dict(token_block_size=64)),
+    ("mhc_head_compute_mix_bwd", lambda: (f32(5, 4), f32(5, 4), f32(1), f32(4), f32(5, 4), f32(132, 1), f32(132, 4), 132), {}),
+    ("mhc_head_compute_mix_bwd", lambda: (f32(9, 8), f32(9, 8), f32(1), f32(8), f32(9, 8), f32(3, 1), f32(3, 8), 3),
+     dict(token_block_size=4)),
+    ("mhc_fn_normw_merge_fwd", lambda: (f32(24, 512), f32(512), f32(24, 512)), {}),
+    ("mhc_fn_normw_merge_bwd", lambda: (f32(24, 512), f32(512), f32(24, 512), f32(24, 512), f32(512)), {}),
+    ("mhc_reduce_partials_and_rmsnorm_fwd",
+     lambda: (f32(16, 5, 1, 24), f32(16, 5, 1), f32(5, 1, 24), f32(5, 1), f32(5, 24), 2048, 1e-6, 16), {}),
+    ("mhc_reduce_partials_and_rmsnorm_fwd",
+     lambda: (f32(3, 5, 2, 24), f32(3, 5, 2), f32(5, 2, 24), f32(5, 2), f32(5, 24), 1024, 1e-6, 3), {}),
+    ("mhc_reduce_partials_and_rmsnorm_bwd", lambda: (f32(5, 24), f32(5, 2, 24), f32(5, 2), f32(5, 2, 24), f32(5, 2), 1024, 1e-6), {}),
+    ("mhc_pre_big_fuse_fwd",
+     lambda: (f32(16, 5, 24), f32(16, 5), f32(3), f32(24), meta(5, 4, 512), f32(5, 4), f32(5, 16), meta(5, 512), *[1e-6] * 3, 2.0, 20),
+     {}),
+    ("mhc_pre_big_fuse_fwd",
+     lambda: (f32(2, 5, 3), f32(2, 5), f32(3), f32(3), meta(5, 1, 64), f32(5, 1), f32(5, 1), meta(5, 64), 1e-6, 1e-6, 1e-6, 1.0, 0),
+     dict(n_splits=2)),
+    ("mhc_multilayer_recompute", lambda: recompute_args(layers=3, post=3), {}),
+    ("mhc_multilayer_recompute", lambda: recompute_args(layers=2, post=1), {}),
+    ("mhc_multilayer_recompute", lambda: recompute_args(layers=1, post=0, m=8), {}),
+    # tkaot.engram
+    ("engram_hash", lambda: (meta(5, 3, dtype=I32), meta(2, 3, dtype=I64), meta(2, 2, 8, dtype=I32), meta(2, 16, dtype=I32)), {}),
+    ("engram_hash", lambda: (meta(5, 2, dtype=I32), meta(1, 2, dtype=I64), meta(1, 1, 4, dtype=I32), meta(1, 4, dtype=I32)),
+     dict(image_token_mask=meta(5, dtype=torch.bool))),
+    ("fused_weight", lambda: (meta(4, 512), meta(4, 512)), {}),
+    ("engram_gate_fwd", lambda: (meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), 1e-6, 1e-6), {}),
+    ("engram_gate_fwd", lambda: (meta(5, 2, 256), meta(5, 3, 256), f32(2, 256), 1e-6, 1e-6),
+     dict(save_for_backward=False, image_token_mask=meta(5, dtype=torch.bool))),
+    ("engram_gate_fwd", lambda: (meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), 1e-6, 1e-6), dict(save_for_backward=False, inplace=True)),
+    ("engram_gate_bwd", lambda: (meta(5, 4, 512), meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), *[f32(5, 4)] * 4, 1e-6), {}),
+    ("engram_gate_bwd", lambda: (meta(5, 4, 512), meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), *[f32(5, 4)] * 4, 1e-6),
+     dict(image_token_mask=meta(5, dtype=torch.bool))),
+    ("grad_w_reduce", lambda: (f32(132, 4, 512), meta(4, 512), meta(4, 512), f32(4, 512), f32(4, 512)), {}),
+    ("engram_sinkhorn_momentum_update", lambda: (meta(64, 512), meta(64, 512), 0.9), {}),
+    ("engram_sinkhorn_momentum_update", lambda: (f32(3, 8), meta(24), 0.9), dict(nesterov=False)),
+    ("engram_sinkhorn_step", lambda: (f32(64, 512), f32(64), f32(512), 1e-6), {}),
+    ("engram_sinkhorn_step_reduce", lambda: (f32(396, 512), f32(512)), {}),
+    ("engram_sinkhorn_finalize", lambda: (f32(64, 512), f32(64), f32(512), 1e-6, 2.0), {}),
+    ("engram_sinkhorn_finalize", lambda: (f32(64, 512), f32(64), f32(512), 1e-6, 2.0), dict(out=f32(64, 512))),
 ]  # fmt: skip
 
 
@@ -302,6 +361,28 @@ def test_decode_step_runs_through_aot_eager_on_meta_tensors(no_launch):
     assert same and rstd.shape == (4,)
 
 
+def test_mhc_and_engram_ops_trace_and_functionalise_on_meta_tensors(no_launch):
+    """Written tensor lists (mhc_multilayer_recompute's Tensor(a!)[]), an op that writes its input only when asked
+    (engram_gate_fwd's inplace) and per-SM partials (engram_sinkhorn_step), through aot_eager: what eager returns."""
+
+    def layers(x, lists, kv, w, matrix, row_scale, col_scale):
+        tkaot.mhc.mhc_multilayer_recompute(x[:, :4].contiguous(), *lists)
+        out = tkaot.engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-6, save_for_backward=False, inplace=True)[0]
+        norm, partial = tkaot.engram.engram_sinkhorn_step(matrix, row_scale, col_scale, 1e-6)
+        return out, norm, partial, lists[-1][0]
+
+    recompute = recompute_args(layers=2, post=1)
+    args = (meta(5, 4, 512), list(recompute[1:]), meta(5, 5, 512), f32(4, 512), f32(64, 512), f32(64), f32(512))
+    (gm,) = compiled_graphs(layers, *args)
+    assert _tkaot_calls(gm) == ["mhc_multilayer_recompute", "engram_gate_fwd", "engram_sinkhorn_step"]
+    eager = layers(*args)
+    torch._dynamo.reset()
+    compiled = torch.compile(layers, fullgraph=True, backend="aot_eager")(*args)
+    assert compiled[0] is args[0] and compiled[3] is args[1][-1][0]  # the written input and list member, handed back
+    for e, c in zip(eager, compiled):
+        assert (c.shape, c.dtype, c.stride()) == (e.shape, e.dtype, e.stride())
+
+
 class DecodeStep(torch.nn.Module):
     def forward(self, state):
         return step(state)
@@ -332,12 +413,19 @@ def test_torch_export_of_modules_calling_tkaot_ops():
 
 def test_opcheck_on_meta_tensors():
     """torch.library.opcheck's schema, fake-tensor and AOT-dispatch checks, on meta tensors (the real kernels need CUDA)."""
+    _compile.register_all()
     cases = [
         (torch.ops.tkaot.norm_forward.o2, (meta(4, 512), meta(512), 1e-6, None, 1.0, None, None, True)),
         (torch.ops.tkaot.per_token_cast.o2, ([meta(4, 512)], "e4m3", 128, None, True, True, False, False, False, None, None)),
         (torch.ops.tkaot.apply_rotary.o0, (meta(4, 8, 64), meta(64, 64, dtype=F32), None, None, False, False, 0)),
         (torch.ops.tkaot.moe_topk_gate_forward.o0,
          (meta(4, 256, dtype=F32), 8, False, 0, 2.5, 0, "sqrtsoftplus", *[None] * 8, meta(4, 8, dtype=I64), meta(4, 8, dtype=F32), None)),
+        (torch.ops.tkaot.mhc_multilayer_recompute.o0, recompute_args(layers=2, post=1)),
+        (torch.ops.tkaot.mhc_pre_big_fuse_fwd.o0,
+         (f32(16, 5, 24), f32(16, 5), f32(3), f32(24), meta(5, 4, 512), f32(5, 4), f32(5, 16), meta(5, 512), *[1e-6] * 3, 2.0, 20, 16)),
+        (torch.ops.tkaot.engram_gate_fwd.o0, (meta(4, 4, 512), meta(4, 5, 512), f32(4, 512), 1e-6, 1e-6, False, None, True)),
+        (torch.ops.tkaot.engram_gate_fwd.o5, (meta(4, 4, 512), meta(4, 5, 512), f32(4, 512), 1e-6, 1e-6, True, None, False)),
+        (torch.ops.tkaot.engram_sinkhorn_finalize.o0, (f32(64, 512), f32(64), f32(512), 1e-6, 2.0, f32(64, 512))),
     ]  # fmt: skip
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
@@ -345,7 +433,7 @@ def test_opcheck_on_meta_tensors():
 
 def test_import_registers_nothing():
     code = (
-        "import time, torch; t = time.perf_counter(); import tkaot, tkaot.quant, tkaot.moe, tkaot.transform; "
+        "import time, torch; t = time.perf_counter(); import tkaot, tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc, tkaot.engram; "
         "dt = time.perf_counter() - t; print(sum(n.startswith('tkaot::') for n in torch._C._dispatch_get_all_op_names()), dt)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
