@@ -115,6 +115,32 @@ CALLS = [
      dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)),
     ("swiglu_forward_and_per_token_cast", lambda: (meta(7, 1024), "e4m3", 32), dict(use_tma_aligned_col_major_sf=True)),
     ("swiglu_forward_and_per_token_cast", lambda: (meta(5, 1024), "bf16", None), {}),
+    ("norm_backward", lambda: (meta(5, 512), meta(5, 512), meta(512), f32(5)), {}),
+    ("norm_backward", lambda: (meta(5, 512), meta(5, 512), None, f32(5)), dict(residual_out_grad=meta(5, 512), out_scale=0.5)),
+    ("norm_backward", lambda: (f32(5, 512), f32(5, 512), f32(512), f32(5)), dict(residual_out_grad=f32(5, 512), weight_grad=f32(512))),
+    ("norm_backward", lambda: (meta(5, 512, strides=(1024, 1)), meta(5, 512), meta(512), f32(5)), dict(weight_grad=f32(512))),
+    ("norm_backward", lambda: (meta(0, 512), meta(0, 512), meta(512), f32(0)), {}),
+    ("swiglu_backward", lambda: (meta(5, 1024), meta(5, 512), "bf16"), {}),
+    ("swiglu_backward", lambda: (f32(2, 3, 1024), f32(2, 3, 512), "bf16"),
+     dict(psum_num_tokens_per_expert=meta(4, dtype=I32), topk_weights=f32(6), routed_scaling_factor=2.5, clamp_value=7.0,
+          do_recompute=True)),
+    ("swiglu_backward", lambda: (f32(5, 1024), f32(5, 512), "fp32"), dict(topk_weights=f32(5))),
+    ("swiglu_backward", lambda: (meta(5, 1024), meta(5, 512), "bf16"), dict(do_recompute=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(5, 1024, dtype=F8), f32(5, 8)), meta(5, 512), "e4m3", 128), {}),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(5, 1024, dtype=F8), f32(5, 32)), f32(5, 512), "e4m3", 32),
+     dict(use_tma_aligned_col_major_sf=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(5, 1024, dtype=F8), f32(5, 32)), meta(5, 512), "e4m3", 32),
+     dict(round_sf=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(7, 1024, dtype=F8), f32(7, 8)), meta(7, 512), "e4m3", 128),
+     dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(6, 1024, dtype=F8), f32(6, 32)), meta(6, 512), "e4m3", 32),
+     dict(round_sf=True, use_packed_ue8m0=True, psum_num_tokens_per_expert=meta(2, dtype=I32), topk_weights=f32(6),
+          routed_scaling_factor=2.5, clamp_value=7.0, do_recompute=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(0, 1024, dtype=F8), f32(0, 8)), meta(0, 512), "e4m3", 128),
+     dict(use_tma_aligned_col_major_sf=True, topk_weights=f32(0))),
+    ("swiglu_backward_and_per_token_cast", lambda: (meta(5, 1024), meta(5, 512), "bf16", None), dict(do_recompute=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: (f32(2, 3, 1024), f32(2, 3, 512), "fp32", 128),
+     dict(topk_weights=f32(6), use_tma_aligned_col_major_sf=True)),
     ("per_token_cast", lambda: (meta(5, 512), "e4m3", 128), {}),
     ("per_token_cast", lambda: (meta(5, 512), "e2m1", 32), dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)),
     ("per_token_cast", lambda: (meta(6, 512, dtype=F32), "e4m3", 64), dict(use_tma_aligned_col_major_sf=True, use_e4m3_sf=True)),
@@ -150,6 +176,11 @@ CALLS = [
      dict(bias=meta(256, dtype=F32), scores=meta(5, 256, dtype=F32), unmapped_topk_idx=meta(5, 6, dtype=I64))),
     ("moe_topk_gate_forward", lambda: (meta(5, 256, dtype=F32), 8, False, 0, 2.5, 0),
      dict(out=(meta(5, 8, dtype=I64), meta(5, 8, dtype=F32)))),
+    ("moe_topk_gate_backward", lambda: (f32(5, 256), meta(5, 8, dtype=I64), f32(5, 8), f32(5, 8), 2.5), {}),
+    ("moe_topk_gate_backward", lambda: (f32(6, 72), meta(6, 6, dtype=I64), f32(6, 6), f32(6, 6), 1.0),
+     dict(mask=meta(6, dtype=torch.bool), grad_scores_sum=f32(2, 72))),
+    ("moe_topk_gate_backward", lambda: (f32(5, 256), meta(5, 8, dtype=I64), f32(5, 8), f32(5, 8), 2.5),
+     dict(mask=meta(5, dtype=torch.bool), grad_scores_sum=f32(1, 256), out=f32(5, 256))),
     ("topk_gate", lambda: (meta(5, 72, dtype=F32), 6), {}),
     ("normalize_weight", lambda: (meta(5, 8, dtype=F32),), {}),
     ("apply_rotary", lambda: (meta(5, 16, 64), meta(4096, 64, dtype=F32)), dict(key=meta(5, 1, 64), positions=meta(5, dtype=I64))),
@@ -383,6 +414,53 @@ def test_mhc_and_engram_ops_trace_and_functionalise_on_meta_tensors(no_launch):
         assert (c.shape, c.dtype, c.stride()) == (e.shape, e.dtype, e.stride())
 
 
+def test_backward_ops_trace_and_functionalise_on_meta_tensors(no_launch):
+    """A backward step: norm_backward accumulating into a given weight_grad, swiglu_backward_and_per_token_cast with all
+    five new outputs, moe_topk_gate_backward into out=; one graph, and through aot_eager what eager returns."""
+
+    def backward(og, x, w, rstd, wg, x8, sf, act_grad, psum, weights, scores, idx, topk_weights, grad_weights, out):
+        x_grad, weight_grad = tkaot.quant.norm_backward(og, x, w, rstd, weight_grad=wg)
+        swiglu = tkaot.quant.swiglu_backward_and_per_token_cast(
+            (x8, sf), act_grad, "e4m3", 32, psum, weights, 2.5, True, True, True, 7.0, True
+        )  # fmt: skip
+        logits_grad = tkaot.moe.moe_topk_gate_backward(scores, idx, topk_weights, grad_weights, 2.5, out=out)
+        return x_grad, weight_grad, *swiglu[:1], *swiglu[1], *swiglu[2:], logits_grad
+
+    args = (meta(5, 512), meta(5, 512), meta(512), f32(5), f32(512), meta(6, 1024, dtype=F8), f32(6, 32), meta(6, 512),
+            meta(2, dtype=I32), f32(6), f32(5, 256), meta(5, 8, dtype=I64), f32(5, 8), f32(5, 8), f32(5, 256))  # fmt: skip
+    (gm,) = compiled_graphs(backward, *args)
+    assert _tkaot_calls(gm) == ["norm_backward", "swiglu_backward_and_per_token_cast", "moe_topk_gate_backward"]
+    eager = backward(*args)
+    torch._dynamo.reset()
+    compiled = torch.compile(backward, fullgraph=True, backend="aot_eager")(*args)
+    assert compiled[1] is args[4] and compiled[-1] is args[-1]  # the written weight_grad and out, handed back
+    assert len(compiled) == len(eager) == 8
+    for e, c in zip(eager, compiled):
+        assert (c.shape, c.dtype, c.stride()) == (e.shape, e.dtype, e.stride())
+
+
+def test_rand_traces_natively_and_set_seed_reproduces():
+    """tkaot.rand is torch.randn and torch.manual_seed, not custom ops: Dynamo traces randn / randn_like in one graph
+    (fullgraph=True), and set_seed before a compiled call gives the numbers eager gives."""
+
+    def draw(x):
+        return tkaot.rand.randn(2, 3, device="cpu") + 1, tkaot.rand.randn_like(x), tkaot.rand.randn((4,), dtype=torch.float64, device="cpu")
+
+    x = torch.empty(3, 5, dtype=BF16)
+    (gm,) = compiled_graphs(draw, x)
+    assert not _tkaot_calls(gm) and sum(n.op == "call_function" for n in gm.graph.nodes) >= 3
+    torch._dynamo.reset()
+    compiled = torch.compile(draw, fullgraph=True, backend="eager")
+    draws = []
+    for fn in (compiled, compiled, draw):
+        tkaot.rand.set_seed(1234)
+        draws.append(fn(x))
+    for first, again, eager in zip(*draws):
+        assert (first.shape, first.dtype) == (eager.shape, eager.dtype)
+        assert torch.equal(first, again) and torch.equal(first, eager)
+    assert draws[0][1].shape == x.shape and draws[0][1].dtype == BF16
+
+
 class DecodeStep(torch.nn.Module):
     def forward(self, state):
         return step(state)
@@ -426,6 +504,13 @@ def test_opcheck_on_meta_tensors():
         (torch.ops.tkaot.engram_gate_fwd.o0, (meta(4, 4, 512), meta(4, 5, 512), f32(4, 512), 1e-6, 1e-6, False, None, True)),
         (torch.ops.tkaot.engram_gate_fwd.o5, (meta(4, 4, 512), meta(4, 5, 512), f32(4, 512), 1e-6, 1e-6, True, None, False)),
         (torch.ops.tkaot.engram_sinkhorn_finalize.o0, (f32(64, 512), f32(64), f32(512), 1e-6, 2.0, f32(64, 512))),
+        (torch.ops.tkaot.norm_backward.o1, (meta(4, 512), meta(4, 512), meta(512), f32(4), meta(4, 512), 0.5, f32(512))),
+        (torch.ops.tkaot.swiglu_backward.o3, (f32(4, 1024), f32(4, 512), "bf16", None, f32(4), 2.5, 7.0, True)),
+        (torch.ops.tkaot.swiglu_backward_and_per_token_cast.o5,
+         ([meta(4, 1024, dtype=F8), f32(4, 32)], meta(4, 512), "e4m3", 32, meta(2, dtype=I32), f32(4), None, True, True, True, None, True)),
+        (torch.ops.tkaot.moe_topk_gate_backward.o0,
+         (f32(4, 256), meta(4, 8, dtype=I64), f32(4, 8), f32(4, 8), 2.5, "sqrtsoftplus", meta(4, dtype=torch.bool), f32(2, 256),
+          f32(4, 256))),
     ]  # fmt: skip
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

@@ -303,11 +303,12 @@ def allocates_nothing(new, *values) -> None:
 
 
 def op_families() -> list[str]:
-    """The public op families (tkaot.quant, ...): tkaot's lazily loaded modules other than the reference, the registry
-    and the trainable layers (tkaot.modeling: autograd functions over the ops, traced through them)."""
-    import tkaot
+    """The public op families (tkaot.quant, ...): the kernel families, those with kernel declarations. Not tkaot.rand
+    (torch.randn and torch.manual_seed, which Dynamo traces itself), the trainable layers (tkaot.modeling: autograd
+    functions over the ops, traced through them), the reference or the registry."""
+    from tkaot._decl import FAMILIES
 
-    return [name for name in tkaot._LAZY if name not in ("reference", "registry", "modeling")]
+    return list(FAMILIES)
 
 
 def register_all() -> list[str]:
