@@ -27,7 +27,10 @@ SIGNATURE = Signature(
     ),
     dims=("batch", "num_tokens", "hidden"),
     defaults={"batch": 1},
-    rules=(Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),),
+    rules=(
+        Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),
+        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual="f'shape {tuple(h_x)}'"),
+    ),
 )
 
 
@@ -57,7 +60,7 @@ def norm_forward(
 
     Args:
         x: (num_tokens, hidden) or (batch, num_tokens, hidden), bf16 or fp32, on a CUDA
-            device; last dimension contiguous, rows 16-byte aligned.
+            device; last dimension contiguous, rows 16-byte aligned; hidden a multiple of 16, at most 8192.
         weight: (hidden,) of x's dtype, or None for unit weight.
         eps: added to the mean square before the reciprocal square root.
         residual: optional, shaped like x; x + residual is rounded to x's dtype first.
