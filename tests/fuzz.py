@@ -111,13 +111,14 @@ class Call:
     value})] in launch order (with `empty`, no launch is also right: the call has nothing to compute); signature:
     the Signature whose tensors the derived breaks break (None: only `breaks`); paths: where a Signature tensor sits
     when its name is not an argument or an unpacked one, as (argument, index, ...); breaks: label -> a dict of
-    arguments to change, or a function of the arguments returning new ones; check: a function of the result.
+    arguments to change, or a function of the arguments returning new ones; check: a function of the result; built:
+    this call's "all" or "listed", where it differs from its case's.
     """
 
     def __init__(self, op: str, kwargs: dict, launches=(), signature: Signature | None = None, paths: dict | None = None,
-                 breaks: dict | None = None, check: Callable | None = None, empty: bool = False):  # fmt: skip
+                 breaks: dict | None = None, check: Callable | None = None, empty: bool = False, built: str | None = None):  # fmt: skip
         self.op, self.kwargs, self.launches, self.signature = op, kwargs, list(launches), signature
-        self.paths, self.breaks, self.check, self.empty = paths or {}, breaks or {}, check, empty
+        self.paths, self.breaks, self.check, self.empty, self.built = paths or {}, breaks or {}, check, empty, built
 
     def __repr__(self) -> str:
         shown = {k: _show(v) for k, v in self.kwargs.items()}
@@ -151,6 +152,8 @@ class Call:
     def get(self, path: tuple):
         value = self.kwargs
         for step in path:
+            if value is None:  # inside an optional argument not given
+                return None
             value = value[step]
         return value
 
@@ -375,7 +378,7 @@ def valid_calls_test(cases: dict):
             made = [(kernel, key) for kernel, key, _ in launches]
             expected = call.expected()
             assert made == expected or (call.empty and not made), f"{call}: launched {made}, expected {expected}"
-            if built == "all":
+            if (call.built or built) == "all":
                 missing = [(kernel, key) for kernel, key, served in launches if served == "missing"]
                 assert not missing, f"{call}: no variant of the default set serves {missing}"
             if call.check is not None:
