@@ -201,6 +201,7 @@ def signature_breaks(call: Call) -> list[tuple[str, dict]]:
             given[t.name] = (t, path, value)
     found = []
     for name, (t, path, value) in given.items():
+
         def put(new, label, path=path, name=name):
             found.append((f"{name}: {label}", call.replaced(path, new)))
 
@@ -310,9 +311,17 @@ def resolution(decl: KernelDecl, values: tuple, general_tiling: str | None) -> s
     return "missing"
 
 
+class Launches(list):
+    """The (kernel, key) of each launch, in order; `served` maps each to how the default set serves it (`resolution`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.served: dict[tuple[str, str], str] = {}
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    """Meta tensors read as device 0; every op's kernel lookup records (kernel, key, resolution) at launch."""
+    """Meta tensors read as device 0; every op's kernel lookup is recorded, each launch appending (kernel, key)."""
     from tkaot import registry as reg
     from tkaot._engram import device as engram_device
     from tkaot._quant import casts, weight_casts
@@ -327,7 +336,7 @@ def launches(monkeypatch):
     monkeypatch.delenv("TKAOT_PATH", raising=False)
     prebuilt = reg.Registry()
     monkeypatch.setattr(prebuilt, "device_arch", lambda index: "sm90")
-    recorded: list[tuple[str, str, str]] = []
+    recorded = Launches()
 
     def get(self, device, *values, general_tiling=None):
         assert device == 0, device
@@ -344,7 +353,8 @@ def launches(monkeypatch):
             assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"
             bad = [(n, a) for n, a in zip(self.args, args) if not isinstance(a, (int, float))]
             assert not bad, f"{self.kernel}: arguments that are not numbers: {bad}"
-            recorded.append((self.kernel, key, served))
+            recorded.append((self.kernel, key))
+            recorded.served[self.kernel, key] = served
 
         return launch
 
@@ -375,11 +385,11 @@ def valid_calls_test(cases: dict):
         def run(call):
             launches.clear()
             result = call.run()
-            made = [(kernel, key) for kernel, key, _ in launches]
+            made = list(launches)
             expected = call.expected()
             assert made == expected or (call.empty and not made), f"{call}: launched {made}, expected {expected}"
             if (call.built or built) == "all":
-                missing = [(kernel, key) for kernel, key, served in launches if served == "missing"]
+                missing = [launch for launch in launches if launches.served[launch] == "missing"]
                 assert not missing, f"{call}: no variant of the default set serves {missing}"
             if call.check is not None:
                 call.check(result)

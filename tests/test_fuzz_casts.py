@@ -227,7 +227,13 @@ def cast_back_call(draw, op: str) -> Call:
     }
     if per_token:
         breaks["num_per_channels 96"] = {"num_per_channels": 96}
-    key = {"hidden": hidden, "in_dtype": in_dtype, "in_block": in_block, "in_sf": in_sf, "out_dtype": "bfloat16" if fmt == "bf16" else "float32"}
+    key = {
+        "hidden": hidden,
+        "in_dtype": in_dtype,
+        "in_block": in_block,
+        "in_sf": in_sf,
+        "out_dtype": "bfloat16" if fmt == "bf16" else "float32",
+    }
     sig = casts.CAST_BACK_SIGNATURES["tkaot." + op]
     return Call(op, kwargs, [(CAST_BACK, key)], sig, paths={"x_data": ("x", 0), "x_sf": ("x", 1)}, breaks=breaks)
 
@@ -464,7 +470,10 @@ def batched_transpose_weight_sf(draw):
                                 "outs": [*outs, None]},
     }  # fmt: skip
     if block == 32:  # (with blocks of 128, n and k are multiples of 128 whatever the block counts)
-        breaks["n not a multiple of 128"] = {"sf": [meta(*first.shape[:-2], 5, first.shape[-1], dtype=F32), *sf[1:]], "outs": [None] * count}
+        breaks["n not a multiple of 128"] = {
+            "sf": [meta(*first.shape[:-2], 5, first.shape[-1], dtype=F32), *sf[1:]],
+            "outs": [None] * count,
+        }
     paths = {"sf": ("sf", 0), "sf0": ("outs", 0, 0), "sf1": ("outs", 0, 1)}
     made = [(BATCHED_TRANSPOSE_WEIGHT_SF, {"block_size": block})] * launched
     return Call("quant.batched_transpose_weight_sf", kwargs, made, weight_casts.WEIGHT_SIGNATURE, paths=paths, breaks=breaks, check=check)
@@ -476,16 +485,24 @@ FINDINGS = [
     pytest.param(lambda q: q.per_token_cast(meta(1, 0), "e4m3", 64), id="per_token_cast-hidden-0"),
     # out= a tensor rather than a (data, sf) pair: Python's own unpacking error (its rows, when it has two)
     pytest.param(lambda q: q.per_token_cast(meta(1, 128), "e4m3", 128, out=meta(1, 128, dtype=F8)), id="per_token_cast-out-a-tensor"),
-    pytest.param(lambda q: q.per_block_cast(meta(1, 128), "e4m3", (128, 128), out=meta(1, 128, dtype=F8)), id="per_block_cast-out-a-tensor"),
+    pytest.param(
+        lambda q: q.per_block_cast(meta(1, 128), "e4m3", (128, 128), out=meta(1, 128, dtype=F8)), id="per_block_cast-out-a-tensor"
+    ),
     pytest.param(lambda q: q.per_token_cast(meta(1, MAX_CAST_HIDDEN + 64), "e4m3", 64), id="per_token_cast-hidden-65600"),
     pytest.param(lambda q: q.per_token_cast_with_sf_only(meta(1, MAX_CAST_HIDDEN + 64), "e4m3", 64), id="sf_only-hidden-65600"),
     pytest.param(lambda q: q.per_token_cast_and_cast_back(meta(1, MAX_CAST_HIDDEN + 64), "e4m3", 64), id="cast_and_cast_back-hidden-65600"),
     pytest.param(lambda q: q.per_block_cast(meta(1, MAX_CAST_HIDDEN + 128), "e4m3", (128, 128)), id="per_block_cast-hidden-65664"),
     pytest.param(lambda q: q.per_channel_cast(meta(1, MAX_CAST_HIDDEN + 128), "e4m3", 128), id="per_channel_cast-hidden-65664"),
-    pytest.param(lambda q: q.cast_back((meta(1, MAX_CAST_HIDDEN + 128, dtype=F8), meta(1, 513, dtype=F32)), "bf16", (1, 128)),
-                 id="cast_back-hidden-65664"),
-    pytest.param(lambda q: q.per_block_cast_lossless((meta(1, (MAX_CAST_HIDDEN + 128) // 2, dtype=I8), meta(1, 513, dtype=F32)), "e4m3",
-                                                     (1, 128), (1, 128)), id="per_block_cast_lossless-hidden-65664"),
+    pytest.param(
+        lambda q: q.cast_back((meta(1, MAX_CAST_HIDDEN + 128, dtype=F8), meta(1, 513, dtype=F32)), "bf16", (1, 128)),
+        id="cast_back-hidden-65664",
+    ),
+    pytest.param(
+        lambda q: q.per_block_cast_lossless(
+            (meta(1, (MAX_CAST_HIDDEN + 128) // 2, dtype=I8), meta(1, 513, dtype=F32)), "e4m3", (1, 128), (1, 128)
+        ),
+        id="per_block_cast_lossless-hidden-65664",
+    ),
 ]
 
 
@@ -493,7 +510,7 @@ FINDINGS = [
                    "are accepted, and reach a key outside the declaration: a generic fallback, or VariantNotBuilt naming a "
                    "build command the build refuses; out= a tensor fails in Python's tuple unpacking")  # fmt: skip
 @pytest.mark.parametrize("call", FINDINGS)
-def test_known_findings(launches, call):
+def test_known_findings(launches, call):  # noqa: F811 (the fixture)
     """Each call is refused clearly (ValueError/TypeError naming the op, no launch), or launches only keys its
     declaration allows."""
     import tkaot
@@ -506,11 +523,11 @@ def test_known_findings(launches, call):
 
 @pytest.mark.xfail(strict=True, reason="valid casts between bfloat16 and float16 have no variant in the default set")
 @pytest.mark.parametrize("pair", UNBUILT_CASTS)
-def test_known_findings_unbuilt_casts(launches, pair):
+def test_known_findings_unbuilt_casts(launches, pair):  # noqa: F811 (the fixture)
     import tkaot
 
     tkaot.quant.cast(meta(3, dtype=CAST_TORCH[pair[0]]), CAST_TORCH[pair[1]])
-    assert [served for _, _, served in launches] == ["specialised"]
+    assert [launches.served[launch] for launch in launches] == ["specialised"]
 
 
 test_valid_calls = CASES.valid_test()

@@ -15,7 +15,25 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import strategies as st  # noqa: E402
 
 import tkaot  # noqa: E402
-from tests.fuzz import BF16, BOOL, F8, F32, I32, I64, Call, Cases, choices, launches, meta, padded_rows, sizes, tokens  # noqa: E402, F401
+from tests.fuzz import (  # noqa: E402, F401 (launches: the fixture)
+    BF16,
+    BOOL,
+    F8,
+    F32,
+    FAMILIES,
+    I32,
+    I64,
+    Call,
+    Cases,
+    choices,
+    default_set,
+    launches,
+    meta,
+    padded_rows,
+    prebuilt_keys,
+    sizes,
+    tokens,
+)
 from tkaot._moe import backward as moe_backward  # noqa: E402
 from tkaot._moe import ops as moe_ops  # noqa: E402
 from tkaot._moe.kernels import MOE_TOPK_GATE, MOE_TOPK_GATE_BACKWARD, NORMALIZE_WEIGHT, TOPK_GATE  # noqa: E402
@@ -42,7 +60,8 @@ def hidden_breaks(lead: tuple, dtype, multiple: int, limit: int) -> dict:
     alone = {"weight": None, "residual": None, "out": None, "residual_out": None}
     return {
         f"hidden {h}": {"x": meta(*lead, h, dtype=dtype), **alone}
-        for h in (0, limit + multiple, multiple + vec(dtype)) if h % multiple or h == 0 or h > limit
+        for h in (0, limit + multiple, multiple + vec(dtype))
+        if h % multiple or h == 0 or h > limit
     }
 
 
@@ -438,9 +457,29 @@ def moe_topk_gate_backward(draw):
         "scoring_func softmax": {"scoring_func": "softmax"},
     }  # fmt: skip
     if n > 1:
-        breaks["grad_scores_sum rows not dividing the tokens"] = {"mask": meta(n, dtype=BOOL), "grad_scores_sum": meta(n - 1 if n > 2 else 3, experts, dtype=F32)}  # noqa: E501
+        breaks["grad_scores_sum rows not dividing the tokens"] = {
+            "mask": meta(n, dtype=BOOL),
+            "grad_scores_sum": meta(n - 1 if n > 2 else 3, experts, dtype=F32),
+        }  # noqa: E501
     made = [] if n == 0 else [(MOE_TOPK_GATE_BACKWARD, {})]
     return Call("moe.moe_topk_gate_backward", kwargs, made, moe_backward.SIGNATURE, breaks=breaks)
+
+
+# ---- what the fuzzing covers
+
+
+def test_every_public_op_has_a_strategy():
+    """Every public op of the kernel families is fuzzed here or in tests/test_fuzz_casts.py / test_fuzz_mhc_engram.py."""
+    from tests import test_fuzz_casts, test_fuzz_mhc_engram
+
+    covered = {*CASES.strategies, *test_fuzz_casts.CASES.strategies, *test_fuzz_mhc_engram.CASES.strategies}
+    public = {f"{family}.{name}" for family in FAMILIES for name in getattr(tkaot, family).__all__}
+    assert not public - covered, f"ops without a strategy: {sorted(public - covered)}"
+
+
+def test_the_default_set_stands_for_prebuilt():
+    """Valid calls resolve against the default shape set: prebuilt/sm90 holds a part of it (all of it once rebuilt)."""
+    assert prebuilt_keys() <= default_set()
 
 
 test_valid_calls = CASES.valid_test()

@@ -56,7 +56,7 @@ REDUCE_FWD_SIGNATURE = Signature(
     ),
     scalars=("rms_group_size", "rms_eps", "n_splits"),
     dims=("num_tokens", "n_rms_group", "mhc_mult3"),
-    rules=(_TOKEN_MIXES, *_RMS_SCALARS),
+    rules=(_TOKEN_MIXES, *_RMS_SCALARS, *int_rules("n_splits", "1", "_MAX_I32")),
 )
 
 REDUCE_BWD_SIGNATURE = Signature(

@@ -18,6 +18,7 @@ NORM_INPUTS = (
     Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
     Tensor("residual", "x", "x", optional=True),
 )
+_SHAPE = "f'shape {tuple(h_x)}'"
 SIGNATURE = Signature(
     "tkaot.quant.norm_forward",
     tensors=(
@@ -28,8 +29,8 @@ SIGNATURE = Signature(
     dims=("batch", "num_tokens", "hidden"),
     defaults={"batch": 1},
     rules=(
-        Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),
-        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual="f'shape {tuple(h_x)}'"),
+        Rule("x", "batch <= 65535", "at most 65535 batches", actual=_SHAPE),
+        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual=_SHAPE),
     ),
 )
 
