@@ -1,22 +1,22 @@
 """The machinery of the property-based op tests (tests/test_fuzz_*.py): drawn calls, a launch recorder, breaks.
 
-Each op is one strategy, registered with `@CASES.case(op, built)` on its module's `Cases`: it draws a valid call within the op's documented
-limits, as a `Call` (keyword arguments, the launches it must make as (kernel declaration, static values by axis
-name), the op's Signature and where its tensors sit among the arguments, and hand-written breaks of its options).
-Two tests serve every registered op (`Cases.valid_test`, `Cases.invalid_test`):
+Each op is one strategy, registered with `@CASES.case(op, built)` on its module's `Cases`: it draws a valid call
+within the op's documented limits, as a `Call` (keyword arguments, the launches it must make as (kernel
+declaration, static values by axis name), the op's Signature and where its tensors sit among the arguments, and
+hand-written breaks of its options). Two tests serve every registered op (`Cases.valid_test`, `Cases.invalid_test`):
 
 - a valid call must make exactly its launches, each with static values its declaration's axes allow and every
-  runtime argument supplied; its key must resolve to a variant of the default shape set (the set prebuilt/sm90
-  is built from: specialised, general tiling or generic), unless the op's case says `built="listed"` (variants
-  for listed sizes only): then a key that resolves to none must make the registry, over prebuilt/, raise
-  VariantNotBuilt naming the tkaot-build command that builds it;
-- each call with one thing broken must raise ValueError or TypeError whose message starts with a tkaot op's name,
-  and launch nothing. The breaks are derived from the op's Signature (tkaot/_validate.py) for every tensor the
-  call gives: not a tensor, on the CPU, a dtype it does not list, another rank, a size another tensor or
-  argument fixes, a layout it refuses, a misaligned address; and the case's own breaks of options.
+  runtime argument supplied, a number; its key must resolve to a variant of the default shape set (the set
+  prebuilt/sm90 is built from: specialised, general tiling or generic), unless the case (or the call) says
+  `built="listed"` (variants for listed sizes only): then a key that resolves to none must make the registry, over
+  prebuilt/, raise VariantNotBuilt naming the tkaot-build command that builds it;
+- every break of each drawn call (one thing broken) must raise ValueError or TypeError whose message starts with a
+  tkaot op's name, and launch nothing. The breaks are derived from the op's Signature (tkaot/_validate.py) for every
+  tensor the call gives: not a tensor, on the CPU, a dtype it does not list, another rank, a size another tensor or
+  argument fixes, a layout it refuses, a misaligned address; and the case's own breaks of options and buffers.
 
 Meta tensors stand in for CUDA ones (device 0); a recorder stands in for each op's kernel lookup and launcher, so no
-GPU, driver or cubin is needed. Examples are derandomized and bounded for CI.
+GPU, driver or cubin is needed. Examples are derandomized, without a database, 40 a test (SETTINGS).
 """
 
 from __future__ import annotations
