@@ -18,7 +18,7 @@ padding between expert segments) with an amax of zero and nothing to store.
 import tilelang.language as T
 
 from kernels_src.fused import swiglu_math as m
-from kernels_src.fused.swiglu import MAX_HIDDEN_FP32, NUM_SMS, RESIDENT_THREADS, TILINGS, check_static
+from kernels_src.fused.swiglu import MAX_HIDDEN_FP32, NUM_SMS, TILINGS, check_static
 from kernels_src.fused.swiglu_math import DEVICE_HELPERS, FLT_MAX, OUT_DTYPES, Arith
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._quant.kernels import SWIGLU_GENERIC
@@ -26,6 +26,8 @@ from tkaot._quant.kernels import SWIGLU_GENERIC
 DECL = SWIGLU_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 THREADS = 128
+# 8 blocks an SM: 64 registers a thread, as the specialised tilings of 256-thread rows (at 9, the bf16 variants spill)
+MIN_BLOCKS = 8
 CHUNK = 4  # vectors of each half a thread computes at once: 32 bf16 or 16 fp32 columns
 MAX_GROUP = 128  # the op's groups are 32 or 128 columns
 
@@ -40,8 +42,7 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
     out_dtype = OUT_DTYPES[fmt]
     packed = sf == "ue8m0"
     lean_sf = quantized and sf == "fp32"
-    min_blocks = RESIDENT_THREADS // THREADS
-    max_blocks = NUM_SMS * min_blocks
+    max_blocks = NUM_SMS * MIN_BLOCKS
     num_warps = THREADS // 32
     max_group_lanes = MAX_GROUP // cols
 
@@ -78,7 +79,7 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
         count_clamp: T.int32,
     ):
         with T.Kernel(grid, threads=THREADS) as block:
-            T.annotate_min_blocks_per_sm(min_blocks)
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             T.import_source(DEVICE_HELPERS + PDL_SOURCE)
             pdl_entry()
             T.assume(x_stride % vec == 0)
