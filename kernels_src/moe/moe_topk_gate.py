@@ -6,6 +6,7 @@ unmapped indices, physical map, forced-random tokens, scores output) is a bit
 of the runtime `flags`, so one cubin per (experts, top-k) serves every
 combination; the branches are uniform across a warp. The token's route is
 decided first, in priority order: masked > forced random > fixed > routed.
+The same body (`gate`) builds the generic gate (moe_topk_gate_generic.py), over runtime sizes.
 """
 
 import tilelang.language as T
