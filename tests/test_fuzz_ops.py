@@ -65,6 +65,12 @@ def hidden_breaks(lead: tuple, dtype, multiple: int, limit: int) -> dict:
     }
 
 
+# eps and out_scale reach the kernel as float32: a string, None or a bool is refused before the launch
+REAL_BREAKS = {
+    "eps a string": {"eps": "1e-6"}, "eps None": {"eps": None}, "eps True": {"eps": True}, "out_scale a string": {"out_scale": "2"},
+}  # fmt: skip
+
+
 @CASES.case("quant.norm_forward", built="listed")
 def norm_forward(draw):
     dtype = draw(st.sampled_from(norm.SIGNATURE.tensors[0].dtypes))
@@ -88,6 +94,7 @@ def norm_forward(draw):
         "65536 batches": {"x": meta(65536, n, hidden, dtype=dtype)},
         **hidden_breaks(lead, dtype, 16, 8192),
         "residual_out of another dtype": {"residual_out": meta(*lead, hidden, dtype=F32 if dtype is BF16 else BF16)},
+        **REAL_BREAKS,
     }
     return Call("quant.norm_forward", kwargs, [(RMSNORM, key)], norm.SIGNATURE, breaks=breaks, check=check)
 
@@ -116,6 +123,7 @@ def norm_forward_and_per_token_cast(draw):
             "with_out_bf16": {"with_out_bf16": True},
             "mega_moe_block_m": {"mega_moe_block_m": 128},
             **hidden_breaks(lead, dtype, 16, 8192),
+            **REAL_BREAKS,
         }
         return Call("quant.norm_forward_and_per_token_cast", kwargs, [(RMSNORM, key)], norm.SIGNATURE, breaks=breaks)
     sf = draw(choices(NORM_CAST, "sf"))
@@ -141,6 +149,7 @@ def norm_forward_and_per_token_cast(draw):
         "a given sf with a column-major one asked": lambda kw: {**kw, "use_tma_aligned_col_major_sf": True, "out": (
             None, meta(*lead, cols, dtype=I32 if sf == "ue8m0" else F32))},
         "hidden 8224": {"x": meta(*lead, 8224, dtype=dtype), "weight": None, "residual": None, "out": None, "out_bf16": None},
+        **REAL_BREAKS,
     }  # fmt: skip
     empty = n == 0 or batch == 0
     return Call("quant.norm_forward_and_per_token_cast", kwargs, [] if empty else [(NORM_CAST, key)], norm_cast.SIGNATURE, breaks=breaks)
