@@ -483,19 +483,7 @@ def test_every_public_op_has_a_strategy():
 
     covered = {*CASES.strategies, *test_fuzz_casts.CASES.strategies, *test_fuzz_mhc_engram.CASES.strategies}
     public = {f"{family}.{name}" for family in FAMILIES for name in getattr(tkaot, family).__all__}
-    assert not public - covered - NOT_YET, f"ops without a strategy: {sorted(public - covered - NOT_YET)}"
-    assert not NOT_YET & covered, f"strategies now written: drop {sorted(NOT_YET & covered)} from NOT_YET"
-
-
-# The mHC ops that reached main after these strategies were written: each still wants its `@CASES.case`
-# (tests/test_fuzz_mhc_engram.py)
-NOT_YET = {
-    f"mhc.{name}"
-    for name in (
-        "expand_to_mhc_fwd", "expand_to_mhc_bwd", "mhc_post_fwd", "mhc_post_bwd", "mhc_pre_apply_mix_fwd", "mhc_pre_apply_mix_bwd",
-        "mhc_pre_split_mixes_fwd", "mhc_pre_split_mixes_bwd", "mhc_sinkhorn_fwd", "mhc_sinkhorn_bwd",
-    )
-}  # fmt: skip
+    assert not public - covered, f"ops without a strategy: {sorted(public - covered)}"
 
 
 def test_the_default_set_stands_for_prebuilt():
