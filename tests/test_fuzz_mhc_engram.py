@@ -28,17 +28,31 @@ from tkaot._engram.kernels import (  # noqa: E402
     SINKHORN_STEP,
     SINKHORN_STEP_REDUCE,
 )
-from tkaot._mhc import big_fuse, head_mix, norm_fn  # noqa: E402
+from tkaot._mhc import big_fuse, expand, head_mix, norm_fn, post, pre_apply_mix, split_mixes  # noqa: E402
+from tkaot._mhc import sinkhorn as mhc_sinkhorn  # noqa: E402
 from tkaot._mhc.kernels import (  # noqa: E402
+    EXPAND_BWD,
+    EXPAND_FWD,
     HEAD_MIX_BWD,
     HEAD_MIX_FWD,
+    MAX_MHC,
     MULTILAYER_RECOMPUTE,
     NORMW_MERGE_BWD,
     NORMW_MERGE_FWD,
+    POST_BWD,
+    POST_FWD,
+    PRE_APPLY_MIX_BWD,
+    PRE_APPLY_MIX_FWD,
     PRE_BIG_FUSE,
     REDUCE_PARTIALS_BWD,
     REDUCE_PARTIALS_FWD,
+    SINKHORN_BWD,
+    SINKHORN_FWD,
+    SPLIT_MIXES_BWD,
+    SPLIT_MIXES_BWD_REDUCE,
+    SPLIT_MIXES_FWD,
 )
+from tkaot._validate import MAX_I32  # noqa: E402
 
 CASES = Cases()
 NAMES = {BF16: "bfloat16", F32: "float32"}
@@ -212,6 +226,218 @@ def mhc_multilayer_recompute(draw):
                                                                                       "comb_mix_list", "residual_list")}  # fmt: skip
     made = [] if n == 0 else [(MULTILAYER_RECOMPUTE, {"mhc_mult": m})]
     return Call("mhc.mhc_multilayer_recompute", kwargs, made, breaks=breaks)
+
+
+# ---- the mHC ops keyed by the expansion rate alone (expand, pre-apply mix, post, split mixes, Sinkhorn): the token
+# count, the hidden size and the Sinkhorn repeat count are runtime values; the default set builds mhc_mult 4
+
+
+def rate_and_hidden(draw) -> tuple[int, int, int]:
+    """(num_tokens, mhc_mult in [1, MAX_MHC], a hidden size that is a multiple of 8, 0 included)."""
+    return draw(tokens()), draw(st.integers(1, MAX_MHC)), 8 * draw(st.sampled_from([0, 1, 3, 16, 512, 896, 2048]))
+
+
+def streams_breaks(n: int, m: int, hidden: int, row: str, streams: str) -> dict:
+    """(row (num_tokens, hidden), streams (num_tokens, mhc, hidden)) ops: a rate over MAX_MHC, a hidden size that is not a
+    multiple of 8, rows of 2**31 elements."""
+    found = {
+        f"mhc_mult {MAX_MHC + 1}": {streams: meta(n, MAX_MHC + 1, hidden)},
+        "mhc_mult 0": {streams: meta(n, 0, hidden)},
+        "hidden not a multiple of 8": {row: meta(n, hidden + 4), streams: meta(n, m, hidden + 4)},
+    }
+    if hidden:
+        big = MAX_I32 // hidden + 1
+        found["2**31 elements"] = {row: meta(big, hidden), streams: meta(big, m, hidden)}
+    return found
+
+
+@CASES.case("mhc.expand_to_mhc_fwd", built="listed")
+def expand_to_mhc_fwd(draw):
+    n, m, hidden = rate_and_hidden(draw)
+    kwargs = {"x": meta(n, hidden), "o": meta(n, m, hidden)}
+    made = [(EXPAND_FWD, {"mhc_mult": m})] if n and hidden else []
+    return Call("mhc.expand_to_mhc_fwd", kwargs, made, expand.FWD_SIGNATURE, breaks=streams_breaks(n, m, hidden, "x", "o"))
+
+
+@CASES.case("mhc.expand_to_mhc_bwd", built="listed")
+def expand_to_mhc_bwd(draw):
+    n, m, hidden = rate_and_hidden(draw)
+    kwargs = {"o_grad": meta(n, m, hidden), "x_grad": meta(n, hidden)}
+    made = [(EXPAND_BWD, {"mhc_mult": m})] if n and hidden else []
+    return Call("mhc.expand_to_mhc_bwd", kwargs, made, expand.BWD_SIGNATURE, breaks=streams_breaks(n, m, hidden, "x_grad", "o_grad"))
+
+
+@CASES.case("mhc.mhc_pre_apply_mix_fwd", built="listed")
+def mhc_pre_apply_mix_fwd(draw):
+    n, m, hidden = rate_and_hidden(draw)
+    kwargs = {"x": meta(n, m, hidden), "mix": f32(n, m), "o": meta(n, hidden)}
+    breaks = streams_breaks(n, m, hidden, "o", "x")
+    breaks[f"mhc_mult {MAX_MHC + 1}"]["mix"] = f32(n, MAX_MHC + 1)
+    breaks["mhc_mult 0"]["mix"] = f32(n, 0)
+    made = [(PRE_APPLY_MIX_FWD, {"mhc_mult": m})] if n and hidden else []
+    return Call("mhc.mhc_pre_apply_mix_fwd", kwargs, made, pre_apply_mix.FWD_SIGNATURE, breaks=breaks)
+
+
+@CASES.case("mhc.mhc_pre_apply_mix_bwd", built="listed")
+def mhc_pre_apply_mix_bwd(draw):
+    n, m, hidden = rate_and_hidden(draw)
+    kwargs = {"o_grad": meta(n, hidden), "x": meta(n, m, hidden), "mix": f32(n, m), "x_grad": meta(n, m, hidden)}
+    breaks = streams_breaks(n, m, hidden, "o_grad", "x")
+    for rate, label in ((MAX_MHC + 1, f"mhc_mult {MAX_MHC + 1}"), (0, "mhc_mult 0")):
+        breaks[label].update(mix=f32(n, rate), x_grad=meta(n, rate, hidden))
+    breaks["hidden not a multiple of 8"]["x_grad"] = meta(n, m, hidden + 4)
+    if "2**31 elements" in breaks:
+        big = MAX_I32 // hidden + 1
+        breaks["2**31 elements"].update(mix=f32(big, m), x_grad=meta(big, m, hidden))
+
+    def check(mix_grad):
+        assert mix_grad.shape == (n, m) and mix_grad.dtype == F32
+
+    made = [(PRE_APPLY_MIX_BWD, {"mhc_mult": m})] if n and hidden else []
+    return Call("mhc.mhc_pre_apply_mix_bwd", kwargs, made, pre_apply_mix.BWD_SIGNATURE, breaks=breaks, check=check)
+
+
+def post_inputs(draw) -> tuple[int, int, int, dict]:
+    """mhc_post's inputs: (num_seqs, num_tokens, ...) tensors, and the row count they make."""
+    n, m, hidden = rate_and_hidden(draw)
+    seqs = draw(st.sampled_from([1, 2]))
+    lead = (seqs, n)
+    tensors = {"x": meta(*lead, hidden), "residual": meta(*lead, m, hidden), "post_layer_mix": f32(*lead, m, 1),
+               "comb_res_mix": f32(*lead, m, m)}  # fmt: skip
+    return seqs * n, m, hidden, tensors
+
+
+def post_breaks(tensors: dict, streams: str) -> dict:
+    seqs, n, m, hidden = tensors[streams].shape
+    lead = (seqs, n)
+
+    def rate(r: int) -> dict:
+        return {streams: meta(*lead, r, hidden), "residual": meta(*lead, r, hidden), "post_layer_mix": f32(*lead, r, 1),
+                "comb_res_mix": f32(*lead, r, r)}  # fmt: skip
+
+    found = {
+        f"mhc_mult {MAX_MHC + 1}": rate(MAX_MHC + 1),
+        "hidden not a multiple of 8": {"x": meta(*lead, hidden + 4), streams: meta(*lead, m, hidden + 4),
+                                       "residual": meta(*lead, m, hidden + 4)},
+        "post_layer_mix of 2 columns": {"post_layer_mix": f32(*lead, m, 2)},
+        "comb_res_mix not square": {"comb_res_mix": f32(*lead, m, m + 1)},
+    }  # fmt: skip
+    if seqs * n * m > 1 and hidden:  # (TileKernels copies it; tkaot copies no user tensor silently)
+        rows_apart = (n * m * 2 * hidden, m * 2 * hidden, 2 * hidden, 1)
+        found["a residual not contiguous"] = {"residual": meta(*lead, m, hidden, strides=rows_apart)}
+    if hidden:
+        big = MAX_I32 // hidden + 1
+        found["2**31 elements"] = {"x": meta(1, big, hidden), streams: meta(1, big, m, hidden), "residual": meta(1, big, m, hidden),
+                                   "post_layer_mix": f32(1, big, m, 1), "comb_res_mix": f32(1, big, m, m)}  # fmt: skip
+    return found
+
+
+@CASES.case("mhc.mhc_post_fwd", built="listed")
+def mhc_post_fwd(draw):
+    rows, m, hidden, kwargs = post_inputs(draw)
+    given = draw(st.booleans())
+    kwargs["out"] = meta(*kwargs["residual"].shape) if given else None
+    breaks = {k: {**v, "out": None} for k, v in post_breaks(kwargs, "residual").items()}
+    shape = kwargs["residual"].shape
+
+    def check(out):
+        assert out.shape == shape and out.dtype == BF16 and (out is kwargs["out"] or not given)
+
+    made = [(POST_FWD, {"mhc_mult": m})] if rows and hidden else []
+    return Call("mhc.mhc_post_fwd", kwargs, made, post.FWD_SIGNATURE, breaks=breaks, check=check)
+
+
+@CASES.case("mhc.mhc_post_bwd", built="listed")
+def mhc_post_bwd(draw):
+    rows, m, hidden, kwargs = post_inputs(draw)
+    kwargs["d_o"] = meta(*kwargs["residual"].shape)
+    shapes = [(kwargs[k].shape, kwargs[k].dtype) for k in ("x", "residual", "post_layer_mix", "comb_res_mix")]
+
+    def check(grads):
+        assert [(g.shape, g.dtype) for g in grads] == shapes
+
+    made = [(POST_BWD, {"mhc_mult": m})] if rows and hidden else []
+    return Call("mhc.mhc_post_bwd", kwargs, made, post.BWD_SIGNATURE, breaks=post_breaks(kwargs, "d_o"), check=check)
+
+
+def split_sizes(draw) -> tuple[int, int, int]:
+    n, m = draw(tokens()), draw(st.integers(1, MAX_MHC))
+    return n, m, m * (m + 2)
+
+
+def split_rate_break(n: int, rate: int, names: dict) -> dict:
+    """Every tensor of `names` (name -> "token", "mixes", "comb" or "base") sized for another expansion rate."""
+    cols = {"token": rate, "mixes": rate * (rate + 2), "comb": rate * rate}
+    return {k: f32(rate * (rate + 2)) if kind == "base" else f32(n, cols[kind]) for k, kind in names.items()}
+
+
+@CASES.case("mhc.mhc_pre_split_mixes_fwd", built="listed")
+def mhc_pre_split_mixes_fwd(draw):
+    n, m, m3 = split_sizes(draw)
+    kwargs = {
+        "input_mixes": f32(n, m3), "mhc_scale": f32(3), "mhc_base": f32(m3), "pre_layer_mix": f32(n, m), "post_layer_mix": f32(n, m),
+        "comb_res_mix": f32(n, m * m), "mhc_post_mult_value": 2.0, "mhc_pre_eps": 1e-2,
+    }  # fmt: skip
+    names = {"input_mixes": "mixes", "mhc_base": "base", "pre_layer_mix": "token", "post_layer_mix": "token", "comb_res_mix": "comb"}
+    breaks = {
+        **float_breaks("mhc_post_mult_value", "mhc_pre_eps"),
+        f"mhc_mult {MAX_MHC + 1}": split_rate_break(n, MAX_MHC + 1, names),
+        "input_mixes of one column more": {"input_mixes": f32(n, m3 + 1)},
+        "mhc_base of one more": {"mhc_base": f32(m3 + 1)},
+        "comb_res_mix of one column more": {"comb_res_mix": f32(n, m * m + 1)},
+    }
+    made = [(SPLIT_MIXES_FWD, {"mhc_mult": m})] if n else []
+    return Call("mhc.mhc_pre_split_mixes_fwd", kwargs, made, split_mixes.FWD_SIGNATURE, breaks=breaks)
+
+
+@CASES.case("mhc.mhc_pre_split_mixes_bwd", built="listed")
+def mhc_pre_split_mixes_bwd(draw):
+    n, m, m3 = split_sizes(draw)
+    kwargs = {
+        "pre_layer_mix_grad": f32(n, m), "post_layer_mix_grad": f32(n, m), "comb_res_mix_grad": f32(n, m * m), "input_mixes": f32(n, m3),
+        "post_layer_mix": f32(n, m), "mhc_scale": f32(3), "mhc_base": f32(m3), "input_mixes_grad": f32(n, m3), "mhc_scale_grad": f32(3),
+        "mhc_base_grad": f32(m3), "mhc_post_mult_value": 2.0,
+    }  # fmt: skip
+    names = {"pre_layer_mix_grad": "token", "post_layer_mix_grad": "token", "comb_res_mix_grad": "comb", "input_mixes": "mixes",
+             "post_layer_mix": "token", "mhc_base": "base", "input_mixes_grad": "mixes", "mhc_base_grad": "base"}  # fmt: skip
+    breaks = {
+        **float_breaks("mhc_post_mult_value"),
+        f"mhc_mult {MAX_MHC + 1}": split_rate_break(n, MAX_MHC + 1, names),
+        "input_mixes of one column more": {"input_mixes": f32(n, m3 + 1), "input_mixes_grad": f32(n, m3 + 1)},
+        "mhc_base of one more": {"mhc_base": f32(m3 + 1), "mhc_base_grad": f32(m3 + 1)},
+    }
+    # per-block partial sums over the tokens, then their sum (launched with no token too: it writes zeros)
+    made = ([(SPLIT_MIXES_BWD, {"mhc_mult": m})] if n else []) + [(SPLIT_MIXES_BWD_REDUCE, {"mhc_mult": m})]
+    return Call("mhc.mhc_pre_split_mixes_bwd", kwargs, made, split_mixes.BWD_SIGNATURE, breaks=breaks)
+
+
+def sinkhorn_breaks(n: int, m: int, names: tuple, low: int) -> dict:
+    return {
+        **float_breaks("eps"), **int_breaks("repeat", low), "repeat 2**31": {"repeat": 2**31},
+        "matrices not square": {k: f32(n, m, m + 1) for k in names},
+        f"mhc_mult {MAX_MHC + 1}": {k: f32(n, MAX_MHC + 1, MAX_MHC + 1) for k in names},
+    }  # fmt: skip
+
+
+@CASES.case("mhc.mhc_sinkhorn_fwd", built="listed")
+def mhc_sinkhorn_fwd(draw):
+    n, m = draw(tokens()), draw(st.integers(1, MAX_MHC))
+    matrices = f32(n, m, m)
+    out = matrices if draw(st.booleans()) else f32(n, m, m)  # in place, or into another buffer
+    kwargs = {"comb_res_mix": matrices, "comb_res_mix_out": out, "repeat": draw(st.sampled_from([0, 1, 20])), "eps": 1e-6}
+    breaks = sinkhorn_breaks(n, m, ("comb_res_mix", "comb_res_mix_out"), 0)
+    made = [(SINKHORN_FWD, {"mhc_mult": m})] if n else []
+    return Call("mhc.mhc_sinkhorn_fwd", kwargs, made, mhc_sinkhorn.FWD_SIGNATURE, breaks=breaks)
+
+
+@CASES.case("mhc.mhc_sinkhorn_bwd", built="listed")
+def mhc_sinkhorn_bwd(draw):
+    n, m = draw(tokens()), draw(st.integers(1, MAX_MHC))
+    kwargs = {"grad_output": f32(n, m, m), "x": f32(n, m, m), "grad_input": f32(n, m, m), "repeat": draw(st.sampled_from([1, 20])),
+              "eps": 1e-6}  # fmt: skip
+    breaks = sinkhorn_breaks(n, m, ("grad_output", "x", "grad_input"), 1)
+    made = [(SINKHORN_BWD, {"mhc_mult": m})] if n else []
+    return Call("mhc.mhc_sinkhorn_bwd", kwargs, made, mhc_sinkhorn.BWD_SIGNATURE, breaks=breaks)
 
 
 def _cpu(*shape):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from tkaot._compile import is_compiling, traced
@@ -19,6 +21,17 @@ NORM_INPUTS = (
     Tensor("residual", "x", "x", optional=True),
 )
 _SHAPE = "f'shape {tuple(h_x)}'"
+
+
+def real_rule(name: str) -> Rule:
+    """A real-number argument (a float first, as it nearly always is; any numbers.Real but a bool): the kernel reads it
+    as float32, so a string or None is refused here rather than at the launch."""
+    check = f"type({name}) is float or (isinstance({name}, _Real) and not isinstance({name}, bool))"
+    return Rule(name, check, "a real number", error="TypeError")
+
+
+# eps and out_scale, norm_forward_and_per_token_cast's too
+REAL_ARGS = (real_rule("eps"), real_rule("out_scale"))
 SIGNATURE = Signature(
     "tkaot.quant.norm_forward",
     tensors=(
@@ -31,7 +44,10 @@ SIGNATURE = Signature(
     rules=(
         Rule("x", "batch <= 65535", "at most 65535 batches", actual=_SHAPE),
         Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual=_SHAPE),
+        *REAL_ARGS,
     ),
+    scalars=("eps", "out_scale"),
+    env={"_Real": numbers.Real},
 )
 
 
@@ -76,7 +92,9 @@ def norm_forward(
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_norm_forward(x, weight, eps, residual, out_scale, out, residual_out, with_rstd)
-    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(x, weight, residual, out, residual_out)
+    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(
+        x, weight, residual, out, residual_out, eps, out_scale
+    )
     x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
     if out is None:
         out = torch.empty_like(x)
