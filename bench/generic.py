@@ -120,7 +120,10 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
     count = 8  # rotating inputs: 8 x (x, residual) of 8192x7168 bf16 is 1.9 GB, well past L2
     weight = torch.randn(hidden, device="cuda").to(torch.bfloat16)
     inputs = [
-        {"x": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16), "r": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)}
+        {
+            "x": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "r": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+        }
         for _ in range(count)
     ]
     rows = []
@@ -146,7 +149,9 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
             generic, _ = timing.device_us(call, inputs)
         ratio = generic / specialised
         tbps = tokens * hidden * per_element / (generic * 1e-6) / 1e12
-        print(f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True)
+        print(
+            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
+        )
         rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
     return rows
 
