@@ -4,7 +4,9 @@ What is compared: every tensor the call returns (shape, dtype, strides where a d
 which input it aliases, then its bytes) and the whole storage of every input tensor the returned ones do not alias
 (in-place updates, out= buffers nobody returns, and inputs that must stay untouched). A call's `trims` cut bytes
 TileKernels leaves unspecified out of a returned tensor first; its `adjacent` outputs (stochastic rounding) are
-compared level by level instead: each pair of values must be the same or neighbouring levels of the format.
+compared level by level instead: each pair of values must be the same or neighbouring levels of the format. Its
+`close` outputs, or inputs written in place (sums TileKernels adds in an order of its own), are compared by value,
+each within its (rtol, atol).
 """
 
 from __future__ import annotations
@@ -159,7 +161,10 @@ def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None
         if path in aliased or key in seen or any(theirs_in[p].untyped_storage().data_ptr() == key for p in aliased):
             continue
         seen.add(key)
-        problem = describe_difference(f"{path} (its storage, after the call)", storage_bytes(ours_in[path]), storage_bytes(theirs))
+        if path in close:  # written in place, summed in another order: by value, over the tensor itself
+            problem = describe_not_close(f"{path} (after the call)", ours_in[path], theirs, *close[path])
+        else:
+            problem = describe_difference(f"{path} (its storage, after the call)", storage_bytes(ours_in[path]), storage_bytes(theirs))
         if problem:
             problems.append(problem)
     return problems, bool(adjacent or close)

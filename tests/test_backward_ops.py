@@ -1,6 +1,6 @@
 """The backward ops on CPU: valid calls launch the variants their declarations key, with every runtime argument, and
 return TileKernels' shapes and dtypes; invalid calls raise a clear ValueError / TypeError before any launch. Meta
-tensors stand in for CUDA ones and a recorder for the launcher (tests/test_fuzz_ops.py's `launches` fixture)."""
+tensors stand in for CUDA ones and a recorder for the launcher (tests/fuzz.py's `launches` fixture)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tkaot
+from tests.fuzz import launches  # noqa: F401 (a fixture)
 from tests.helpers import F32, FP8, I32, meta
-from tests.test_fuzz_ops import launches  # noqa: F401 (a fixture)
 
 BF16 = torch.bfloat16
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE_BACKWARD
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, Rule, Signature, Tensor, lazy_checker
@@ -84,6 +85,10 @@ def moe_topk_gate_backward(
     Returns:
         grad_logits, (num_tokens, num_experts) float32 (out when given).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_moe_topk_gate_backward(
+            scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, grad_scores_sum, out
+        )
     (device, num_tokens, num_experts, num_topk, num_seqs, scores_ptr, idx_ptr, weights_ptr, grad_ptr, mask_ptr,
      h_ptr, out_ptr) = _check(scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum, out, scoring_func)  # fmt: skip
     if out is None:
@@ -97,3 +102,12 @@ def moe_topk_gate_backward(
         0 if grad_scores_sum is None else 1, num_tokens // num_seqs if num_seqs else 1, num_tokens, num_experts, num_topk,
     )  # fmt: skip
     return out
+
+
+def _fake(new, scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func="sqrtsoftplus", mask=None,
+          grad_scores_sum=None, out=None):  # fmt: skip
+    """moe_topk_gate_backward's output, allocated through `new` (tracing, tkaot/_compile.py)."""
+    return new.empty_like(scores) if out is None else out
+
+
+_traced_moe_topk_gate_backward = traced(moe_topk_gate_backward, _fake, mutates=("out",))

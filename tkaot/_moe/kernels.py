@@ -13,7 +13,7 @@ MOE_TOPK_GATE = KernelDecl(
     name="moe_topk_gate",
     source="kernels_src.moe.moe_topk_gate",
     axes=(
-        Axis("num_experts", int, check=lambda e: 64 <= e <= MAX_EXPERTS and e % 4 == 0, rule=f"a multiple of 4 in [64, {MAX_EXPERTS}]"),
+        Axis("num_experts", int, check=lambda e: 4 <= e <= MAX_EXPERTS and e % 4 == 0, rule=f"a multiple of 4 in [4, {MAX_EXPERTS}]"),
         Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),
         tiling_axis(GATE_TILINGS),
     ),
@@ -42,6 +42,7 @@ TOPK_GATE = KernelDecl(
 )
 
 # Any expert count and k in one variant: the calls whose specialised variant is not built (tkaot/_op.py)
+MOE_TOPK_GATE_GENERIC = MOE_TOPK_GATE.generic("moe_topk_gate_generic", "kernels_src.moe.moe_topk_gate_generic", ("num_experts", "num_topk"))
 TOPK_GATE_GENERIC = TOPK_GATE.generic("topk_gate_generic", "kernels_src.moe.topk_gate_generic", ("num_experts", "num_topk"))
 
 NORMALIZE_WEIGHT = KernelDecl(
@@ -52,6 +53,8 @@ NORMALIZE_WEIGHT = KernelDecl(
     dims=("num_tokens",),
     ops=("tkaot.moe.normalize_weight",),
 )
+# Any number of weights a token, one variant
+NORMALIZE_WEIGHT_GENERIC = NORMALIZE_WEIGHT.generic("normalize_weight_generic", "kernels_src.moe.normalize_weight_generic", ("num_topk",))
 
 # ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant.
 MOE_TOPK_GATE_BACKWARD = KernelDecl(
@@ -67,4 +70,12 @@ MOE_TOPK_GATE_BACKWARD = KernelDecl(
 )  # fmt: skip
 # ---- end of the backward kernels
 
-KERNELS = (MOE_TOPK_GATE, TOPK_GATE, TOPK_GATE_GENERIC, NORMALIZE_WEIGHT, MOE_TOPK_GATE_BACKWARD)
+KERNELS = (
+    MOE_TOPK_GATE,
+    MOE_TOPK_GATE_GENERIC,
+    TOPK_GATE,
+    TOPK_GATE_GENERIC,
+    NORMALIZE_WEIGHT,
+    NORMALIZE_WEIGHT_GENERIC,
+    MOE_TOPK_GATE_BACKWARD,
+)

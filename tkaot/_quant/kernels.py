@@ -95,6 +95,10 @@ SWIGLU = KernelDecl(
     tilings=SWIGLU_TILINGS,
 )  # fmt: skip
 
+# Every row width the SwiGLU ops take (a multiple of 64; the specialised tilings need 256) and either group, one
+# variant per dtype, format, sf kind and tiling: the calls whose specialised variant is not built (tkaot/_op.py)
+SWIGLU_GENERIC = SWIGLU.generic("swiglu_generic", "kernels_src.fused.swiglu_generic", ("hidden", "group"))
+
 PER_TOKEN_CAST = KernelDecl(
     name="per_token_cast",
     source="kernels_src.quant.per_token_cast",
@@ -266,6 +270,6 @@ BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 # ---- end of the backward kernels
 
 KERNELS = (
-    RMSNORM, RMSNORM_GENERIC, NORM_CAST, NORM_CAST_GENERIC, SWIGLU, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC, PER_BLOCK_CAST,
-    PER_CHANNEL_CAST, CAST, CAST_BACK, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF, *BACKWARD_KERNELS,
+    RMSNORM, RMSNORM_GENERIC, NORM_CAST, NORM_CAST_GENERIC, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC,
+    PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF, *BACKWARD_KERNELS,
 )  # fmt: skip

@@ -18,6 +18,7 @@ NORM_INPUTS = (
     Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
     Tensor("residual", "x", "x", optional=True),
 )
+_SHAPE = "f'shape {tuple(h_x)}'"
 SIGNATURE = Signature(
     "tkaot.quant.norm_forward",
     tensors=(
@@ -27,7 +28,10 @@ SIGNATURE = Signature(
     ),
     dims=("batch", "num_tokens", "hidden"),
     defaults={"batch": 1},
-    rules=(Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),),
+    rules=(
+        Rule("x", "batch <= 65535", "at most 65535 batches", actual=_SHAPE),
+        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual=_SHAPE),
+    ),
 )
 
 
@@ -57,7 +61,7 @@ def norm_forward(
 
     Args:
         x: (num_tokens, hidden) or (batch, num_tokens, hidden), bf16 or fp32, on a CUDA
-            device; last dimension contiguous, rows 16-byte aligned.
+            device; last dimension contiguous, rows 16-byte aligned; hidden a multiple of 16, at most 8192.
         weight: (hidden,) of x's dtype, or None for unit weight.
         eps: added to the mean square before the reciprocal square root.
         residual: optional, shaped like x; x + residual is rounded to x's dtype first.

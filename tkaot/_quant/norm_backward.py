@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.kernels import NORM_BACKWARD_MAX_BLOCKS, NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, norm_backward_tiling
 from tkaot._validate import MAX_I32, Rule, Signature, Tensor, lazy_checker
@@ -76,6 +77,8 @@ def norm_backward(
         (x_grad (num_tokens, hidden) contiguous, of x's dtype; weight_grad, or None without weight).
         Without a given weight_grad it is a new tensor of weight's dtype.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     device, num_tokens, hidden, og_ptr, x_ptr, w_ptr, rstd_ptr, rg_ptr, wg_ptr, og_s, x_s, rg_s = _check(
         out_grad, x, weight, rstd, residual_out_grad, weight_grad
     )
@@ -106,3 +109,14 @@ def norm_backward(
             device, stream, partials.data_ptr(), weight_grad.data_ptr(), 1 if accumulate else 0, num_blocks, hidden
         )
     return x_grad, weight_grad
+
+
+def _fake(new, out_grad, x, weight, rstd, residual_out_grad=None, out_scale=1.0, weight_grad=None):
+    """norm_backward's outputs, allocated through `new` (tracing, tkaot/_compile.py)."""
+    x_grad = new.empty(x.shape, x.dtype, x.device)
+    if weight is not None and weight_grad is None:
+        weight_grad = new.empty(weight.shape, weight.dtype, weight.device)
+    return x_grad, weight_grad
+
+
+_traced_norm_backward = traced(norm_backward, _fake, mutates=("weight_grad",), outputs=2)

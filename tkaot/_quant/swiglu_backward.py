@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._op import OpKernels, current_stream
-from tkaot._quant.cast_common import SF_KIND, SF_PACKED_RULE
+from tkaot._quant.cast_common import SF_KIND, SF_PACKED_RULE, new_sf, sf_kind
 from tkaot._quant.kernels import SWIGLU_BACKWARD
 from tkaot._quant.swiglu import TOKEN_ALIGNMENT, alloc_token_sf
 from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
@@ -164,6 +165,10 @@ def swiglu_backward(
         (x_grad (rows, 2 * hidden), weight_grad (rows,) fp32 when topk_weights is given, act_out (rows,
         hidden) when do_recompute), in that order.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_swiglu_backward(
+            x, act_x_grad, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, do_recompute
+        )
     return _backward(x, None, act_x_grad, fmt, None, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
                      False, False, False, clamp_value, do_recompute, False)  # fmt: skip
 
@@ -200,6 +205,11 @@ def swiglu_backward_and_per_token_cast(
         (x_grad, (x_grad_fp8, x_grad_fp8_sf) for "e4m3", weight_grad with topk_weights, act_out with
         do_recompute), in that order; the cast is of x_grad's fp32 values, before rounding to bf16.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_swiglu_backward_and_per_token_cast(
+            x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+            use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, do_recompute,
+        )  # fmt: skip
     quantized_input = fmt == "e4m3"
     if quantized_input:
         if not (isinstance(x, (tuple, list)) and len(x) == 2):
@@ -212,3 +222,42 @@ def swiglu_backward_and_per_token_cast(
     return _backward(x, x_sf, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights,
                      routed_scaling_factor, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
                      do_recompute, True)  # fmt: skip
+
+
+# ---- tracing (tkaot/_compile.py): each op's outputs, allocated through `new`
+
+
+def _fake_backward(new, x, fmt, num_per_channels, topk_weights, col_major_sf, round_sf, use_packed_ue8m0, do_recompute) -> tuple:
+    """_backward's result, allocated through `new` (x: the data tensor)."""
+    num_rows = x.shape[0] if x.dim() == 2 else x.shape[0] * x.shape[1]
+    hidden, where = x.shape[-1] // 2, x.device
+    out_dtype = _OUT[fmt]
+    result = [new.empty((num_rows, 2 * hidden), out_dtype, where)]
+    if fmt == "e4m3":
+        kind = sf_kind(round_sf, use_packed_ue8m0)
+        groups = 2 * hidden // num_per_channels
+        result.append((new.empty((num_rows, 2 * hidden), _FP8, where), new_sf(new, num_rows, groups, kind, col_major_sf, where)))
+    if topk_weights is not None:
+        result.append(new.empty((num_rows,), _F32, where))
+    if do_recompute:
+        result.append(new.empty((num_rows, hidden), out_dtype, where))
+    return tuple(result)
+
+
+def _fake(new, x, act_x_grad, fmt, psum_num_tokens_per_expert=None, topk_weights=None, routed_scaling_factor=None, clamp_value=None,
+          do_recompute=False):  # fmt: skip
+    return _fake_backward(new, x, fmt, None, topk_weights, False, False, False, do_recompute)
+
+
+def _fake_cast(
+    new, x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert=None, topk_weights=None, routed_scaling_factor=None,
+    use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False, clamp_value=None, do_recompute=False,
+):  # fmt: skip
+    data = x if isinstance(x, torch.Tensor) else x[0]  # the (data, sf) pair of fmt "e4m3"
+    return _fake_backward(
+        new, data, fmt, num_per_channels, topk_weights, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, do_recompute
+    )
+
+
+_traced_swiglu_backward = traced(swiglu_backward, _fake, outputs=3)
+_traced_swiglu_backward_and_per_token_cast = traced(swiglu_backward_and_per_token_cast, _fake_cast, outputs=5, kinds={"x": "tensors"})
