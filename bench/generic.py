@@ -1,7 +1,8 @@
 """Generic against specialised variants, side by side in one run (the generic tier's target: within 1.25x of the
 specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256, the
 SwiGLU ops at 8192 tokens of hidden 4096 and 14336 (x 8192x8192 and 8192x28672), moe_topk_gate_forward at 8192x256
-top-8 (+1 shared slot) and normalize_weight at 8192x9.
+top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward and norm_forward_and_per_token_cast at 8192x7168
+bf16.
 
     python -m bench.generic [--out bench/results]
 
@@ -26,6 +27,8 @@ from bench import timing
 from tkaot import _op
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
+from tkaot._quant import norm as _norm
+from tkaot._quant import norm_cast as _norm_cast
 from tkaot._quant import swiglu as _swiglu
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 
@@ -57,7 +60,15 @@ def on_generic(specialised: str = "per_token_cast"):
 
     def forget():
         _casts._PLANS.clear()
-        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK, _moe_ops._GATE, _moe_ops._NORMALIZE, _swiglu._SWIGLU):
+        for kernels in (
+            *_casts._PER_TOKEN.values(),
+            _moe_ops._TOPK,
+            _moe_ops._GATE,
+            _moe_ops._NORMALIZE,
+            _swiglu._SWIGLU,
+            _norm._NORM,
+            _norm_cast._NORM_CAST,
+        ):
             kernels.cache.clear()
 
     forget()
@@ -194,6 +205,57 @@ def gate_rows(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8) ->
     ]
 
 
+# (name, the op, its arguments after x and the weight, its keywords, with a residual, bytes moved per element of x)
+NORM_CASES = [
+    ("norm_forward", "norm_forward", (1e-6,), {}, False, 2 + 2),
+    ("norm_forward residual rstd", "norm_forward", (1e-6,), {"with_rstd": True}, True, 2 + 2 + 2 + 2),
+    ("norm_cast e4m3/32", "norm_forward_and_per_token_cast", (1e-6, "e4m3", 32), {}, False, 2 + 1 + 4 / 32),
+    ("norm_cast e4m3/32 ue8m0 residual", "norm_forward_and_per_token_cast", (1e-6, "e4m3", 32),
+     {"round_sf": True, "use_packed_ue8m0": True}, True, 2 + 2 + 2 + 1 + 1 / 32),
+]  # fmt: skip
+
+
+def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
+    """The norm ops on their specialised variants and on the generic ones, weight given."""
+    count = 8  # rotating inputs: 8 x (x, residual) of 8192x7168 bf16 is 1.9 GB, well past L2
+    weight = torch.randn(hidden, device="cuda").to(torch.bfloat16)
+    inputs = [
+        {
+            "x": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "r": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+        }
+        for _ in range(count)
+    ]
+    rows = []
+    for name, op, call_args, kwargs, residual, per_element in NORM_CASES:
+        fn = getattr(tkaot.quant, op)
+        specialised_kernel = "rmsnorm" if op == "norm_forward" else "norm_cast"
+        kernels = _norm._NORM if op == "norm_forward" else _norm_cast._NORM_CAST
+
+        def call(a, fn=fn, call_args=call_args, kwargs=kwargs, residual=residual):
+            return fn(a["x"], weight, *call_args, residual=a["r"] if residual else None, **kwargs)
+
+        def launched(kernels=kernels) -> str:
+            (kernel,) = {getattr(launcher, "__self__", launcher).kernel.kernel for launcher in kernels.cache.values()}
+            return kernel
+
+        kernels.cache.clear()
+        call(inputs[0])
+        assert launched() == specialised_kernel, f"{name}: no specialised variant at {hidden}"
+        specialised, _ = timing.device_us(call, inputs)
+        with on_generic(specialised_kernel):
+            call(inputs[0])
+            assert launched() == specialised_kernel + "_generic"
+            generic, _ = timing.device_us(call, inputs)
+        ratio = generic / specialised
+        tbps = tokens * hidden * per_element / (generic * 1e-6) / 1e12
+        print(
+            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
+        )
+        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -225,6 +287,7 @@ def main(argv=None) -> None:
     rows.append(topk_gate_row(l2))
     rows += swiglu_rows(l2)
     rows += gate_rows(l2)
+    rows += norm_rows()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"

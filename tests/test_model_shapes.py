@@ -143,7 +143,17 @@ def test_check_reports_missing_variants(tmp_path):
     assert "rmsnorm" in ok.output and "swiglu" in ok.output
     config = tmp_path / "odd.json"
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 640, "num_attention_heads": 5}))
-    gap = CliRunner().invoke(main, ["check", "--hf-config", str(config), "--artifacts", str(prebuilt)])
+    # no rmsnorm of 640 is specialised: the generic kernel serves it, and check says so
+    served = CliRunner().invoke(main, ["check", "--hf-config", str(config), "--artifacts", str(prebuilt)])
+    assert served.exit_code == 0 and "0 missing" in served.output
+    assert "generic rmsnorm hidden=640,dtype=bfloat16,with_weight=false,with_residual=false,with_rstd=false" in served.output
+    # without the generic kernel it is missing
+    manifest = json.loads((prebuilt / "manifest.json").read_text())
+    manifest["variants"] = [e for e in manifest["variants"] if e["kernel"] != "rmsnorm_generic"]
+    trimmed = tmp_path / "trimmed"
+    trimmed.mkdir()
+    (trimmed / "manifest.json").write_text(json.dumps(manifest))
+    gap = CliRunner().invoke(main, ["check", "--hf-config", str(config), "--artifacts", str(trimmed)])
     assert gap.exit_code == 1
     assert f"{config}: needs" in gap.output
     assert (

@@ -35,7 +35,7 @@ import tilelang.language as T
 
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
-from kernels_src.norm.row_sum import NUM_THREADS, row_split, row_sum
+from kernels_src.norm.row_sum import NUM_THREADS, StaticSplit, row_split
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant.common import amax_floor, scale_factor
 from tkaot._quant.kernels import NORM_CAST
@@ -86,20 +86,24 @@ def row_tiling(hidden: int, dtype: str, tiling: str) -> tuple[int, int, int, int
 
 
 def build(hidden: int, dtype: str, sf: str, tiling: str):
-    vec, row_threads, vecs_per_thread, threads, min_blocks = row_tiling(hidden, dtype, tiling)
+    return norm_cast_kernel(StaticSplit(hidden, dtype), dtype, sf, tiling)
+
+
+def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
+    """The kernel over a row split (kernels_src/norm/row_sum.py): a static one, or one computed from a runtime
+    hidden (kernels_src/fused/norm_cast_generic.py). Every thread sums, rounds and scales the same elements in the
+    same order either way."""
+    hidden, vec, vecs_per_thread = split.hidden, split.vec, split.vectors
+    threads, min_blocks = NUM_THREADS, TILINGS[tiling].blocks
     # An fp32 row's weight share (up to 32 values a thread) does not fit beside x under the register cap: it spills
     preload = TILINGS[tiling].preload and dtype == "bfloat16"
     words = dtype == "bfloat16"
     pairs = dtype == "bfloat16"  # an fp32 row rounds to itself
     lean_sf = sf == "fp32" and dtype == "bfloat16"  # checked for bf16 amax values only
-    rows_per_block = threads // row_threads
-    lanes = min(row_threads, 32)
-    row_warps = row_threads // lanes
     group_lanes = GROUP // vec
     num_groups = hidden // GROUP
-    num_words = -(-num_groups // 4)
+    num_words = -(-num_groups // 4) if split.static else T.ceildiv(num_groups, 4)
     packed = sf == "ue8m0"
-    exact = hidden % (vec * row_threads) == 0  # every thread's vectors are in range
 
     batch, num_tokens = T.dynamic("batch"), T.dynamic("num_tokens")
     x_bstride, x_stride = T.dynamic("x_batch_stride"), T.dynamic("x_stride")
@@ -115,7 +119,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
         sf_shape, sf_strides, sf_dtype = (batch, num_tokens, num_groups), (sf_bstride, sf_stride, sf_gstride), "float32"
 
     residual_given = TILINGS[tiling].residual
-    grid_x = T.ceildiv(num_tokens, rows_per_block)
+    grid_x = split.grid(num_tokens)
 
     def widen(vectors, v, j):
         # Value j of vector v as fp32: from its 32-bit word where "words" says so
@@ -128,9 +132,14 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
         # Group gi's scale factor; packed, the unused bytes of a row's last word are written as 0
         if packed:
             out_sf[b, token, gi // 4, gi % 4] = stored
-            if num_groups % 4 != 0 and gi == num_groups - 1:
-                for p in T.unroll(num_groups % 4, 4):
-                    out_sf[b, token, num_words - 1, p] = T.uint8(0)
+            if split.static:
+                if num_groups % 4 != 0 and gi == num_groups - 1:
+                    for p in T.unroll(num_groups % 4, 4):
+                        out_sf[b, token, num_words - 1, p] = T.uint8(0)
+            elif gi == num_groups - 1:
+                for p in T.unroll(1, 4):
+                    if p >= num_groups % 4 and num_groups % 4 != 0:
+                        out_sf[b, token, num_words - 1, p] = T.uint8(0)
         else:
             out_sf[b, token, gi] = stored
 
@@ -138,8 +147,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
     def store_residual_sums(residual_out, x_reg, b, token, lane):
         # With a residual tiling: the thread's residual sums, stored once the row reduction has consumed them
         for v in T.unroll(vecs_per_thread):
-            col = (v * row_threads + lane) * vec
-            if token < num_tokens and (exact or col < hidden):
+            col = (v * split.row_threads + lane) * vec
+            if token < num_tokens and split.in_row(col):
                 for j in T.vectorized(vec):
                     residual_out[b, token, col + j] = x_reg[v, j]
 
@@ -158,8 +167,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
         # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
         # the residual tiling takes it as given, the other asks has_residual
         for v in T.unroll(vecs_per_thread):
-            col = (v * row_threads + lane) * vec
-            if token < num_tokens and (exact or col < hidden):
+            col = (v * split.row_threads + lane) * vec
+            if token < num_tokens and split.in_row(col):
                 for j in T.vectorized(vec):
                     x_reg[v, j] = x[b, token, col + j]
                 if residual_given:
@@ -189,7 +198,7 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
     ):
         with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             T.annotate_min_blocks_per_sm(min_blocks)
-            T.import_source(_DEVICE_HELPERS + PDL_SOURCE)
+            T.import_source(split.helpers + _DEVICE_HELPERS + PDL_SOURCE)
             pdl_entry()
             # The first blocks of the grid ask L2 for the weight's lines (one a thread) before they load x, so
             # the weight, read after the row reduction, is no DRAM round trip on the first rows' critical path
@@ -208,7 +217,8 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
             T.assume(ob_stride % vec == 0)
             T.assume(ob_bstride % vec == 0)
             tid = T.get_thread_binding()
-            lane = tid % row_threads
+            split.enter()
+            lane = split.lane(tid)
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
             r_reg = T.alloc_local((vec,), dtype)
             w_reg = T.alloc_local((vecs_per_thread if preload else 1, vec), dtype)
@@ -228,87 +238,89 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
                 clamped = T.alloc_var(T.float32)
                 sf_lean = T.alloc_local((1,), T.float32)
                 inv_lean = T.alloc_local((1,), T.float32)
-            warp_sums = T.alloc_shared((rows_per_block, row_warps), T.float32)
-            token = block * rows_per_block + tid // row_threads
+            warp_sums = T.alloc_shared(split.warp_sums_shape, T.float32)
+            token = block * split.rows_per_block + split.row(tid)
             load_row(x, residual, residual_out, x_reg, r_reg, b, token, lane, has_residual)
             if preload and has_weight != 0:
                 for v in T.unroll(vecs_per_thread):
-                    col = (v * row_threads + lane) * vec
-                    if exact or col < hidden:
+                    col = (v * split.row_threads + lane) * vec
+                    if split.in_row(col):
                         for j in T.vectorized(vec):
                             w_reg[v, j] = weight[col + j]
             # The thread's squares in two chains, even and odd elements, then their sum (TileKernels' order)
             sums[0] = 0.0
             sums[1] = 0.0
             for v in T.unroll(vecs_per_thread):
-                for j in T.unroll(vec):
-                    sums[j % 2] = T.fma(widen(x_reg, v, j), widen(x_reg, v, j), sums[j % 2])
+                if split.live(v):  # a generic split's vectors past the count: zeros, which add nothing
+                    for j in T.unroll(vec):
+                        sums[j % 2] = T.fma(widen(x_reg, v, j), widen(x_reg, v, j), sums[j % 2])
             acc[0] = sums[0] + sums[1]
 
-            row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
+            split.reduce(acc, warp_sums, split.row(tid), lane)
             if residual_given:
                 store_residual_sums(residual_out, x_reg, b, token, lane)
-            inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / hidden + eps))
+            inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / split.divisor + eps))
             if has_rstd != 0 and lane == 0 and token < num_tokens:
                 rstd[b, token] = inv_rms
 
             for v in T.unroll(vecs_per_thread):
-                col = (v * row_threads + lane) * vec
-                in_row = exact or col < hidden
-                wv = v if preload else 0
-                if not preload and has_weight != 0 and in_row:
-                    for j in T.vectorized(vec):
-                        w_reg[0, j] = weight[col + j]
-                for j in T.unroll(vec):
-                    scale = out_scale
-                    if has_weight != 0:
-                        scale = widen(w_reg, wv, j) * out_scale
-                    if pairs:
-                        yv[j] = widen(x_reg, v, j) * inv_rms * scale
-                    else:
-                        y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
-                if pairs:
-                    # Rounded two at a time into one word; the low half shifted up, the high half masked
-                    for j in T.unroll(vec // 2):
-                        word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
-                        yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
-                        yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
-                else:
-                    # Vectorized, the rounded outputs are unpacked two at a time
-                    for j in T.vectorized(vec):
-                        yf[j] = T.cast(y_reg[j], T.float32)
-                # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
-                amax = T.abs(yf[0])
-                for j in T.unroll(1, vec):
-                    amax = T.max(amax, T.abs(yf[j]))
-                for i in T.unroll(group_lanes.bit_length() - 1):
-                    amax = T.max(amax, T.shfl_xor(amax, 1 << i))
-                if lean_sf:
-                    # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
-                    clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
-                    lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
-                    stored, inv = sf_lean[0], inv_lean[0]
-                else:
-                    stored, inv = scale_factor(amax, "e4m3", sf)
-                if has_out_bf16 != 0 and token < num_tokens and in_row:
-                    # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
+                if split.live(v):  # (a generic split's vectors past the count: nothing to write)
+                    col = (v * split.row_threads + lane) * vec
+                    in_row = split.in_row(col)
+                    wv = v if preload else 0
+                    if not preload and has_weight != 0 and in_row:
+                        for j in T.vectorized(vec):
+                            w_reg[0, j] = weight[col + j]
                     for j in T.unroll(vec):
-                        yb_reg[j] = T.cast(yf[j], T.bfloat16)
+                        scale = out_scale
+                        if has_weight != 0:
+                            scale = widen(w_reg, wv, j) * out_scale
+                        if pairs:
+                            yv[j] = widen(x_reg, v, j) * inv_rms * scale
+                        else:
+                            y_reg[j] = T.cast(T.cast(x_reg[v, j], T.float32) * inv_rms * scale, dtype)
+                    if pairs:
+                        # Rounded two at a time into one word; the low half shifted up, the high half masked
+                        for j in T.unroll(vec // 2):
+                            word = T.call_extern("uint32", "tkaot_bf16x2", yv[2 * j], yv[2 * j + 1])
+                            yf[2 * j] = T.reinterpret(word << T.uint32(16), T.float32)
+                            yf[2 * j + 1] = T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+                    else:
+                        # Vectorized, the rounded outputs are unpacked two at a time
+                        for j in T.vectorized(vec):
+                            yf[j] = T.cast(y_reg[j], T.float32)
+                    # The amax of the rounded outputs, over the lanes of the group (all lanes shuffle)
+                    amax = T.abs(yf[0])
+                    for j in T.unroll(1, vec):
+                        amax = T.max(amax, T.abs(yf[j]))
+                    for i in T.unroll(group_lanes.bit_length() - 1):
+                        amax = T.max(amax, T.shfl_xor(amax, 1 << i))
+                    if lean_sf:
+                        # The "fp32" scale factor (clamped / 448, 448 / clamped) without IEEE division's branch
+                        clamped = T.max(amax, T.float32(amax_floor("e4m3", sf)))
+                        lean_e4m3_scale_factor(clamped, sf_lean, inv_lean)
+                        stored, inv = sf_lean[0], inv_lean[0]
+                    else:
+                        stored, inv = scale_factor(amax, "e4m3", sf)
+                    if has_out_bf16 != 0 and token < num_tokens and in_row:
+                        # Before yf is scaled (it holds bf16 values: the cast is exact), so yv need not stay live
+                        for j in T.unroll(vec):
+                            yb_reg[j] = T.cast(yf[j], T.bfloat16)
+                        for j in T.vectorized(vec):
+                            out_bf16[b, token, col + j] = yb_reg[j]
                     for j in T.vectorized(vec):
-                        out_bf16[b, token, col + j] = yb_reg[j]
-                for j in T.vectorized(vec):
-                    yf[j] = yf[j] * inv
-                for j in T.vectorized(vec):
-                    q_reg[j] = T.cast(yf[j], FP8)
-                if token < num_tokens and in_row:
+                        yf[j] = yf[j] * inv
                     for j in T.vectorized(vec):
-                        out[b, token, col + j] = q_reg[j]
-                    sf_keep[v] = stored
+                        q_reg[j] = T.cast(yf[j], FP8)
+                    if token < num_tokens and in_row:
+                        for j in T.vectorized(vec):
+                            out[b, token, col + j] = q_reg[j]
+                        sf_keep[v] = stored
             # The thread's scale factors, stored after its last vector under one branch
             if token < num_tokens and lane % group_lanes == 0:
                 for v in T.unroll(vecs_per_thread):
-                    col = (v * row_threads + lane) * vec
-                    if exact or col < hidden:
+                    col = (v * split.row_threads + lane) * vec
+                    if split.in_row(col):
                         store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
 
     return norm_cast

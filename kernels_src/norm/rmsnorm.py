@@ -10,7 +10,7 @@ Tokens and batch are dynamic; `eps` and `out_scale` are runtime scalars.
 
 import tilelang.language as T
 
-from kernels_src.norm.row_sum import NUM_THREADS, row_split, row_sum
+from kernels_src.norm.row_sum import NUM_THREADS, StaticSplit
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._quant.kernels import RMSNORM
 
@@ -18,11 +18,13 @@ DECL = RMSNORM  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
 def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
-    vec, row_threads, vecs_per_thread = row_split(hidden, dtype)
-    rows_per_block = NUM_THREADS // row_threads
-    lanes = min(row_threads, 32)
-    row_warps = row_threads // lanes
-    exact = hidden % (vec * row_threads) == 0  # every thread's vectors are in range
+    return rmsnorm_kernel(StaticSplit(hidden, dtype), dtype, with_weight, with_residual, with_rstd)
+
+
+def rmsnorm_kernel(split, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
+    """The kernel over a row split (kernels_src/norm/row_sum.py): a static one, or one computed from a runtime
+    hidden (kernels_src/norm/rmsnorm_generic.py). Every thread sums the same elements in the same order either way."""
+    hidden, vec, vecs_per_thread = split.hidden, split.vec, split.vectors
 
     num_tokens = T.dynamic("num_tokens")
     batch = T.dynamic("batch")
@@ -43,8 +45,8 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
         eps: T.float32,
         out_scale: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
-            T.import_source(PDL_SOURCE)
+        with T.Kernel(split.grid(num_tokens), batch, threads=NUM_THREADS) as (block, b):
+            T.import_source(split.helpers + PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             # Callers guarantee 16-byte aligned rows, so every vector access is one 16-byte access
             T.assume(x_stride % vec == 0)
@@ -57,18 +59,19 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
                 T.assume(rout_stride % vec == 0)
                 T.assume(rout_bstride % vec == 0)
             tid = T.get_thread_binding()
-            lane = tid % row_threads
-            token = block * rows_per_block + tid // row_threads
+            split.enter()
+            lane = split.lane(tid)
+            token = block * split.rows_per_block + split.row(tid)
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
             r_reg = T.alloc_local((vec,), dtype)
             w_reg = T.alloc_local((vec,), dtype)
             sums = T.alloc_local((2,), "float32")
             acc = T.alloc_local((1,), "float32")
-            warp_sums = T.alloc_shared((rows_per_block, row_warps), "float32")
+            warp_sums = T.alloc_shared(split.warp_sums_shape, "float32")
 
             for v in T.unroll(vecs_per_thread):
-                col = (v * row_threads + lane) * vec
-                if token < num_tokens and (exact or col < hidden):
+                col = (v * split.row_threads + lane) * vec
+                if token < num_tokens and split.in_row(col):
                     for j in T.vectorized(vec):
                         x_reg[v, j] = x[b, token, col + j]
                     if with_residual:
@@ -85,19 +88,20 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
             sums[0] = 0.0
             sums[1] = 0.0
             for v in T.unroll(vecs_per_thread):
-                for j in T.unroll(vec):
-                    sums[j % 2] = T.fma(T.cast(x_reg[v, j], "float32"), T.cast(x_reg[v, j], "float32"), sums[j % 2])
+                if split.live(v):  # a generic split's vectors past the count: zeros, which add nothing
+                    for j in T.unroll(vec):
+                        sums[j % 2] = T.fma(T.cast(x_reg[v, j], "float32"), T.cast(x_reg[v, j], "float32"), sums[j % 2])
             acc[0] = sums[0] + sums[1]
 
-            row_sum(acc, warp_sums, tid // row_threads, lane, lanes, row_warps)
-            inv_rms = T.alloc_var("float32", init=T.rsqrt(acc[0] / hidden + eps))
+            split.reduce(acc, warp_sums, split.row(tid), lane)
+            inv_rms = T.alloc_var("float32", init=T.rsqrt(acc[0] / split.divisor + eps))
             if with_rstd:
                 if lane == 0 and token < num_tokens:
                     rstd[b, token] = inv_rms
 
             for v in T.unroll(vecs_per_thread):
-                col = (v * row_threads + lane) * vec
-                if token < num_tokens and (exact or col < hidden):
+                col = (v * split.row_threads + lane) * vec
+                if token < num_tokens and split.in_row(col):
                     if with_weight:
                         for j in T.vectorized(vec):
                             w_reg[j] = weight[col + j]

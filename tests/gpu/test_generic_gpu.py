@@ -440,3 +440,170 @@ def test_swiglu_at_1408_warns_and_matches_the_reference_and_tile_kernels(seed, m
     torch.cuda.synchronize()
     assert_bytes_equal(out, theirs[0].view(out.dtype), "out, against TileKernels")
     assert_bytes_equal(sf, theirs[1].view(sf.dtype), "sf, against TileKernels")
+
+
+# ---- the norm kernels: rmsnorm_generic (norm_forward) and norm_cast_generic (norm_forward_and_per_token_cast) ----
+
+NORM_BUILT = [512, 1536, 2048, 4096, 5120, 7168, 8192]  # build_tools/shapesets/default.toml, fused.toml
+# Widths no specialised variant has: the narrowest (2 and 4 threads a row), rows of whole and partial vectors a
+# thread at every threads-a-row class (8 to 128), and the widest
+NORM_UNBUILT = [16, 32, 48, 96, 160, 272, 544, 1056, 2080, 2880, 4160, 6144, 7200, 8160]
+NORM_DTYPES = [torch.bfloat16, torch.float32]
+NORM_SF = {"fp32": {}, "pow2": {"round_sf": True}, "ue8m0": {"round_sf": True, "use_packed_ue8m0": True}}
+
+
+def norm_input(shape, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of very different magnitudes (one all zero), so the sum of squares rounds at every step."""
+    x = torch.randn(*shape, device="cuda") * torch.exp2(torch.randint(-8, 8, (*shape[:-1], 1), device="cuda").float())
+    x[..., shape[-2] // 2, :] = 0
+    return x.to(dtype)
+
+
+def run_norm(x, weight, residual, out_scale: float) -> dict:
+    """norm_forward into poisoned buffers, rstd asked: every tensor it wrote."""
+    out, residual_out = poisoned_like(x), (poisoned_like(x) if residual is not None else None)
+    got, rstd, norm_in = tkaot.quant.norm_forward(x, weight, 1e-6, residual, out_scale, out=out, residual_out=residual_out, with_rstd=True)
+    assert got is out
+    return {"out": out, "rstd": rstd, **({"residual_out": norm_in} if residual is not None else {})}
+
+
+def run_norm_cast(x, weight, residual, sf: str, out_scale: float) -> dict:
+    """norm_forward_and_per_token_cast with every output asked, into poisoned buffers where the op takes them."""
+    out_bf16 = poisoned_like(torch.empty(x.shape, dtype=torch.bfloat16, device="cuda"))
+    residual_out = poisoned_like(x) if residual is not None else None
+    data = poisoned_like(torch.empty(x.shape, dtype=torch.float8_e4m3fn, device="cuda"))
+    (q, qsf), y, rstd, norm_in = tkaot.quant.norm_forward_and_per_token_cast(
+        x, weight, 1e-6, "e4m3", 32, residual, out_scale, out=(data, None), out_bf16=out_bf16, residual_out=residual_out,
+        with_out_bf16=True, with_rstd=True, **NORM_SF[sf],
+    )  # fmt: skip
+    assert q is data and y is out_bf16
+    return {"values": q, "sf": qsf, "out_bf16": y, "rstd": rstd, **({"residual_out": norm_in} if residual is not None else {})}
+
+
+def norm_calls(hidden: int, dtype: torch.dtype, tokens: int, seed: int):
+    """The calls each test makes at one width and token count: weight or none, residual or none, an out_scale, a
+    batch of two once. Inputs depend on `seed` only."""
+    torch.manual_seed(seed)
+    weight = torch.randn(hidden, device="cuda").to(dtype)
+    for i, (with_weight, with_residual) in enumerate(itertools.product((True, False), (False, True))):
+        shape = (2, tokens, hidden) if i == 3 else (tokens, hidden)
+        x = norm_input(shape, dtype)
+        residual = norm_input(shape, dtype) if with_residual else None
+        yield x, (weight if with_weight else None), residual, (0.5 if i == 2 else 1.0)
+
+
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", NORM_BUILT)
+def test_generic_norm_writes_the_bytes_of_the_specialised_variant(seed, hidden, dtype):
+    for tokens in TOKENS:
+        for x, weight, residual, out_scale in norm_calls(hidden, dtype, tokens, seed + tokens):
+            want = run_norm(x, weight, residual, out_scale)
+            with on_generic("rmsnorm"):
+                got = run_norm(x, weight, residual, out_scale)
+            torch.cuda.synchronize()
+            for name in want:
+                assert_bytes_equal(got[name], want[name], f"{name}, {tuple(x.shape)}")
+
+
+@pytest.mark.parametrize("sf", list(NORM_SF))
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", NORM_BUILT)
+def test_generic_norm_cast_writes_the_bytes_of_the_specialised_variant(seed, hidden, dtype, sf):
+    """Both tilings: calls with a residual take the residual one, generic or specialised."""
+    for tokens in TOKENS:
+        for x, weight, residual, out_scale in norm_calls(hidden, dtype, tokens, seed + tokens):
+            want = run_norm_cast(x, weight, residual, sf, out_scale)
+            with on_generic("norm_cast"):
+                got = run_norm_cast(x, weight, residual, sf, out_scale)
+            torch.cuda.synchronize()
+            for name in want:
+                assert_bytes_equal(got[name], want[name], f"{name}, {tuple(x.shape)}")
+
+
+def check_norm_against_reference(got: dict, x, weight, residual, out_scale: float) -> None:
+    """rstd within its tolerance of the reference's; every other output, bit for bit, the reference's steps from
+    the kernel's rstd (the sum of squares is the one step whose order the reference does not follow)."""
+    s = x if residual is None else (x + residual).to(x.dtype)
+    ref_rstd = torch.rsqrt(s.float().square().mean(dim=-1) + 1e-6)
+    torch.testing.assert_close(got["rstd"], ref_rstd, rtol=1e-5, atol=0)
+    scale = weight.float() * out_scale if weight is not None else out_scale
+    assert_bytes_equal(got["out"], (s.float() * got["rstd"][..., None] * scale).to(x.dtype), "out")
+    if residual is not None:
+        assert_bytes_equal(got["residual_out"], s, "residual_out")
+
+
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", NORM_UNBUILT + NORM_BUILT)
+def test_generic_norm_matches_the_reference_at_any_width(seed, hidden, dtype):
+    for tokens in TOKENS:
+        for x, weight, residual, out_scale in norm_calls(hidden, dtype, tokens, seed + tokens):
+            with on_generic("rmsnorm"):
+                got = run_norm(x, weight, residual, out_scale)
+            torch.cuda.synchronize()
+            check_norm_against_reference(got, x, weight, residual, out_scale)
+
+
+@pytest.mark.parametrize("sf", list(NORM_SF))
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", [h for h in NORM_UNBUILT + NORM_BUILT if h % 32 == 0])
+def test_generic_norm_cast_matches_the_reference_at_any_width(seed, hidden, dtype, sf):
+    from tkaot.reference import fused as fused_ref
+
+    round_sf, packed = sf != "fp32", sf == "ue8m0"
+    for tokens in TOKENS:
+        for x, weight, residual, out_scale in norm_calls(hidden, dtype, tokens, seed + tokens):
+            with on_generic("norm_cast"):
+                got = run_norm_cast(x, weight, residual, sf, out_scale)
+            torch.cuda.synchronize()
+            s = x if residual is None else (x + residual).to(x.dtype)
+            torch.testing.assert_close(got["rstd"], torch.rsqrt(s.float().square().mean(dim=-1) + 1e-6), rtol=1e-5, atol=0)
+            (want_q, want_sf), want_y, _, want_sum = fused_ref.norm_forward_and_per_token_cast(
+                x, weight, 1e-6, residual, out_scale, round_sf, packed, rstd=got["rstd"]
+            )
+            assert_bytes_equal(got["values"], want_q, f"values, {tuple(x.shape)}")
+            assert_bytes_equal(got["sf"], want_sf, f"sf, {tuple(x.shape)}")
+            assert_bytes_equal(got["out_bf16"], want_y.bfloat16(), f"out_bf16, {tuple(x.shape)}")
+            if residual is not None:
+                assert_bytes_equal(got["residual_out"], want_sum, "residual_out")
+
+
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", NORM_UNBUILT)
+def test_generic_norms_at_unbuilt_widths_match_tile_kernels(seed, hidden, dtype):
+    """Where no specialised variant exists to compare with, TileKernels (which builds any width) is the check of
+    the split and the sum order: rstd and every output byte for byte."""
+    tk = pytest.importorskip("tile_kernels")
+    for tokens in TOKENS:
+        for x, weight, residual, out_scale in norm_calls(hidden, dtype, tokens, seed + tokens):
+            with on_generic("rmsnorm"):
+                got = run_norm(x, weight, residual, out_scale)
+            out, rstd, norm_in = tk.quant.norm_forward(x, weight, 1e-6, residual, out_scale, with_rstd=True)
+            torch.cuda.synchronize()
+            assert_bytes_equal(got["rstd"], rstd, f"norm_forward rstd, {tuple(x.shape)}")
+            assert_bytes_equal(got["out"], out, f"norm_forward out, {tuple(x.shape)}")
+            if hidden % 32:
+                continue
+            for sf, flags in NORM_SF.items():
+                with on_generic("norm_cast"):
+                    got = run_norm_cast(x, weight, residual, sf, out_scale)
+                (q, qsf), y, rstd, norm_in = tk.quant.norm_forward_and_per_token_cast(
+                    x, weight, 1e-6, "e4m3", 32, residual, out_scale, with_out_bf16=True, with_rstd=True, **flags
+                )
+                torch.cuda.synchronize()
+                for name, theirs in (("rstd", rstd), ("values", q), ("sf", qsf), ("out_bf16", y)):
+                    assert_bytes_equal(got[name], theirs.view(got[name].dtype), f"norm_cast {sf} {name}, {tuple(x.shape)}")
+
+
+def test_norm_calls_at_unbuilt_widths_warn_once_and_run(seed, monkeypatch):
+    from tkaot._quant import norm as _norm
+    from tkaot._quant import norm_cast as _norm_cast
+
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(_norm._NORM, "cache", {})
+    monkeypatch.setattr(_norm_cast._NORM_CAST, "cache", {})
+    x = norm_input((4097, 2880), torch.bfloat16)
+    w = torch.randn(2880, device="cuda").to(torch.bfloat16)
+    with pytest.warns(GenericVariantWarning, match="tkaot-build build --op rmsnorm --set hidden=2880"):
+        tkaot.quant.norm_forward(x, w, 1e-6)
+    with pytest.warns(GenericVariantWarning, match="tkaot-build build --op norm_cast --set hidden=2880"):
+        tkaot.quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32)

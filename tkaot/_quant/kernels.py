@@ -42,6 +42,8 @@ RMSNORM = KernelDecl(
     ),
     ops=(_Q + "norm_forward",),
 )  # fmt: skip
+# Every row width norm_forward takes, one variant per dtype and flags: the calls whose specialised variant is not built
+RMSNORM_GENERIC = RMSNORM.generic("rmsnorm_generic", "kernels_src.norm.rmsnorm_generic", ("hidden",))
 
 # Tilings (kernels_src/fused/norm_cast.py): without a residual, 8 blocks an SM with the weight prefetched into L2;
 # with one, a residual-specialised tiling (H200 8192x7168: 102.6-103.1 µs against 106.2-107.6, TileKernels 103.3-104.0)
@@ -67,6 +69,8 @@ NORM_CAST = KernelDecl(
     ops=(_Q + "norm_forward_and_per_token_cast",),
     tilings=NORM_CAST_TILINGS,
 )  # fmt: skip
+# Every row width norm_forward_and_per_token_cast takes, one variant per dtype, sf kind and tiling
+NORM_CAST_GENERIC = NORM_CAST.generic("norm_cast_generic", "kernels_src.fused.norm_cast_generic", ("hidden",))
 
 # Tilings (kernels_src/fused/swiglu.py): calls with a clamp_value take the one that clamps with NaN-propagating
 # min / max and counts clamped elements only when asked (H200, weights + clamp: 25.6-25.8 µs against 30.8-31.2)
@@ -266,6 +270,6 @@ BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 # ---- end of the backward kernels
 
 KERNELS = (
-    RMSNORM, NORM_CAST, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC, PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK,
-    PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF, *BACKWARD_KERNELS,
+    RMSNORM, RMSNORM_GENERIC, NORM_CAST, NORM_CAST_GENERIC, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC,
+    PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF, *BACKWARD_KERNELS,
 )  # fmt: skip
