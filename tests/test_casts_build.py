@@ -175,8 +175,9 @@ def test_valid_calls_reach_the_registry(fake_cuda):
         lambda: q.cast_back((meta(300, 512, dtype=torch.float8_e4m3fn), meta(3, 512, dtype=torch.float32)), "fp32", (128, 1)),
         lambda: q.cast_back((meta(40, 256, dtype=torch.int8), meta(2, 4, dtype=torch.float32)), "bf16", (32, 128)),
         lambda: q.per_token_cast(meta(4, 576), "e2m1", 128, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True),
-        lambda: q.per_token_cast((meta(200, 512, dtype=torch.float8_e4m3fn), meta(2, 16, dtype=torch.float32)), "e4m3", 64,
-                                 x_block_size=(128, 32)),
+        lambda: q.per_token_cast(
+            (meta(200, 512, dtype=torch.float8_e4m3fn), meta(2, 16, dtype=torch.float32)), "e4m3", 64, x_block_size=(128, 32)
+        ),
         lambda: q.per_block_cast(meta(300, 512), "e2m1", (32, 128), use_tma_aligned_col_major_sf=True),
         lambda: q.per_block_cast_with_precomputed_sf(meta(300, 512), "e4m3", (128, 128), F32(3, 4)),
         lambda: q.per_channel_cast(meta(300, 512), "e4m3", 128, round_sf=True, use_packed_ue8m0=True),
@@ -383,7 +384,8 @@ def test_reference_cast_back_of_per_channel_blocks_reads_tokens_packed_sf(seed):
     x = torch.randn(300, 256).bfloat16()
     for m in (32, 128):
         data, sf = ref.per_channel_cast(x, "e4m3", m, round_sf=True, use_packed_ue8m0=True)
-        assert sf.shape == (-(-(-(-300 // m)) // 4), 256) and sf.dtype == torch.int32
+        m_blocks = -(-300 // m)
+        assert sf.shape == (-(-m_blocks // 4), 256) and sf.dtype == torch.int32
         got = ref.cast_back((data, sf), "fp32", (m, 1))
         exps = sf.view(torch.uint8).view(sf.shape[0], 256, 4)  # word (r, c), byte b: token block 4 r + b
         block = torch.arange(300) // m

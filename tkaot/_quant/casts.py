@@ -93,8 +93,8 @@ def _group_rule(mode: str, at: str) -> Rule:
     (every mode but the in-place round trip; per_token_cast_generic serves those rows)."""
     if mode != "round_trip":
         return Rule("x", "hidden % 64 == 0", "a multiple of 64 channels wide", actual="f'{hidden} channels'", after=at)
-    return Rule("x", "hidden % 64 == 0 and hidden % num_per_channels == 0",
-                "a multiple of 64 and of num_per_channels={num_per_channels} channels wide", actual="f'{hidden} channels'", after=at)
+    whole = "a multiple of 64 and of num_per_channels={num_per_channels} channels wide"
+    return Rule("x", "hidden % 64 == 0 and hidden % num_per_channels == 0", whole, actual="f'{hidden} channels'", after=at)
 
 
 def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
