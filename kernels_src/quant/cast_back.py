@@ -38,7 +38,8 @@ def check_static(hidden, in_dtype, in_block, in_sf, out_dtype) -> None:
 
 
 def vector_elems(in_dtype: str, in_block: str, vec_bytes: int) -> int:
-    """Elements a thread vector: vec_bytes of input, fewer where a scale block is narrower (but a per-channel one)."""
+    """Elements a thread vector: vec_bytes of input, fewer where a scale block is narrower; per-channel blocks (one
+    channel wide) keep the full width, every element scaled by its own scale factor."""
     bk = common.block_shape(in_block)[1]
     full = vec_bytes * (2 if in_dtype == "e2m1" else 1)
     return full if bk == 1 else min(full, bk)
