@@ -2,7 +2,7 @@
 specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256, the
 SwiGLU ops at 8192 tokens of hidden 4096 and 14336 (x 8192x8192 and 8192x28672), moe_topk_gate_forward at 8192x256
 top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward and norm_forward_and_per_token_cast at 8192x7168
-bf16.
+bf16, cast_back of per-token E4M3 at 8192x7168.
 
     python -m bench.generic [--out bench/results]
 
@@ -62,6 +62,7 @@ def on_generic(specialised: str = "per_token_cast"):
         _casts._PLANS.clear()
         for kernels in (
             *_casts._PER_TOKEN.values(),
+            *_casts._CAST_BACK.values(),
             _moe_ops._TOPK,
             _moe_ops._GATE,
             _moe_ops._NORMALIZE,
@@ -253,6 +254,39 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
             f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
         )
         rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+# cast_back's (name, in_sf as per_token_cast writes it, out fmt): specialised at 7168 in the default set
+CAST_BACK_CASES = [("e4m3 1x128 fp32 -> bf16", {}, "bf16"), ("e4m3 1x128 ue8m0 col -> bf16", DEEPGEMM_SF, "bf16")]
+
+
+def cast_back_rows(l2: int) -> list[dict]:
+    """cast_back of per_token_cast's E4M3 output on its specialised variant and on the generic one."""
+    rows = []
+    for name, flags, fmt in CAST_BACK_CASES:
+        count = min(64, max(2, -(-3 * l2 // (TOKENS * HIDDEN * 3))))
+        inputs = [{"x": tkaot.quant.per_token_cast(torch.randn(TOKENS, HIDDEN, device="cuda").to(torch.bfloat16), "e4m3", 128, **flags)}
+                  for _ in range(count)]  # fmt: skip
+
+        def call(a, fmt=fmt):
+            return tkaot.quant.per_token_cast_back(a["x"], fmt, 128)
+
+        def launched() -> str:
+            (launcher,) = _casts._CAST_BACK["tkaot.quant.per_token_cast_back"].cache.values()
+            return getattr(launcher, "__self__", launcher).kernel.kernel
+
+        _casts._CAST_BACK["tkaot.quant.per_token_cast_back"].cache.clear()
+        call(inputs[0])
+        assert launched() == "cast_back", f"{name}: no specialised variant"
+        specialised, _ = timing.device_us(call, inputs)
+        with on_generic("cast_back"):
+            call(inputs[0])
+            assert launched() == "cast_back_generic"
+            generic, _ = timing.device_us(call, inputs)
+        ratio = generic / specialised
+        tbps = TOKENS * HIDDEN * (1 + 2 + 4 / 128) / (generic * 1e-6) / 1e12
+        print(f"| cast_back {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |",
+              flush=True)  # fmt: skip
+        rows.append({"options": f"cast_back {name}", "specialised_us": round(specialised, 3), "generic_us": round(generic, 3),
+                     "ratio": round(ratio, 3)})  # fmt: skip
     return rows
 
 
@@ -288,6 +322,7 @@ def main(argv=None) -> None:
     rows += swiglu_rows(l2)
     rows += gate_rows(l2)
     rows += norm_rows()
+    rows += cast_back_rows(l2)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"

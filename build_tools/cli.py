@@ -224,11 +224,12 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
 # not listed is assumed to cost the listed ones' mean. The generic kernels were timed side by side with their
 # specialised ones (same machine, same load): per_token_cast_generic 1.22x per_token_cast, topk_gate_generic 1.8x topk_gate,
 # swiglu_generic 1.06x swiglu (3.8-4.5 core-s against 3.1-3.8), moe_topk_gate_generic 1.4x moe_topk_gate,
-# normalize_weight_generic 1.0x normalize_weight;
+# normalize_weight_generic 1.0x normalize_weight, cast_back_generic 1.09x cast_back;
 # rmsnorm_generic and norm_cast_generic from a build of each kind alone, empty cache, a loaded 2-core machine.
 COMPILE_SECONDS = {
     "cast": 1.8,
     "cast_back": 1.0,
+    "cast_back_generic": 1.1,
     "moe_topk_gate": 4.6,
     "moe_topk_gate_generic": 6.4,
     "norm_cast": 1.2,

@@ -159,7 +159,54 @@ def per_token_cast_calls() -> list[Call]:
     calls.append(Call(op, "pair-ue8m0-col", (T((5, 2048), FP8), col((5, 4), I32)), "e4m3", 64, (1, 128)))
     calls.append(Call(op, "pair-col-padded-sf", (T((5, 512), FP8), col((5, 4), pitch=8)), "e4m3", 128, (1, 128)))
     calls.append(Call(op, "pair-one-block-col-sf", (T((3, 512), FP8), T((1, 4), F32, (1, 1))), "e4m3", 128, (128, 128)))
+    calls += partial_group_calls(op) + oblong_block_calls()
     calls += per_token_cast_invalid()
+    return calls
+
+
+# ---- calls TileKernels takes that tkaot once refused (issue 15) -------------------------------------------------------
+# Their records were appended to tests/data/casts_contract.jsonl from code checked on CPU only (the kernels they launch,
+# per_token_cast_generic's partial last group and the per-block / per-channel input blocks, await the GPU tests of
+# tests/gpu/test_generic_gpu.py and test_casts_gpu.py); "per_token_cast/partial-group-192" replaced the record of the
+# call once named "bad-x-width-not-group", which raised. Every other record is as verified.
+
+
+def partial_group_calls(op: str) -> list[Call]:
+    """Rows of 64 * odd channels in groups of 128: the last group holds 64 channels and has its own sf."""
+    calls = [Call(op, "partial-group-192", T((3, 192)), "e4m3", 128)] if op == "per_token_cast" else []
+    kinds = ("fp32", "pow2", "e4m3") if op == "per_token_cast_with_precomputed_sf" else tuple(KINDS)
+    for i, (fmt, kind) in enumerate(itertools.product(("e4m3", "e2m1"), kinds)):
+        tokens, hidden, col_major = cycle((1, 3, 130), i), cycle((64, 320, 1088), i), op != "per_token_cast_with_precomputed_sf" and i % 2
+        round_sf, packed, e4m3_sf = KINDS[kind]
+        flags = dict(round_sf=round_sf, use_e4m3_sf=e4m3_sf)
+        name = f"partial-group-{fmt}-{kind}-{'col' if col_major else 'row'}-{tokens}x{hidden}"
+        x = rows(tokens, hidden, cycle((BF16, F32), i // 2), cycle(("dense", "padded"), i // 3))
+        if op == "per_token_cast_with_precomputed_sf":
+            calls.append(Call(op, name, x, fmt, 128, sf_tensor(tokens, -(-hidden // 128), kind, "row"), **flags))
+            continue
+        flags.update(use_tma_aligned_col_major_sf=bool(col_major), use_packed_ue8m0=packed)
+        if op == "per_token_cast_with_sf_only":
+            given = sf_tensor(tokens, -(-hidden // 128), kind, "col" if col_major else "row") if i % 3 == 0 else None
+            calls.append(Call(op, name, x, fmt, 128, out_sf=given, **flags))
+        else:
+            calls.append(Call(op, name, x, fmt, 128, stochastic_cast=i % 4 == 1, **flags))
+    return calls
+
+
+def oblong_block_calls() -> list[Call]:
+    """per_token_cast of (data, sf) inputs in the per-block casts' 32 x 128 and 128 x 32 blocks."""
+    op, calls = "per_token_cast", []
+    combos = itertools.product(("e4m3", "e2m1"), ((32, 128), (128, 32)), ("fp32", "ue8m0", "e4m3"), ("row", "col"))
+    for i, (in_fmt, block, in_kind, layout) in enumerate(combos):
+        tokens, hidden = cycle((1, 33, 130), i), cycle((256, 7168), i // 3)
+        fmt, group, kind = cycle(("e4m3", "e2m1"), i // 2), cycle((32, 64, 128), i), cycle(tuple(KINDS), i // 5)
+        data = T((tokens, hidden if in_fmt == "e4m3" else hidden // 2), FP8 if in_fmt == "e4m3" else I8)
+        sf = sf_tensor(-(-tokens // block[0]), hidden // block[1], in_kind, layout)
+        round_sf, packed, e4m3_sf = KINDS[kind]
+        calls.append(Call(op, f"pair-{in_fmt}-{block[0]}x{block[1]}-{in_kind}-{layout}-{tokens}x{hidden}-to-{fmt}-{group}-{kind}",
+                          (data, sf), fmt, group, x_block_size=block, round_sf=round_sf, use_packed_ue8m0=packed,
+                          use_e4m3_sf=e4m3_sf))  # fmt: skip
+    calls.append(Call(op, "bad-pair-block-per-channel", (T((40, 512), FP8), T((2, 512), F32)), "e4m3", 128, (32, 1)))
     return calls
 
 
@@ -181,7 +228,6 @@ def per_token_cast_invalid() -> list[Call]:
         ("x-row-stride", T((3, 512), BF16, (516, 1)), "e4m3", 128),
         ("x-row-stride-fp32", T((3, 512), F32, (514, 1)), "e4m3", 128),
         ("x-row-stride-huge", T((3, 512), BF16, (2**31, 1), meta=True), "e4m3", 128),
-        ("x-width-not-group", T((3, 192)), "e4m3", 128),
         ("x-width-not-64", T((3, 96)), "e4m3", 32),
         ("x-too-many", T((2**22, 2048), meta=True), "e4m3", 128),
         ("x-no-width", T((3, 0)), "e4m3", 128),
@@ -267,6 +313,7 @@ def per_token_cast_with_sf_only_calls() -> list[Call]:
         name = f"{NAMES[dtype]}-{fmt}-{kind}-{layout}-{'given' if given else 'new'}-{tokens}x{hidden}-{group}"
         x = rows(tokens, hidden, dtype, style)
         calls.append(Call(op, name, x, fmt, group, layout != "row", round_sf, packed, e4m3_sf, out_sf=out_sf))
+    calls += partial_group_calls(op)
     x = T((3, 512))
     calls += [
         Call(op, "bad-x-fp16", T((3, 512), F16), "e4m3", 128),
@@ -305,6 +352,7 @@ def per_token_cast_with_precomputed_sf_calls() -> list[Call]:
         calls.append(Call(op, f"{NAMES[dtype]}-{fmt}-{kind}-{'given' if given else 'new'}-{tokens}x{hidden}-{group}-{style}",
                           rows(tokens, hidden, dtype, style), fmt, group, sf_tensor(tokens, hidden // group, kind, "row"),
                           round_sf=round_sf, use_e4m3_sf=e4m3_sf, out=data))  # fmt: skip
+    calls += partial_group_calls(op)
     calls.append(Call(op, "one-row-sf-strided", T((1, 512)), "e4m3", 128, T((1, 4), F32, (64, 1))))
     calls.append(Call(op, "one-column-sf-col", T((4, 128)), "e4m3", 128, col((4, 1))))
     x, sf = T((3, 512)), T((3, 4), F32)
@@ -381,6 +429,7 @@ def cast_back_calls() -> list[Call]:
         if block[0] == 1:
             calls.append(Call("per_token_cast_back", f"{in_fmt}-{block[1]}-{kind}-{layout}-{tokens}x{hidden}-{fmt}-{style}", [data, sf],
                               fmt, block[1]))  # fmt: skip
+    calls += cast_back_block_calls()
     pair = lambda: (T((3, 512), FP8), T((3, 4), F32))
     for op, block in (("cast_back", (1, 128)), ("per_token_cast_back", 128)):
         calls += [
@@ -411,6 +460,30 @@ def cast_back_calls() -> list[Call]:
         Call("cast_back", "bad-block-int", pair(), "bf16", 128),
         Call("per_token_cast_back", "bad-group", pair(), "bf16", 256),
         Call("per_token_cast_back", "bad-group-none", pair(), "bf16", None),
+    ]
+    return calls
+
+
+def cast_back_block_calls() -> list[Call]:
+    """cast_back of the per-block casts' 32 x 128 and 128 x 32 blocks and of per_channel_cast's (m, 1) blocks (sf
+    row-major; UE8M0 packs four token blocks a word). Recorded from CPU-checked code (see partial_group_calls)."""
+    calls = []
+    combos = itertools.product(("e4m3", "e2m1"), ((32, 128), (128, 32)), ("fp32", "ue8m0", "e4m3"), ("row", "col"))
+    for i, (in_fmt, block, kind, layout) in enumerate(combos):
+        tokens, hidden, fmt = cycle((1, 33, 130), i), cycle((256, 7168), i // 3), cycle(("bf16", "fp32"), i // 2)
+        data = T((tokens, hidden if in_fmt == "e4m3" else hidden // 2), FP8 if in_fmt == "e4m3" else I8)
+        sf = sf_tensor(-(-tokens // block[0]), hidden // block[1], kind, layout)
+        calls.append(Call("cast_back", f"{in_fmt}-{block[0]}x{block[1]}-{kind}-{layout}-{tokens}x{hidden}-{fmt}", (data, sf), fmt, block))
+    for i, (in_fmt, m, kind) in enumerate(itertools.product(("e4m3", "e2m1"), (32, 128), ("fp32", "ue8m0", "e4m3"))):
+        tokens, hidden, fmt = cycle((1, 33, 130, 300), i), cycle((256, 7168), i // 2), cycle(("bf16", "fp32"), i // 3)
+        data = T((tokens, hidden if in_fmt == "e4m3" else hidden // 2), FP8 if in_fmt == "e4m3" else I8)
+        m_blocks = -(-tokens // m)
+        sf = T((-(-m_blocks // 4), hidden), I32, fill="ue8m0") if kind == "ue8m0" else T((m_blocks, hidden), SF_DTYPE[kind])
+        calls.append(Call("cast_back", f"{in_fmt}-{m}x1-{kind}-row-{tokens}x{hidden}-{fmt}", (data, sf), fmt, (m, 1)))
+    calls += [
+        Call("cast_back", "bad-per-channel-sf-col", (T((40, 512), FP8), col((2, 512))), "bf16", (32, 1)),
+        Call("cast_back", "bad-per-channel-ue8m0-packed-along-k", (T((40, 512), FP8), T((2, 128), I32)), "bf16", (32, 1)),
+        Call("cast_back", "bad-per-channel-sf-shape", (T((40, 512), FP8), T((1, 512), F32)), "bf16", (32, 1)),
     ]
     return calls
 

@@ -71,7 +71,8 @@ def test_fp4_and_cast_back_launch_specs(manifest):
         ("per_token_cast", dict(PTC, hidden=2048, in_dtype="e4m3"), "e4m3/e2m1 inputs only"),
         ("per_token_cast", dict(PTC, hidden=2048, in_dtype="e4m3", in_block="1x128", in_sf="fp32", mode="sf_only"), "bf16/fp32 inputs"),
         ("per_token_cast", dict(PTC, hidden=2048, mode="sf_only", stochastic=True), "stochastic"),
-        ("per_token_cast", dict(PTC, hidden=64 * 3), "not a multiple of group=128"),
+        ("per_token_cast", dict(PTC, hidden=64 * 3), "not a multiple of group=128"),  # the generic kernel's alone
+        ("cast_back", dict(hidden=256, in_dtype="e4m3", in_block="32x1", in_sf="fp32_col", out_dtype="bfloat16"), "row-major"),
         ("cast_back", dict(hidden=192, in_dtype="e4m3", in_block="1x128", in_sf="fp32", out_dtype="bfloat16"), "not a multiple"),
     ],
 )
@@ -106,7 +107,14 @@ def test_quant_shapeset_expands():
         (lambda q: q.per_token_cast(meta(4, 512, dtype=torch.float16), "e4m3", 128), "bfloat16 or float32"),
         (lambda q: q.per_token_cast(meta(4, 512), "e5m2", 128), "fmt must be 'e4m3' or 'e2m1'"),
         (lambda q: q.per_token_cast(meta(4, 512), "e4m3", 48), "num_per_channels must be one of"),
-        (lambda q: q.per_token_cast(meta(4, 576), "e4m3", 128), "multiple of 64 and of num_per_channels=128"),
+        (lambda q: q.per_token_cast(meta(4, 544), "e4m3", 128), "multiple of 64 channels wide"),
+        (lambda q: q.per_token_cast_and_cast_back(meta(4, 576), "e4m3", 128), "multiple of 64 and of num_per_channels=128"),
+        (lambda q: q.per_token_cast((meta(4, 512, dtype=torch.float8_e4m3fn), meta(1, 512, dtype=torch.float32)), "e4m3", 128,
+                                    x_block_size=(32, 1)), "x_block_size must be one of"),
+        (lambda q: q.cast_back((meta(40, 512, dtype=torch.float8_e4m3fn), meta(512, 2, dtype=torch.float32).t()), "bf16", (32, 1)),
+         "row-major for per-channel blocks"),
+        (lambda q: q.cast_back((meta(40, 512, dtype=torch.float8_e4m3fn), meta(2, 512, dtype=torch.int32)), "bf16", (32, 1)),
+         r"x\[1\] must be of shape \(1, 512\)"),
         (lambda q: q.per_token_cast(meta(4, 516)[:, :512], "e4m3", 128), "strided in multiples of 8 elements"),
         (lambda q: q.per_token_cast(meta(512), "e4m3", 128), "2-D"),
         (lambda q: q.per_token_cast(meta(4, 512), "e4m3", 128, use_packed_ue8m0=True), "round_sf=True"),
@@ -163,6 +171,13 @@ def test_valid_calls_reach_the_registry(fake_cuda):
         lambda: q.per_token_cast((meta(4, 1024, dtype=torch.int8), meta(4, 16, dtype=torch.int32)), "e4m3", 128, x_block_size=(1, 32)),
         lambda: q.per_token_cast_with_precomputed_sf(meta(4, 512), "e4m3", 128, meta(4, 4, dtype=torch.float32)),
         lambda: q.cast_back((meta(4, 512, dtype=torch.float8_e4m3fn), meta(1, 4, dtype=torch.float32)), "bf16", (128, 128)),
+        lambda: q.cast_back((meta(300, 512, dtype=torch.float8_e4m3fn), meta(1, 512, dtype=torch.int32)), "fp32", (128, 1)),
+        lambda: q.cast_back((meta(300, 512, dtype=torch.float8_e4m3fn), meta(3, 512, dtype=torch.float32)), "fp32", (128, 1)),
+        lambda: q.cast_back((meta(40, 256, dtype=torch.int8), meta(2, 4, dtype=torch.float32)), "bf16", (32, 128)),
+        lambda: q.per_token_cast(meta(4, 576), "e2m1", 128, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True),
+        lambda: q.per_token_cast(
+            (meta(200, 512, dtype=torch.float8_e4m3fn), meta(2, 16, dtype=torch.float32)), "e4m3", 64, x_block_size=(128, 32)
+        ),
         lambda: q.per_block_cast(meta(300, 512), "e2m1", (32, 128), use_tma_aligned_col_major_sf=True),
         lambda: q.per_block_cast_with_precomputed_sf(meta(300, 512), "e4m3", (128, 128), F32(3, 4)),
         lambda: q.per_channel_cast(meta(300, 512), "e4m3", 128, round_sf=True, use_packed_ue8m0=True),
@@ -338,3 +353,43 @@ def test_reference_stochastic_bf16_cast_is_unbiased(seed):
     assert set(q.unique().tolist()) == {1.5, 1.5 + 2.0**-7}
     assert abs(((q - x) / 2.0**-7).mean().item()) < 5e-3
     assert torch.equal(ref.cast(torch.tensor([1000.0, -1e9]), torch.float8_e4m3fn).float(), torch.tensor([448.0, -448.0]))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("kind", ["fp32", "pow2", "ue8m0", "e4m3"])
+@pytest.mark.parametrize("col", [False, True])
+def test_reference_partial_last_group_is_a_group_of_its_own_channels(seed, fmt, kind, col):
+    """A row of 64 * odd channels in groups of 128 (TileKernels takes it): the whole groups are cast as a row of whole
+    groups would be, and the last 64 channels as a row cast in groups of 64."""
+    x = (torch.randn(5, 320) * 2.0 ** torch.randint(-8, 8, (5, 1)).float()).bfloat16()
+    x[1, 256:] = 0  # the partial group alone all zeros: its sf from the floor, as a whole group's
+    flags = (None, col, kind in ("pow2", "ue8m0"), kind == "ue8m0", kind == "e4m3")
+    data, sf = ref.per_token_cast(x, fmt, 128, *flags)
+    head, head_sf = ref.per_token_cast(x[:, :256].contiguous(), fmt, 128, *flags)
+    tail, tail_sf = ref.per_token_cast(x[:, 256:].contiguous(), fmt, 64, *flags)
+    split = 256 if fmt == "e4m3" else 128
+    assert data.shape == (5, 2 * split + (64 if fmt == "e4m3" else 32) - split)
+    assert torch.equal(data[:, :split].view(torch.uint8), head.view(torch.uint8))
+    assert torch.equal(data[:, split:].view(torch.uint8), tail.view(torch.uint8))
+    grid = ref.sf_to_float(sf)[:, :3]
+    assert sf.shape == (5, 1 if kind == "ue8m0" else 3)
+    assert torch.equal(grid, torch.cat([ref.sf_to_float(head_sf)[:, :2], ref.sf_to_float(tail_sf)[:, :1]], dim=1))
+    if col:
+        assert sf.stride()[0] == 1
+
+
+def test_reference_cast_back_of_per_channel_blocks_reads_tokens_packed_sf(seed):
+    """per_channel_cast's output, (m, 1) blocks with UE8M0 packed four token blocks a word, cast back element by
+    element: data[t, c] * 2 ** (exponent of block (t // m, c)), the exponent read from its byte."""
+    x = torch.randn(300, 256).bfloat16()
+    for m in (32, 128):
+        data, sf = ref.per_channel_cast(x, "e4m3", m, round_sf=True, use_packed_ue8m0=True)
+        m_blocks = -(-300 // m)
+        assert sf.shape == (-(-m_blocks // 4), 256) and sf.dtype == torch.int32
+        got = ref.cast_back((data, sf), "fp32", (m, 1))
+        exps = sf.view(torch.uint8).view(sf.shape[0], 256, 4)  # word (r, c), byte b: token block 4 r + b
+        block = torch.arange(300) // m
+        exp_of = exps[(block // 4)[:, None], torch.arange(256)[None, :], (block % 4)[:, None]]
+        want = data.float() * torch.exp2(exp_of.float() - 127)
+        assert torch.equal(got, want)
+        assert torch.equal(ref.cast_back((data, ref.per_channel_cast(x, "e4m3", m, round_sf=True)[1]), "fp32", (m, 1)), want)

@@ -28,18 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # tkaot refusing calls TileKernels 2.1.0 accepts: (op, a fragment of tkaot's message) -> where TileKernels takes it.
 # Each is a gap in tkaot, listed so that the suite stays green until it is closed (an entry no case meets fails).
-_BLOCKS = (
-    "per_token_cast_cuda.py:80-81 take any input block dividing (or divided by) the tile; "
-    "cast_back_kernel.py:42 bars only (m, 1) blocks with column-major sf"
-)
 KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("quant.norm_forward_and_per_token_cast", "mega_moe_sf must be None"): "norm_forward_kernel.py:128-137 take mega_moe_sf on CUDA",
-    ("quant.per_token_cast", "x_block_size must be one of"): _BLOCKS,
-    ("quant.per_token_cast", "a multiple of 64 and of num_per_channels"): (
-        "per_token_cast_kernel.py:32 asserts hidden % 64 == 0 only; per_token_cast_cuda.py:54 tiles a power-of-two group "
-        "over any such hidden (a last, partial group)"
-    ),
-    ("quant.cast_back", "x_block_size must be one of"): _BLOCKS,
 }
 
 

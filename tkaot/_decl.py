@@ -10,7 +10,8 @@ A generic kernel (`KernelDecl.generic`) serves a specialised kernel's calls with
 taken at run time: its axes are the specialised kernel's minus those, its arguments the specialised
 kernel's plus one dynamic dim per runtime axis. The runtime launches it when the specialised variant of
 a call is not built (tkaot/_op.py), with the runtime axes fixed at bind, so the op passes the same
-arguments to either.
+arguments to either; and, with no warning, for the calls the specialised kernel cannot take at all
+(`specialisable`: a per-token cast whose row ends in a partial group).
 
 Each family keeps its declarations in `tkaot/_<family>/kernels.py` as a tuple `KERNELS`;
 `all_kernels()` collects them.
@@ -107,8 +108,10 @@ class KernelDecl(Record):
     # tilings: Mapping[str, str] = {}
     # generic_of: str = ""  # a generic kernel: the specialised kernel whose calls it serves
     # runtime_axes: tuple[Axis, ...] = ()  # a generic kernel: the specialised kernel's axes it takes at run time
-    __slots__ = _fields = ("name", "source", "axes", "params", "dims", "ops", "tilings", "generic_of", "runtime_axes")
-    _defaults = {"tilings": MappingProxyType({}), "generic_of": "", "runtime_axes": ()}
+    # specialisable: Callable[[dict], bool] | None = None  # a kernel with a generic one: whether the static values
+    #   (by axis name) can be built specialised; the calls of the others are the generic kernel's alone
+    __slots__ = _fields = ("name", "source", "axes", "params", "dims", "ops", "tilings", "generic_of", "runtime_axes", "specialisable")
+    _defaults = {"tilings": MappingProxyType({}), "generic_of": "", "runtime_axes": (), "specialisable": None}
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
@@ -140,6 +143,10 @@ class KernelDecl(Record):
             generic_of=self.name,
             runtime_axes=runtime,
         )
+
+    def can_specialise(self, values) -> bool:
+        """Whether static values (in axis order) have a specialised variant, or only a generic kernel serves them."""
+        return self.specialisable is None or self.specialisable(dict(zip(self.axis_names, values)))
 
     def split(self, specialised: KernelDecl, values) -> tuple[tuple, dict[str, int]]:
         """A generic kernel's view of a call of `specialised` with static `values` (in its axis order):

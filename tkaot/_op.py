@@ -8,7 +8,9 @@ Where the specialised variant of a call is not built but its kernel has a generi
 (tkaot/_decl.py, KernelDecl.generic) that is, the generic variant is bound instead, its
 runtime axes fixed to the call's values, so the op launches it with the same arguments.
 The fallback warns once per variant and process, naming the command that builds the
-specialised variant; TKAOT_STRICT=1 refuses it (VariantNotBuilt).
+specialised variant; TKAOT_STRICT=1 refuses it (VariantNotBuilt). Static values no specialised
+variant can have (KernelDecl.specialisable) go to the generic variant directly: no warning, and
+TKAOT_STRICT does not apply, as nothing faster could be built.
 """
 
 from __future__ import annotations
@@ -63,13 +65,23 @@ class OpKernels:
         VariantNotBuilt names the asked variant."""
         launcher = self.cache.get((device, *values))
         if launcher is None:
-            try:
-                launcher = REGISTRY.kernel(self.op, self.kernel, self.key(values), device).bind(self.args)
-            except VariantNotBuilt as missing:
-                general = self._general(device, values, general_tiling)
-                launcher = general.bind(self.args) if general else self._generic(device, values, missing)
+            if not self.decl.can_specialise(values):
+                launcher = self._generic_only(device, values)
+            else:
+                try:
+                    launcher = REGISTRY.kernel(self.op, self.kernel, self.key(values), device).bind(self.args)
+                except VariantNotBuilt as missing:
+                    general = self._general(device, values, general_tiling)
+                    launcher = general.bind(self.args) if general else self._generic(device, values, missing)
             self.cache[(device, *values)] = launcher
         return launcher
+
+    def _generic_only(self, device: int, values: tuple) -> Launcher:
+        """The generic variant's launcher for values no specialised variant can have; VariantNotBuilt names the
+        generic variant when it is not built."""
+        generic = generic_kernel(self.kernel)
+        static, fixed = generic.split(self.decl, values)
+        return REGISTRY.kernel(self.op, generic.name, generic.key(static), device).bind(self.args, fixed=fixed)
 
     def _general(self, device: int, values: tuple, general_tiling: str | None):
         """The general tiling's variant of `values`, if there is one and it is built."""

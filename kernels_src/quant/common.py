@@ -168,7 +168,8 @@ def with_sign_of(mag, value):
 #   "row": (m blocks, k blocks), row-major;         "col": (k blocks, m blocks), i.e. column-major (DeepGEMM's
 #   TMA-aligned layout when the m stride is padded to 16 bytes). A "ue8m0" grid packs four k-neighbouring exponent
 # bytes into one int32 (lowest k in the lowest byte); kernels address it as bytes, and unused bytes of the last
-# int32 of each row (col: of each m) are written as 0.
+# int32 of each row (col: of each m) are written as 0. Per-channel grids (k blocks of one channel, per_channel_cast's)
+# pack four m-neighbouring bytes instead (`pack_m`, row-major only): (m blocks / 4, k blocks) int32.
 
 IN_BLOCKS = ("none", "1x16", "1x32", "1x64", "1x128", "32x32", "128x128")
 IN_SF = ("none", "fp32", "fp32_col", "ue8m0", "ue8m0_col", "e4m3", "e4m3_col")
@@ -185,19 +186,24 @@ def block_shape(text: str) -> tuple[int, int]:
 class SfLayout:
     """Where the scale factor of (m block, k block) lives in a kernel's sf buffer (static description)."""
 
-    def __init__(self, kind: str, layout: str, k_blocks: int):
+    def __init__(self, kind: str, layout: str, k_blocks: int, pack_m: bool = False):
         self.kind, self.layout, self.k_blocks = kind, layout, k_blocks
         self.packed = kind == "ue8m0"
+        self.pack_m = self.packed and pack_m
         self.dtype = SF_DTYPE[kind]
-        self.pad = (-k_blocks) % UE8M0_PACK if self.packed else 0
+        self.pad = (-k_blocks) % UE8M0_PACK if self.packed and not self.pack_m else 0
+        if self.pack_m and layout != "row":
+            raise ValueError("scale factors packed along m are row-major")
 
     @classmethod
-    def from_input(cls, in_sf: str, k_blocks: int) -> "SfLayout":
-        """The layout of an input's scale factors, from an IN_SF value."""
+    def from_input(cls, in_sf: str, k_blocks: int, pack_m: bool = False) -> "SfLayout":
+        """The layout of an input's scale factors, from an IN_SF value (pack_m: of per-channel blocks)."""
         kind, _, col = in_sf.partition("_")
-        return cls(kind, "col" if col else "row", k_blocks)
+        return cls(kind, "col" if col else "row", k_blocks, pack_m)
 
     def shape(self, m_blocks):
+        if self.pack_m:
+            return ((m_blocks + UE8M0_PACK - 1) // UE8M0_PACK, self.k_blocks * UE8M0_PACK)
         if self.packed:
             packs = (self.k_blocks + UE8M0_PACK - 1) // UE8M0_PACK
             return (m_blocks, packs * UE8M0_PACK) if self.layout == "row" else (packs, m_blocks * UE8M0_PACK)
@@ -205,6 +211,8 @@ class SfLayout:
 
     def index(self, m, k):
         """Buffer indices of the entry for m block `m` and k block `k`."""
+        if self.pack_m:
+            return m // UE8M0_PACK, k * UE8M0_PACK + m % UE8M0_PACK
         if self.layout == "row":
             return m, k
         if self.packed:

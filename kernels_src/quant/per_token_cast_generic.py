@@ -11,8 +11,12 @@ SEG_THREADS threads; each thread takes one vector of a row segment for ROWS toke
 two apart. The grid's x runs along the row segments (consecutive CTAs cover one band of
 rows, as a flat copy would) and y, then z, down the token blocks, so no thread divides by
 a runtime value. A row's last segment may reach past its end: those threads load zeros,
-join the shuffles (hidden is a multiple of the group and segments start on group
-boundaries, so a group's lanes are all in the row or all past it) and store nothing.
+join the shuffles and store nothing. Segments start on group boundaries, and hidden is a
+multiple of 64, not always of the group: a row may end inside a group (a 128-channel group
+of 64 channels), whose lanes past the end then add zeros to its amax, which is so the amax
+of its channels in the row; its scale factor is stored wherever the group starts in the
+row, by whichever lane forms it. The specialised kernel takes whole groups only
+(PER_TOKEN_CAST.specialisable), so such rows are this kernel's alone.
 """
 
 import math
@@ -79,7 +83,9 @@ def build(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic
             first_row = (bz * GRID_YZ + by) * rows_per_cta + tid // SEG_THREADS
             col = (bx * SEG_THREADS + tid % SEG_THREADS) * vec  # this thread's vector, in every one of its rows
             in_row = col + vec <= hidden  # the vector is in the row: all of it, or none (hidden is a multiple of vec)
+            group_in_row = col - tid % c.lanes * vec < hidden  # the group starts in the row (it may end past it)
             at, in_range = placed(first_row, col, in_row)
-            cast_vectors(c, x, x_sf, out, out_sf, tid, at, in_range)
+            group_in_range = lambda token: T.And(token < num_tokens, group_in_row)  # noqa: E731
+            cast_vectors(c, x, x_sf, out, out_sf, tid, at, in_range, group_in_range)
 
     return per_token_cast_generic

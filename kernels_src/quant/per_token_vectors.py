@@ -71,7 +71,9 @@ class VectorCast:
 
     @cached_property
     def sf_out(self) -> common.SfLayout:
-        return common.SfLayout(self.sf, self.sf_layout, self.hidden // self.group)
+        # a runtime row width may end in a partial group, which has its own scale factor
+        groups = self.hidden // self.group if isinstance(self.hidden, int) else (self.hidden + self.group - 1) // self.group
+        return common.SfLayout(self.sf, self.sf_layout, groups)
 
     @property
     def num_groups(self):
@@ -171,8 +173,12 @@ def store_sf(c: VectorCast, out_sf, token, col, stored):
 
 
 @T.macro
-def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range):
-    """Cast this thread's vectors (see the module's docstring): x -> out and out_sf, by c.mode."""
+def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range, group_in_range=None):
+    """Cast this thread's vectors (see the module's docstring): x -> out and out_sf, by c.mode.
+
+    group_in_range(token): whether the scale factor of the thread's group for `token` is stored, where a group may
+    reach past the row's end (the generic kernel's partial last group, whose lanes past the end load zeros); by
+    default in_range, the thread's own vector's."""
     x_reg = T.alloc_local((c.count, c.regs), c.storage)
     xf = T.alloc_local((c.vec,), "float32")
     o_reg = T.alloc_local((c.out_vec,), c.out_storage)
@@ -223,7 +229,7 @@ def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range):
         for u in T.unroll(c.count):
             group_inv[u] = T.shfl_sync(inv, u, c.lanes)
         token, col = at(mine)
-        if mine < c.count and in_range(token):
+        if mine < c.count and (in_range if group_in_range is None else group_in_range)(token):
             store_sf(c, out_sf, token, col, stored)
 
     for u in T.unroll(c.count):

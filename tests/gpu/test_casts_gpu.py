@@ -226,6 +226,36 @@ def test_cast_back_is_bit_exact(seed, v):
             assert_bytes_equal(tkaot.quant.per_token_cast_back((data, sf), out_fmt, bk), want, "per_token_cast_back")
 
 
+def cast_outputs(tokens: int, hidden: int) -> list:
+    """(name, (data, sf), x_block_size) of the outputs of per_block_cast in every block and per_channel_cast in both,
+    by the references: the inputs cast_back takes beside per_token_cast's."""
+    made = []
+    x = make_input(tokens, hidden, torch.bfloat16)
+    for fmt, block, kind, col in itertools.product(("e4m3", "e2m1"), ((32, 32), (32, 128), (128, 32), (128, 128)), ("fp32", "ue8m0"),
+                                                   (False, True)):  # fmt: skip
+        pair = ref.block_cast(x, fmt, block, sf_kind=kind, col_major_sf=col)
+        made.append((f"per_block {fmt} {block} {kind}{' col' if col else ''}", pair, block))
+    for m, kind in itertools.product((32, 128), ("fp32", "ue8m0")):
+        pair = ref.per_channel_cast(x, "e4m3", m, round_sf=kind == "ue8m0", use_packed_ue8m0=kind == "ue8m0")
+        made.append((f"per_channel {m} {kind}", pair, (m, 1)))
+    return made
+
+
+@pytest.mark.parametrize("hidden", [1024, 7168])
+def test_cast_back_of_per_block_and_per_channel_outputs(seed, hidden):
+    """Every block the per-block and per-channel casts make (32 x 128, 128 x 32 and m x 1 among them, on the generic
+    cast back at widths without a specialised variant), outputs poisoned through the allocator: the reference's bytes."""
+    for tokens in TOKENS:
+        for name, pair, block in cast_outputs(tokens, hidden):
+            for fmt in ("bf16", "fp32"):
+                bait = torch.empty(tokens, hidden, dtype=torch.bfloat16 if fmt == "bf16" else torch.float32, device="cuda")
+                bait.untyped_storage().fill_(0xFF)  # the block the op's output will reuse: unwritten elements stay NaN
+                del bait
+                got = tkaot.quant.cast_back(pair, fmt, block)
+                torch.cuda.synchronize()
+                assert_bytes_equal(got, ref.cast_back(pair, fmt, block), f"{name} -> {fmt}, {tokens} tokens")
+
+
 PER_BLOCK = shapeset_variants("per_block_cast")
 
 

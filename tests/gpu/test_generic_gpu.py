@@ -9,6 +9,7 @@ hides the specialised per_token_cast variants from the registry, so the same cal
 import itertools
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def run(v: dict, tokens: int, hidden: int, seed: int):
         x = x.clone()
         tkaot.quant.per_token_cast_and_cast_back(x, fmt, group, kind == "pow2", kind == "e4m3")
         return {"x": x}
-    out_sf = poisoned_sf(tokens, hidden // group, kind, layout)
+    out_sf = poisoned_sf(tokens, -(-hidden // group), kind, layout)  # a partial last group has an sf too
     if mode == "sf_only":
         return {"sf": tkaot.quant.per_token_cast_with_sf_only(x, fmt, group, **flags, out_sf=out_sf)}
     cols = hidden // 2 if fmt == "e2m1" else hidden
@@ -148,7 +149,7 @@ def assert_on_neighbours(data, sf, v: dict, tokens: int, hidden: int, seed: int)
     """Stochastic rounding lands each scaled value on one of its two neighbours on the format's grid."""
     torch.manual_seed(seed)
     x = make_input(tokens, hidden, getattr(torch, v["in_dtype"])).float()
-    scale = ref.expand_blocks(ref.sf_to_float(sf)[:, : hidden // v["group"]], (1, v["group"]), x.shape)
+    scale = ref.expand_blocks(ref.sf_to_float(sf)[:, : -(-hidden // v["group"])], (1, v["group"]), x.shape)
     scaled, back = x / scale, ref.decode(data)
     down = ref.decode(ref.encode(scaled, v["fmt"]))  # nearest; the other neighbour is within one grid step
     step = grid_step(torch.maximum(scaled.abs(), down.abs()), v["fmt"])
@@ -180,23 +181,149 @@ def test_every_width_from_64_to_16384(seed, fmt, group, kind, layout, dtype):
             check_against_reference(v, tokens, hidden, seed)
 
 
-@pytest.mark.parametrize(("hidden", "args", "kwargs"), ONCE_MISSING, ids=lambda p: str(p))
-def test_calls_once_missing_run_and_agree_with_the_reference_and_tile_kernels(seed, monkeypatch, hidden, args, kwargs):
+def forget_kernels(monkeypatch):
+    """Empty the casts' launcher caches and the fallback warnings, so the next call looks its variant up again."""
     monkeypatch.setattr(_op, "_WARNED", set())
-    x = make_input(4097, hidden, torch.bfloat16)
+    monkeypatch.setattr(_casts, "_PLANS", {})
+    for kernels in (*_casts._PER_TOKEN.values(), *_casts._CAST_BACK.values()):
+        monkeypatch.setattr(kernels, "cache", {})
+
+
+def tile_kernels():
+    """TileKernels' module, where it is installed and runs here; else None."""
+    try:
+        import tile_kernels as tk
+    except Exception:  # not installed, or no TileLang here
+        return None
+    return tk
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize(("hidden", "args", "kwargs"), ONCE_MISSING, ids=lambda p: str(p))
+def test_calls_once_missing_run_and_agree_with_the_reference_and_tile_kernels(seed, monkeypatch, hidden, args, kwargs, tokens):
+    """The issue's calls: the hot path (no out), then into poisoned out buffers; the reference's bytes, TileKernels'."""
+    forget_kernels(monkeypatch)
+    x = make_input(tokens, hidden, torch.bfloat16)
     with pytest.warns(GenericVariantWarning, match="tkaot-build build --op per_token_cast --set hidden="):
         data, sf = tkaot.quant.per_token_cast(x, *args, **kwargs)
     want = ref.per_token_cast(x, *args, **kwargs)
     assert_bytes_equal(data, want[0], "data")
     assert_bytes_equal(sf, want[1], "sf")
-    try:
-        import tile_kernels as tk
-    except Exception:  # not installed, or no TileLang here
+    out = (poisoned_like(want[0]), poisoned_like(want[1]) if not kwargs.get("use_tma_aligned_col_major_sf") else None)
+    got = tkaot.quant.per_token_cast(x, *args, **kwargs, out=out)
+    assert_bytes_equal(got[0], want[0], "data, into poisoned out")
+    assert_bytes_equal(got[1], want[1], "sf, into poisoned out")
+    tk = tile_kernels()
+    if tk is None:
         return
     theirs = tk.quant.per_token_cast(x, *args, **kwargs)
     torch.cuda.synchronize()
     assert_bytes_equal(data, theirs[0].view(data.dtype), "data, against TileKernels")
     assert_bytes_equal(sf, theirs[1].view(sf.dtype), "sf, against TileKernels")
+
+
+# ---- rows that end in a partial group (per_token_cast_generic's alone) ----
+
+PARTIAL_WIDTHS = (64, 192, 1088, 5184, 16320)  # 64 * odd: the last 128-channel group holds 64 channels
+
+
+@pytest.mark.parametrize("mode", ["cast", "sf_only", "precomputed_sf"])
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("kind", ["fp32", "pow2", "ue8m0", "e4m3"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_partial_last_group_matches_the_reference(seed, monkeypatch, dtype, fmt, kind, layout, mode):
+    """Every option of a 128-channel group over rows of 64 * odd channels, every token count, outputs poisoned: the
+    reference's bytes (the last group's sf is its 64 channels'), and no fallback warning (no specialised variant
+    can exist)."""
+    if mode == "precomputed_sf" and (kind == "ue8m0" or layout == "col"):
+        pytest.skip("precomputed sf are row-major and unpacked")
+    forget_kernels(monkeypatch)
+    v = dict(in_dtype=dtype, in_block="none", in_sf="none", fmt=fmt, group=128, sf=kind, sf_layout=layout, mode=mode, stochastic=False)
+    for hidden, tokens in itertools.product(PARTIAL_WIDTHS, TOKENS):
+        if tokens == 4097 and hidden > 5184:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GenericVariantWarning)
+            got = run(v, tokens, hidden, seed)
+        want = reference(v, tokens, hidden, seed)
+        torch.cuda.synchronize()
+        for name in want:
+            assert_bytes_equal(got[name], want[name], f"{name}, {tokens}x{hidden}")
+
+
+@pytest.mark.parametrize("fmt,kind,layout", [("e4m3", "fp32", "row"), ("e4m3", "ue8m0", "col"), ("e2m1", "ue8m0", "row"),
+                                             ("e2m1", "e4m3", "row"), ("e4m3", "pow2", "row")])  # fmt: skip
+def test_partial_last_group_matches_tile_kernels(seed, fmt, kind, layout):
+    tk = tile_kernels()
+    if tk is None:
+        pytest.skip("TileKernels is not installed")
+    for hidden, tokens in itertools.product((192, 1088, 5184), TOKENS):
+        x = make_input(tokens, hidden, torch.bfloat16)
+        flags = sf_flags(kind, layout)
+        ours, theirs = tkaot.quant.per_token_cast(x, fmt, 128, **flags), tk.quant.per_token_cast(x, fmt, 128, **flags)
+        torch.cuda.synchronize()
+        assert_bytes_equal(ours[0], theirs[0].view(ours[0].dtype), f"data, {tokens}x{hidden}")
+        assert_bytes_equal(ours[1], theirs[1].view(ours[1].dtype), f"sf, {tokens}x{hidden}")
+
+
+# ---- the cast back ----
+
+
+def cast_back_input(tokens: int, hidden: int, v: dict, seed: int):
+    """A (data, sf) input of the variant's format and block, and its x_block_size."""
+    torch.manual_seed(seed)
+    bm, bk = (int(n) for n in v["in_block"].split("x"))
+    kind, _, col = v["in_sf"].partition("_")
+    x = make_input(tokens, hidden, torch.bfloat16)
+    return ref.block_cast(x, v["in_dtype"], (bm, bk), sf_kind=kind, col_major_sf=bool(col)), (bm, bk)
+
+
+def poisoned_cast_back(x, fmt: str, block) -> torch.Tensor:
+    """cast_back into memory the caching allocator hands out poisoned: its output block is the one just filled with
+    0xFF (NaN) and freed (cast_back takes no out buffer)."""
+    tokens, hidden = x[0].shape[0], x[0].shape[1] * (2 if x[0].dtype == torch.int8 else 1)
+    bait = torch.empty(tokens, hidden, dtype=torch.bfloat16 if fmt == "bf16" else torch.float32, device="cuda")
+    bait.untyped_storage().fill_(0xFF)
+    del bait
+    return tkaot.quant.cast_back(x, fmt, block)
+
+
+def cast_back_combos() -> list[dict]:
+    tables = tomllib.loads(SHAPESET.read_text())["cast_back_generic"]
+    return [dict(zip(t, combo)) for t in tables for combo in itertools.product(*[v if isinstance(v, list) else [v] for v in t.values()])]
+
+
+@pytest.mark.parametrize("v", shapeset_variants("cast_back"), ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))
+def test_generic_cast_back_writes_the_bytes_of_the_specialised_variant(seed, v):
+    out = "bf16" if v["out_dtype"] == "bfloat16" else "fp32"
+    for tokens in TOKENS:
+        x, block = cast_back_input(tokens, v["hidden"], v, seed + tokens)
+        want = poisoned_cast_back(x, out, block)
+        with on_generic("cast_back"):
+            got = poisoned_cast_back(x, out, block)
+        torch.cuda.synchronize()
+        assert_bytes_equal(got, want, f"{tokens} tokens")
+
+
+@pytest.mark.parametrize("v", cast_back_combos(), ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))
+def test_generic_cast_back_matches_the_reference_at_any_width(seed, v):
+    """Every generic cast back of the default set, at widths with and without specialised variants, odd token counts,
+    poisoned output; against TileKernels' cast_back too where it is installed."""
+    out = "bf16" if v["out_dtype"] == "bfloat16" else "fp32"
+    step = math.lcm(64, int(v["in_block"].split("x")[1]))
+    tk = tile_kernels()
+    for hidden, tokens in itertools.product([w for w in WIDTHS if w % step == 0], TOKENS):
+        if tokens == 4097 and hidden > 5120:
+            continue
+        x, block = cast_back_input(tokens, hidden, v, seed)
+        with on_generic("cast_back"):
+            got = poisoned_cast_back(x, out, block)
+        want = ref.cast_back(x, out, block)
+        torch.cuda.synchronize()
+        assert_bytes_equal(got, want, f"{tokens}x{hidden}")
+        if tk is not None and hidden in (192, 7168):
+            assert_bytes_equal(got, tk.quant.cast_back(x, out, block), f"{tokens}x{hidden}, against TileKernels")
 
 
 def test_strict_mode_raises_where_the_generic_variant_would_serve(monkeypatch):

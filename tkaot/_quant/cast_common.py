@@ -18,6 +18,8 @@ _FMT_DTYPE = {"e4m3": _F8, "e2m1": _I8}
 _SF_DTYPE = {"fp32": _F32, "pow2": _F32, "ue8m0": _I32, "e4m3": _F8}
 _SF_ITEM_BYTES = {"fp32": 4, "pow2": 4, "ue8m0": 4, "e4m3": 1}
 IN_BLOCKS = ((1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (128, 128))  # the scale blocks of a pre-quantized input
+TOKEN_IN_BLOCKS = (*IN_BLOCKS, (32, 128), (128, 32))  # per_token_cast's: every block the per-token and per-block casts make
+CAST_BACK_BLOCKS = (*TOKEN_IN_BLOCKS, (32, 1), (128, 1))  # cast_back's: per_channel_cast's too
 
 
 def _align(a: int, b: int) -> int:
@@ -120,8 +122,9 @@ def pair_input(block_rules_: tuple, data_dtypes: tuple = (_F8, _I8), contiguous:
     """A pre-quantized input x, the (data, sf) pair a signature unpacks (unpack=PAIR): data x[0] of
     data_dtypes (E2M1 int8: two codes a byte) in 16-byte aligned rows (or contiguous), then block_rules_ (placed after
     x_data, binding the scale block as `block`), then sf x[1] of sf_dtypes, one per block, row- or column-major as
-    found; rows 1 to MAX_CAST_HIDDEN channels wide. Returns (tensors, rules); binds num_tokens, hidden (logical), in_kind,
-    in_dtype, in_block, in_sf, x_sf_stride."""
+    found; per-channel blocks (m, 1) take it row-major, UE8M0 packed four token blocks a word (per_channel_cast's
+    layout); rows 1 to MAX_CAST_HIDDEN channels wide. Returns (tensors, rules); binds num_tokens, hidden (logical),
+    in_kind, in_dtype, in_block, in_sf, x_sf_stride."""
     packed = _I8 in data_dtypes
     data = Tensor("x_data", data_dtypes, (("num_tokens", "data_cols"),), layout="contiguous" if contiguous else "rows",
                   align=16 if contiguous else 1, what="2-D (num_tokens, hidden)", label="x[0]")  # fmt: skip
@@ -133,9 +136,14 @@ def pair_input(block_rules_: tuple, data_dtypes: tuple = (_F8, _I8), contiguous:
         Rule("x[0]", "hidden % block[1] == 0", "a multiple of {block[1]} channels wide (x_block_size={block})",
              actual="f'{hidden} channels'", after="x_sf"),
         Let("in_kind", "'fp32' if t_x_sf is _dt_float32 else 'ue8m0' if t_x_sf is _dt_int32 else 'e4m3'", after="x_sf"),
+        Let("pack_m", "in_kind == 'ue8m0' and block[1] == 1", after="x_sf"),
         Let("sf_rows", "-(-num_tokens // block[0])", after="x_sf"),
-        Let("in_cols", "-(-(hidden // block[1]) // 4) if in_kind == 'ue8m0' else hidden // block[1]", after="x_sf"),
-        *sf_rules("x_sf", "x[1]", "sf_rows", "in_cols", "", "in_kind"),
+        Let("in_rows", "-(-sf_rows // 4) if pack_m else sf_rows", after="x_sf"),
+        Let("in_cols", "hidden if pack_m else -(-(hidden // block[1]) // 4) if in_kind == 'ue8m0' else hidden // block[1]",
+            after="x_sf"),
+        *sf_rules("x_sf", "x[1]", "in_rows", "in_cols", "", "in_kind"),
+        Rule("x[1]", "block[1] != 1 or x_sf_layout == 'row'", "row-major for per-channel blocks {block}",
+             actual="f'strides {s_x_sf}'", after="x_sf"),
         Let("in_dtype", "'e2m1' if t_x_data is _dt_int8 else 'e4m3'" if packed else "'e4m3'", after="x_sf"),
         Let("in_block", "f'{block[0]}x{block[1]}'", after="x_sf"),
         Let("in_sf", "in_kind + ('_col' if x_sf_layout == 'col' else '')", after="x_sf"),

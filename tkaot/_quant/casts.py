@@ -26,9 +26,10 @@ from tkaot._quant.cast_common import (
     _FMT_DTYPE,
     _SF_DTYPE,
     _SF_ITEM_BYTES,
-    IN_BLOCKS,
+    CAST_BACK_BLOCKS,
     OUT_PAIR,
     PAIR,
+    TOKEN_IN_BLOCKS,
     _alloc_sf,
     _sf_cols,
     _sf_kernel_stride,
@@ -90,10 +91,19 @@ PER_TOKEN_X = Signature(
 )  # fmt: skip
 
 
+def _group_rule(mode: str, at: str) -> Rule:
+    """The row width a per-token cast takes: a multiple of 64, ending in a partial group where TileKernels allows one
+    (every mode but the in-place round trip; per_token_cast_generic serves those rows)."""
+    if mode != "round_trip":
+        return Rule("x", "hidden % 64 == 0", "a multiple of 64 channels wide", actual="f'{hidden} channels'", after=at)
+    whole = "a multiple of 64 and of num_per_channels={num_per_channels} channels wide"
+    return Rule("x", "hidden % 64 == 0 and hidden % num_per_channels == 0", whole, actual="f'{hidden} channels'", after=at)
+
+
 def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
     """A per-token cast's inputs: x (quantized: its (data, sf) pair), then the caller's buffers of the mode."""
     if quantized:
-        inputs, rules = pair_input(block_rules("x_block_size", "block", IN_BLOCKS, "x_data", given=True))
+        inputs, rules = pair_input(block_rules("x_block_size", "block", TOKEN_IN_BLOCKS, "x_data", given=True))
         last = "x_sf"
         rules += (
             Let("x_ptr", "p_x_data", after=last), Let("x_stride", "s_x_data[0]", after=last),
@@ -114,10 +124,9 @@ def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
              after=last),
         *sf_kind_rules(last),
         Let("layout", "'col' if use_tma_aligned_col_major_sf else 'row'", after=last),
-        Rule("x", "hidden % 64 == 0 and hidden % num_per_channels == 0",
-             "a multiple of 64 and of num_per_channels={num_per_channels} channels wide", actual="f'{hidden} channels'", after=last),
+        _group_rule(mode, last),
         Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", *_ELEMENTS, after=last),
-        Let("groups", "hidden // num_per_channels", after=last),
+        Let("groups", "-(-hidden // num_per_channels)", after=last),  # a partial last group has its own sf
         Let("out_dtype", "_FMT_DTYPE[fmt]", after=last),
         Let("out_cols", "hidden // 2 if fmt == 'e2m1' else hidden", after=last),
         Let("sf_dtype", "_SF_DTYPE[kind]", after=last),
@@ -178,10 +187,13 @@ def per_token_cast(
 
     Args:
         x: (num_tokens, hidden) bf16/fp32, or a pre-quantized (data, sf) pair (data E4M3 or
-            packed E2M1 int8, sf in blocks of x_block_size); rows 16-byte aligned.
+            packed E2M1 int8, sf in blocks of x_block_size); rows 16-byte aligned, hidden a
+            multiple of 64.
         fmt: "e4m3" or "e2m1".
-        num_per_channels: channels per scale factor: 16, 32, 64 or 128.
-        x_block_size: the input's scale block (num_per_tokens, num_per_channels), for (data, sf) inputs.
+        num_per_channels: channels per scale factor: 16, 32, 64 or 128. Where it does not divide
+            hidden, the last group is partial: its sf is of its own channels.
+        x_block_size: the input's scale block (num_per_tokens, num_per_channels), for (data, sf) inputs:
+            (1, 16), (1, 32), (1, 64), (1, 128), (32, 32), (32, 128), (128, 32) or (128, 128).
         use_tma_aligned_col_major_sf: return sf column-major with a 16-byte aligned token stride.
         round_sf: round scale factors up to powers of two.
         use_packed_ue8m0: store those powers of two as exponent bytes packed four to an int32.
@@ -191,7 +203,7 @@ def per_token_cast(
 
     Returns:
         (data, sf): data (num_tokens, hidden) float8_e4m3fn or (num_tokens, hidden // 2) int8;
-        sf (num_tokens, hidden // num_per_channels) [int32: ceil of that / 4].
+        sf (num_tokens, ceil(hidden / num_per_channels)) [int32: ceil of that / 4].
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast(
@@ -260,7 +272,7 @@ def per_token_cast_with_precomputed_sf(
 ) -> torch.Tensor:  # fmt: skip
     """Cast with given row-major scale factors: data = round(x * (1 / sf)); returns the data only.
 
-    sf is (num_tokens, hidden // num_per_channels), float32 (float8_e4m3fn with use_e4m3_sf).
+    sf is (num_tokens, ceil(hidden / num_per_channels)), float32 (float8_e4m3fn with use_e4m3_sf).
     With round_sf and a bf16 input, 1 / sf is rounded to bf16 first (as TileKernels does).
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
@@ -289,7 +301,7 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
 
 def _cast_back_signature(op: str) -> Signature:
     """A cast back's input: the (data, sf) pair, one sf per x_block_size block."""
-    inputs, rules = pair_input(block_rules("x_block_size", "block", IN_BLOCKS, "x_data", given=True))
+    inputs, rules = pair_input(block_rules("x_block_size", "block", CAST_BACK_BLOCKS, "x_data", given=True))
     return Signature(
         op, tensors=inputs, unpack=PAIR, scalars=("fmt", "x_block_size", "x_special_fmt"),
         rules=(
@@ -322,7 +334,9 @@ def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | N
     """Dequantize a (data, sf) pair to bf16 ("bf16") or fp32 ("fp32"): out = round(data * sf).
 
     data is float8_e4m3fn or packed E2M1 int8; sf float32, int32 (packed UE8M0) or
-    float8_e4m3fn, row- or column-major, one per x_block_size block.
+    float8_e4m3fn, row- or column-major, one per x_block_size block: a per-token (1, 16 ... 128) or
+    per-block ((32 or 128) x (32 or 128)) block, or per_channel_cast's (32, 1) or (128, 1) (sf row-major,
+    UE8M0 packed four token blocks a word).
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_cast_back(x, fmt, x_block_size, x_special_fmt)
@@ -609,7 +623,7 @@ def _fake_per_token(new, x, fmt, group, col_major, round_sf, use_packed_ue8m0, u
     if data and out_x is None:
         out_x = new.empty((num_tokens, hidden // 2 if fmt == "e2m1" else hidden), _FMT_DTYPE[fmt], device)
     if sf and out_sf is None:
-        out_sf = new_sf(new, num_tokens, hidden // group, sf_kind(round_sf, use_packed_ue8m0, use_e4m3_sf), col_major, device)
+        out_sf = new_sf(new, num_tokens, -(-hidden // group), sf_kind(round_sf, use_packed_ue8m0, use_e4m3_sf), col_major, device)
     return out_x, out_sf
 
 

@@ -9,6 +9,10 @@ MAX_CAST_HIDDEN = 65536
 FLOAT_DTYPES = ("bfloat16", "float32")
 # A quantized input's block (rows x columns sharing one sf) and its sf kind and layout; "none" for bf16/fp32 input
 IN_BLOCKS = ("none", "1x16", "1x32", "1x64", "1x128", "32x32", "128x128")
+# The blocks per_token_cast reads: those, and the other per-block cast blocks; cast_back's add per_channel_cast's
+# (m x 1, UE8M0 packed four token blocks a word) (TileKernels takes any block dividing its tile)
+TOKEN_IN_BLOCKS = (*IN_BLOCKS, "32x128", "128x32")
+CAST_BACK_BLOCKS = (*TOKEN_IN_BLOCKS[1:], "32x1", "128x1")
 IN_SF = ("none", "fp32", "fp32_col", "ue8m0", "ue8m0_col", "e4m3", "e4m3_col")
 # Output sf kinds: fp32, fp32 powers of two, packed UE8M0 exponent bytes, E4M3
 SF_KINDS = ("fp32", "pow2", "ue8m0", "e4m3")
@@ -105,7 +109,7 @@ PER_TOKEN_CAST = KernelDecl(
     axes=(
         _hidden(64, MAX_CAST_HIDDEN),
         Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3", "e2m1")),
-        Axis("in_block", str, choices=IN_BLOCKS),
+        Axis("in_block", str, choices=TOKEN_IN_BLOCKS),
         Axis("in_sf", str, choices=IN_SF),
         Axis("fmt", str, choices=("e4m3", "e2m1")),
         Axis("group", int, choices=(16, 32, 64, 128)),
@@ -119,6 +123,8 @@ PER_TOKEN_CAST = KernelDecl(
     ops=tuple(_Q + op for op in (
         "per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back",
     )),
+    # a row that ends in a partial group (hidden a multiple of 64 only, as TileKernels takes it) is the generic kernel's
+    specialisable=lambda v: v["hidden"] % v["group"] == 0,
 )  # fmt: skip
 
 # Every row width per_token_cast's options allow, one variant per combination of options: the calls whose
@@ -174,7 +180,7 @@ CAST_BACK = KernelDecl(
     axes=(
         _hidden(64, MAX_CAST_HIDDEN),
         Axis("in_dtype", str, choices=("e4m3", "e2m1")),
-        Axis("in_block", str, choices=IN_BLOCKS[1:]),
+        Axis("in_block", str, choices=CAST_BACK_BLOCKS),
         Axis("in_sf", str, choices=IN_SF[1:]),
         Axis("out_dtype", str, choices=FLOAT_DTYPES),
     ),
@@ -182,6 +188,8 @@ CAST_BACK = KernelDecl(
     dims=("num_tokens", "x_stride", "sf_stride"),
     ops=(_Q + "cast_back", _Q + "per_token_cast_back"),
 )
+# Every row width, one variant per combination of options (tkaot/_op.py's fallback)
+CAST_BACK_GENERIC = CAST_BACK.generic("cast_back_generic", "kernels_src.quant.cast_back_generic", ("hidden",))
 
 PER_BLOCK_CAST_LOSSLESS = KernelDecl(
     name="per_block_cast_lossless",
@@ -271,5 +279,6 @@ BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 
 KERNELS = (
     RMSNORM, RMSNORM_GENERIC, NORM_CAST, NORM_CAST_GENERIC, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC,
-    PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF, *BACKWARD_KERNELS,
+    PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, CAST_BACK_GENERIC, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF,
+    *BACKWARD_KERNELS,
 )  # fmt: skip
