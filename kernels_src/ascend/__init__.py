@@ -18,4 +18,8 @@ ASCEND_SOURCES = {
     "per_token_cast": "kernels_src.ascend.per_token_cast",
     "swiglu": "kernels_src.ascend.swiglu",
     "topk_gate": "kernels_src.ascend.topk_gate",
+    "norm_cast": "kernels_src.ascend.norm_cast",
+    "moe_topk_gate": "kernels_src.ascend.moe_topk_gate",
+    "normalize_weight": "kernels_src.ascend.normalize_weight",
+    "rotary": "kernels_src.ascend.rotary",
 }
