@@ -22,4 +22,8 @@ ASCEND_SOURCES = {
     "moe_topk_gate": "kernels_src.ascend.moe_topk_gate",
     "normalize_weight": "kernels_src.ascend.normalize_weight",
     "rotary": "kernels_src.ascend.rotary",
+    "cast": "kernels_src.ascend.cast",
+    "cast_back": "kernels_src.ascend.cast_back",
+    "per_block_cast": "kernels_src.ascend.per_block_cast",
+    "per_channel_cast": "kernels_src.ascend.per_channel_cast",
 }
