@@ -8,8 +8,10 @@ launcher refuses other calls with a clear error before anything is launched).
 
 The kernels are written for correctness first, in the dialect's SIMT style: a block (one AI vector core's
 turn) takes a tile of rows into the Unified Buffer, computes there in a `T.SimtVF` region and copies
-the results out. The block count is an expression in the token count (no persistent loop), so the binary
-does not depend on how many vector cores a device has. None of them has run on an NPU yet.
+the results out by DMA. Small or scattered pieces (scale factors in any layout, routing tables, outputs whose width
+is a runtime value) are read and written from the SIMT region directly in global memory. The block count is
+an expression in the dynamic dims (no persistent loop), so the binary does not depend on how many vector
+cores a device has. None of them has run on an NPU yet.
 """
 
 # kernel name -> its Ascend module; build_tools/ascend.py reads this table

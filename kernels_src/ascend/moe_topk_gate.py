@@ -214,8 +214,9 @@ def build(num_experts: int, num_topk: int, tiling: str):
                         elif lane < num_topk:
                             out_idx = unmapped_topk_idx[token, lane]
                         # the chosen experts' unbiased scores; a fixed index outside [0, num_experts) weighs 0
+                        # (recomputed from the logits, as on CUDA: another lane wrote that expert's score)
                         if lane < num_topk and out_idx >= 0 and out_idx < num_experts:
-                            score = scores_ub[i, out_idx]
+                            score = sqrt_softplus(logits_ub[i, out_idx])
                         total = T.warp_reduce_sum(score) + T.float32(1e-20)
                         if lane < num_topk:
                             weight = score / total * routed_scaling_factor

@@ -155,7 +155,9 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
                 out_sf = T.StridedTensor((batch, num_tokens, sf_cols), (sf_bstride, sf_stride, 1), sf_dtype, data=out_sf.data)
                 T.copy(sf_ub, out_sf[b, row : row + rows, :])
             else:  # column-major: sf_stride is one scale factor (one word, packed)
-                out_sf = T.StridedTensor((batch, words if packed else groups, num_tokens * unit), (sf_bstride, sf_gstride, 1), sf_dtype, data=out_sf.data)
+                out_sf = T.StridedTensor(
+                    (batch, words if packed else groups, num_tokens * unit), (sf_bstride, sf_gstride, 1), sf_dtype, data=out_sf.data
+                )
                 T.copy(sf_t, out_sf[b, :, row * unit : (row + rows) * unit])
 
     return norm_cast

@@ -100,7 +100,8 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                 for t in T.Parallel(THREADS):
                     for w in T.serial(T.ceildiv(rows * groups, THREADS)):
                         pair = w * THREADS + t
-                        if pair < rows * groups:
+                        # (a tile's rows past the last token: nothing read or stored)
+                        if pair < rows * groups and row + pair // groups < num_tokens:
                             i, g = pair // groups, pair % groups
                             token, gi = row + i, col // group + g
                             if mode == "precomputed_sf":
@@ -121,7 +122,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                                         v = decode(in_dtype, x_ub, i, c) * inv
                                         back = common.e2m1_value(common.e2m1_code(v)) if fp4 else T.Cast("float32", common.to_e4m3(v))
                                         x_ub[i, c] = T.Cast(storage, back * common.decode_sf(stored, sf))
-                                elif token < num_tokens:
+                                else:
                                     out_sf[sf_out.index(token, gi)] = stored
                                     if sf_out.pad and gi == num_groups - 1:
                                         for p in T.serial(sf_out.pad):
