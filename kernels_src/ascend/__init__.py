@@ -28,4 +28,11 @@ ASCEND_SOURCES = {
     "cast_back": "kernels_src.ascend.cast_back",
     "per_block_cast": "kernels_src.ascend.per_block_cast",
     "per_channel_cast": "kernels_src.ascend.per_channel_cast",
+    "engram_fused_weight": "kernels_src.ascend.engram_fused_weight",
+    "engram_sinkhorn_momentum": "kernels_src.ascend.engram_sinkhorn_momentum",
+    "engram_grad_w_reduce": "kernels_src.ascend.engram_grad_w_reduce",
+    "engram_sinkhorn_step_reduce": "kernels_src.ascend.engram_sinkhorn_step_reduce",
+    "engram_hash": "kernels_src.ascend.engram_hash",
+    "engram_sinkhorn_finalize": "kernels_src.ascend.engram_sinkhorn_finalize",
+    "engram_sinkhorn_step": "kernels_src.ascend.engram_sinkhorn_step",
 }
