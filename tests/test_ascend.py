@@ -59,6 +59,9 @@ CASES = {
     "engram_sinkhorn_step": dict(head_dim=1024),
     "engram_sinkhorn_step_reduce": dict(dtype="float32"),
     "engram_sinkhorn_finalize": dict(head_dim=8192),
+    "mhc_normw_merge_fwd": dict(dtype="float32"),
+    "mhc_normw_merge_bwd": dict(dtype="float32"),
+    "mhc_head_mix_fwd": dict(dtype="float32"),
 }  # fmt: skip
 MORE = [
     ("per_token_cast", {**_PTC, "in_dtype": "float32", "fmt": "e2m1", "group": 32, "sf": "ue8m0", "sf_layout": "col"}),
@@ -97,6 +100,9 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("num_partials", 12800),
     ("((head_dim + 1023) // 1024)", 4096),
     ("num_rows", 66080),
+    ("(m * ((n + 4095) // 4096))", 32768),
+    ("((n + 1023) // 1024)", 8192),
+    ("(((num_tokens * mhc_mult) + 4095) // 4096)", 16384),
     ("((num_tokens + 1) // 2)", 66304),
     ("((num_tokens + 3) // 4)", 58240),
     ("(num_tokens * 4)", 66048),
@@ -154,8 +160,7 @@ def test_unsupported_values_are_left_out_with_a_reason():
 # CUDA kernels with no Ascend source yet (the generic, runtime-width kernels aside); every other has one
 NOT_YET = {
     "per_block_cast_lossless", "batched_transpose_weight_sf", "engram_gate_fwd", "engram_gate_bwd", "mhc_head_mix_bwd",
-    "mhc_head_mix_fwd", "mhc_multilayer_recompute", "mhc_normw_merge_bwd", "mhc_normw_merge_fwd", "mhc_pre_big_fuse",
-    "mhc_reduce_partials_bwd", "mhc_reduce_partials_fwd",
+    "mhc_multilayer_recompute", "mhc_pre_big_fuse", "mhc_reduce_partials_bwd", "mhc_reduce_partials_fwd",
 }  # fmt: skip
 
 

@@ -35,4 +35,7 @@ ASCEND_SOURCES = {
     "engram_hash": "kernels_src.ascend.engram_hash",
     "engram_sinkhorn_finalize": "kernels_src.ascend.engram_sinkhorn_finalize",
     "engram_sinkhorn_step": "kernels_src.ascend.engram_sinkhorn_step",
+    "mhc_normw_merge_fwd": "kernels_src.ascend.mhc_normw_merge_fwd",
+    "mhc_normw_merge_bwd": "kernels_src.ascend.mhc_normw_merge_bwd",
+    "mhc_head_mix_fwd": "kernels_src.ascend.mhc_head_mix_fwd",
 }
