@@ -1,5 +1,7 @@
 """Generic against specialised variants, side by side in one run (the generic tier's target: within 1.25x of the
-specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256.
+specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256, the
+SwiGLU ops at 8192 tokens of hidden 4096 and 14336 (x 8192x8192 and 8192x28672), moe_topk_gate_forward at 8192x256
+top-8 (+1 shared slot) and normalize_weight at 8192x9.
 
     python -m bench.generic [--out bench/results]
 
@@ -24,6 +26,7 @@ from bench import timing
 from tkaot import _op
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
+from tkaot._quant import swiglu as _swiglu
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +57,7 @@ def on_generic(specialised: str = "per_token_cast"):
 
     def forget():
         _casts._PLANS.clear()
-        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK):
+        for kernels in (*_casts._PER_TOKEN.values(), _moe_ops._TOPK, _moe_ops._GATE, _moe_ops._NORMALIZE, _swiglu._SWIGLU):
             kernels.cache.clear()
 
     forget()
@@ -102,6 +105,95 @@ def topk_gate_row(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8
     return {"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)}
 
 
+# SwiGLU: (name, hidden, x dtype, fmt, num_per_channels, keywords, clamp): specialised in the default set. A clamp
+# takes the clamp tiling, with routing weights as MoE layers pass them.
+SWIGLU_CASES = [
+    ("e4m3/128", 4096, torch.bfloat16, "e4m3", 128, {}, False),
+    ("e4m3/128 ue8m0 col", 4096, torch.bfloat16, "e4m3", 128, DEEPGEMM_SF, False),
+    ("e4m3/32 pow2", 4096, torch.bfloat16, "e4m3", 32, {"round_sf": True}, False),
+    ("e4m3/128 weights clamp", 4096, torch.bfloat16, "e4m3", 128, {}, True),
+    ("bf16", 4096, torch.bfloat16, "bf16", None, {}, False),
+    ("bf16 weights clamp", 4096, torch.bfloat16, "bf16", None, {}, True),
+    ("e4m3/128", 14336, torch.bfloat16, "e4m3", 128, {}, False),
+    ("fp32 x -> bf16", 2048, torch.float32, "bf16", None, {}, False),
+]
+
+
+def swiglu_rows(l2: int, tokens: int = 8192) -> list[dict]:
+    """swiglu_forward(_and_per_token_cast) on the specialised variant and on the generic one."""
+    rows = []
+    for name, hidden, dtype, fmt, group, kwargs, clamp in SWIGLU_CASES:
+        nbytes = tokens * 2 * hidden * dtype.itemsize
+        count = min(64, max(2, -(-3 * l2 // nbytes)))
+        inputs = [{"x": torch.randn(tokens, 2 * hidden, device="cuda").to(dtype)} for _ in range(count)]
+        extra = dict(kwargs)
+        if clamp:
+            extra |= {"topk_weights": torch.rand(tokens, device="cuda"), "clamp_value": 6.0}
+
+        def call(a, fmt=fmt, group=group, extra=extra):
+            return tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], fmt, group, **extra)
+
+        def launched() -> str:
+            (launcher,) = {id(v): v for v in _swiglu._SWIGLU.cache.values()}.values()
+            return getattr(launcher, "__self__", launcher).kernel.kernel
+
+        _swiglu._SWIGLU.cache.clear()
+        call(inputs[0])
+        assert launched() == "swiglu", f"swiglu {name}: no specialised variant at hidden {hidden}"
+        specialised, _ = timing.device_us(call, inputs)
+        with on_generic("swiglu"):
+            call(inputs[0])
+            assert launched() == "swiglu_generic"
+            generic, _ = timing.device_us(call, inputs)
+        ratio = generic / specialised
+        out_bytes = 1 if fmt == "e4m3" else 2 if fmt == "bf16" else 4
+        tbps = tokens * hidden * (2 * dtype.itemsize + out_bytes) / (generic * 1e-6) / 1e12
+        label = f"swiglu {tokens}x{hidden} {name}"
+        over = "" if ratio <= TARGET else " (over)"
+        print(f"| {label} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{over} | {tbps:.2f} |", flush=True)
+        rows.append({"options": label, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+    return rows
+
+
+def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
+    """One MoE routing op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+
+    def launched() -> str:
+        (launcher,) = {id(v): v for v in kernels.cache.values()}.values()
+        return getattr(launcher, "__self__", launcher).kernel.kernel
+
+    kernels.cache.clear()
+    call(inputs[0])
+    assert launched() == specialised, f"{name}: no specialised {specialised} variant"
+    special_us, _ = timing.device_us(call, inputs)
+    with on_generic(specialised):
+        call(inputs[0])
+        assert launched() == f"{specialised}_generic"
+        generic_us, _ = timing.device_us(call, inputs)
+    ratio = generic_us / special_us
+    print(f"| {name} | {special_us:.2f} | {generic_us:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
+    return {"options": name, "specialised_us": round(special_us, 3), "generic_us": round(generic_us, 3), "ratio": round(ratio, 3)}
+
+
+def gate_rows(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8) -> list[dict]:
+    """moe_topk_gate_forward (DeepSeek-V3's routing: a bias, one shared slot) and normalize_weight of its weights."""
+    count = min(64, max(2, -(-3 * l2 // (tokens * experts * 4))))
+    bias = torch.randn(experts, device="cuda") * 0.1
+    inputs = [{"logits": torch.randn(tokens, experts, device="cuda")} for _ in range(count)]
+
+    def gate(a):
+        return tkaot.moe.moe_topk_gate_forward(a["logits"], topk, True, 1, 2.5, 0, bias=bias)
+
+    def normalize(a):
+        return tkaot.moe.normalize_weight(a["w"])
+
+    weights = [{"w": torch.rand(tokens, topk + 1, device="cuda")} for _ in range(count)]
+    return [
+        routing_row(f"moe_topk_gate_forward {tokens}x{experts} top-{topk}+1", _moe_ops._GATE, "moe_topk_gate", inputs, gate),
+        routing_row(f"normalize_weight {tokens}x{topk + 1}", _moe_ops._NORMALIZE, "normalize_weight", weights, normalize),
+    ]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -131,6 +223,8 @@ def main(argv=None) -> None:
             f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
         )
     rows.append(topk_gate_row(l2))
+    rows += swiglu_rows(l2)
+    rows += gate_rows(l2)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"

@@ -87,24 +87,18 @@ def _source_file(name: str) -> Path:
 
 
 def source_files(kernel: str) -> list[Path]:
-    """The kernel's Ascend module, the kernels_src modules it imports (transitively) and its declaration module."""
-    from build_tools.ops import _declaration_file, _kernels_src_imports
+    """The kernel's Ascend module and the kernels_src modules it imports (transitively)."""
+    from build_tools.ops import kernels_src_closure
 
-    todo, seen = [_source_file(ASCEND_SOURCES[kernel])], set()
-    while todo:
-        f = todo.pop()
-        if f not in seen:
-            seen.add(f)
-            todo.extend(_kernels_src_imports(f) - seen)
-    return sorted(seen | {_declaration_file(kernel)})
+    return kernels_src_closure(_source_file(ASCEND_SOURCES[kernel]))
 
 
 @functools.cache
 def source_sha256(kernel: str) -> str:
-    digest = hashlib.sha256()
-    for f in source_files(kernel):
-        digest.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """Hash of the Ascend sources and of what they take from the runtime (build_tools.ops.sources_sha256)."""
+    from build_tools.ops import sources_sha256
+
+    return sources_sha256(kernel, source_files(kernel))
 
 
 def unsupported(variant: Variant) -> str | None:

@@ -222,13 +222,17 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
 # other builds were also using, so they are rough (the 529-variant set later built from
 # scratch in 354 s on an idle machine: 1.34 core-seconds a variant on average). A kernel
 # not listed is assumed to cost the listed ones' mean. The generic kernels were timed side by side with their
-# specialised ones (same machine, same load): per_token_cast_generic 1.22x per_token_cast, topk_gate_generic 1.8x topk_gate.
+# specialised ones (same machine, same load): per_token_cast_generic 1.22x per_token_cast, topk_gate_generic 1.8x topk_gate,
+# swiglu_generic 1.06x swiglu (3.8-4.5 core-s against 3.1-3.8), moe_topk_gate_generic 1.4x moe_topk_gate,
+# normalize_weight_generic 1.0x normalize_weight.
 COMPILE_SECONDS = {
     "cast": 1.8,
     "cast_back": 1.0,
     "moe_topk_gate": 4.6,
+    "moe_topk_gate_generic": 6.4,
     "norm_cast": 1.2,
     "normalize_weight": 1.5,
+    "normalize_weight_generic": 1.5,
     "per_block_cast": 1.3,
     "per_channel_cast": 1.3,
     "per_token_cast": 1.4,
@@ -236,6 +240,7 @@ COMPILE_SECONDS = {
     "rmsnorm": 2.6,
     "rotary": 5.0,
     "swiglu": 6.6,
+    "swiglu_generic": 7.0,
     "topk_gate": 6.4,
     "topk_gate_generic": 11.4,
 }

@@ -8,19 +8,22 @@ order) is the one currency between kernels_src, the build and the manifest; the 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from build_tools.imports import imported_names
-from tkaot._decl import FAMILIES, Axis, KernelDecl, all_kernels, build_command, format_value
+from tkaot._decl import Axis, KernelDecl, all_kernels, build_command, format_value
 
 __all__ = [
     "KERNEL_MODULES",
     "Variant",
     "declaration",
+    "fingerprint",
     "format_value",
     "kernel_axes",
     "kernel_ops",
@@ -62,14 +65,40 @@ def _module_file(name: str) -> Path:
     return REPO_ROOT.joinpath(*name.split(".")).with_suffix(".py")
 
 
-def _declaration_file(kernel: str) -> Path:
-    """The file of the module that declares the kernel (tkaot/_<family>/kernels.py)."""
-    decl = declaration(kernel)
-    for family in FAMILIES:
-        module = importlib.import_module(f"tkaot._{family}.kernels")
-        if any(d is decl for d in module.KERNELS):
-            return Path(module.__file__).resolve()
-    raise RuntimeError(f"no declaration module holds kernel {kernel!r}")
+def _tkaot_imports(path: Path) -> set[tuple[str, str]]:
+    """(module, name) of each `from tkaot... import name` in the file, read from its source."""
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "tkaot":
+            found |= {(node.module, a.name) for a in node.names}
+    return found
+
+
+def _axis_text(axis: Axis) -> tuple:
+    return (axis.name, axis.kind.__name__, axis.choices, axis.rule)
+
+
+def fingerprint(value) -> str | None:
+    """Stable text of what a kernel source takes from the runtime: a declaration (the facts a build reads: name,
+    source, axes, arguments, tilings, generic tier; not the ops it serves) or plain data (numbers, strings, and
+    tuples, lists, sets and mappings of them). None for anything else (a function): its whole module is hashed."""
+    if isinstance(value, KernelDecl):
+        return repr((
+            value.name, value.source, [_axis_text(a) for a in value.axes], value.params, value.dims,
+            sorted(value.tilings.items()), value.generic_of, [_axis_text(a) for a in value.runtime_axes],
+        ))  # fmt: skip
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        items = [fingerprint(v) for v in value]
+        return None if None in items else f"{type(value).__name__}({', '.join(items)})"
+    if isinstance(value, (set, frozenset)):
+        items = [fingerprint(v) for v in value]
+        return None if None in items else f"set({', '.join(sorted(items))})"
+    if isinstance(value, Mapping):
+        items = [(fingerprint(k), fingerprint(v)) for k, v in value.items()]
+        return None if any(None in kv for kv in items) else f"map({sorted(items)})"
+    return None
 
 
 def _kernels_src_imports(path: Path) -> set[Path]:
@@ -87,8 +116,13 @@ def _kernels_src_imports(path: Path) -> set[Path]:
 
 
 def source_files(kernel: str) -> list[Path]:
-    """The kernel's declaration module, its TileLang module and every kernels_src module that imports, transitively."""
-    todo = [_module_file(declaration(kernel).source)]
+    """The kernel's TileLang module and every kernels_src module it imports, transitively."""
+    return kernels_src_closure(_module_file(declaration(kernel).source))
+
+
+def kernels_src_closure(root: Path) -> list[Path]:
+    """`root` and every kernels_src module it imports, transitively."""
+    todo = [root]
     seen: set[Path] = set()
     while todo:
         f = todo.pop()
@@ -96,15 +130,29 @@ def source_files(kernel: str) -> list[Path]:
             continue
         seen.add(f)
         todo.extend(_kernels_src_imports(f) - seen)
-    return sorted(seen | {_declaration_file(kernel)})
+    return sorted(seen)
+
+
+def sources_sha256(kernel: str, files: list[Path]) -> str:
+    """Hash of a kernel's source files and of what they take from the runtime: its own declaration and each value
+    they import from a tkaot module, by fingerprint, so that another kernel's declaration changing beside them in the
+    same module rebuilds nothing; a value with no fingerprint (a function) brings its whole module file in."""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    digest.update(b"declaration\0" + fingerprint(declaration(kernel)).encode() + b"\0")
+    for module_name, name in sorted({pair for f in files for pair in _tkaot_imports(f)}):
+        module = importlib.import_module(module_name)
+        text = fingerprint(getattr(module, name, None)) if hasattr(module, name) else None
+        if text is None:  # a function, or a submodule: the file it lives in
+            text = Path(module.__file__).read_text()
+        digest.update(f"{module_name}.{name}".encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()
 
 
 def source_sha256(kernel: str) -> str:
-    """Hash of the kernel's declaration and sources (so a change to any of them rebuilds it)."""
-    digest = hashlib.sha256()
-    for f in source_files(kernel):
-        digest.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """Hash of the kernel's sources and declaration (so a change to any of them rebuilds it): sources_sha256."""
+    return sources_sha256(kernel, source_files(kernel))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,14 @@ memory standing in for a CUDA device's, or a meta tensor where it is too large t
 Valid calls cover each op's options (formats, scale-factor kinds and layouts, quantized inputs and their blocks, given
 out buffers, stochastic rounding, odd token counts, padded and sliced rows); invalid ones break one thing of a valid
 call (a dtype, rank, shape, stride, alignment, device, option, limit or argument type).
+
+The record (tests/data/casts_contract.jsonl) was written from GPU-verified code; records changed since, by id, each an
+invalid call that launches nothing either way:
+- per_token_cast/bad-out-not-pair, per_token_cast/bad-out-tensor, per_block_cast/bad-out-not-pair: an out= that is not
+  a (data, sf) pair raises TypeError naming the op (the declared unpacking of out), where Python's tuple unpacking
+  raised ValueError (and a two-row tensor was split into its rows as data and sf).
+- added with that change: the bad-out-two-rows, bad-out-triple and bad-out-tensor calls, and the too-wide calls (rows
+  over the kernels' MAX_CAST_HIDDEN channels, which reached keys outside the declarations; now ValueError).
 """
 
 from __future__ import annotations
@@ -177,6 +185,7 @@ def per_token_cast_invalid() -> list[Call]:
         ("x-width-not-64", T((3, 96)), "e4m3", 32),
         ("x-too-many", T((2**22, 2048), meta=True), "e4m3", 128),
         ("x-no-width", T((3, 0)), "e4m3", 128),
+        ("x-too-wide", T((1, 65600)), "e4m3", 64),
         ("fmt", x(), "e5m2", 128),
         ("fmt-none", x(), None, 128),
         ("group", x(), "e4m3", 48),
@@ -212,6 +221,9 @@ def per_token_cast_invalid() -> list[Call]:
         Call(op, "bad-out1-huge-stride", x(), "e4m3", 128, out=out(sf=T((3, 4), F32, (2**29, 1), meta=True))),
         Call(op, "bad-out1-device", x(), "e4m3", 128, out=out(sf=T((3, 4), F32, device=1))),
         Call(op, "bad-out1-list", x(), "e4m3", 128, out=(T((3, 512), FP8), [1.0] * 4)),
+        Call(op, "bad-out-two-rows", T((2, 512)), "e4m3", 128, out=T((2, 512), FP8)),
+        Call(op, "bad-out-triple", x(), "e4m3", 128, out=(T((3, 512), FP8), T((3, 4), F32), None)),
+        Call(op, "bad-pair-too-wide", (T((1, 65664), FP8), T((1, 513), F32)), "e4m3", 128, (1, 128)),
         Call(op, "bad-pair-no-block", pair(), "e4m3", 128),
         Call(op, "bad-pair-block", pair(), "e4m3", 128, (1, 100)),
         Call(op, "bad-pair-block-32x128", pair(), "e4m3", 128, (32, 128)),
@@ -261,6 +273,7 @@ def per_token_cast_with_sf_only_calls() -> list[Call]:
         Call(op, "bad-x-pair", (T((3, 512), FP8), T((3, 4), F32)), "e4m3", 128),
         Call(op, "bad-x-list", [0.0], "e4m3", 128),
         Call(op, "bad-x-row-stride", T((3, 512), BF16, (516, 1)), "e4m3", 128),
+        Call(op, "bad-x-too-wide", T((1, 65600)), "e4m3", 64),
         Call(op, "bad-fmt", x, "fp8", 128),
         Call(op, "bad-group", x, "e4m3", 256),
         Call(op, "bad-packed-without-round", x, "e4m3", 128, use_packed_ue8m0=True),
@@ -312,6 +325,7 @@ def per_token_cast_with_precomputed_sf_calls() -> list[Call]:
         Call(op, "bad-out-list", x, "e4m3", 128, sf, out=[0]),
         Call(op, "bad-x-pair", (T((3, 512), FP8), sf), "e4m3", 128, sf),
         Call(op, "bad-x-fp8", T((3, 512), FP8), "e4m3", 128, sf),
+        Call(op, "bad-x-too-wide", T((1, 65600)), "e4m3", 64, T((1, 1025), F32)),
         Call(op, "bad-fmt", x, "e3m2", 128, sf),
         Call(op, "bad-round-and-e4m3", x, "e4m3", 128, T((3, 4), FP8), round_sf=True, use_e4m3_sf=True),
     ]  # fmt: skip
@@ -336,6 +350,7 @@ def per_token_cast_and_cast_back_calls() -> list[Call]:
         Call(op, "bad-x-cpu", T((3, 512), device=-1), "e4m3", 128),
         Call(op, "bad-x-row-stride", T((3, 512), BF16, (516, 1)), "e4m3", 128),
         Call(op, "bad-x-width", T((3, 320)), "e4m3", 128),
+        Call(op, "bad-x-too-wide", T((1, 65600)), "e4m3", 64),
         Call(op, "bad-fmt", T((3, 512)), "e4m4", 128),
         Call(op, "bad-group", T((3, 512)), "e4m3", 8),
         Call(op, "bad-round-and-e4m3", T((3, 512)), "e4m3", 128, True, True),
@@ -388,6 +403,7 @@ def cast_back_calls() -> list[Call]:
             Call(op, "bad-width-not-64", (T((3, 96), FP8), T((3, 3), F32)), "bf16", (1, 32) if op == "cast_back" else 32),
             Call(op, "bad-width-not-block", (T((3, 448), FP8), T((3, 4), F32)), "bf16", block),
             Call(op, "bad-too-many", (T((2**25, 1024), FP8, meta=True), T((2**25, 8), F32, meta=True)), "bf16", block),
+            Call(op, "bad-too-wide", (T((1, 65664), FP8), T((1, 513), F32)), "bf16", block),
         ]  # fmt: skip
     calls += [
         Call("cast_back", "bad-block", pair(), "bf16", (1, 256)),
@@ -445,6 +461,7 @@ def per_block_cast_calls() -> list[Call]:
             Call(op, "bad-x-misaligned", T((300, 512), offset=4), "e4m3", (128, 128)),
             Call(op, "bad-x-width", T((300, 576)), "e4m3", (128, 128)),
             Call(op, "bad-x-width-64", T((300, 64)), "e4m3", (32, 32)),
+            Call(op, "bad-x-too-wide", T((1, 65664)), "e4m3", (128, 128)),
             Call(op, "bad-x-too-many", T((65535 * 128 + 1, 128), meta=True), "e4m3", (128, 128)),
             Call(op, "bad-x-too-many-32", T((65535 * 32 + 1, 128), meta=True), "e4m3", (32, 128)),
             Call(op, "bad-fmt", x, "e8m0", (128, 128)),
@@ -468,6 +485,7 @@ def per_block_cast_calls() -> list[Call]:
         Call("per_block_cast", "bad-out1-row-for-col", x, "e4m3", (128, 128), True, out=out()),
         Call("per_block_cast", "bad-out1-device", x, "e4m3", (128, 128), out=out(sf=T((3, 4), F32, device=1))),
         Call("per_block_cast", "bad-out-not-pair", x, "e4m3", (128, 128), out=[T((300, 512), FP8)]),
+        Call("per_block_cast", "bad-out-tensor", x, "e4m3", (128, 128), out=T((300, 512), FP8)),
         Call("per_block_cast", "bad-out1-list", x, "e4m3", (128, 128), out=(T((300, 512), FP8), [0.0])),
         Call("per_block_cast_with_sf_only", "bad-out-sf-shape", x, "e4m3", (32, 32), round_sf=True, use_packed_ue8m0=True,
              out_sf=T((10, 16), I32)),
@@ -528,6 +546,8 @@ def per_channel_cast_calls() -> list[Call]:
         Call(op, "bad-x-cpu", T((256, 512), device=-1), "e4m3", 128),
         Call(op, "bad-x-padded", T((256, 512), BF16, (520, 1)), "e4m3", 128),
         Call(op, "bad-x-misaligned", T((256, 512), offset=2), "e4m3", 128),
+        Call(op, "bad-x-too-wide", T((1, 65664)), "e4m3", 128),
+        Call(op, "bad-pair-too-wide", (T((1, 65664), FP8), T((1, 513), F32)), "e4m3", 128, num_per_channels=128),
         Call(op, "bad-x-width", T((256, 192)), "e4m3", 128),
         Call(op, "bad-x-too-many", T((65535 * 32 + 1, 128), meta=True), "e4m3", 32),
         Call(op, "bad-pair-no-group", pair(), "e4m3", 128),
@@ -648,6 +668,7 @@ def per_block_cast_lossless_calls() -> list[Call]:
         Call(op, "bad-in-block-none", fp4(), "e4m3", None, (128, 128)),
         Call(op, "bad-packed-without-round", fp4(), "e4m3", (1, 32), (128, 128), use_packed_ue8m0=True),
         Call(op, "bad-width", (T((256, 96), I8), T((256, 2), I32)), "e4m3", (1, 32), (1, 32)),
+        Call(op, "bad-too-wide", (T((1, 65664 // 2), I8), T((1, 513), F32)), "e4m3", (1, 128), (1, 128)),
         Call(op, "bad-too-many", (T((65535 * 128 + 1, 64), I8, meta=True), T((65535 * 128 + 1, 1), I32, meta=True)), "e4m3", (1, 32),
              (1, 128)),
         Call(op, "bad-not-pow2", (T((3, 256), I8), T((3, 16), F32, fill=3.0)), "e4m3", (1, 32), (1, 128)),

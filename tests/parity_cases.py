@@ -58,12 +58,15 @@ STOCHASTIC = "values level by level (equal or neighbouring levels, unbiased), sf
 @dataclass
 class Call:
     """One call's arguments; `trims` cut bytes TileKernels leaves unspecified out of returned tensors (by result
-    path, tests/parity_compare.py), `adjacent` names the returned tensors compared level by level, with their format."""
+    path, tests/parity_compare.py), `adjacent` names the returned tensors compared level by level, with their format,
+    `close` the returned or input tensors compared by value, with their tolerance relative to the largest value."""
 
     args: tuple
     kwargs: dict
     trims: dict[str, Callable] = field(default_factory=dict)
     adjacent: dict[str, str] = field(default_factory=dict)
+    # returned or written-in-place tensors both libraries sum in their own order: path -> assert_close's rtol, atol
+    close: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -657,7 +660,9 @@ def engram_sinkhorn_finalize_cases(rng) -> list[Case]:
 
 
 def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
+    from tests import parity_backward_cases as backward
     from tests import parity_cast_cases as casts
+    from tests import parity_mhc_cases as mhc
     from tests import parity_mhc_fused_cases as mhc_fused
 
     return {
@@ -671,6 +676,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "moe.topk_gate": topk_gate_cases,
         "moe.normalize_weight": normalize_weight_cases,
         "transform.apply_rotary": apply_rotary_cases,
+        **mhc.GENERATORS,
         **mhc_fused.GENERATORS,
         "engram.engram_hash": engram_hash_cases,
         "engram.fused_weight": engram_fused_weight_cases,
@@ -681,6 +687,7 @@ def _generators() -> dict[str, Callable[[random.Random], list[Case]]]:
         "engram.engram_sinkhorn_step": engram_sinkhorn_step_cases,
         "engram.engram_sinkhorn_step_reduce": engram_sinkhorn_step_reduce_cases,
         "engram.engram_sinkhorn_finalize": engram_sinkhorn_finalize_cases,
+        **backward.GENERATORS,
     }
 
 

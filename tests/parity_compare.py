@@ -4,7 +4,9 @@ What is compared: every tensor the call returns (shape, dtype, strides where a d
 which input it aliases, then its bytes) and the whole storage of every input tensor the returned ones do not alias
 (in-place updates, out= buffers nobody returns, and inputs that must stay untouched). A call's `trims` cut bytes
 TileKernels leaves unspecified out of a returned tensor first; its `adjacent` outputs (stochastic rounding) are
-compared level by level instead: each pair of values must be the same or neighbouring levels of the format.
+compared level by level instead: each pair of values must be the same or neighbouring levels of the format. Its
+`close` outputs, or inputs written in place (sums TileKernels adds in an order of its own), are compared by value,
+each within its (rtol, atol).
 """
 
 from __future__ import annotations
@@ -108,9 +110,20 @@ def describe_non_adjacent(what: str, ours: torch.Tensor, theirs: torch.Tensor, f
     return None
 
 
-def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None, adjacent=None) -> tuple[list[str], bool]:
+def describe_not_close(what: str, ours: torch.Tensor, theirs: torch.Tensor, rtol: float, atol: float) -> str | None:
+    """None when every pair of values is within atol + rtol * |TileKernels'| (NaN only against NaN), else the worst."""
+    a, b = ours.float(), theirs.float()
+    bad = ~torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    if not bad.any():
+        return None
+    first = tuple(bad.nonzero()[0].tolist())
+    shown = f"tkaot {a[first].item()} vs TileKernels {b[first].item()}"
+    return f"{what}: {int(bad.sum())} of {a.numel()} values beyond rtol {rtol} / atol {atol}, first at {first}: {shown}"
+
+
+def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None, adjacent=None, close=None) -> tuple[list[str], bool]:
     """(problems, whether a tolerance was used) comparing the tkaot call to the TileKernels one."""
-    trims, adjacent = trims or {}, adjacent or {}
+    trims, adjacent, close = trims or {}, adjacent or {}, close or {}
     problems: list[str] = []
     ours_in, theirs_in = inputs(ours_call[0], ours_call[1]), inputs(theirs_call[0], theirs_call[1])
     ours_out, theirs_out = flatten(ours_result), flatten(theirs_result)
@@ -135,6 +148,8 @@ def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None
         trim = trims.get(path, lambda t: t)
         if path in adjacent:
             problem = describe_non_adjacent(path, trim(ours), trim(theirs), adjacent[path])
+        elif path in close:
+            problem = describe_not_close(path, trim(ours), trim(theirs), *close[path])
         else:
             problem = describe_difference(path, trim(ours), trim(theirs))
         if problem:
@@ -146,7 +161,10 @@ def compare_calls(ours_call, ours_result, theirs_call, theirs_result, trims=None
         if path in aliased or key in seen or any(theirs_in[p].untyped_storage().data_ptr() == key for p in aliased):
             continue
         seen.add(key)
-        problem = describe_difference(f"{path} (its storage, after the call)", storage_bytes(ours_in[path]), storage_bytes(theirs))
+        if path in close:  # written in place, summed in another order: by value, over the tensor itself
+            problem = describe_not_close(f"{path} (after the call)", ours_in[path], theirs, *close[path])
+        else:
+            problem = describe_difference(f"{path} (its storage, after the call)", storage_bytes(ours_in[path]), storage_bytes(theirs))
         if problem:
             problems.append(problem)
-    return problems, bool(adjacent)
+    return problems, bool(adjacent or close)

@@ -115,11 +115,24 @@ def test_lowered_kernel_must_match_its_declaration(monkeypatch):
     assert f"undeclared [{decl.dims[0]!r}]" in message  # a dim the declaration left out
 
 
-def test_source_hash_covers_the_declaration():
-    from build_tools.ops import source_files
+def test_source_hash_covers_the_declaration_not_its_neighbours(monkeypatch):
+    """A kernel's cache key covers its sources and its declaration; another kernel's declaration changing in the
+    same module (or a declaration's ops) rebuilds nothing."""
+    from build_tools import ops
+    from tkaot._quant import kernels
 
-    names = {str(p.relative_to(p.parents[2])) for p in source_files("rmsnorm")}
-    assert "tkaot/_quant/kernels.py" in names and "kernels_src/norm/rmsnorm.py" in names
+    names = {str(p.relative_to(p.parents[2])) for p in ops.source_files("rmsnorm")}
+    assert {"kernels_src/norm/rmsnorm.py", "kernels_src/norm/row_sum.py"} <= names
+    before = ops.source_sha256("rmsnorm")
+    monkeypatch.setattr(kernels, "SWIGLU", kernels.SWIGLU.replace(params=(*kernels.SWIGLU.params, "extra")))
+    monkeypatch.setitem(ops.DECLARATIONS, "rmsnorm", kernels.RMSNORM.replace(ops=("tkaot.quant.elsewhere",)))
+    assert ops.source_sha256("rmsnorm") == before
+    monkeypatch.setitem(ops.DECLARATIONS, "rmsnorm", kernels.RMSNORM.replace(params=(*kernels.RMSNORM.params, "extra")))
+    assert ops.source_sha256("rmsnorm") != before
+    # a value the source imports from the runtime (cast.py: STOCHASTIC_PAIRS) is part of the key
+    before = ops.source_sha256("cast")
+    monkeypatch.setattr(kernels, "STOCHASTIC_PAIRS", (*kernels.STOCHASTIC_PAIRS, ("float16", "e4m3")))
+    assert ops.source_sha256("cast") != before
 
 
 def test_manifest_round_trip(built):

@@ -16,14 +16,16 @@ from tkaot.cli import WIDTH, main
 
 ROOT = Path(__file__).resolve().parent.parent
 PREBUILT = ROOT / "prebuilt"
-MIXTRAL = {  # Mixtral-8x7B's shape fields: 8 experts, top-2 routing, which no moe_topk_gate variant serves
-    "_name_or_path": "mistralai/Mixtral-8x7B-v0.1",
+# Mixtral-8x7B's shape fields with 6 experts (a made-up model): top-2 of a count that no moe_topk_gate variant takes
+# (TileKernels' gate asserts a multiple of 4 too)
+SIX_EXPERTS = {
+    "_name_or_path": "example/mixtral-6-experts",
     "model_type": "mixtral",
     "hidden_size": 4096,
     "intermediate_size": 14336,
     "num_attention_heads": 32,
     "num_key_value_heads": 8,
-    "num_local_experts": 8,
+    "num_local_experts": 6,
     "num_experts_per_tok": 2,
 }
 
@@ -104,20 +106,20 @@ def fake_set(directory: Path, variants) -> Path:
 def test_check_reports_unsupported_not_missing_and_build_agrees(tmp_path, monkeypatch):
     """Issue 21.1: one rule (the declarations' axes) for check and build; exit 1 only on missing."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(MIXTRAL))
+    config.write_text(json.dumps(SIX_EXPERTS))
     needed = needed_variants(shape_tables(load_config(config)))
     buildable = [v for v in needed if v.reason is None]
-    unsupported = "unsupported moe_topk_gate num_experts=8,num_topk=2,tiling=ballot4: num_experts=8 is not supported: a multiple of 4"
+    unsupported = "unsupported moe_topk_gate num_experts=6,num_topk=2,tiling=ballot4: num_experts=6 is not supported: a multiple of 4"
     complete = run("check", "--hf-config", config, "--artifacts", fake_set(tmp_path / "all", buildable))
     assert complete.exit_code == 0, complete.output
-    assert f"mistralai/Mixtral-8x7B-v0.1 ({config}): needs {len(needed)} variants" in complete.output
+    assert f"example/mixtral-6-experts ({config}): needs {len(needed)} variants" in complete.output
     assert "; 0 missing; 1 unsupported" in complete.output and unsupported in complete.output
     assert "moe_topk_gate: keep your framework's router" in complete.output and "tkaot.moe.topk_gate" in complete.output
 
     gap = run("check", "--hf-config", config, "--artifacts", fake_set(tmp_path / "none", []))
     assert gap.exit_code == 1 and f"{len(buildable)} variants missing" in gap.output
     missing = {line.split()[1:3] and tuple(line.split()[1:3]) for line in gap.output.splitlines() if line.startswith("    missing ")}
-    assert ("moe_topk_gate", "num_experts=8,num_topk=2,tiling=ballot4") not in missing
+    assert ("moe_topk_gate", "num_experts=6,num_topk=2,tiling=ballot4") not in missing
     assert f"tkaot-build build --hf-config {config} --arch sm90 -j {len(os.sched_getaffinity(0))} --out DIR" in gap.output
 
     # the suggested build makes exactly what check called missing, and skips the unsupported key with the same line
@@ -206,7 +208,7 @@ def test_without_the_build_extra(tmp_path):
         assert refused.returncode == 1 and refused.stdout == "", refused.stderr
         assert refused.stderr.splitlines() == [f"Error: tkaot-build {argv[0]} needs the build extra: pip install 'tkaot[build]'"]
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(MIXTRAL))
+    config.write_text(json.dumps(SIX_EXPERTS))
     needed = [v for v in needed_variants(shape_tables(load_config(config))) if v.reason is None]
     checked = without_build_extra("check", "--hf-config", config, "--artifacts", fake_set(tmp_path / "set", needed))
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -56,6 +56,7 @@ def no_launch(monkeypatch):
             if isinstance(value, _op.OpKernels):
                 monkeypatch.setattr(value, "cache", {})
     monkeypatch.setattr("tkaot._quant.weight_casts._values_unchecked", lambda: True)  # no value checks on meta tensors
+    monkeypatch.setattr("tkaot._engram.device.sm_count", lambda device: 132)  # an H200's SMs: engram's per-SM partials
 
 
 def col(rows, cols, dtype=F32, pad=4):
@@ -69,6 +70,23 @@ def pair(tokens, hidden, block=(1, 128), fp4=False, sf_dtype=F32):
     groups = hidden // block[1]
     cols = -(-groups // 4) if sf_dtype is I32 else groups
     return data, meta(-(-tokens // block[0]), cols, dtype=sf_dtype)
+
+
+def f32(*shape):
+    return meta(*shape, dtype=F32)
+
+
+def recompute_args(layers, post, tokens=5, m=4, hidden=512) -> tuple:
+    """mhc_multilayer_recompute's arguments: `layers` layer inputs (and pre mixes), `post` residuals (and their inputs)."""
+    return (
+        meta(tokens, m, hidden),
+        [f32(tokens, m, 1) for _ in range(layers)],
+        [meta(tokens, hidden) for _ in range(post)],
+        [f32(tokens, m, 1) for _ in range(post)],
+        [f32(tokens, m, m) for _ in range(post)],
+        [meta(tokens, hidden) for _ in range(layers)],
+        [meta(tokens, m, hidden) for _ in range(post)],
+    )
 
 
 q = tkaot.quant
@@ -97,6 +115,32 @@ CALLS = [
      dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)),
     ("swiglu_forward_and_per_token_cast", lambda: (meta(7, 1024), "e4m3", 32), dict(use_tma_aligned_col_major_sf=True)),
     ("swiglu_forward_and_per_token_cast", lambda: (meta(5, 1024), "bf16", None), {}),
+    ("norm_backward", lambda: (meta(5, 512), meta(5, 512), meta(512), f32(5)), {}),
+    ("norm_backward", lambda: (meta(5, 512), meta(5, 512), None, f32(5)), dict(residual_out_grad=meta(5, 512), out_scale=0.5)),
+    ("norm_backward", lambda: (f32(5, 512), f32(5, 512), f32(512), f32(5)), dict(residual_out_grad=f32(5, 512), weight_grad=f32(512))),
+    ("norm_backward", lambda: (meta(5, 512, strides=(1024, 1)), meta(5, 512), meta(512), f32(5)), dict(weight_grad=f32(512))),
+    ("norm_backward", lambda: (meta(0, 512), meta(0, 512), meta(512), f32(0)), {}),
+    ("swiglu_backward", lambda: (meta(5, 1024), meta(5, 512), "bf16"), {}),
+    ("swiglu_backward", lambda: (f32(2, 3, 1024), f32(2, 3, 512), "bf16"),
+     dict(psum_num_tokens_per_expert=meta(4, dtype=I32), topk_weights=f32(6), routed_scaling_factor=2.5, clamp_value=7.0,
+          do_recompute=True)),
+    ("swiglu_backward", lambda: (f32(5, 1024), f32(5, 512), "fp32"), dict(topk_weights=f32(5))),
+    ("swiglu_backward", lambda: (meta(5, 1024), meta(5, 512), "bf16"), dict(do_recompute=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(5, 1024, dtype=F8), f32(5, 8)), meta(5, 512), "e4m3", 128), {}),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(5, 1024, dtype=F8), f32(5, 32)), f32(5, 512), "e4m3", 32),
+     dict(use_tma_aligned_col_major_sf=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(5, 1024, dtype=F8), f32(5, 32)), meta(5, 512), "e4m3", 32),
+     dict(round_sf=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(7, 1024, dtype=F8), f32(7, 8)), meta(7, 512), "e4m3", 128),
+     dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(6, 1024, dtype=F8), f32(6, 32)), meta(6, 512), "e4m3", 32),
+     dict(round_sf=True, use_packed_ue8m0=True, psum_num_tokens_per_expert=meta(2, dtype=I32), topk_weights=f32(6),
+          routed_scaling_factor=2.5, clamp_value=7.0, do_recompute=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: ((meta(0, 1024, dtype=F8), f32(0, 8)), meta(0, 512), "e4m3", 128),
+     dict(use_tma_aligned_col_major_sf=True, topk_weights=f32(0))),
+    ("swiglu_backward_and_per_token_cast", lambda: (meta(5, 1024), meta(5, 512), "bf16", None), dict(do_recompute=True)),
+    ("swiglu_backward_and_per_token_cast", lambda: (f32(2, 3, 1024), f32(2, 3, 512), "fp32", 128),
+     dict(topk_weights=f32(6), use_tma_aligned_col_major_sf=True)),
     ("per_token_cast", lambda: (meta(5, 512), "e4m3", 128), {}),
     ("per_token_cast", lambda: (meta(5, 512), "e2m1", 32), dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)),
     ("per_token_cast", lambda: (meta(6, 512, dtype=F32), "e4m3", 64), dict(use_tma_aligned_col_major_sf=True, use_e4m3_sf=True)),
@@ -132,10 +176,72 @@ CALLS = [
      dict(bias=meta(256, dtype=F32), scores=meta(5, 256, dtype=F32), unmapped_topk_idx=meta(5, 6, dtype=I64))),
     ("moe_topk_gate_forward", lambda: (meta(5, 256, dtype=F32), 8, False, 0, 2.5, 0),
      dict(out=(meta(5, 8, dtype=I64), meta(5, 8, dtype=F32)))),
+    ("moe_topk_gate_backward", lambda: (f32(5, 256), meta(5, 8, dtype=I64), f32(5, 8), f32(5, 8), 2.5), {}),
+    ("moe_topk_gate_backward", lambda: (f32(6, 72), meta(6, 6, dtype=I64), f32(6, 6), f32(6, 6), 1.0),
+     dict(mask=meta(6, dtype=torch.bool), grad_scores_sum=f32(2, 72))),
+    ("moe_topk_gate_backward", lambda: (f32(5, 256), meta(5, 8, dtype=I64), f32(5, 8), f32(5, 8), 2.5),
+     dict(mask=meta(5, dtype=torch.bool), grad_scores_sum=f32(1, 256), out=f32(5, 256))),
     ("topk_gate", lambda: (meta(5, 72, dtype=F32), 6), {}),
     ("normalize_weight", lambda: (meta(5, 8, dtype=F32),), {}),
     ("apply_rotary", lambda: (meta(5, 16, 64), meta(4096, 64, dtype=F32)), dict(key=meta(5, 1, 64), positions=meta(5, dtype=I64))),
     ("apply_rotary", lambda: (meta(2, 5, 4, 128, dtype=F32), meta(4096, 128, dtype=F32)), dict(interleaved=True, seqlen_offset=3)),
+    ("expand_to_mhc_fwd", lambda: (meta(5, 64), meta(5, 4, 64)), {}),
+    ("expand_to_mhc_bwd", lambda: (meta(5, 4, 64), meta(5, 64)), {}),
+    ("mhc_pre_apply_mix_fwd", lambda: (meta(5, 4, 64), meta(5, 4, dtype=F32), meta(5, 64)), {}),
+    ("mhc_pre_apply_mix_bwd", lambda: (meta(5, 64), meta(5, 4, 64), meta(5, 4, dtype=F32), meta(5, 4, 64)), {}),
+    ("mhc_pre_split_mixes_fwd", lambda: (meta(5, 24, dtype=F32), meta(3, dtype=F32), meta(24, dtype=F32), meta(5, 4, dtype=F32),
+                                         meta(5, 4, dtype=F32), meta(5, 16, dtype=F32), 2.0, 1e-6), {}),
+    ("mhc_pre_split_mixes_bwd", lambda: (meta(5, 4, dtype=F32), meta(5, 4, dtype=F32), meta(5, 16, dtype=F32), meta(5, 24, dtype=F32),
+                                         meta(5, 4, dtype=F32), meta(3, dtype=F32), meta(24, dtype=F32), meta(5, 24, dtype=F32),
+                                         meta(3, dtype=F32), meta(24, dtype=F32), 2.0), {}),
+    ("mhc_sinkhorn_fwd", lambda: (meta(5, 4, 4, dtype=F32), meta(5, 4, 4, dtype=F32), 20, 1e-6), {}),
+    ("mhc_sinkhorn_bwd", lambda: (meta(5, 4, 4, dtype=F32), meta(5, 4, 4, dtype=F32), meta(5, 4, 4, dtype=F32), 3, 1e-6), {}),
+    ("mhc_post_fwd", lambda: (meta(2, 3, 64), meta(2, 3, 4, 64), meta(2, 3, 4, 1, dtype=F32), meta(2, 3, 4, 4, dtype=F32)), {}),
+    ("mhc_post_fwd", lambda: (meta(1, 3, 64), meta(1, 3, 4, 64), meta(1, 3, 4, 1, dtype=F32), meta(1, 3, 4, 4, dtype=F32)),
+     dict(out=meta(1, 3, 4, 64))),
+    ("mhc_post_bwd", lambda: (meta(2, 3, 64), meta(2, 3, 4, 64), meta(2, 3, 4, 1, dtype=F32), meta(2, 3, 4, 4, dtype=F32),
+                              meta(2, 3, 4, 64)), {}),
+    # tkaot.mhc: every op writes given buffers and returns None
+    ("mhc_head_compute_mix_fwd", lambda: (f32(5, 4), f32(1), f32(4), f32(5, 4), 1e-6), {}),
+    ("mhc_head_compute_mix_fwd", lambda: (f32(0, 7), f32(1), f32(7), f32(0, 7), 1e-6), dict(token_block_size=64)),
+    ("mhc_head_compute_mix_bwd", lambda: (f32(5, 4), f32(5, 4), f32(1), f32(4), f32(5, 4), f32(132, 1), f32(132, 4), 132), {}),
+    ("mhc_head_compute_mix_bwd", lambda: (f32(9, 8), f32(9, 8), f32(1), f32(8), f32(9, 8), f32(3, 1), f32(3, 8), 3),
+     dict(token_block_size=4)),
+    ("mhc_fn_normw_merge_fwd", lambda: (f32(24, 512), f32(512), f32(24, 512)), {}),
+    ("mhc_fn_normw_merge_bwd", lambda: (f32(24, 512), f32(512), f32(24, 512), f32(24, 512), f32(512)), {}),
+    ("mhc_reduce_partials_and_rmsnorm_fwd",
+     lambda: (f32(16, 5, 1, 24), f32(16, 5, 1), f32(5, 1, 24), f32(5, 1), f32(5, 24), 2048, 1e-6, 16), {}),
+    ("mhc_reduce_partials_and_rmsnorm_fwd",
+     lambda: (f32(3, 5, 2, 24), f32(3, 5, 2), f32(5, 2, 24), f32(5, 2), f32(5, 24), 1024, 1e-6, 3), {}),
+    ("mhc_reduce_partials_and_rmsnorm_bwd", lambda: (f32(5, 24), f32(5, 2, 24), f32(5, 2), f32(5, 2, 24), f32(5, 2), 1024, 1e-6), {}),
+    ("mhc_pre_big_fuse_fwd",
+     lambda: (f32(16, 5, 24), f32(16, 5), f32(3), f32(24), meta(5, 4, 512), f32(5, 4), f32(5, 16), meta(5, 512), *[1e-6] * 3, 2.0, 20),
+     {}),
+    ("mhc_pre_big_fuse_fwd",
+     lambda: (f32(2, 5, 3), f32(2, 5), f32(3), f32(3), meta(5, 1, 64), f32(5, 1), f32(5, 1), meta(5, 64), 1e-6, 1e-6, 1e-6, 1.0, 0),
+     dict(n_splits=2)),
+    ("mhc_multilayer_recompute", lambda: recompute_args(layers=3, post=3), {}),
+    ("mhc_multilayer_recompute", lambda: recompute_args(layers=2, post=1), {}),
+    ("mhc_multilayer_recompute", lambda: recompute_args(layers=1, post=0, m=8), {}),
+    # tkaot.engram
+    ("engram_hash", lambda: (meta(5, 3, dtype=I32), meta(2, 3, dtype=I64), meta(2, 2, 8, dtype=I32), meta(2, 16, dtype=I32)), {}),
+    ("engram_hash", lambda: (meta(5, 2, dtype=I32), meta(1, 2, dtype=I64), meta(1, 1, 4, dtype=I32), meta(1, 4, dtype=I32)),
+     dict(image_token_mask=meta(5, dtype=torch.bool))),
+    ("fused_weight", lambda: (meta(4, 512), meta(4, 512)), {}),
+    ("engram_gate_fwd", lambda: (meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), 1e-6, 1e-6), {}),
+    ("engram_gate_fwd", lambda: (meta(5, 2, 256), meta(5, 3, 256), f32(2, 256), 1e-6, 1e-6),
+     dict(save_for_backward=False, image_token_mask=meta(5, dtype=torch.bool))),
+    ("engram_gate_fwd", lambda: (meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), 1e-6, 1e-6), dict(save_for_backward=False, inplace=True)),
+    ("engram_gate_bwd", lambda: (meta(5, 4, 512), meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), *[f32(5, 4)] * 4, 1e-6), {}),
+    ("engram_gate_bwd", lambda: (meta(5, 4, 512), meta(5, 4, 512), meta(5, 5, 512), f32(4, 512), *[f32(5, 4)] * 4, 1e-6),
+     dict(image_token_mask=meta(5, dtype=torch.bool))),
+    ("grad_w_reduce", lambda: (f32(132, 4, 512), meta(4, 512), meta(4, 512), f32(4, 512), f32(4, 512)), {}),
+    ("engram_sinkhorn_momentum_update", lambda: (meta(64, 512), meta(64, 512), 0.9), {}),
+    ("engram_sinkhorn_momentum_update", lambda: (f32(3, 8), meta(24), 0.9), dict(nesterov=False)),
+    ("engram_sinkhorn_step", lambda: (f32(64, 512), f32(64), f32(512), 1e-6), {}),
+    ("engram_sinkhorn_step_reduce", lambda: (f32(396, 512), f32(512)), {}),
+    ("engram_sinkhorn_finalize", lambda: (f32(64, 512), f32(64), f32(512), 1e-6, 2.0), {}),
+    ("engram_sinkhorn_finalize", lambda: (f32(64, 512), f32(64), f32(512), 1e-6, 2.0), dict(out=f32(64, 512))),
 ]  # fmt: skip
 
 
@@ -286,6 +392,75 @@ def test_decode_step_runs_through_aot_eager_on_meta_tensors(no_launch):
     assert same and rstd.shape == (4,)
 
 
+def test_mhc_and_engram_ops_trace_and_functionalise_on_meta_tensors(no_launch):
+    """Written tensor lists (mhc_multilayer_recompute's Tensor(a!)[]), an op that writes its input only when asked
+    (engram_gate_fwd's inplace) and per-SM partials (engram_sinkhorn_step), through aot_eager: what eager returns."""
+
+    def layers(x, lists, kv, w, matrix, row_scale, col_scale):
+        tkaot.mhc.mhc_multilayer_recompute(x[:, :4].contiguous(), *lists)
+        out = tkaot.engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-6, save_for_backward=False, inplace=True)[0]
+        norm, partial = tkaot.engram.engram_sinkhorn_step(matrix, row_scale, col_scale, 1e-6)
+        return out, norm, partial, lists[-1][0]
+
+    recompute = recompute_args(layers=2, post=1)
+    args = (meta(5, 4, 512), list(recompute[1:]), meta(5, 5, 512), f32(4, 512), f32(64, 512), f32(64), f32(512))
+    (gm,) = compiled_graphs(layers, *args)
+    assert _tkaot_calls(gm) == ["mhc_multilayer_recompute", "engram_gate_fwd", "engram_sinkhorn_step"]
+    eager = layers(*args)
+    torch._dynamo.reset()
+    compiled = torch.compile(layers, fullgraph=True, backend="aot_eager")(*args)
+    assert compiled[0] is args[0] and compiled[3] is args[1][-1][0]  # the written input and list member, handed back
+    for e, c in zip(eager, compiled):
+        assert (c.shape, c.dtype, c.stride()) == (e.shape, e.dtype, e.stride())
+
+
+def test_backward_ops_trace_and_functionalise_on_meta_tensors(no_launch):
+    """A backward step: norm_backward accumulating into a given weight_grad, swiglu_backward_and_per_token_cast with all
+    five new outputs, moe_topk_gate_backward into out=; one graph, and through aot_eager what eager returns."""
+
+    def backward(og, x, w, rstd, wg, x8, sf, act_grad, psum, weights, scores, idx, topk_weights, grad_weights, out):
+        x_grad, weight_grad = tkaot.quant.norm_backward(og, x, w, rstd, weight_grad=wg)
+        swiglu = tkaot.quant.swiglu_backward_and_per_token_cast(
+            (x8, sf), act_grad, "e4m3", 32, psum, weights, 2.5, True, True, True, 7.0, True
+        )  # fmt: skip
+        logits_grad = tkaot.moe.moe_topk_gate_backward(scores, idx, topk_weights, grad_weights, 2.5, out=out)
+        return x_grad, weight_grad, *swiglu[:1], *swiglu[1], *swiglu[2:], logits_grad
+
+    args = (meta(5, 512), meta(5, 512), meta(512), f32(5), f32(512), meta(6, 1024, dtype=F8), f32(6, 32), meta(6, 512),
+            meta(2, dtype=I32), f32(6), f32(5, 256), meta(5, 8, dtype=I64), f32(5, 8), f32(5, 8), f32(5, 256))  # fmt: skip
+    (gm,) = compiled_graphs(backward, *args)
+    assert _tkaot_calls(gm) == ["norm_backward", "swiglu_backward_and_per_token_cast", "moe_topk_gate_backward"]
+    eager = backward(*args)
+    torch._dynamo.reset()
+    compiled = torch.compile(backward, fullgraph=True, backend="aot_eager")(*args)
+    assert compiled[1] is args[4] and compiled[-1] is args[-1]  # the written weight_grad and out, handed back
+    assert len(compiled) == len(eager) == 8
+    for e, c in zip(eager, compiled):
+        assert (c.shape, c.dtype, c.stride()) == (e.shape, e.dtype, e.stride())
+
+
+def test_rand_traces_natively_and_set_seed_reproduces():
+    """tkaot.rand is torch.randn and torch.manual_seed, not custom ops: Dynamo traces randn / randn_like in one graph
+    (fullgraph=True), and set_seed before a compiled call gives the numbers eager gives."""
+
+    def draw(x):
+        return tkaot.rand.randn(2, 3, device="cpu") + 1, tkaot.rand.randn_like(x), tkaot.rand.randn((4,), dtype=torch.float64, device="cpu")
+
+    x = torch.empty(3, 5, dtype=BF16)
+    (gm,) = compiled_graphs(draw, x)
+    assert not _tkaot_calls(gm) and sum(n.op == "call_function" for n in gm.graph.nodes) >= 3
+    torch._dynamo.reset()
+    compiled = torch.compile(draw, fullgraph=True, backend="eager")
+    draws = []
+    for fn in (compiled, compiled, draw):
+        tkaot.rand.set_seed(1234)
+        draws.append(fn(x))
+    for first, again, eager in zip(*draws):
+        assert (first.shape, first.dtype) == (eager.shape, eager.dtype)
+        assert torch.equal(first, again) and torch.equal(first, eager)
+    assert draws[0][1].shape == x.shape and draws[0][1].dtype == BF16
+
+
 class DecodeStep(torch.nn.Module):
     def forward(self, state):
         return step(state)
@@ -316,12 +491,26 @@ def test_torch_export_of_modules_calling_tkaot_ops():
 
 def test_opcheck_on_meta_tensors():
     """torch.library.opcheck's schema, fake-tensor and AOT-dispatch checks, on meta tensors (the real kernels need CUDA)."""
+    _compile.register_all()
     cases = [
         (torch.ops.tkaot.norm_forward.o2, (meta(4, 512), meta(512), 1e-6, None, 1.0, None, None, True)),
         (torch.ops.tkaot.per_token_cast.o2, ([meta(4, 512)], "e4m3", 128, None, True, True, False, False, False, None, None)),
         (torch.ops.tkaot.apply_rotary.o0, (meta(4, 8, 64), meta(64, 64, dtype=F32), None, None, False, False, 0)),
         (torch.ops.tkaot.moe_topk_gate_forward.o0,
          (meta(4, 256, dtype=F32), 8, False, 0, 2.5, 0, "sqrtsoftplus", *[None] * 8, meta(4, 8, dtype=I64), meta(4, 8, dtype=F32), None)),
+        (torch.ops.tkaot.mhc_multilayer_recompute.o0, recompute_args(layers=2, post=1)),
+        (torch.ops.tkaot.mhc_pre_big_fuse_fwd.o0,
+         (f32(16, 5, 24), f32(16, 5), f32(3), f32(24), meta(5, 4, 512), f32(5, 4), f32(5, 16), meta(5, 512), *[1e-6] * 3, 2.0, 20, 16)),
+        (torch.ops.tkaot.engram_gate_fwd.o0, (meta(4, 4, 512), meta(4, 5, 512), f32(4, 512), 1e-6, 1e-6, False, None, True)),
+        (torch.ops.tkaot.engram_gate_fwd.o5, (meta(4, 4, 512), meta(4, 5, 512), f32(4, 512), 1e-6, 1e-6, True, None, False)),
+        (torch.ops.tkaot.engram_sinkhorn_finalize.o0, (f32(64, 512), f32(64), f32(512), 1e-6, 2.0, f32(64, 512))),
+        (torch.ops.tkaot.norm_backward.o1, (meta(4, 512), meta(4, 512), meta(512), f32(4), meta(4, 512), 0.5, f32(512))),
+        (torch.ops.tkaot.swiglu_backward.o3, (f32(4, 1024), f32(4, 512), "bf16", None, f32(4), 2.5, 7.0, True)),
+        (torch.ops.tkaot.swiglu_backward_and_per_token_cast.o5,
+         ([meta(4, 1024, dtype=F8), f32(4, 32)], meta(4, 512), "e4m3", 32, meta(2, dtype=I32), f32(4), None, True, True, True, None, True)),
+        (torch.ops.tkaot.moe_topk_gate_backward.o0,
+         (f32(4, 256), meta(4, 8, dtype=I64), f32(4, 8), f32(4, 8), 2.5, "sqrtsoftplus", meta(4, dtype=torch.bool), f32(2, 256),
+          f32(4, 256))),
     ]  # fmt: skip
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
@@ -329,7 +518,7 @@ def test_opcheck_on_meta_tensors():
 
 def test_import_registers_nothing():
     code = (
-        "import time, torch; t = time.perf_counter(); import tkaot, tkaot.quant, tkaot.moe, tkaot.transform; "
+        "import time, torch; t = time.perf_counter(); import tkaot, tkaot.quant, tkaot.moe, tkaot.transform, tkaot.mhc, tkaot.engram; "
         "dt = time.perf_counter() - t; print(sum(n.startswith('tkaot::') for n in torch._C._dispatch_get_all_op_names()), dt)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

@@ -113,14 +113,16 @@ def test_swiglu_refuses_invalid_static_combinations(static, match):
 def test_fused_shapeset_expands():
     variants = load_shapeset("fused")
     kernels = {v.kernel for v in variants}
-    assert kernels == {"rotary", "swiglu", "norm_cast"}
-    # rotary 8, norm_cast 42 and swiglu 52 in each of their two tilings (without and with a residual; a clamp)
+    assert kernels == {"rotary", "swiglu", "swiglu_generic", "swiglu_backward", "norm_cast"}
+    # rotary 8, norm_cast 42 and swiglu 52 in each of their two tilings (without and with a residual; a clamp),
+    # swiglu_generic's 10 (each dtype: bf16, fp32 and e4m3 with each sf kind) in each tiling, swiglu_backward 6
     counts = {k: sum(v.kernel == k for v in variants) for k in kernels}
-    assert counts == {"rotary": 8, "norm_cast": 84, "swiglu": 104}
+    assert counts == {"rotary": 8, "norm_cast": 84, "swiglu": 104, "swiglu_generic": 20, "swiglu_backward": 6}
     norm_cast_tilings = {dict(v.static)["tiling"] for v in variants if v.kernel == "norm_cast"}
     assert norm_cast_tilings == {_fused.NORM_CAST_TILING, _fused.NORM_CAST_RESIDUAL_TILING}
-    swiglu_tilings = {dict(v.static)["tiling"] for v in variants if v.kernel == "swiglu"}
-    assert swiglu_tilings == {_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING}
+    for kernel in ("swiglu", "swiglu_generic"):
+        swiglu_tilings = {dict(v.static)["tiling"] for v in variants if v.kernel == kernel}
+        assert swiglu_tilings == {_fused.SWIGLU_TILING, _fused.SWIGLU_CLAMP_TILING}
     assert len({(v.kernel, v.key) for v in variants}) == len(variants)
 
 
@@ -352,7 +354,8 @@ def test_apply_rotary_valid_input_reaches_the_registry(fake_cuda):
         (lambda: dict(x=meta(4, 4096, dtype=torch.float16)), ValueError, "x must be bfloat16 or float32"),
         (lambda: dict(x=meta(4096)), ValueError, "x must be 2-D"),
         (lambda: dict(x=meta(4, 4097)), ValueError, "x must be 2-D"),
-        (lambda: dict(x=meta(4, 2 * 640)), ValueError, "hidden a multiple of 256"),
+        (lambda: dict(x=meta(4, 2 * 608)), ValueError, "hidden a multiple of 64"),
+        (lambda: dict(x=meta(4, 2 * 192)), ValueError, "hidden a multiple of num_per_channels"),
         (lambda: dict(x=meta(4, 2 * 32768, dtype=torch.float32)), ValueError, r"\(0, 18432\]"),
         (lambda: dict(x=meta(4, 8192)[:, :4096:2]), ValueError, "contiguous in its last dimension"),
         (lambda: dict(x=meta(4, 4100)[:, :4096]), ValueError, "multiples of 8"),

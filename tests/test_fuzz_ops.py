@@ -1,311 +1,507 @@
-"""Property-based checks of the ops declared on Signatures (norm, rotary, MoE gate, SwiGLU + cast), on CPU.
+"""Property-based checks of the declared input rules of tkaot.quant's norm and SwiGLU ops (forward and backward),
+tkaot.moe and tkaot.transform, on CPU (the casts: tests/test_fuzz_casts.py; mHC and Engram:
+tests/test_fuzz_mhc_engram.py; the machinery: tests/fuzz.py).
 
-Valid calls are drawn within the declared limits: each must reach exactly the launches its kernel declaration keys
-(every static value allowed by the kernel's axes, every runtime argument supplied). Each invalid call is a valid one
-with one thing broken (dtype, rank, shape, stride, alignment, device, option): it must raise ValueError or TypeError
-and launch nothing. Meta tensors stand in for CUDA ones (device 0) and a recorder stands in for the launcher, so no
-GPU, driver or kernel is needed. The example count is bounded for CI.
+Each op is one strategy of valid calls drawn within its documented limits, the sizes from its kernels' declared axes;
+a valid call must launch exactly its declared variants, and each call with one thing broken (its Signature's tensors
+broken one by one, and the case's own option breaks) must raise before any launch.
 """
 
 from __future__ import annotations
 
-import functools
-
 import pytest
-import torch
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tkaot  # noqa: E402
-from tests.helpers import meta  # noqa: E402
-from tkaot import _op  # noqa: E402
+from tests.fuzz import (  # noqa: E402, F401 (launches: the fixture)
+    BF16,
+    BOOL,
+    F8,
+    F32,
+    FAMILIES,
+    I32,
+    I64,
+    Call,
+    Cases,
+    choices,
+    default_set,
+    launches,
+    meta,
+    padded_rows,
+    prebuilt_keys,
+    sizes,
+    tokens,
+)
+from tkaot._moe import backward as moe_backward  # noqa: E402
+from tkaot._moe import ops as moe_ops  # noqa: E402
+from tkaot._moe.kernels import MOE_TOPK_GATE, MOE_TOPK_GATE_BACKWARD, NORMALIZE_WEIGHT, TOPK_GATE  # noqa: E402
+from tkaot._quant import fused, norm, norm_backward, norm_cast, swiglu, swiglu_backward  # noqa: E402
+from tkaot._quant.kernels import NORM_CAST, RMSNORM, RMSNORM_BACKWARD, SWIGLU, SWIGLU_BACKWARD, WEIGHT_GRAD_REDUCE  # noqa: E402
+from tkaot._transform import rotary  # noqa: E402
+from tkaot._transform.kernels import ROTARY  # noqa: E402
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-BF16, F32 = torch.bfloat16, torch.float32
-TOKENS = st.sampled_from([1, 3, 127, 4097])
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Meta tensors read as device 0; every op's launcher records (kernel, key) instead of launching."""
-    get_device = torch.Tensor.get_device
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
-    recorded: list[tuple[str, str]] = []
-
-    def get(self, device, *values, general_tiling=None):
-        for axis, value in zip(self.decl.axes, values):
-            axis.validate(value)  # every static value a declared axis allows
-        key = self.decl.key(values)
-
-        def launch(dev, stream, *args):
-            assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"
-            recorded.append((self.kernel, key))
-
-        return launch
-
-    monkeypatch.setattr(_op.OpKernels, "get", get)
-    for family in (tkaot.quant, tkaot.moe, tkaot.transform):
-        for name in family.__all__:
-            module = __import__(getattr(family, name).__module__, fromlist=["_"])
-            if hasattr(module, "current_stream"):
-                monkeypatch.setattr(module, "current_stream", lambda device: 0)
-            for value in vars(module).values():
-                if isinstance(value, _op.OpKernels):
-                    monkeypatch.setattr(value, "cache", {})
-    return recorded
+CASES = Cases()
+NAMES = {BF16: "bfloat16", F32: "float32"}
+FLOATS = st.sampled_from([BF16, F32])
 
 
-def examples(**strategies):
-    """@given(**strategies) under SETTINGS, for a test of the `launches` recorder: cleared before each example, since
-    one function-scoped fixture serves every example hypothesis draws."""
-
-    def decorate(test):
-        @SETTINGS
-        @given(**strategies)
-        @functools.wraps(test)
-        def run(launches, **drawn):
-            launches.clear()
-            test(launches, **drawn)
-
-        return run
-
-    return decorate
-
-
-def refuses(call, recorded) -> None:
-    with pytest.raises((ValueError, TypeError)):
-        call()
-    assert not recorded, f"an invalid call launched {recorded}"
-
-
-def _name(dtype) -> str:
-    return "bfloat16" if dtype is BF16 else "float32"
+def vec(dtype) -> int:
+    """Elements of a 16-byte vector."""
+    return 16 // dtype.itemsize
 
 
 # ---- norm_forward ----
 
-NORM = st.fixed_dictionaries(
-    {
-        "dtype": st.sampled_from([BF16, F32]),
-        "tokens": TOKENS,
-        "hidden": st.integers(1, 512).map(lambda v: v * 16),
-        "batch": st.sampled_from([None, 1, 3]),
-        "weight": st.booleans(),
-        "residual": st.booleans(),
-        "out": st.booleans(),
-        "with_rstd": st.booleans(),
+
+def hidden_breaks(lead: tuple, dtype, multiple: int, limit: int) -> dict:
+    """x of a hidden size the kernels do not take (0, over the limit, not a multiple), without the tensors sized by it."""
+    alone = {"weight": None, "residual": None, "out": None, "residual_out": None}
+    return {
+        f"hidden {h}": {"x": meta(*lead, h, dtype=dtype), **alone}
+        for h in (0, limit + multiple, multiple + vec(dtype))
+        if h % multiple or h == 0 or h > limit
     }
-)
 
 
-def norm_args(d):
-    lead = (d["tokens"],) if d["batch"] is None else (d["batch"], d["tokens"])
-    x = meta(*lead, d["hidden"], dtype=d["dtype"])
-    kwargs = {"with_rstd": d["with_rstd"]}
-    if d["residual"]:
-        kwargs["residual"] = meta(*lead, d["hidden"], dtype=d["dtype"])
-    if d["out"]:
-        kwargs["out"] = meta(*lead, d["hidden"], dtype=d["dtype"])
-    weight = meta(d["hidden"], dtype=d["dtype"]) if d["weight"] else None
-    return x, weight, kwargs
+# eps and out_scale reach the kernel as float32: a string, None or a bool is refused before the launch
+REAL_BREAKS = {
+    "eps a string": {"eps": "1e-6"}, "eps None": {"eps": None}, "eps True": {"eps": True}, "out_scale a string": {"out_scale": "2"},
+}  # fmt: skip
 
 
-@examples(d=NORM)
-def test_norm_forward_valid_calls_launch_their_declared_variant(launches, d):
-    x, weight, kwargs = norm_args(d)
-    out, rstd, _ = tkaot.quant.norm_forward(x, weight, 1e-6, **kwargs)
-    key = f"hidden={d['hidden']},dtype={_name(d['dtype'])},with_weight={str(d['weight']).lower()}," \
-          f"with_residual={str(d['residual']).lower()},with_rstd={str(d['with_rstd']).lower()}"  # fmt: skip
-    assert launches == [("rmsnorm", key)]
-    assert out.shape == x.shape and out.dtype == x.dtype and (rstd is not None) == d["with_rstd"]
+@CASES.case("quant.norm_forward", built="listed")
+def norm_forward(draw):
+    dtype = draw(st.sampled_from(norm.SIGNATURE.tensors[0].dtypes))
+    n, hidden = draw(tokens()), draw(sizes(RMSNORM, "hidden", 8192))
+    batch = draw(st.sampled_from([None, 1, 3]))
+    lead = (n,) if batch is None else (batch, n)
+    weight, residual, out, residual_out, with_rstd = (draw(st.booleans()) for _ in range(5))
+    x = padded_rows(*lead, hidden, dtype=dtype, pad=draw(st.sampled_from([0, vec(dtype)])))
+    kwargs = {
+        "x": x, "weight": meta(hidden, dtype=dtype) if weight else None, "eps": 1e-6,
+        "residual": meta(*lead, hidden, dtype=dtype) if residual else None, "out": meta(*lead, hidden, dtype=dtype) if out else None,
+        "residual_out": meta(*lead, hidden, dtype=dtype) if residual_out else None, "with_rstd": with_rstd,
+    }  # fmt: skip
+    key = {"hidden": hidden, "dtype": NAMES[dtype], "with_weight": weight, "with_residual": residual, "with_rstd": with_rstd}
+
+    def check(result):
+        y, rstd, _ = result
+        assert y.shape == x.shape and y.dtype == dtype and (rstd is not None) == with_rstd
+
+    breaks = {
+        "65536 batches": {"x": meta(65536, n, hidden, dtype=dtype)},
+        **hidden_breaks(lead, dtype, 16, 8192),
+        "residual_out of another dtype": {"residual_out": meta(*lead, hidden, dtype=F32 if dtype is BF16 else BF16)},
+        **REAL_BREAKS,
+    }
+    return Call("quant.norm_forward", kwargs, [(RMSNORM, key)], norm.SIGNATURE, breaks=breaks, check=check)
 
 
-NORM_BREAKS = [
-    lambda x, w, kw: (x.to(torch.float16), w, kw),
-    lambda x, w, kw: (x.reshape(-1)[: x.shape[-1]], w, kw),
-    lambda x, w, kw: (x.unsqueeze(0).unsqueeze(0), w, kw),
-    lambda x, w, kw: (misaligned_rows(x), w, kw),
-    lambda x, w, kw: (x, meta(x.shape[-1] + 16, dtype=x.dtype), kw),
-    lambda x, w, kw: (x, meta(x.shape[-1], dtype=F32 if x.dtype is BF16 else BF16), kw),
-    lambda x, w, kw: (x, w, {**kw, "residual": meta(*x.shape[:-1], x.shape[-1] + 16, dtype=x.dtype)}),
-    lambda x, w, kw: (x, w, {**kw, "out": meta(*x.shape, dtype=F32 if x.dtype is BF16 else BF16)}),
-    lambda x, w, kw: (torch.empty(x.shape, dtype=x.dtype), w, kw),  # a CPU tensor
-    lambda x, w, kw: ([1.0, 2.0], w, kw),  # not a tensor
-]
+# ---- norm_forward_and_per_token_cast ----
 
 
-def misaligned_rows(x):
-    """x's shape with at least two rows, its rows 4 bytes further apart than 16-byte vectors allow."""
-    shape = (*x.shape[:-2], max(x.shape[-2], 2), x.shape[-1])
-    row = shape[-1] + 4 // x.element_size()
-    return meta(*shape, dtype=x.dtype, strides=(shape[-2] * row, row, 1)[-len(shape) :])
+@CASES.case("quant.norm_forward_and_per_token_cast", built="listed")
+def norm_forward_and_per_token_cast(draw):
+    dtype = draw(FLOATS)
+    n, hidden = draw(tokens()), draw(sizes(NORM_CAST, "hidden", 8192))
+    batch = draw(st.sampled_from([None, 1, 3]))
+    lead = (n,) if batch is None else (batch, n)
+    weight, residual, residual_out, with_rstd = (draw(st.booleans()) for _ in range(4))
+    kwargs = {
+        "x": padded_rows(*lead, hidden, dtype=dtype, pad=draw(st.sampled_from([0, vec(dtype)]))),
+        "weight": meta(hidden, dtype=dtype) if weight else None, "eps": 1e-6,
+        "residual": meta(*lead, hidden, dtype=dtype) if residual else None,
+        "residual_out": meta(*lead, hidden, dtype=dtype) if residual and residual_out else None, "with_rstd": with_rstd,
+    }  # fmt: skip
+    if draw(st.booleans()):  # the unquantized formats: norm_forward's output
+        kwargs.update(fmt="bf16" if dtype is BF16 else "fp32", num_per_channels=None)
+        key = {"hidden": hidden, "dtype": NAMES[dtype], "with_weight": weight, "with_residual": residual, "with_rstd": with_rstd}
+        breaks = {
+            "fmt of another dtype": {"fmt": "fp32" if dtype is BF16 else "bf16"},
+            "with_out_bf16": {"with_out_bf16": True},
+            "mega_moe_block_m": {"mega_moe_block_m": 128},
+            **hidden_breaks(lead, dtype, 16, 8192),
+            **REAL_BREAKS,
+        }
+        return Call("quant.norm_forward_and_per_token_cast", kwargs, [(RMSNORM, key)], norm.SIGNATURE, breaks=breaks)
+    sf = draw(choices(NORM_CAST, "sf"))
+    col_major = draw(st.booleans())
+    out_bf16 = draw(st.sampled_from([None, "new", "given"]))
+    cols = -(-hidden // 128) if sf == "ue8m0" else hidden // 32
+    given_sf = not col_major and draw(st.booleans())
+    out = draw(st.sampled_from([None, "data", "both"])) if not given_sf else "both"
+    kwargs.update(
+        fmt="e4m3", num_per_channels=32, use_tma_aligned_col_major_sf=col_major, round_sf=sf != "fp32", use_packed_ue8m0=sf == "ue8m0",
+        with_out_bf16=out_bf16 is not None, out_bf16=meta(*lead, hidden) if out_bf16 == "given" else None,
+        out=None if out is None else (meta(*lead, hidden, dtype=F8), meta(*lead, cols, dtype=I32 if sf == "ue8m0" else F32)
+                                      if given_sf else None),
+    )  # fmt: skip
+    tiling = fused.NORM_CAST_TILING if not residual else fused.NORM_CAST_RESIDUAL_TILING
+    key = {"hidden": hidden, "dtype": NAMES[dtype], "sf": sf, "tiling": tiling}
+    breaks = {
+        "num_per_channels 128": {"num_per_channels": 128},
+        "fmt e2m1": {"fmt": "e2m1"},
+        "packed sf without round_sf": {"round_sf": False, "use_packed_ue8m0": True},
+        "mega_moe_sf": {"mega_moe_sf": meta(4, dtype=F32)},
+        "out_bf16 without with_out_bf16": {"with_out_bf16": False, "out_bf16": meta(*lead, hidden)},
+        "a given sf with a column-major one asked": lambda kw: {**kw, "use_tma_aligned_col_major_sf": True, "out": (
+            None, meta(*lead, cols, dtype=I32 if sf == "ue8m0" else F32))},
+        "hidden 8224": {"x": meta(*lead, 8224, dtype=dtype), "weight": None, "residual": None, "out": None, "out_bf16": None},
+        **REAL_BREAKS,
+    }  # fmt: skip
+    empty = n == 0 or batch == 0
+    return Call("quant.norm_forward_and_per_token_cast", kwargs, [] if empty else [(NORM_CAST, key)], norm_cast.SIGNATURE, breaks=breaks)
 
 
-@examples(d=NORM, which=st.integers(0, len(NORM_BREAKS) - 1))
-def test_norm_forward_invalid_calls_raise_before_any_launch(launches, d, which):
-    x, weight, kwargs = NORM_BREAKS[which](*norm_args(d))
-    refuses(lambda: tkaot.quant.norm_forward(x, weight, 1e-6, **kwargs), launches)
+# ---- swiglu_forward, swiglu_forward_and_per_token_cast ----
+
+
+def swiglu_call(draw, op: str, fmt: str, group: int, sf: str, col_major: bool = False) -> Call:
+    """A SwiGLU call of `op` with the format drawn by the caller, its other options drawn here."""
+    dtype = draw(FLOATS)
+    limit = 32768 if dtype is BF16 else 18432  # the kernels' register budget, per dtype (the op's docstring)
+    # half the widths the specialised kernel takes (multiples of 256), half only the generic one does (of 64)
+    n = draw(tokens())
+    if draw(st.booleans()):
+        hidden = draw(sizes(SWIGLU, "hidden", 32768, limit=limit))
+    else:
+        hidden = 64 * draw(st.sampled_from([1, 3, 5, 22, 45, 111, limit // 64 - 1]))
+        if group == 128 and hidden % 128:  # e4m3 groups of 128 need a multiple of 128
+            hidden += 64
+    experts = draw(st.sampled_from([None, 1, 7, 64]))
+    clamp = draw(st.sampled_from([None, 0.0, 7.5]))
+    kwargs = {
+        "x": padded_rows(n, 2 * hidden, dtype=dtype, pad=draw(st.sampled_from([0, vec(dtype)]))), "fmt": fmt,
+        "psum_num_tokens_per_expert": None if experts is None else meta(experts, dtype=I32),
+        "topk_weights": None, "routed_scaling_factor": None, "clamp_value": clamp,
+        "clamped_count": meta(4, dtype=I64) if clamp is not None and draw(st.booleans()) else None,
+    }  # fmt: skip
+    if draw(st.booleans()):
+        kwargs["topk_weights"] = meta(n, dtype=F32, strides=(draw(st.sampled_from([1, 3])),))
+        kwargs["routed_scaling_factor"] = draw(st.sampled_from([None, 2.5, 1]))
+    if op.endswith("cast"):
+        kwargs.update(num_per_channels=group or None, use_tma_aligned_col_major_sf=col_major, round_sf=sf in ("pow2", "ue8m0"),
+                      use_packed_ue8m0=sf == "ue8m0")  # fmt: skip
+    tiling = fused.SWIGLU_TILING if clamp is None else fused.SWIGLU_CLAMP_TILING
+    key = {"hidden": hidden, "dtype": NAMES[dtype], "fmt": fmt, "group": group, "sf": sf, "tiling": tiling}
+    breaks = {
+        "an odd width": {"x": meta(n, 2 * hidden + 1, dtype=dtype)},
+        "hidden not a multiple of 64": {"x": meta(n, 2 * hidden + 64, dtype=dtype)},
+        f"hidden over {limit}": {"x": meta(n, 2 * (limit + 256), dtype=dtype)},
+        "a negative clamp_value": {"clamp_value": -1.0},
+        "clamp_value -0.0": {"clamp_value": -0.0},
+        "clamp_value NaN": {"clamp_value": float("nan")},
+        "clamp_value a string": {"clamp_value": "7"},
+        "clamped_count without clamp_value": {"clamp_value": None, "clamped_count": meta(4, dtype=I64)},
+        "routed_scaling_factor without topk_weights": {"routed_scaling_factor": 2.0, "topk_weights": None},
+        "routed_scaling_factor True": {"routed_scaling_factor": True, "topk_weights": meta(n, dtype=F32)},
+        "fmt e5m2": {"fmt": "e5m2"},
+    }
+    sig = swiglu.CAST if op.endswith("cast") else swiglu.FORWARD
+    return Call(op, kwargs, [] if n == 0 else [(SWIGLU, key)], sig, breaks=breaks)
+
+
+@CASES.case("quant.swiglu_forward", built="listed")
+def swiglu_forward(draw):
+    fmt = draw(st.sampled_from(["bf16", "fp32"]))
+    return swiglu_call(draw, "quant.swiglu_forward", fmt, 0, "none")
+
+
+@CASES.case("quant.swiglu_forward_and_per_token_cast", built="listed")
+def swiglu_forward_and_per_token_cast(draw):
+    fmt, group = draw(st.sampled_from([("e4m3", 128), ("e4m3", 32), ("bf16", 0), ("fp32", 0)]))
+    sf = draw(st.sampled_from(["fp32", "pow2", "ue8m0"])) if group else "none"
+    call = swiglu_call(draw, "quant.swiglu_forward_and_per_token_cast", fmt, group, sf, col_major=draw(st.booleans()))
+    call.breaks.update({
+        "num_per_channels 64": {"num_per_channels": 64, "fmt": "e4m3"},
+        "fmt e4m3 without num_per_channels": {"num_per_channels": None, "fmt": "e4m3"},
+        "packed sf without round_sf": {"fmt": "e4m3", "num_per_channels": 128, "round_sf": False, "use_packed_ue8m0": True},
+    })  # fmt: skip
+    return call
+
+
+# ---- norm_backward ----
+
+
+@CASES.case("quant.norm_backward", built="listed")
+def norm_backward_(draw):
+    dtype = draw(FLOATS)
+    n, hidden = draw(tokens()), draw(sizes(RMSNORM_BACKWARD, "hidden", 8192))
+    weight = draw(st.booleans())
+    grad_dtype = draw(FLOATS) if weight and draw(st.booleans()) else None
+    pad = vec(dtype) * draw(st.sampled_from([0, 1]))
+    kwargs = {
+        "out_grad": padded_rows(n, hidden, dtype=dtype, pad=pad), "x": padded_rows(n, hidden, dtype=dtype),
+        "weight": meta(hidden, dtype=dtype) if weight else None, "rstd": meta(n, dtype=F32),
+        "residual_out_grad": meta(n, hidden, dtype=dtype) if draw(st.booleans()) else None, "out_scale": 1.0,
+        "weight_grad": None if grad_dtype is None else meta(hidden, dtype=grad_dtype),
+    }  # fmt: skip
+    made = [(RMSNORM_BACKWARD, {"hidden": hidden, "dtype": NAMES[dtype]})]
+    if weight:
+        made.append((WEIGHT_GRAD_REDUCE, {"dtype": NAMES[grad_dtype or dtype]}))
+    breaks = {
+        "hidden 8224": lambda kw: {**kw, **{k: meta(n, 8224, dtype=dtype) for k in ("out_grad", "x")}, "weight": None,
+                                   "weight_grad": None, "residual_out_grad": None},
+        "hidden not a multiple of 32": lambda kw: {**kw, **{k: meta(n, hidden + 16, dtype=dtype) for k in ("out_grad", "x")},
+                                                   "weight": None, "weight_grad": None, "residual_out_grad": None},
+        "weight_grad without weight": {"weight": None, "weight_grad": meta(hidden, dtype=F32)},
+    }  # fmt: skip
+    return Call("quant.norm_backward", kwargs, [] if n == 0 else made, norm_backward.SIGNATURE, breaks=breaks)
+
+
+# ---- swiglu_backward, swiglu_backward_and_per_token_cast ----
+
+
+def swiglu_backward_call(draw, op: str, fmt: str, group: int, sf: str) -> Call:
+    quantized = fmt == "e4m3"
+    dtype = F8 if quantized else draw(FLOATS)
+    grad_dtype = draw(FLOATS) if op.endswith("cast") else dtype
+    rows, hidden = draw(tokens()), 64 * draw(st.integers(1, 256))
+    if quantized:
+        hidden = -(-hidden // group) * group
+    lead = draw(st.sampled_from([(rows,), (1, rows), (3, rows)]))
+    rows = lead[0] * (lead[1] if len(lead) == 2 else 1)
+    data = meta(*lead, 2 * hidden, dtype=dtype)
+    x = (data, meta(rows, 2 * hidden // group, dtype=F32)) if quantized else data
+    weights = draw(st.booleans())
+    kwargs = {
+        "x": x, "act_x_grad": meta(*lead, hidden, dtype=grad_dtype) if draw(st.booleans()) else meta(rows, hidden, dtype=grad_dtype),
+        "fmt": fmt, "psum_num_tokens_per_expert": meta(draw(st.sampled_from([1, 8, 64])), dtype=I32) if draw(st.booleans()) else None,
+        "topk_weights": meta(rows, dtype=F32) if weights else None,
+        "routed_scaling_factor": draw(st.sampled_from([None, 2.5])) if weights else None,
+        "clamp_value": draw(st.sampled_from([None, 0.0, 7.5])), "do_recompute": draw(st.booleans()),
+    }  # fmt: skip
+    if op.endswith("cast"):
+        col_major = draw(st.booleans())
+        kwargs.update(num_per_channels=group or draw(st.sampled_from([32, 128])), use_tma_aligned_col_major_sf=col_major,
+                      round_sf=sf in ("pow2", "ue8m0"), use_packed_ue8m0=sf == "ue8m0")  # fmt: skip
+    key = {"x_dtype": "e4m3" if quantized else NAMES[dtype], "grad_dtype": NAMES[grad_dtype], "fmt": fmt, "group": group, "sf": sf}
+    sig = swiglu_backward.CAST_SIGNATURE if op.endswith("cast") else swiglu_backward.SIGNATURE
+    paths = {"x": ("x", 0), "x_sf": ("x", 1)} if quantized else {}
+    breaks = {
+        "hidden not a multiple of 64": lambda kw: {**kw, "x": meta(rows, 2 * hidden + 32, dtype=dtype) if not quantized else (
+            meta(rows, 2 * hidden + 32, dtype=dtype), kw["x"][1]), "act_x_grad": meta(rows, hidden + 16, dtype=grad_dtype)},
+        "act_x_grad of other rows": {"act_x_grad": meta(rows + 1, hidden, dtype=grad_dtype)},
+        "act_x_grad of another width": {"act_x_grad": meta(rows, 2 * hidden, dtype=grad_dtype)},
+        "routed_scaling_factor without topk_weights": {"routed_scaling_factor": 2.0, "topk_weights": None},
+        "clamp_value a string": {"clamp_value": "7"},
+        "fmt e5m2": {"fmt": "e5m2"},
+    }  # fmt: skip
+    return Call(op, kwargs, [] if rows == 0 else [(SWIGLU_BACKWARD, key)], sig, paths=paths, breaks=breaks)
+
+
+@CASES.case("quant.swiglu_backward", built="listed")
+def swiglu_backward_(draw):
+    call = swiglu_backward_call(draw, "quant.swiglu_backward", draw(st.sampled_from(["bf16", "fp32"])), 0, "none")
+    call.breaks["fmt e4m3"] = {"fmt": "e4m3"}
+    call.breaks["act_x_grad of another dtype"] = lambda kw: {**kw, "act_x_grad": meta(
+        *kw["act_x_grad"].shape, dtype=F32 if kw["x"].dtype is BF16 else BF16)}  # fmt: skip
+    return call
+
+
+@CASES.case("quant.swiglu_backward_and_per_token_cast", built="listed")
+def swiglu_backward_and_per_token_cast(draw):
+    fmt, group = draw(st.sampled_from([("e4m3", 128), ("e4m3", 32), ("bf16", 0), ("fp32", 0)]))
+    sf = draw(st.sampled_from(["fp32", "pow2", "ue8m0"])) if group else "none"
+    call = swiglu_backward_call(draw, "quant.swiglu_backward_and_per_token_cast", fmt, group, sf)
+    if group:
+        data, x_sf = call.kwargs["x"]
+        call.breaks.update({
+            "num_per_channels 64": {"num_per_channels": 64},
+            "packed sf without round_sf": {"round_sf": False, "use_packed_ue8m0": True},
+            "x a tensor": {"x": data},
+            "x_sf of the other group": {"x": (data, meta(x_sf.shape[0], x_sf.shape[1] * (4 if group == 32 else 1) // (
+                1 if group == 32 else 4) if group == 128 else x_sf.shape[1] // 4, dtype=F32))},
+            "x_sf missing": {"x": (data, None)},
+        })  # fmt: skip
+    else:
+        call.breaks["fmt e4m3 with a tensor"] = {"fmt": "e4m3", "num_per_channels": 128}
+    return call
 
 
 # ---- apply_rotary ----
 
-ROTARY = st.fixed_dictionaries(
-    {
-        "dtype": st.sampled_from([BF16, F32]),
-        "tokens": TOKENS,
-        "heads": st.integers(1, 16),
-        "key_heads": st.sampled_from([None, 1, 4]),
-        "rot": st.sampled_from([64, 128]),
-        "positions": st.sampled_from([None, torch.int32, torch.int64]),
-        "interleaved": st.booleans(),
-        "conjugate": st.booleans(),
-    }
-)
 
-
-def rotary_args(d):
-    query = meta(d["tokens"], d["heads"], d["rot"], dtype=d["dtype"])
-    cache = meta(d["tokens"] + 5, d["rot"], dtype=F32)
-    kwargs = {"interleaved": d["interleaved"], "conjugate": d["conjugate"]}
-    if d["key_heads"] is not None:
-        kwargs["key"] = meta(d["tokens"], d["key_heads"], d["rot"], dtype=d["dtype"])
-    if d["positions"] is not None:
-        kwargs["positions"] = meta(d["tokens"], dtype=d["positions"])
-    return query, cache, kwargs
-
-
-@examples(d=ROTARY)
-def test_apply_rotary_valid_calls_launch_their_declared_variant(launches, d):
-    query, cache, kwargs = rotary_args(d)
-    assert tkaot.transform.apply_rotary(query, cache, **kwargs) is None
-    key = f"rot_dim={d['rot']},dtype={_name(d['dtype'])},interleaved={str(d['interleaved']).lower()}"
-    assert launches == [("rotary", key)] * (1 if d["key_heads"] is None else 2)
-
-
-ROTARY_BREAKS = [
-    lambda q, c, kw: (q, meta(c.shape[0], 96, dtype=F32), kw),
-    lambda q, c, kw: (q, c.to(BF16), kw),
-    lambda q, c, kw: (q.to(torch.float16), c, kw),
-    lambda q, c, kw: (q, c, {**kw, "key": meta(*q.shape[:-1], q.shape[-1], dtype=F32 if q.dtype is BF16 else BF16)}),
-    lambda q, c, kw: (q, c, {**kw, "positions": meta(q.shape[0], dtype=F32)}),
-    lambda q, c, kw: (q, c, {k: v for k, v in kw.items() if k != "positions"} | {"seqlen_offset": c.shape[0]}),
-    lambda q, c, kw: (q[..., : q.shape[-1] // 2], c, kw),
-    lambda q, c, kw: (q.reshape(-1), c, kw),
-]
-
-
-@examples(d=ROTARY, which=st.integers(0, len(ROTARY_BREAKS) - 1))
-def test_apply_rotary_invalid_calls_raise_before_any_launch(launches, d, which):
-    query, cache, kwargs = ROTARY_BREAKS[which](*rotary_args(d))
-    refuses(lambda: tkaot.transform.apply_rotary(query, cache, **kwargs), launches)
-
-
-# ---- moe_topk_gate_forward ----
-
-GATE = st.fixed_dictionaries(
-    {
-        "tokens": TOKENS,
-        "experts": st.integers(16, 128).map(lambda v: v * 4),
-        "topk": st.integers(1, 8),
-        "shared": st.sampled_from([0, 1, 2]),
-        "bias": st.booleans(),
-        "mask": st.booleans(),
-    }
-)
-
-
-def gate_args(d):
-    logits = meta(d["tokens"], d["experts"], dtype=F32)
-    kwargs = {}
-    if d["bias"]:
-        kwargs["bias"] = meta(d["experts"], dtype=F32)
-    if d["mask"]:
-        kwargs["mask"] = meta(d["tokens"], dtype=torch.bool)
-    return logits, (d["topk"], d["shared"] > 0, max(d["shared"], 1), 2.5, 0), kwargs
-
-
-@examples(d=GATE)
-def test_moe_gate_valid_calls_launch_their_declared_variant(launches, d):
-    logits, args, kwargs = gate_args(d)
-    idx, weights = tkaot.moe.moe_topk_gate_forward(logits, *args, **kwargs)
-    assert launches == [("moe_topk_gate", f"num_experts={d['experts']},num_topk={d['topk']},tiling=ballot4")]
-    assert idx.shape == weights.shape == (d["tokens"], d["topk"] + d["shared"]) and idx.dtype == torch.int64
-
-
-GATE_BREAKS = [
-    lambda lg, a, kw: (meta(lg.shape[0], lg.shape[1] + 1, dtype=F32), a, kw),
-    lambda lg, a, kw: (lg.to(BF16), a, kw),
-    lambda lg, a, kw: (lg, (0, *a[1:]), kw),
-    lambda lg, a, kw: (lg, (33, *a[1:]), kw),
-    lambda lg, a, kw: (lg, (a[0], True, 3, *a[3:]), kw),
-    lambda lg, a, kw: (lg, a, {**kw, "bias": meta(lg.shape[1] + 4, dtype=F32)}),
-    lambda lg, a, kw: (lg, a, {**kw, "image_bias": meta(lg.shape[1], dtype=F32)}),
-    lambda lg, a, kw: (lg, a, {**kw, "scoring_func": "softmax"}),
-    lambda lg, a, kw: (lg, a, {**kw, "mask": meta(lg.shape[0] + 1, dtype=torch.bool)}),
-]
-
-
-@examples(d=GATE, which=st.integers(0, len(GATE_BREAKS) - 1))
-def test_moe_gate_invalid_calls_raise_before_any_launch(launches, d, which):
-    logits, args, kwargs = GATE_BREAKS[which](*gate_args(d))
-    refuses(lambda: tkaot.moe.moe_topk_gate_forward(logits, *args, **kwargs), launches)
-
-
-# ---- swiglu_forward_and_per_token_cast ----
-
-SWIGLU = st.fixed_dictionaries(
-    {
-        "tokens": TOKENS,
-        "hidden": st.integers(1, 32).map(lambda v: v * 256),
-        "group": st.sampled_from([128, 32]),
-        "sf": st.sampled_from(["fp32", "pow2", "ue8m0"]),
-        "col_major": st.booleans(),
-        "weights": st.booleans(),
-        "clamp": st.sampled_from([None, 0.0, 7.5]),
-    }
-)
-
-
-def swiglu_args(d):
-    x = meta(d["tokens"], 2 * d["hidden"])
+@CASES.case("transform.apply_rotary")
+def apply_rotary(draw):
+    dtype = draw(FLOATS)
+    rot = draw(choices(ROTARY, "rot_dim"))
+    lead = draw(st.sampled_from([(1,), (3,), (127,), (4097,), (0,), (2, 5), (1, 9)]))
+    heads, key_heads = draw(st.integers(1, 16)), draw(st.sampled_from([None, 1, 4]))
+    seqlen = lead[-1]
+    rows = seqlen + draw(st.sampled_from([0, 5]))
+    positions = draw(st.sampled_from([None, I32, I64]))
+    interleaved = draw(st.booleans())
     kwargs = {
-        "use_tma_aligned_col_major_sf": d["col_major"],
-        "round_sf": d["sf"] != "fp32",
-        "use_packed_ue8m0": d["sf"] == "ue8m0",
-        "clamp_value": d["clamp"],
+        "query": meta(*lead, heads, rot, dtype=dtype), "cos_sin_cache": meta(rows, rot, dtype=F32),
+        "key": None if key_heads is None else meta(*lead, key_heads, rot, dtype=dtype),
+        "positions": None if positions is None else meta(*lead, dtype=positions), "interleaved": interleaved,
+        "conjugate": draw(st.booleans()), "seqlen_offset": 0 if positions is not None else draw(st.sampled_from([0, rows - seqlen])),
+    }  # fmt: skip
+    key = {"rot_dim": rot, "dtype": NAMES[dtype], "interleaved": interleaved}
+    made = [] if 0 in lead else [(ROTARY, key)] * (1 if key_heads is None else 2)
+    breaks = {
+        "rot_dim 96": {"cos_sin_cache": meta(rows, 96, dtype=F32), "query": meta(*lead, heads, 96, dtype=dtype), "key": None},
+        "query of half the rot_dim": {"query": meta(*lead, heads, rot // 2, dtype=dtype)},
+        "positions float": {"positions": meta(*lead, dtype=F32)},
+        "seqlen_offset past the cache": {"positions": None, "seqlen_offset": rows - seqlen + 1},
+        "seqlen_offset a float": {"positions": None, "seqlen_offset": 0.0},
+        "65536 batches": {"query": meta(65536, 1, heads, rot, dtype=dtype), "key": None, "positions": None},
     }
-    if d["weights"]:
-        kwargs["topk_weights"] = meta(d["tokens"], dtype=F32)
-    return x, d["group"], kwargs
+    if seqlen == 0:
+        del breaks["seqlen_offset past the cache"]
+    return Call("transform.apply_rotary", kwargs, made, rotary.SIGNATURE, breaks=breaks)
 
 
-@examples(d=SWIGLU)
-def test_swiglu_cast_valid_calls_launch_their_declared_variant(launches, d):
-    x, group, kwargs = swiglu_args(d)
-    out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", group, **kwargs)
-    from tkaot._quant.kernels import SWIGLU_TILINGS
+# ---- tkaot.moe ----
 
-    tiling = SWIGLU_TILINGS["default" if d["clamp"] is None else "clamp"]
-    key = f"hidden={d['hidden']},dtype=bfloat16,fmt=e4m3,group={group},sf={d['sf']},tiling={tiling}"
-    assert launches == [("swiglu", key)]
-    assert out.shape == (d["tokens"], d["hidden"]) and out.dtype == torch.float8_e4m3fn and sf.shape[0] == d["tokens"]
+EXPERTS = sizes(MOE_TOPK_GATE, "num_experts", 512)
 
 
-SWIGLU_BREAKS = [
-    lambda x, g, kw: (meta(x.shape[0], x.shape[1] + 2), g, kw),
-    lambda x, g, kw: (x.to(torch.float16), g, kw),
-    lambda x, g, kw: (x, 64, kw),
-    lambda x, g, kw: (x, g, {**kw, "round_sf": False, "use_packed_ue8m0": True}),
-    lambda x, g, kw: (x, g, {**kw, "clamp_value": -1.0}),
-    lambda x, g, kw: (x, g, {**kw, "clamp_value": None, "clamped_count": meta(4, dtype=torch.int64)}),
-    lambda x, g, kw: (x, g, {**kw, "topk_weights": meta(x.shape[0] + 1, dtype=F32)}),
-    lambda x, g, kw: (x, g, {**kw, "routed_scaling_factor": 2.0, "topk_weights": None}),
-]
+@CASES.case("moe.moe_topk_gate_forward")  # every valid call: specialised or generic
+def moe_topk_gate_forward(draw):
+    n, experts = draw(tokens()), draw(EXPERTS)
+    shared = draw(st.sampled_from([0, 1, 2]))
+    topk = draw(st.integers(1, min(experts, 32 - shared)))
+    slots = topk + shared
+    options = draw(st.lists(st.sampled_from(["mask", "bias", "image", "fix", "physical", "random", "out", "scores"]), unique=True))
+    duplicates = draw(st.sampled_from([1, 3]))
+    kwargs = {
+        "logits": meta(n, experts, dtype=F32), "num_topk": topk, "use_shared_as_routed": shared > 0,
+        "num_shared_experts": max(shared, 1), "routed_scaling_factor": 2.5, "ep_rank": draw(st.sampled_from([0, 7])),
+        "mask": meta(n, dtype=BOOL) if "mask" in options else None, "bias": meta(experts, dtype=F32) if "bias" in options else None,
+        "image_bias": meta(experts, dtype=F32) if "image" in options else None,
+        "image_token_mask": meta(n, dtype=BOOL) if "image" in options else None,
+        "fix_routing_mask": meta(n, dtype=BOOL) if "fix" in options else None,
+        "unmapped_topk_idx": meta(n, topk, dtype=I64) if "fix" in options or draw(st.booleans()) else None,
+        "to_physical_map": meta(experts + shared, duplicates, dtype=I32) if "physical" in options else None,
+        "logical_count": meta(experts + shared, dtype=I32) if "physical" in options else None,
+        "force_random": meta(n, dtype=BOOL) if "random" in options else None,
+        "out": (meta(n, slots, dtype=I64), meta(n, slots, dtype=F32)) if "out" in options else None,
+        "scores": meta(n, experts, dtype=F32) if "scores" in options else None,
+    }  # fmt: skip
+
+    def check(result):
+        idx, weights = result
+        assert idx.shape == weights.shape == (n, slots) and idx.dtype == I64 and weights.dtype == F32
+
+    breaks = {
+        "experts not a multiple of 4": {"logits": meta(n, experts + 1, dtype=F32), "bias": None, "image_bias": None, "scores": None,
+                                        "to_physical_map": None, "logical_count": None},
+        "no experts": {"logits": meta(n, 0, dtype=F32), "bias": None, "image_bias": None, "scores": None, "to_physical_map": None,
+                       "logical_count": None},
+        "more experts than 512": {"logits": meta(n, 516, dtype=F32), "bias": None, "image_bias": None, "scores": None,
+                                  "to_physical_map": None, "logical_count": None},
+        "num_topk 0": {"num_topk": 0, "unmapped_topk_idx": None, "fix_routing_mask": None, "out": None},
+        "num_topk + shared over 32": {"num_topk": 33 - shared, "unmapped_topk_idx": None, "fix_routing_mask": None, "out": None},
+        "num_topk over the experts": {"logits": meta(n, 4, dtype=F32), "num_topk": 5, "bias": None, "image_bias": None, "scores": None,
+                                      "to_physical_map": None, "logical_count": None, "unmapped_topk_idx": None,
+                                      "fix_routing_mask": None, "out": None},
+        "num_topk a float": {"num_topk": float(topk)},
+        "3 shared experts": {"use_shared_as_routed": True, "num_shared_experts": 3},
+        "ep_rank -1": {"ep_rank": -1},
+        "scoring_func softmax": {"scoring_func": "softmax"},
+        "image_bias alone": {"image_bias": meta(experts, dtype=F32), "image_token_mask": None},
+        "image_token_mask alone": {"image_bias": None, "image_token_mask": meta(n, dtype=BOOL)},
+        "fix_routing_mask without unmapped_topk_idx": {"fix_routing_mask": meta(n, dtype=BOOL), "unmapped_topk_idx": None},
+        "to_physical_map alone": {"to_physical_map": meta(experts + shared, 2, dtype=I32), "logical_count": None},
+        "logical_count alone": {"to_physical_map": None, "logical_count": meta(experts + shared, dtype=I32)},
+        "mask of another length": {"mask": meta(n + 1, dtype=BOOL)},
+        "force_random of another length": {"force_random": meta(n + 1, dtype=BOOL)},
+        "unmapped_topk_idx column-strided": {"unmapped_topk_idx": meta(n, topk, dtype=I64, strides=(2 * topk, 2))} if topk > 1 else {
+            "unmapped_topk_idx": meta(n, topk + 1, dtype=I64)},
+        "out a tensor": {"out": meta(n, slots, dtype=I64)},
+    }  # fmt: skip
+    key = {"num_experts": experts, "num_topk": topk, "tiling": moe_ops._GATE_TILING}
+    return Call("moe.moe_topk_gate_forward", kwargs, [] if n == 0 else [(MOE_TOPK_GATE, key)], moe_ops.GATE_SIGNATURE,
+                breaks=breaks, check=check)  # fmt: skip
 
 
-@examples(d=SWIGLU, which=st.integers(0, len(SWIGLU_BREAKS) - 1))
-def test_swiglu_cast_invalid_calls_raise_before_any_launch(launches, d, which):
-    x, group, kwargs = SWIGLU_BREAKS[which](*swiglu_args(d))
-    refuses(lambda: tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", group, **kwargs), launches)
+@CASES.case("moe.moe_topk_gate")
+def moe_topk_gate(draw):
+    call = moe_topk_gate_forward(draw)
+    call.op = "moe.moe_topk_gate"
+    return call
+
+
+@CASES.case("moe.topk_gate")
+def topk_gate(draw):
+    n, experts = draw(tokens()), draw(sizes(TOPK_GATE, "num_experts", 512))
+    topk = draw(st.integers(1, min(experts, 32)))
+    # a row of experts a multiple of 4 is read as 16-byte vectors: its tensor 16-byte aligned; else 4 bytes will do
+    offset = 0 if experts % 4 == 0 else draw(st.sampled_from([0, 1]))
+    kwargs = {"scores": meta(n, experts, dtype=F32, offset=offset), "num_topk": topk}
+
+    def check(idx):
+        assert idx.shape == (n, topk) and idx.dtype == I64
+
+    breaks = {
+        "num_topk 0": {"num_topk": 0},
+        "num_topk over the experts": {"num_topk": min(experts, 32) + 1},
+        "num_topk True": {"num_topk": True},
+        "513 experts": {"scores": meta(n, 513, dtype=F32)},
+        "0 experts": {"scores": meta(n, 0, dtype=F32)},
+    }
+    key = {"num_experts": experts, "num_topk": topk, "tiling": moe_ops._TOPK_TILING}
+    return Call("moe.topk_gate", kwargs, [] if n == 0 else [(TOPK_GATE, key)], moe_ops.TOPK_SIGNATURE, breaks=breaks, check=check)
+
+
+@CASES.case("moe.normalize_weight")  # every valid call: specialised or generic
+def normalize_weight(draw):
+    n, topk = draw(tokens()), draw(sizes(NORMALIZE_WEIGHT, "num_topk", 32))
+    kwargs = {"topk_weights": meta(n, topk, dtype=F32)}
+    breaks = {"33 weights a token": {"topk_weights": meta(n, 33, dtype=F32)}, "0 weights a token": {"topk_weights": meta(n, 0, dtype=F32)}}
+    made = [] if n == 0 else [(NORMALIZE_WEIGHT, {"num_topk": topk})]
+    return Call("moe.normalize_weight", kwargs, made, moe_ops.NORMALIZE_SIGNATURE, breaks=breaks)
+
+
+@CASES.case("moe.moe_topk_gate_backward")
+def moe_topk_gate_backward(draw):
+    n, experts = draw(tokens()), draw(st.integers(1, 512))
+    topk = draw(st.integers(0, min(experts, 32)))
+    seqs = draw(st.sampled_from([d for d in (1, 3, 127) if n % d == 0])) if draw(st.booleans()) else None
+    kwargs = {
+        "scores": meta(n, experts, dtype=F32), "topk_idx": meta(n, topk, dtype=I64), "topk_weights": meta(n, topk, dtype=F32),
+        "grad_topk_weights": meta(n, topk, dtype=F32), "routed_scaling_factor": 2.5,
+        "mask": None if seqs is None else meta(n, dtype=BOOL), "grad_scores_sum": None if seqs is None else meta(seqs, experts, dtype=F32),
+        "out": meta(n, experts, dtype=F32) if draw(st.booleans()) else None,
+    }  # fmt: skip
+    breaks = {
+        "513 experts": {"scores": meta(n, 513, dtype=F32), "grad_scores_sum": None, "mask": None, "out": None},
+        "slots over min(experts, 32)": lambda kw: {**kw, **{k: meta(n, min(experts, 32) + 1, dtype=kw[k].dtype) for k in (
+            "topk_idx", "topk_weights", "grad_topk_weights")}},
+        "mask without grad_scores_sum": {"mask": meta(n, dtype=BOOL), "grad_scores_sum": None},
+        "grad_scores_sum without mask": {"mask": None, "grad_scores_sum": meta(1, experts, dtype=F32)},
+        "grad_scores_sum of 0 rows": {"mask": meta(n, dtype=BOOL), "grad_scores_sum": meta(0, experts, dtype=F32)},
+        "scoring_func softmax": {"scoring_func": "softmax"},
+    }  # fmt: skip
+    if n > 1:
+        breaks["grad_scores_sum rows not dividing the tokens"] = {
+            "mask": meta(n, dtype=BOOL),
+            "grad_scores_sum": meta(n - 1 if n > 2 else 3, experts, dtype=F32),
+        }  # noqa: E501
+    made = [] if n == 0 else [(MOE_TOPK_GATE_BACKWARD, {})]
+    return Call("moe.moe_topk_gate_backward", kwargs, made, moe_backward.SIGNATURE, breaks=breaks)
+
+
+# ---- what the fuzzing covers
+
+
+def test_every_public_op_has_a_strategy():
+    """Every public op of the kernel families is fuzzed here or in tests/test_fuzz_casts.py / test_fuzz_mhc_engram.py."""
+    from tests import test_fuzz_casts, test_fuzz_mhc_engram
+
+    covered = {*CASES.strategies, *test_fuzz_casts.CASES.strategies, *test_fuzz_mhc_engram.CASES.strategies}
+    public = {f"{family}.{name}" for family in FAMILIES for name in getattr(tkaot, family).__all__}
+    assert not public - covered, f"ops without a strategy: {sorted(public - covered)}"
+
+
+def test_the_default_set_stands_for_prebuilt():
+    """Valid calls resolve against the default shape set: prebuilt/sm90 holds a part of it (all of it once rebuilt)."""
+    assert prebuilt_keys() <= default_set()
+
+
+test_valid_calls = CASES.valid_test()
+test_invalid_calls = CASES.invalid_test()

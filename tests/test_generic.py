@@ -11,6 +11,7 @@ import json
 import struct
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -242,3 +243,131 @@ def test_topk_gate_256_experts_top6_runs_on_the_generic_gate(monkeypatch, regist
     tkaot.moe.topk_gate(torch.empty(5, 256, device="meta"), 8)
     launcher = ops._TOPK.cache[(0, 256, 8, "ballot4")]
     assert getattr(launcher, "__self__", launcher).kernel.kernel == "topk_gate"
+
+
+# ---- swiglu: the generic kernel takes any hidden a multiple of 64 and either group ----
+
+SWIGLU_OP = "tkaot.quant.swiglu_forward_and_per_token_cast"
+# The formats the SwiGLU ops take: (fmt, num_per_channels, sf flags) -> the sf kind keyed
+SWIGLU_FORMATS = [
+    ("bf16", None, {}, "none"), ("fp32", None, {}, "none"), ("e4m3", 32, {}, "fp32"), ("e4m3", 128, {}, "fp32"),
+    ("e4m3", 128, {"round_sf": True}, "pow2"), ("e4m3", 32, {"round_sf": True, "use_packed_ue8m0": True}, "ue8m0"),
+    ("e4m3", 128, {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}, "ue8m0"),
+]  # fmt: skip
+# Widths no specialised tiling takes (not multiples of 256: DeepSeek-V2-Lite's and Qwen1.5-MoE's 1408, ...), and one
+# it takes that the default set does not build
+SWIGLU_WIDTHS = [64, 320, 1408, 2880, 5120]
+
+
+def swiglu(hidden: int, fmt: str, group, tokens: int = 3, dtype=torch.bfloat16, **kwargs):
+    x = torch.empty(tokens, 2 * hidden, dtype=dtype, device="meta")
+    if fmt in ("bf16", "fp32") and not kwargs.pop("cast", False):
+        return tkaot.quant.swiglu_forward(x, fmt, **kwargs)
+    return tkaot.quant.swiglu_forward_and_per_token_cast(x, fmt, group, **kwargs)
+
+
+@pytest.fixture
+def swiglu_on_the_default_set(monkeypatch, fake_cuda):
+    """The SwiGLU ops on meta tensors against a registry holding exactly the default set's swiglu and swiglu_generic
+    variants (read from the shape set, no manifest needed); returns the (kernel, key, fixed) of each bind."""
+    from build_tools.sweep import load_shapeset
+    from tkaot._quant import swiglu as ops
+
+    built = {(v.kernel, v.key) for v in load_shapeset("default") if v.kernel in ("swiglu", "swiglu_generic")}
+    bound: list[tuple[str, str, dict]] = []
+
+    class Built:
+        def __init__(self, kernel, key):
+            self.kernel, self.key = kernel, key
+
+        def bind(self, args, fixed=None):
+            bound.append((self.kernel, self.key, dict(fixed or {})))
+            return lambda device, stream, *values: None
+
+    def kernel(op, name, key, device):
+        if (name, key) not in built:
+            raise VariantNotBuilt(op, name, key, [], build_command(name, key, "sm90"), [])
+        return Built(name, key)
+
+    monkeypatch.setattr(_op, "REGISTRY", SimpleNamespace(kernel=kernel, device_arch=lambda device: "sm90"))
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(ops, "current_stream", lambda device: 0)
+    monkeypatch.setattr(ops._SWIGLU, "cache", {})
+    monkeypatch.delenv("TKAOT_STRICT", raising=False)
+    return bound
+
+
+@pytest.mark.parametrize("hidden", SWIGLU_WIDTHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("clamp", [None, 7.5])
+def test_every_swiglu_call_at_any_width_resolves_to_a_default_set_generic_variant(swiglu_on_the_default_set, hidden, dtype, clamp):
+    from tkaot._quant.kernels import SWIGLU_TILINGS
+
+    tiling = SWIGLU_TILINGS["default" if clamp is None else "clamp"]
+    for fmt, group, flags, sf in SWIGLU_FORMATS:
+        if group and hidden % group:
+            continue
+        swiglu_on_the_default_set.clear()
+        count = None if clamp is None else torch.empty(4, dtype=torch.int64, device="meta")
+        kwargs = {**flags, "clamp_value": clamp, "clamped_count": count}
+        with pytest.warns(GenericVariantWarning, match=r"launching the generic swiglu_generic"):
+            out = swiglu(hidden, fmt, group, dtype=dtype, **kwargs)
+        dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+        key = f"dtype={dtype_name},fmt={fmt},sf={sf},tiling={tiling}"
+        assert swiglu_on_the_default_set == [("swiglu_generic", key, {"hidden": hidden, "group": group or 0})], (fmt, group, flags)
+        assert (out[0] if group else out).shape == (3, hidden)
+
+
+def test_a_swiglu_width_no_specialised_tiling_takes_warns_without_a_build_command(swiglu_on_the_default_set):
+    from tkaot._quant.kernels import SWIGLU
+
+    values = (1408, "bfloat16", "e4m3", 128, "fp32", "wscc2v9b1g")
+    with pytest.warns(GenericVariantWarning) as caught:
+        swiglu(1408, "e4m3", 128)
+    (warning,) = caught
+    message = str(warning.message)
+    assert f"no specialised swiglu variant can serve [{SWIGLU.key(values)}] (hidden=1408 is not supported: a multiple of 256" in message
+    assert "launching the generic swiglu_generic [dtype=bfloat16,fmt=e4m3,sf=fp32,tiling=wscc2v9b1g]" in message
+    assert "tkaot-build" not in message
+    # a width the specialised kernel takes but the default set does not build: the command that builds it
+    with pytest.warns(GenericVariantWarning, match=r"tkaot-build build --op swiglu --set hidden=5120 "):
+        swiglu(5120, "e4m3", 128)
+    # the specialised variant where it is built
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swiglu(4096, "e4m3", 128)
+        swiglu(1408, "e4m3", 128)  # once per variant and process
+    assert [b[0] for b in swiglu_on_the_default_set] == ["swiglu_generic", "swiglu_generic", "swiglu"]
+
+
+def test_strict_mode_refuses_swiglu_widths_only_the_generic_kernel_takes(swiglu_on_the_default_set, monkeypatch):
+    monkeypatch.setenv("TKAOT_STRICT", "1")
+    with pytest.raises(VariantNotBuilt) as refused:
+        swiglu(1408, "bf16", None)
+    assert refused.value.kernel == "swiglu" and refused.value.key.startswith("hidden=1408,")
+    assert refused.value.command.startswith("(none: hidden=1408 is not supported") and "swiglu_generic" in refused.value.command
+    with pytest.raises(VariantNotBuilt) as refused:
+        swiglu(5120, "bf16", None)
+    assert refused.value.command == build_command("swiglu", refused.value.key, "sm90")
+    assert swiglu_on_the_default_set == []
+
+
+def test_swiglu_widths_once_refused_launch_the_generic_variant_with_its_runtime_axes(served, monkeypatch):
+    """Against the prebuilt set (its swiglu_generic entries), through the launcher: the call's hidden and group are
+    sent, and the grid covers the rows' chunks (32 bf16 columns a thread, 128 threads a block)."""
+    from tkaot._quant import swiglu as ops
+
+    monkeypatch.setattr(ops, "current_stream", lambda device: 0)
+    monkeypatch.setattr(ops._SWIGLU, "cache", {})
+    with pytest.warns(GenericVariantWarning, match="launching the generic swiglu_generic"):
+        swiglu(1408, "e4m3", 128, tokens=37, round_sf=True, use_packed_ue8m0=True)
+    (launcher,) = {id(v): v for v in ops._SWIGLU.cache.values()}.values()  # cached under the op's key and the kernel's
+    kernel = getattr(launcher, "__self__", launcher).kernel
+    assert (kernel.kernel, kernel.key) == ("swiglu_generic", "dtype=bfloat16,fmt=e4m3,sf=ue8m0,tiling=wscc2v9b1g")
+    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    served.calls.clear()
+    swiglu(1408, "e4m3", 128, tokens=37, round_sf=True, use_packed_ue8m0=True)
+    (record,) = served.calls
+    sent = {p.name: raw for p, raw in zip(kernel.spec.params, record[6])}
+    assert record[2] == (-(-37 * 1408 // 32 // 128), 1, 1)
+    assert {n: struct.unpack("<i", sent[n])[0] for n in ("hidden", "group", "num_rows")} == {"hidden": 1408, "group": 128, "num_rows": 37}

@@ -18,15 +18,15 @@ def test_import_leaves_tilelang_and_tvm_out():
 
 def test_lazy_op_lists_match_the_modules():
     import tkaot
-    from tkaot import engram, moe, quant, transform
+    from tkaot import engram, mhc, moe, quant, transform
 
-    for family in (quant, moe, transform, engram):
+    for family in (quant, moe, transform, mhc, engram):
         for module, names in family._MODULES.items():
             assert set(names) == set(importlib.import_module(module).__all__), module
             for name in names:  # each op maps to the module defining it
                 assert callable(getattr(family, name)) and getattr(family, name).__module__ == module, name
         assert family.__all__ == sorted(n for names in family._MODULES.values() for n in names)
-    assert {"quant", "moe", "transform", "engram", "modeling"} <= set(dir(tkaot))
+    assert {"quant", "moe", "transform", "mhc", "engram", "modeling"} <= set(dir(tkaot))
     assert callable(tkaot.moe.moe_topk_gate_forward) and callable(tkaot.transform.apply_rotary)
 
 

@@ -1,10 +1,13 @@
-"""MoE routing on the CPU: real builds of two variants and their LaunchSpecs, input validation
-before any launch (meta tensors stand in for CUDA ones), and the pure-torch references
-checked against plain per-token formulations written independently here."""
+"""MoE routing on the CPU: real builds of two variants and their generic ones and their LaunchSpecs, input
+validation before any launch (meta tensors stand in for CUDA ones), the calls without a specialised variant
+resolving to the generic one (fake driver), and the pure-torch references checked against plain per-token
+formulations written independently here."""
 
 import inspect
 import json
 import math
+import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,8 @@ import tkaot
 from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
+from tests.test_launcher import SIZES, driver  # noqa: F401 (driver: the fake driver fixture)
+from tkaot._decl import generic_kernel
 from tkaot._kernel import Kernel
 from tkaot._moe import ops as moe_ops
 from tkaot._spec import LaunchSpec
@@ -23,7 +28,9 @@ from tkaot.reference import moe as ref
 
 BUILT = [
     Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=8, tiling=moe_ops._GATE_TILING)),
+    Variant.make("moe_topk_gate_generic", dict(tiling=moe_ops._GATE_TILING)),
     Variant.make("normalize_weight", dict(num_topk=9)),
+    Variant.make("normalize_weight_generic", {}),
 ]
 API = Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json"
 
@@ -61,6 +68,22 @@ def test_normalize_launch_spec(built):
     assert spec.grid == ("((num_tokens + 127) // 128)", "1", "1")
 
 
+def test_generic_launch_specs_take_the_sizes_at_run_time(built):
+    out, entries = built
+    for kernel, ops in (("moe_topk_gate", moe_ops._GATE), ("normalize_weight", moe_ops._NORMALIZE)):
+        generic = generic_kernel(kernel)
+        spec, _ = bound(out, entries[generic.name], ops.args + tuple(a.name for a in generic.runtime_axes))
+        special = LaunchSpec.from_json(entries[kernel]["launch"])
+        runtime = {a.name for a in generic.runtime_axes}
+        assert [p for p in spec.params if p.name not in runtime] == list(special.params), kernel
+        assert {p.name: p.type for p in spec.params if p.name in runtime} == dict.fromkeys(runtime, "i32")
+        assert (spec.grid, spec.block, spec.smem) == (special.grid, special.block, special.smem)
+        assert (
+            spec.symbol == f"{generic.name}_kernel"
+            and spec.symbol.encode() in (out / "cubins" / f"{entries[generic.name]['cubin']}.cubin").read_bytes()
+        )
+
+
 def test_shapeset_lists_the_default_models():
     from build_tools.sweep import read_shapeset, resolve_shapeset, sweep
 
@@ -68,6 +91,10 @@ def test_shapeset_lists_the_default_models():
     for experts, topk in ((256, 8), (128, 8), (64, 6), (64, 8)):
         assert ("moe_topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe_ops._GATE_TILING}") in keys
         assert ("topk_gate", f"num_experts={experts},num_topk={topk},tiling={moe_ops._TOPK_TILING}") in keys
+    # the generic tier: one variant a kernel
+    generic = {("moe_topk_gate_generic", f"tiling={moe_ops._GATE_TILING}"), ("topk_gate_generic", f"tiling={moe_ops._TOPK_TILING}")}
+    assert generic | {("normalize_weight_generic", "")} <= keys
+    assert sum(kernel.endswith("_generic") for kernel, _ in keys) == 3
 
 
 def test_axes_refuse_unsupported_shapes():
@@ -75,6 +102,9 @@ def test_axes_refuse_unsupported_shapes():
         Variant.make("moe_topk_gate", dict(num_experts=66, num_topk=8, tiling="ballot4"))
     with pytest.raises(ValueError, match="num_topk"):
         Variant.make("moe_topk_gate", dict(num_experts=256, num_topk=33, tiling="ballot4"))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Variant.make("moe_topk_gate", dict(num_experts=0, num_topk=1, tiling="ballot4"))
+    Variant.make("moe_topk_gate", dict(num_experts=4, num_topk=4, tiling="ballot4"))  # as TileKernels: any multiple of 4
 
 
 # ---- validation -------------------------------------------------------------------------------
@@ -95,7 +125,9 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
     [
         (dict(logits=meta(4, 256, dtype=torch.bfloat16)), ValueError, "logits must be torch.float32"),
         (dict(logits=meta(256)), ValueError, "logits must be 2-D"),
-        (dict(logits=meta(4, 66)), ValueError, "multiple of 4 in \\[64, 512\\] experts, got 66"),
+        (dict(logits=meta(4, 66)), ValueError, "multiple of 4 in \\[4, 512\\] experts, got 66"),
+        (dict(logits=meta(4, 0)), ValueError, "multiple of 4 in \\[4, 512\\] experts, got 0"),
+        (dict(logits=meta(4, 4)), ValueError, "num_topk must be in \\[1, 4\\], got 8"),
         (dict(logits=meta(4, 1024)), ValueError, "got 1024"),
         (dict(logits=meta(4, 512)[:, :256]), ValueError, "logits must be contiguous"),
         (dict(num_topk=0), ValueError, "num_topk must be in \\[1, 32\\], got 0"),
@@ -363,7 +395,7 @@ OPTION_SETS = [
 
 
 @pytest.mark.parametrize("options", OPTION_SETS)
-@pytest.mark.parametrize("num_experts, num_topk, num_shared", [(64, 6, 0), (256, 8, 1), (128, 8, 2)])
+@pytest.mark.parametrize("num_experts, num_topk, num_shared", [(64, 6, 0), (256, 8, 1), (128, 8, 2), (4, 4, 2), (8, 2, 1), (60, 4, 0)])
 def test_gate_reference_matches_plain_loops(options, num_experts, num_topk, num_shared):
     inputs = gate_inputs(13, num_experts, num_topk, num_shared, seed=num_experts + len(options))
     opt = {k: inputs[k] for k in options}
@@ -416,3 +448,86 @@ def test_topk_and_normalize_references():
     for v in w[0].tolist():
         left_to_right = np.float32(left_to_right + np.float32(v))
     assert left_to_right == 0.0
+
+
+# ---- the generic tier: calls without a specialised variant -----------------------------------------------------
+
+
+@pytest.fixture
+def served(built, monkeypatch, registry, fake_cuda, driver):  # noqa: F811 (driver: the imported fixture)
+    """The ops on meta tensors against the variants built above (on TKAOT_PATH); returns the fake driver."""
+    from tkaot import _op
+
+    monkeypatch.setattr(_op, "REGISTRY", registry)
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(moe_ops, "current_stream", lambda device: 0)
+    for kernels in (moe_ops._GATE, moe_ops._NORMALIZE):
+        monkeypatch.setattr(kernels, "cache", {})
+    monkeypatch.delenv("TKAOT_STRICT", raising=False)
+    monkeypatch.setenv("TKAOT_PATH", str(built[0]))
+    return driver
+
+
+def sent_values(fake, kernels, key_values) -> dict[str, int]:
+    """The i32 parameters of the last launch, by name, through the launcher cached for key_values."""
+    launcher = kernels.cache[(0, *key_values)]
+    spec = getattr(launcher, "__self__", launcher).kernel.spec
+    record = fake.calls[-1]
+    return {p.name: struct.unpack("<i", raw)[0] for p, raw in zip(spec.params, record[6]) if p.type == "i32"}
+
+
+def launched_kernel(kernels, key_values):
+    launcher = kernels.cache[(0, *key_values)]
+    return getattr(launcher, "__self__", launcher).kernel
+
+
+# (experts, top-k, shared slots): TileKernels takes each; the built set has the 256-expert top-8 gate only
+GENERIC_GATE_CALLS = [(4, 4, 0), (8, 2, 2), (16, 6, 1), (60, 4, 0), (64, 6, 0), (256, 6, 1), (384, 8, 1), (512, 32, 0)]
+
+
+@pytest.mark.parametrize("experts, topk, shared", GENERIC_GATE_CALLS)
+def test_gate_calls_without_a_specialised_variant_run_on_the_generic_gate(served, experts, topk, shared):
+    key = f"num_experts={experts},num_topk={topk},tiling={moe_ops._GATE_TILING}"
+    with pytest.warns(tkaot.GenericVariantWarning, match=rf"no specialised moe_topk_gate variant \[{key}\]") as caught:
+        idx, weights = tkaot.moe.moe_topk_gate_forward(meta(37, experts), topk, shared > 0, shared, 1.0, 0)
+    assert len(caught) == 1 and f"tkaot-build build --op moe_topk_gate --set num_experts={experts}" in str(caught[0].message)
+    assert idx.shape == weights.shape == (37, topk + shared)
+    values = (experts, topk, moe_ops._GATE_TILING)
+    kernel = launched_kernel(moe_ops._GATE, values)
+    assert (kernel.kernel, kernel.key) == ("moe_topk_gate_generic", f"tiling={moe_ops._GATE_TILING}")
+    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per variant and process
+        tkaot.moe.moe_topk_gate(meta(37, experts), topk, shared > 0, shared, 1.0, 0)
+    assert served.calls[-1][2] == (10, 1, 1)  # ceil(37 / 4) blocks of 4 tokens
+    sent = sent_values(served, moe_ops._GATE, values)
+    assert {n: sent[n] for n in ("num_experts", "num_topk", "num_tokens", "num_physical_topk")} == {
+        "num_experts": experts, "num_topk": topk, "num_tokens": 37, "num_physical_topk": topk + shared,
+    }  # fmt: skip
+
+
+def test_a_built_gate_stays_specialised_and_strict_mode_refuses_the_fallback(served, monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tkaot.moe.moe_topk_gate_forward(meta(5, 256), 8, True, 1, 2.5, 0)
+    assert launched_kernel(moe_ops._GATE, (256, 8, moe_ops._GATE_TILING)).kernel == "moe_topk_gate"
+    monkeypatch.setenv("TKAOT_STRICT", "1")
+    with pytest.raises(tkaot.VariantNotBuilt, match="num_experts=8,num_topk=2"):
+        tkaot.moe.moe_topk_gate_forward(meta(5, 8), 2, False, 0, 1.0, 0)
+
+
+@pytest.mark.parametrize("topk", [1, 3, 8, 31, 32])
+def test_normalize_weight_without_a_specialised_variant_runs_on_the_generic_one(served, topk):
+    with pytest.warns(tkaot.GenericVariantWarning, match=rf"no specialised normalize_weight variant \[num_topk={topk}\]"):
+        denominator, normalized = tkaot.moe.normalize_weight(meta(300, topk))
+    assert denominator.shape == (300,) and normalized.shape == (300, topk)
+    kernel = launched_kernel(moe_ops._NORMALIZE, (topk,))
+    assert (kernel.kernel, kernel.key) == ("normalize_weight_generic", "")
+    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    tkaot.moe.normalize_weight(meta(300, topk))
+    assert served.calls[-1][2] == (3, 1, 1)
+    assert {n: v for n, v in sent_values(served, moe_ops._NORMALIZE, (topk,)).items()} == {"num_tokens": 300, "num_topk": topk}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tkaot.moe.normalize_weight(meta(4, 9))  # built: specialised
+    assert launched_kernel(moe_ops._NORMALIZE, (9,)).kernel == "normalize_weight"

@@ -23,7 +23,7 @@ from tkaot.errors import (  # noqa: E402
 )
 
 # The op families load on first use, so `import tkaot` costs only what its first call needs
-_LAZY = ("quant", "moe", "transform", "mhc", "engram", "modeling", "reference", "registry")
+_LAZY = ("quant", "moe", "transform", "mhc", "engram", "rand", "modeling", "reference", "registry")
 
 
 def __getattr__(name: str):
@@ -81,5 +81,6 @@ __all__ = [
     "moe",
     "preload",
     "quant",
+    "rand",
     "transform",
 ]

@@ -15,6 +15,9 @@ An op module declares it next to the op:
 
     _traced = traced(norm_forward, _fake, mutates=("out", "residual_out"), outputs=3)
 
+An op that returns None and only writes its arguments (in-place ops, given output buffers) takes `allocates_nothing`
+as its fake, with outputs=0.
+
 The schema follows the op's parameters and their annotations (`_KINDS`). Arguments the op writes are
 declared in `mutates`. A custom op must not return its inputs, nor (to be functionalised, when it writes
 an argument) a list of tensors, so it returns only the tensors the op allocated, as a fixed tuple: one
@@ -47,7 +50,7 @@ _KINDS = {
     "pair": (("", "Tensor[]", None),),
     "pair?": (("0", "Tensor?", "Tensor(a!)?"), ("1", "Tensor?", "Tensor(a!)?")),  # None, or a pair either of whose members may be None
     "pairs?": (("", "Tensor[]", "Tensor(a!)[]"), ("_given", "bool[]", "bool[]")),  # a sequence of such pairs: the given ones
-    "tensor list": (("", "Tensor[]", None),),
+    "tensor list": (("", "Tensor[]", "Tensor(a!)[]"),),
     "float": (("", "float", None),),
     "float?": (("", "float?", None),),
     "int": (("", "SymInt?", None),),  # optional: some int arguments take None for unquantized formats
@@ -65,6 +68,7 @@ _ANNOTATIONS = {
     "tuple[torch.Tensor, torch.Tensor]": "pair",
     "tuple[torch.Tensor, torch.Tensor] | None": "pair?",
     "Sequence[torch.Tensor]": "tensor list",
+    "list[torch.Tensor]": "tensor list",
     "Sequence[tuple[torch.Tensor, torch.Tensor] | None]": "pairs?",
     "float": "float",
     "float | None": "float?",
@@ -293,11 +297,18 @@ def traced(fn, fake, mutates: tuple = (), outputs: int = 1, kinds: dict | None =
     return op
 
 
-def op_families() -> list[str]:
-    """The public op families (tkaot.quant, ...): tkaot's lazily loaded modules that are not the reference or registry."""
-    import tkaot
+def allocates_nothing(new, *values) -> None:
+    """The fake of an op that returns None and writes only its arguments (those its traced() line declares in mutates)."""
+    return None
 
-    return [name for name in tkaot._LAZY if name not in ("reference", "registry")]
+
+def op_families() -> list[str]:
+    """The public op families (tkaot.quant, ...): the kernel families, those with kernel declarations. Not tkaot.rand
+    (torch.randn and torch.manual_seed, which Dynamo traces itself), the trainable layers (tkaot.modeling: autograd
+    functions over the ops, traced through them), the reference or the registry."""
+    from tkaot._decl import FAMILIES
+
+    return list(FAMILIES)
 
 
 def register_all() -> list[str]:

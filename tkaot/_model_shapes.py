@@ -34,6 +34,16 @@ ShapeTables = list[dict[str, list]]
 PER_HEAD_QK_NORM = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "gemma3", "gemma3_text"})
 
 
+# The fields read for a model's mHC expansion rate, first found wins: `hc_mult` (the hyper-connection count of
+# DeepSeek's mHC models) or TileKernels' own name for it. Hidden size and token count are runtime values of every
+# mHC kernel, so the rate alone decides their variants.
+HC_MULT_FIELDS = ("hc_mult", "mhc_mult")
+
+
+def _positive_int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _first(config: dict, *names: str, default=None):
     for name in names:
         if config.get(name) is not None:
@@ -61,6 +71,7 @@ class ModelConfig:
     q_lora_rank: int | None  # MLA: None when queries are not low-rank (DeepSeek-V2-Lite)
     kv_lora_rank: int | None
     qk_norm: bool  # RMSNorm on every query and key head
+    hc_mult: int | None = None  # mHC expansion rate (hyper-connection streams); None without mHC
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -97,6 +108,7 @@ class ModelConfig:
             q_lora_rank=config.get("q_lora_rank"),
             kv_lora_rank=config.get("kv_lora_rank"),
             qk_norm=bool(config.get("use_qk_norm")) or model_type in PER_HEAD_QK_NORM,
+            hc_mult=_positive_int(_first(config, *HC_MULT_FIELDS)),
             raw=config,
         )
 
@@ -330,3 +342,26 @@ def topk_gate_tables(model: ModelConfig) -> ShapeTables:
 @mapping("normalize_weight")
 def normalize_weight_tables(model: ModelConfig) -> ShapeTables:
     return [{"num_topk": [model.experts_per_token]}] if model.num_experts and model.experts_per_token else []
+
+
+# mHC (tkaot/_mhc/kernels.py): the kernels that keep (mhc_mult x ...) tiles in registers are specialised on the
+# expansion rate alone; the others on nothing but their float32 dtype
+def mhc_tables(model: ModelConfig) -> ShapeTables:
+    return [{"mhc_mult": [model.hc_mult]}] if model.hc_mult else []
+
+
+def mhc_f32_tables(model: ModelConfig) -> ShapeTables:
+    return [{"dtype": ["float32"]}] if model.hc_mult else []
+
+
+for _kernel in (
+    "mhc_expand_fwd", "mhc_expand_bwd", "mhc_pre_apply_mix_fwd", "mhc_pre_apply_mix_bwd", "mhc_split_mixes_fwd",
+    "mhc_split_mixes_bwd", "mhc_split_mixes_bwd_reduce", "mhc_sinkhorn_fwd", "mhc_sinkhorn_bwd", "mhc_post_fwd", "mhc_post_bwd",
+    "mhc_pre_big_fuse", "mhc_multilayer_recompute",
+):  # fmt: skip
+    mapping(_kernel)(mhc_tables)
+for _kernel in (
+    "mhc_head_mix_fwd", "mhc_head_mix_bwd", "mhc_normw_merge_fwd", "mhc_normw_merge_bwd", "mhc_reduce_partials_fwd",
+    "mhc_reduce_partials_bwd",
+):  # fmt: skip
+    mapping(_kernel)(mhc_f32_tables)

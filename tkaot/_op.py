@@ -81,9 +81,21 @@ class OpKernels:
             return None
 
     def _generic(self, device: int, values: tuple, missing: VariantNotBuilt) -> Launcher:
-        """The generic variant's launcher for a call whose specialised variant is `missing`, or raise `missing`."""
+        """The generic variant's launcher for a call whose specialised variant is `missing`, or raise `missing`.
+        Where the specialised kernel's axes refuse the call's values (a generic kernel may take more: any multiple
+        of 64 for swiglu's hidden, where its tilings need 256), no specialised variant can be built, and the
+        warning and TKAOT_STRICT's error say so instead of naming a build command."""
         generic = generic_kernel(self.kernel)
-        if generic is None or strict():
+        if generic is None:
+            raise missing
+        unbuildable = self._unbuildable(values)
+        if strict():
+            if unbuildable:
+                raise VariantNotBuilt(
+                    missing.op, missing.kernel, missing.key, missing.nearest,
+                    f"(none: {unbuildable}; only the generic {generic.name}, which TKAOT_STRICT=1 refuses, serves it)",
+                    missing.searched,
+                )  # fmt: skip
             raise missing
         static, fixed = generic.split(self.decl, values)
         try:
@@ -95,12 +107,26 @@ class OpKernels:
             first = (arch, self.kernel, missing.key) not in _WARNED
             _WARNED.add((arch, self.kernel, missing.key))
         if first:
-            warnings.warn(
-                f"{self.op}: no specialised {self.kernel} variant [{missing.key}] is built for {arch}; launching the "
-                f"generic {generic.name} [{kernel.key}] instead (same results, slower). Build the specialised one with:\n"
-                f"    {build_command(self.kernel, missing.key, arch)}\n"
-                f"and put the output directory on TKAOT_PATH (TKAOT_STRICT=1 makes this an error).",
-                GenericVariantWarning,
-                stacklevel=3,
-            )
+            launching = f"launching the generic {generic.name} [{kernel.key}] instead"
+            if unbuildable:
+                message = (
+                    f"{self.op}: no specialised {self.kernel} variant can serve [{missing.key}] ({unbuildable}); "
+                    f"{launching} (TKAOT_STRICT=1 makes this an error)."
+                )
+            else:
+                message = (
+                    f"{self.op}: no specialised {self.kernel} variant [{missing.key}] is built for {arch}; {launching} "
+                    f"(same results, slower). Build the specialised one with:\n    {build_command(self.kernel, missing.key, arch)}\n"
+                    f"and put the output directory on TKAOT_PATH (TKAOT_STRICT=1 makes this an error)."
+                )
+            warnings.warn(message, GenericVariantWarning, stacklevel=3)
         return kernel.bind(self.args, fixed=fixed)
+
+    def _unbuildable(self, values: tuple) -> str:
+        """Why the specialised kernel's axes refuse these static values (no variant of it can be built), or ""."""
+        for axis, value in zip(self.decl.axes, values):
+            try:
+                axis.validate(value)
+            except ValueError as refused:
+                return str(refused)
+        return ""

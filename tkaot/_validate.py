@@ -45,6 +45,12 @@ def not_a_tensor(op: str, name: str, value) -> None:
     raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
+def _sequence_kind(value) -> str:
+    """What a value that is not the tuple of tensors expected is: its type, and its length when a tuple or list."""
+    kind = type(value).__name__
+    return f"{kind} of {len(value)}" if isinstance(value, (tuple, list)) else kind
+
+
 def _dtype_text(dtypes: tuple) -> str:
     names = [f"torch.{_DTYPE_NAMES.get(d, d)}" if len(dtypes) == 1 else _DTYPE_NAMES.get(d, str(d)) for d in dtypes]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
@@ -173,7 +179,8 @@ def _shape_text(dims: tuple) -> str:
 
 def _source(sig: Signature) -> tuple[str, dict]:
     """The checker's source and the names it needs."""
-    env: dict = {"_fail": fail, "_not_a_tensor": not_a_tensor, "_MAX_I32": MAX_I32, "_VEC": _VEC, "_op": sig.op, "torch": torch}
+    env: dict = {"_fail": fail, "_not_a_tensor": not_a_tensor, "_sequence_kind": _sequence_kind, "_MAX_I32": MAX_I32, "_VEC": _VEC,
+                 "_op": sig.op, "torch": torch}  # fmt: skip
     env.update(sig.env or {})
     lines = [f"def check({', '.join(sig.params)}):"]
     defaults = sig.defaults or {}
@@ -253,8 +260,9 @@ def _source(sig: Signature) -> tuple[str, dict]:
         labels = [by_name[name].label for name in names]
         prefix = labels[0].removesuffix("[0]")
         shown = prefix if prefix and labels == [f"{prefix}[{j}]" for j in range(len(names))] else arg
-        kind = "pair" if len(names) == 2 else "tuple"
+        kind = f"a ({', '.join(names)}) {'pair' if len(names) == 2 else 'tuple'}"
         if given == {True}:
+            kind = "None or " + kind
             out(f"    if {arg} is None:")
             out(f"        {' = '.join(names)} = None")
             out(f"    elif isinstance({arg}, (tuple, list)) and len({arg}) == {len(names)}:")
@@ -262,7 +270,7 @@ def _source(sig: Signature) -> tuple[str, dict]:
             out(f"    if isinstance({arg}, (tuple, list)) and len({arg}) == {len(names)}:")
         out(f"        {', '.join(names)}, = {arg}")
         out("    else:")
-        out(f"        raise TypeError(f'{{_op}}: {shown} must be a ({', '.join(names)}) {kind}, got {{type({arg}).__name__}}')")
+        out(f"        raise TypeError(f'{{_op}}: {shown} must be {kind}, got {{_sequence_kind({arg})}}')")
 
     for i, t in enumerate(sig.tensors):
         n = t.name

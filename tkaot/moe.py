@@ -3,5 +3,8 @@ loaded on first use."""
 
 from tkaot._lazy import lazy_family
 
-_MODULES = {"tkaot._moe.ops": ("moe_topk_gate", "moe_topk_gate_forward", "normalize_weight", "topk_gate")}
+_MODULES = {
+    "tkaot._moe.ops": ("moe_topk_gate", "moe_topk_gate_forward", "normalize_weight", "topk_gate"),
+    "tkaot._moe.backward": ("moe_topk_gate_backward",),
+}
 __getattr__, __dir__, __all__ = lazy_family("moe", _MODULES, globals())

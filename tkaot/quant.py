@@ -1,6 +1,7 @@
 """tkaot.quant: TileKernels-compatible normalisation, SwiGLU and quantisation ops.
 
-The ops live in tkaot/_quant/ (one module each: norm, norm_cast, swiglu, casts, weight_casts) and load on first use,
+The ops live in tkaot/_quant/ (one module each: norm, norm_cast, swiglu, casts, weight_casts, and the
+backward ops: norm_backward, swiglu_backward) and load on first use,
 so `import tkaot.quant` costs almost nothing until an op is called.
 """
 
@@ -18,5 +19,7 @@ _MODULES = {
         "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only", "unpack_from_e2m1fn_x2",
     ),
     "tkaot._quant.weight_casts": ("batched_transpose_weight_sf", "per_block_cast_lossless"),
+    "tkaot._quant.norm_backward": ("norm_backward",),
+    "tkaot._quant.swiglu_backward": ("swiglu_backward", "swiglu_backward_and_per_token_cast"),
 }  # fmt: skip
 __getattr__, __dir__, __all__ = lazy_family("quant", _MODULES, globals())

@@ -23,4 +23,4 @@ class Case:
     host_timing: bool = False  # also measure host µs per call (1-token shapes)
 
 
-FAMILIES = ("norm", "moe", "quant", "fused", "mhc_fused", "engram")  # modules in this package; each adds its cases
+FAMILIES = ("norm", "moe", "quant", "fused", "mhc", "mhc_fused", "engram", "backward")  # modules in this package; each adds its cases

@@ -4,14 +4,19 @@ Layout: with W experts per vector (4 when rows are 16-byte aligned, else 1)
 and C chunks per lane, slot `c * W + j` of lane `l` holds expert
 `l * C * W + c * W + j`: each lane owns a run of C * W experts in increasing
 order, so a lower lane always holds lower experts and ties resolve by lane order.
+The generic kernels compute C at run time (Rows.runtime) and give the same lanes the same experts.
 """
 
 import tilelang.language as T
 
-from tkaot._moe.kernels import GATE_TILINGS
+from tkaot._moe.kernels import GATE_TILINGS, MAX_EXPERTS
 
 WARP = 32
 NONE = 0x7FFFFFFF  # "no expert": loses every tie against a real index
+MAX_SLOTS = MAX_EXPERTS // WARP  # the most experts a lane holds
+# The generic kernels select over the smallest of these slot counts that holds a lane's run (a uniform branch),
+# so a 256-expert row scans the 8 slots its specialised kernel scans
+SLOT_BUCKETS = (4, 8, MAX_SLOTS)
 
 
 def layout(num_experts: int) -> tuple[int, int]:
@@ -25,16 +30,48 @@ def layout(num_experts: int) -> tuple[int, int]:
 TILINGS = {GATE_TILINGS["default"]: 4}
 
 
+class Rows:
+    """Which of a row's experts each lane holds (the module's layout): `per` experts a lane in `slots` registers,
+    `vec` a vector.
+
+    `Rows.of(num_experts)` is a specialised kernel's layout (per == slots, all static). `Rows.runtime(num_experts)`
+    is the same layout for a runtime expert count, a multiple of 4: `per` an expression, MAX_SLOTS registers, the
+    slots past `per` idle.
+    """
+
+    __slots__ = ("num_experts", "vec", "slots", "per")
+
+    def __init__(self, num_experts, vec: int, slots: int, per):
+        self.num_experts, self.vec, self.slots, self.per = num_experts, vec, slots, per
+
+    @classmethod
+    def of(cls, num_experts: int) -> "Rows":
+        vec, chunks = layout(num_experts)
+        return cls(num_experts, vec, chunks * vec, chunks * vec)
+
+    @classmethod
+    def runtime(cls, num_experts) -> "Rows":
+        return cls(num_experts, 4, MAX_SLOTS, (num_experts + 4 * WARP - 1) // (4 * WARP) * 4)
+
+    @property
+    def chunks(self) -> int:
+        """Vectors of registers a lane has (static)."""
+        return self.slots // self.vec
+
+    def base(self, c: int, lane):
+        """The expert held in slot c * vec of this lane."""
+        return lane * self.per + c * self.vec
+
+    def held(self, c: int, lane):
+        """Whether this lane's chunk c holds experts (it holds a whole vector or none)."""
+        inside = self.base(c, lane) < self.num_experts
+        return inside if isinstance(self.per, int) else T.And(c * self.vec < self.per, inside)
+
+
 def warp_token(block, warps: int):
     """(lane, token) of this thread: a warp a token, `warps` tokens a block."""
     tid = T.get_thread_binding()
     return tid % WARP, block * warps + tid // WARP
-
-
-def chunk_base(c: int, lane, num_experts: int):
-    """The expert held in slot c * vec of this lane."""
-    vec, chunks = layout(num_experts)
-    return lane * (chunks * vec) + c * vec
 
 
 @T.macro
@@ -103,17 +140,28 @@ def warp_topk_ballot(vals, lane, num_experts, num_topk, out_idx: T.Ref, per, slo
 
 
 @T.macro
-def load_row(vals, src, row, lane, num_experts: int):
-    """vals[c * vec + j] = src[row, expert] for this lane's experts; -inf where out of range."""
-    vec, chunks = layout(num_experts)
-    for c in T.unroll(chunks):
-        base = chunk_base(c, lane, num_experts)
-        if base < num_experts:
-            for j in T.vectorized(vec):
-                vals[c * vec + j] = src[row, base + j]
+def load_row(vals, src, row, lane, rows: Rows):
+    """vals[c * vec + j] = src[row, expert] for this lane's experts; -inf in the slots that hold none."""
+    for c in T.unroll(rows.chunks):
+        if rows.held(c, lane):
+            for j in T.vectorized(rows.vec):
+                vals[c * rows.vec + j] = src[row, rows.base(c, lane) + j]
         else:
-            for j in T.unroll(vec):
-                vals[c * vec + j] = -T.infinity(T.float32)
+            for j in T.unroll(rows.vec):
+                vals[c * rows.vec + j] = -T.infinity(T.float32)
+
+
+@T.macro
+def rows_topk(vals, lane, num_topk, out_idx: T.Ref, rows: Rows):
+    """warp_topk_ballot over `rows`: a static layout's slots, or the smallest of SLOT_BUCKETS holding a runtime one."""
+    if isinstance(rows.per, int):
+        warp_topk_ballot(vals, lane, rows.num_experts, num_topk, out_idx, rows.per, rows.slots)
+    elif rows.per <= SLOT_BUCKETS[0]:
+        warp_topk_ballot(vals, lane, rows.num_experts, num_topk, out_idx, rows.per, SLOT_BUCKETS[0])
+    elif rows.per <= SLOT_BUCKETS[1]:
+        warp_topk_ballot(vals, lane, rows.num_experts, num_topk, out_idx, rows.per, SLOT_BUCKETS[1])
+    else:
+        warp_topk_ballot(vals, lane, rows.num_experts, num_topk, out_idx, rows.per, SLOT_BUCKETS[2])
 
 
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57

@@ -6,6 +6,7 @@ unmapped indices, physical map, forced-random tokens, scores output) is a bit
 of the runtime `flags`, so one cubin per (experts, top-k) serves every
 combination; the branches are uniform across a warp. The token's route is
 decided first, in priority order: masked > forced random > fixed > routed.
+The same body (`gate`) builds the generic gate (moe_topk_gate_generic.py), over runtime sizes.
 """
 
 import tilelang.language as T
@@ -13,15 +14,14 @@ import tilelang.language as T
 from kernels_src.moe.common import (
     TILINGS,
     WARP,
-    chunk_base,
-    layout,
+    Rows,
     load_row,
     philox_first_two,
+    rows_topk,
     sqrt_softplus,
     warp_min,
     warp_sum,
     warp_token,
-    warp_topk_ballot,
 )
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._moe.kernels import MOE_TOPK_GATE
@@ -46,8 +46,15 @@ ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
+    if num_topk > num_experts:
+        raise ValueError(f"num_topk={num_topk} exceeds num_experts={num_experts}")
+    return gate(num_experts, num_topk, tiling, Rows.of(num_experts))
+
+
+def gate(num_experts, num_topk, tiling: str, rows: Rows):
+    """The gate over `rows` (common.Rows) of num_experts; the generic gate passes runtime sizes and layout."""
     warps = TILINGS[tiling]  # tokens per block
-    vec, chunks = layout(num_experts)
+    vec, chunks = rows.vec, rows.chunks
     num_tokens = T.dynamic("num_tokens")
     num_physical_topk = T.dynamic("num_physical_topk")
     num_logical_experts = T.dynamic("num_logical_experts")
@@ -78,8 +85,14 @@ def build(num_experts: int, num_topk: int, tiling: str):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             lane, token = warp_token(block, warps)
-            vals = T.alloc_local((chunks * vec,), T.float32)
-            shift = T.alloc_local((chunks * vec,), T.float32)
+            if isinstance(num_experts, int):
+                row = token
+            else:
+                T.assume(num_experts % 4 == 0)  # the generic gate's rows: whole 16-byte vectors (the op checks)
+                # the row's offset in 64 bits: a variable, as TileLang narrows int64(token) * num_experts to 32
+                row = T.alloc_var(T.int64, init=T.Cast(T.int64, token))
+            vals = T.alloc_local((rows.slots,), T.float32)
+            shift = T.alloc_local((rows.slots,), T.float32)
             route = T.alloc_var(T.int32, init=ROUTED)
             image = T.alloc_var(T.bool, init=False)
             idx = T.alloc_var(T.int32, init=-1)
@@ -156,20 +169,20 @@ def build(num_experts: int, num_topk: int, tiling: str):
                         unmapped_topk_idx[token, lane] = T.int64(-1)
                 else:
                     # Scores, written out if asked, then the bias the ranking adds
-                    load_row(vals, logits, token, lane, num_experts)
+                    load_row(vals, logits, token, lane, rows)
                     for c in T.unroll(chunks):
-                        if chunk_base(c, lane, num_experts) < num_experts:
+                        if rows.held(c, lane):
                             for j in T.unroll(vec):
                                 vals[c * vec + j] = sqrt_softplus(vals[c * vec + j])
                             if (flags & FLAG_SCORES) != 0:
                                 for j in T.vectorized(vec):
-                                    scores[token, chunk_base(c, lane, num_experts) + j] = vals[c * vec + j]
+                                    scores[token, rows.base(c, lane) + j] = vals[c * vec + j]
                     if (flags & FLAG_IMAGE) != 0:
                         image = image_token_mask[token]
                     if image or (flags & FLAG_BIAS) != 0:
                         for c in T.unroll(chunks):
-                            base = chunk_base(c, lane, num_experts)
-                            if base < num_experts:
+                            base = rows.base(c, lane)
+                            if rows.held(c, lane):
                                 if image:
                                     for j in T.vectorized(vec):
                                         shift[c * vec + j] = image_bias[base + j]
@@ -180,7 +193,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
                                     vals[c * vec + j] = vals[c * vec + j] + shift[c * vec + j]
 
                     if route == ROUTED:
-                        warp_topk_ballot(vals, lane, num_experts, num_topk, idx, chunks * vec, chunks * vec)
+                        rows_topk(vals, lane, num_topk, idx, rows)
                         out_idx = T.Cast(T.int64, idx)
                     elif lane < num_topk:
                         out_idx = unmapped_topk_idx[token, lane]
@@ -189,7 +202,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
                     # the same function of the same input, so the same bits as above.
                     # A fixed index outside [0, num_experts) weighs 0.
                     if lane < num_topk and out_idx >= 0 and out_idx < num_experts:
-                        score = sqrt_softplus(logits[token, out_idx])
+                        score = sqrt_softplus(logits[row, out_idx])
                     total = score
                     warp_sum(total)
                     total = total + T.float32(1e-20)
@@ -218,8 +231,8 @@ def build(num_experts: int, num_topk: int, tiling: str):
                 if route == MASKED or route == RANDOM:
                     if (flags & FLAG_SCORES) != 0:
                         for c in T.unroll(chunks):
-                            if chunk_base(c, lane, num_experts) < num_experts:
+                            if rows.held(c, lane):
                                 for j in T.vectorized(vec):
-                                    scores[token, chunk_base(c, lane, num_experts) + j] = T.float32(0)
+                                    scores[token, rows.base(c, lane) + j] = T.float32(0)
 
     return moe_topk_gate

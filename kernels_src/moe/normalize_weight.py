@@ -8,7 +8,7 @@ denominator here equals the one that kernel divides by.
 import tilelang.language as T
 
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
-from tkaot._moe.kernels import NORMALIZE_WEIGHT
+from tkaot._moe.kernels import MAX_TOPK, NORMALIZE_WEIGHT
 
 DECL = NORMALIZE_WEIGHT  # the declaration this module builds (tkaot/_moe/kernels.py)
 
@@ -17,7 +17,15 @@ THREADS = 128
 
 
 def build(num_topk: int):
+    return normalize(num_topk)
+
+
+def normalize(num_topk):
+    """The kernel for `num_topk` weights a token: an int, or (the generic kernel's) a runtime value up to MAX_TOPK,
+    which only bounds the same loops at run time: the same additions in the same order."""
     num_tokens = T.dynamic("num_tokens")
+    static = isinstance(num_topk, int)
+    slots = num_topk if static else MAX_TOPK
 
     @T.prim_func
     def normalize_weight(
@@ -29,21 +37,23 @@ def build(num_topk: int):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             token = block * THREADS + T.get_thread_binding()
-            w = T.alloc_local((num_topk,), T.float32)
-            part = T.alloc_local((num_topk,), T.float32)
+            w = T.alloc_local((slots,), T.float32)
+            part = T.alloc_local((slots,), T.float32)
             total = T.alloc_var(T.float32)
             if token < num_tokens:
-                for i in T.unroll(num_topk):
-                    w[i] = topk_weights[token, i]
-                    part[i] = w[i]
+                for i in T.unroll(slots):
+                    if static or i < num_topk:
+                        w[i] = topk_weights[token, i]
+                        part[i] = w[i]
                 for step in T.unroll(5):
                     half = 16 >> step
-                    for i in T.unroll(num_topk):
+                    for i in T.unroll(slots):
                         if i < half and i + half < num_topk:
                             part[i] = part[i] + part[i + half]
                 total = T.float32(1e-20) + part[0]
                 denominator[token] = total
-                for i in T.unroll(num_topk):
-                    normalized_weights[token, i] = w[i] / total
+                for i in T.unroll(slots):
+                    if static or i < num_topk:
+                        normalized_weights[token, i] = w[i] / total
 
     return normalize_weight

@@ -5,7 +5,7 @@ One warp selects for one token (common.warp_topk_ballot); scores are read once w
 
 import tilelang.language as T
 
-from kernels_src.moe.common import TILINGS, WARP, layout, load_row, warp_token, warp_topk_ballot
+from kernels_src.moe.common import TILINGS, WARP, Rows, load_row, warp_token, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._moe.kernels import TOPK_GATE
 
@@ -16,7 +16,7 @@ def build(num_experts: int, num_topk: int, tiling: str):
     if num_topk > num_experts:
         raise ValueError(f"num_topk={num_topk} exceeds num_experts={num_experts}")
     warps = TILINGS[tiling]  # tokens per block
-    vec, chunks = layout(num_experts)
+    rows = Rows.of(num_experts)
     num_tokens = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -28,11 +28,11 @@ def build(num_experts: int, num_topk: int, tiling: str):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             lane, token = warp_token(block, warps)
-            vals = T.alloc_local((chunks * vec,), T.float32)
+            vals = T.alloc_local((rows.slots,), T.float32)
             idx = T.alloc_var(T.int32, init=-1)
             if token < num_tokens:
-                load_row(vals, scores, token, lane, num_experts)
-                warp_topk_ballot(vals, lane, num_experts, num_topk, idx, chunks * vec, chunks * vec)
+                load_row(vals, scores, token, lane, rows)
+                warp_topk_ballot(vals, lane, num_experts, num_topk, idx, rows.per, rows.slots)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.Cast(T.int64, idx)
 

@@ -11,14 +11,11 @@ unrolled for the smallest of SLOT_BUCKETS that holds `per` (a uniform branch), s
 
 import tilelang.language as T
 
-from kernels_src.moe.common import TILINGS, WARP, warp_token, warp_topk_ballot
+from kernels_src.moe.common import MAX_SLOTS, SLOT_BUCKETS, TILINGS, WARP, warp_token, warp_topk_ballot
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
-from tkaot._moe.kernels import MAX_EXPERTS, TOPK_GATE_GENERIC
+from tkaot._moe.kernels import TOPK_GATE_GENERIC
 
 DECL = TOPK_GATE_GENERIC  # the declaration this module builds (tkaot/_moe/kernels.py)
-
-MAX_SLOTS = MAX_EXPERTS // WARP
-SLOT_BUCKETS = (4, 8, MAX_SLOTS)
 
 
 def build(tiling: str):

@@ -16,12 +16,13 @@ import torch
 
 import tkaot
 from bench.generic import on_generic
-from tests.gpu.test_casts_gpu import assert_bytes_equal, make_input, poisoned_like, poisoned_sf, sf_flags, shapeset_variants
+from tests.gpu.test_casts_gpu import assert_bytes_equal, dense, make_input, poisoned_like, poisoned_sf, sf_flags, shapeset_variants
 from tests.test_generic import ONCE_MISSING
 from tkaot import _op
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
 from tkaot.errors import GenericVariantWarning
+from tkaot.reference import fused as ref_fused
 from tkaot.reference import moe as moe_ref
 from tkaot.reference import quant as ref
 
@@ -254,3 +255,188 @@ def test_topk_gate_256_experts_top6_against_the_reference_and_tile_kernels(seed,
     except Exception:  # not installed, or no TileLang here
         return
     assert torch.equal(got, tk.moe.topk_gate(scores, 6))
+
+
+# ---- SwiGLU: the generic kernel against the specialised one, and against the reference at widths only it takes ----
+
+FUSED_SHAPESET = SHAPESET.parent / "fused.toml"
+# Widths the specialised tilings refuse (not multiples of 256; 1408: DeepSeek-V2-Lite and Qwen1.5-MoE experts),
+# and the widest each input dtype takes
+SWIGLU_WIDTHS = (64, 128, 192, 320, 1408, 2880, 4160, 7104, 16320, 18432, 32704)
+SWIGLU_FORMATS = [  # (fmt, group, the op's sf flags)
+    ("bf16", None, {}), ("fp32", None, {}), ("e4m3", 128, {}), ("e4m3", 32, {}), ("e4m3", 128, {"round_sf": True}),
+    ("e4m3", 32, {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
+    ("e4m3", 128, {"round_sf": True, "use_packed_ue8m0": True}), ("e4m3", 32, {"use_tma_aligned_col_major_sf": True}),
+]  # fmt: skip
+SWIGLU_SF_FLAGS = {"fp32": {}, "pow2": {"round_sf": True}, "ue8m0": {"round_sf": True, "use_packed_ue8m0": True}}
+
+
+def swiglu_variants() -> list[dict]:
+    """The specialised swiglu variants the default set builds (fused.toml)."""
+    tables = tomllib.loads(FUSED_SHAPESET.read_text())["swiglu"]
+    out = []
+    for table in tables:
+        values = [v if isinstance(v, list) else [v] for v in table.values()]
+        out += [dict(zip(table, combo)) for combo in itertools.product(*values)]
+    return out
+
+
+def swiglu_options(tokens: int, i: int, clamp: bool) -> dict:
+    """The MoE options of call i: expert segments (rows in the padding between them are left unwritten), weights
+    with and without a scaling factor, a clamp (0 clamps everything) with and without counts."""
+    kw = {}
+    if i % 3 == 2:
+        ends, begin = [], 0
+        for count in (0, 1, 130, max(tokens // 2, 1)):  # each segment starts 128-aligned
+            start = -(-begin // 128) * 128
+            ends.append(min(start + count, tokens))
+            begin = start + count
+        kw["psum_num_tokens_per_expert"] = torch.tensor(ends, dtype=torch.int32, device="cuda")
+    if i % 2:
+        kw["topk_weights"] = torch.rand(tokens, device="cuda")
+        kw["routed_scaling_factor"] = 2.5 if i % 4 == 1 else None
+    if clamp:
+        kw["clamp_value"] = (6.0, 0.0, 3.0e38, 1.5)[i % 4]
+        kw["clamped_count"] = torch.tensor([5, 6, 7, 8], dtype=torch.int64, device="cuda") if i % 4 != 3 else None
+    return kw
+
+
+def swiglu_input(tokens: int, hidden: int, dtype: torch.dtype, specials: bool) -> torch.Tensor:
+    """[gate | up] * 4, one all-zero gate row; with `specials`, NaN, infinities, -0 and gates below -87.5 sprinkled in
+    (the generic and specialised kernels must agree on those too; the reference's amax differs at a NaN by design)."""
+    x = torch.randn(tokens, 2 * hidden, device="cuda") * 4
+    x[tokens // 2, :hidden] = 0
+    if specials:
+        x[:, 5::97] = float("nan")
+        x[:, 11::89] = float("inf")
+        x[:, 17::83] = float("-inf")
+        x[:, 23::79] = -0.0
+        x[:, 29::71] = -100.0
+    return x.to(dtype)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """The SwiGLU ops' outputs (which they allocate) start as 0xFF bytes, NaN: their allocator fills what it returns."""
+    from tkaot._quant import swiglu as ops
+
+    real = ops._empty_strided
+
+    def poisoned(*args, **kwargs):
+        t = real(*args, **kwargs)
+        t.untyped_storage().fill_(0xFF)
+        return t
+
+    monkeypatch.setattr(ops, "_empty_strided", poisoned)
+
+
+def run_swiglu(x: torch.Tensor, fmt: str, group, flags: dict, kw: dict) -> dict:
+    """The op's outputs for one call (poisoned first, with `poisoned_outputs`), and the clamp counts after it."""
+    args = {**kw, "clamped_count": None if kw.get("clamped_count") is None else kw["clamped_count"].clone()}
+    if fmt in ("bf16", "fp32"):
+        out = tkaot.quant.swiglu_forward(x, fmt, **args)
+    else:
+        out = tkaot.quant.swiglu_forward_and_per_token_cast(x, fmt, group, **flags, **args)
+    outs = out if isinstance(out, tuple) else (out,)
+    count = args["clamped_count"]
+    return {"out": outs[0], **({"sf": outs[1]} if len(outs) > 1 else {}), **({"count": count} if count is not None else {})}
+
+
+def swiglu_call_of(v: dict) -> tuple:
+    """(fmt, group, sf flags, dtype, clamp) of a specialised variant's calls."""
+    group = v["group"] or None
+    flags = SWIGLU_SF_FLAGS[v["sf"]] if group else {}
+    return v["fmt"], group, flags, getattr(torch, v["dtype"]), v["tiling"] == SWIGLU_CLAMP
+
+
+SWIGLU_CLAMP = "wscc2v9b1gkm"  # the tiling calls with a clamp_value take (tkaot/_quant/kernels.py)
+
+
+@pytest.mark.parametrize("v", swiglu_variants(), ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+def test_generic_swiglu_writes_the_bytes_of_the_specialised_variant(seed, poisoned_outputs, v):
+    """Every specialised swiglu variant of the default set against the generic variant of its options, on the same
+    inputs (NaN, infinities and gates below the lean division's floor included): every byte of every output, the
+    rows left unwritten included, and the clamp counts."""
+    fmt, group, flags, dtype, clamp = swiglu_call_of(v)
+    for i, tokens in enumerate(TOKENS):
+        x = swiglu_input(tokens, v["hidden"], dtype, specials=i != 1)
+        kw = swiglu_options(tokens, i, clamp)
+        flags = {**flags, "use_tma_aligned_col_major_sf": bool(i % 2)} if group else flags
+        want = run_swiglu(x, fmt, group, flags, kw)
+        with on_generic("swiglu"):
+            got = run_swiglu(x, fmt, group, flags, kw)
+        torch.cuda.synchronize()
+        assert got.keys() == want.keys()
+        for name in want:
+            assert_bytes_equal(got[name], want[name], f"{name}, {tokens} tokens")
+
+
+def check_swiglu_against_reference(x: torch.Tensor, fmt: str, group, flags: dict, kw: dict, what: str) -> None:
+    """The op (on whichever variant serves it) against the reference, byte for byte on the rows it computes; the rows
+    in the padding between expert segments keep their poison; the counts equal."""
+    got = run_swiglu(x, fmt, group, flags, kw)
+    want_count = None if kw.get("clamped_count") is None else kw["clamped_count"].clone()
+    args = {**kw, "clamped_count": want_count}
+    if fmt in ("bf16", "fp32"):
+        want = {"out": ref_fused.swiglu_forward(x, fmt, **args)}
+    else:
+        out, sf = ref_fused.swiglu_forward_and_per_token_cast(x, fmt, group, **{"use_tma_aligned_col_major_sf": False, **flags}, **args)
+        want = {"out": out, "sf": sf}
+    torch.cuda.synchronize()
+    rows = ref_fused.psum_row_mask(x.shape[0], kw.get("psum_num_tokens_per_expert")).cuda()
+    for name in want:
+        assert got[name].shape == want[name].shape and got[name].stride() == want[name].stride(), f"{name}, {what}"
+        assert_bytes_equal(got[name][rows], want[name][rows], f"{name}, {what}")
+        skipped = got[name][~rows]
+        assert torch.all(dense(skipped).view(torch.uint8) == 0xFF), f"{name}, {what}: a row between expert segments was written"
+    if want_count is not None:
+        assert torch.equal(got["count"], want_count), what
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fmt,group,flags", SWIGLU_FORMATS, ids=lambda p: str(p))
+def test_generic_swiglu_matches_the_reference_at_widths_no_specialised_tiling_takes(seed, poisoned_outputs, dtype, fmt, group, flags):
+    """Widths that are multiples of 64 (of the group) but not of 256 — only the generic kernel takes them — every
+    format and option, 1 to 4097 tokens, with and without a clamp."""
+    limit = 32768 if dtype == torch.bfloat16 else 18432
+    for hidden in (h for h in SWIGLU_WIDTHS if h <= limit and not (group and h % group)):
+        for i, tokens in enumerate(TOKENS):
+            if tokens == 4097 and hidden > 7104:
+                tokens = 1031  # the widest rows at fewer tokens: the reference is slow
+            x = swiglu_input(tokens, hidden, dtype, specials=False)
+            check_swiglu_against_reference(x, fmt, group, flags, swiglu_options(tokens, i, i % 2 == 0), f"{tokens}x{hidden}")
+
+
+@pytest.mark.parametrize("fmt,group,flags", SWIGLU_FORMATS[:3] + SWIGLU_FORMATS[5:6], ids=lambda p: str(p))
+def test_generic_swiglu_at_every_width_from_64_to_8192(seed, poisoned_outputs, fmt, group, flags):
+    """One row width after another, in steps of the narrowest the group allows, at 3 tokens (127 where hidden is a
+    multiple of 1024), with weights and a counted clamp; the widths the default set builds run specialised."""
+    step = math.lcm(64, group or 64)
+    for hidden in range(step, 8192 + 1, step):
+        tokens = 127 if hidden % 1024 == 0 else 3
+        x = swiglu_input(tokens, hidden, torch.bfloat16, specials=False)
+        kw = swiglu_options(tokens, 1, True) | {"clamp_value": 6.0}  # weights, scaled, a counted clamp
+        check_swiglu_against_reference(x, fmt, group, flags, kw, f"{hidden}")
+
+
+def test_swiglu_at_1408_warns_and_matches_the_reference_and_tile_kernels(seed, monkeypatch, poisoned_outputs):
+    """A width TileKernels takes and tkaot refused before the generic tier (DeepSeek-V2-Lite's experts)."""
+    from tkaot._quant import swiglu as ops
+
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(ops._SWIGLU, "cache", {})
+    x = swiglu_input(4097, 1408, torch.bfloat16, specials=False)
+    weights = torch.rand(4097, device="cuda")
+    with pytest.warns(GenericVariantWarning, match=r"no specialised swiglu variant can serve \[hidden=1408,"):
+        out, sf = tkaot.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, topk_weights=weights, round_sf=True)
+    want = ref_fused.swiglu_forward_and_per_token_cast(x, "e4m3", 128, topk_weights=weights, round_sf=True)
+    assert_bytes_equal(out, want[0], "out")
+    assert_bytes_equal(sf, want[1], "sf")
+    try:
+        import tile_kernels as tk
+    except Exception:  # not installed, or no TileLang here
+        return
+    theirs = tk.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, topk_weights=weights, round_sf=True)
+    torch.cuda.synchronize()
+    assert_bytes_equal(out, theirs[0].view(out.dtype), "out, against TileKernels")
+    assert_bytes_equal(sf, theirs[1].view(sf.dtype), "sf, against TileKernels")

@@ -1,11 +1,20 @@
 """MoE routing on a GPU against the pure-torch references: every default (experts, top-k),
 every option alone and together, odd token counts, deliberate ties, poisoned outputs,
-masked and forced-random tokens, CUDA graphs; and against tile_kernels when it is installed."""
+masked and forced-random tokens, CUDA graphs; and against tile_kernels when it is installed.
+The generic tier (moe_topk_gate_generic, normalize_weight_generic): byte for byte what the
+specialised variants write, and the references' results at expert counts and k no specialised
+variant has (4 to 512 experts)."""
+
+import warnings
 
 import pytest
 import torch
 
 import tkaot
+from bench.generic import on_generic
+from tkaot import _op
+from tkaot._moe import ops as moe_ops
+from tkaot.errors import GenericVariantWarning
 from tkaot.reference import moe as ref
 
 pytestmark = pytest.mark.gpu
@@ -94,7 +103,10 @@ def run_gate(logits, topk, shared, scale, ep_rank, kwargs, with_scores):
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("experts, topk, shared", SHAPES)
 def test_gate_matches_reference(seed, experts, topk, shared, option):
-    options = OPTIONS[option]
+    assert_gate_matches_reference(experts, topk, shared, OPTIONS[option])
+
+
+def assert_gate_matches_reference(experts, topk, shared, options):
     for i, tokens in enumerate(TOKENS):
         logits, kwargs = make_case(tokens, experts, topk, shared, options)
         scale, ep_rank = (2.5, 3) if i % 2 else (1.0, 0)
@@ -214,7 +226,9 @@ def test_cuda_graph_capture_and_replay(seed):
         torch.testing.assert_close(w, want.topk_weights, **WEIGHT_TOL)
 
 
-def test_missing_variant_raises_variant_not_built():
+def test_missing_variant_raises_variant_not_built_in_strict_mode(monkeypatch):
+    monkeypatch.setenv("TKAOT_STRICT", "1")
+    monkeypatch.setattr(moe_ops._GATE, "cache", {})
     with pytest.raises(tkaot.VariantNotBuilt, match="num_experts=72"):
         tkaot.moe.moe_topk_gate_forward(torch.randn(4, 72, device="cuda"), 8, False, 0, 1.0, 0)
 
@@ -240,3 +254,163 @@ def test_gate_agrees_with_tile_kernels(seed, option):
     weights = torch.rand(4097, 9, device="cuda")
     for a, b in zip(tkaot.moe.normalize_weight(weights), tk.moe.normalize_weight(weights)):
         torch.testing.assert_close(a, b, rtol=2e-7, atol=0)
+
+
+# ---- the generic tier ----
+
+# (experts, top-k, shared slots) that no specialised variant of the default set has: the generic gate serves them
+GENERIC_SHAPES = [
+    (4, 4, 0), (4, 2, 2), (8, 2, 1), (8, 8, 0), (16, 4, 0), (16, 6, 2), (60, 4, 0), (96, 11, 1), (100, 8, 0),
+    (256, 6, 1), (384, 8, 1), (512, 32, 0), (512, 30, 2),
+]  # fmt: skip
+
+
+def same_bytes(got: torch.Tensor, want: torch.Tensor, what: str):
+    """Equal element for element as bits (NaNs included), after checking that nothing is left poisoned."""
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    as_int = {torch.float32: torch.int32, torch.int64: torch.int64}[got.dtype]
+    same = got.view(as_int) == want.view(as_int)
+    assert same.all(), f"{what}: {int((~same).sum())} of {same.numel()} elements differ, first at {tuple((~same).nonzero()[0].tolist())}"
+
+
+def gate_outputs(logits, topk, shared, scale, ep_rank, kwargs, with_scores) -> dict:
+    """Every tensor the gate writes, each a fresh poisoned buffer (unmapped_topk_idx a copy of the given one,
+    with its row stride: the op reads the fixed routes from it and writes it)."""
+    tokens, experts = logits.shape
+    kwargs = dict(kwargs)
+    out = (torch.full((tokens, topk + shared), -7, dtype=torch.int64, device="cuda"),
+           torch.full((tokens, topk + shared), float("nan"), device="cuda"))  # fmt: skip
+    written = {"topk_idx": out[0], "topk_weights": out[1]}
+    if "unmapped_topk_idx" in kwargs:
+        given = kwargs["unmapped_topk_idx"]
+        rows = torch.full((tokens, given.stride(0)), 99999, dtype=torch.int64, device="cuda")
+        kwargs["unmapped_topk_idx"] = written["unmapped_topk_idx"] = rows[:, :topk]
+        written["unmapped_topk_idx"].copy_(given)
+    if with_scores:
+        kwargs["scores"] = written["scores"] = torch.full((tokens, experts), float("nan"), device="cuda")
+    tkaot.moe.moe_topk_gate_forward(logits, topk, shared > 0, shared, scale, ep_rank, out=out, **kwargs)
+    return written
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("experts, topk, shared", SHAPES)
+def test_generic_gate_writes_the_specialised_bytes(seed, experts, topk, shared, option):
+    """Every specialised gate of the default set, every option, against the generic gate on the same inputs:
+    indices, fp32 weights, unmapped indices and scores byte for byte."""
+    options = OPTIONS[option]
+    for i, tokens in enumerate(TOKENS):
+        logits, kwargs = make_case(tokens, experts, topk, shared, options)
+        scale, ep_rank = (2.5, 3) if i % 2 else (1.0, 0)
+        want = gate_outputs(logits, topk, shared, scale, ep_rank, kwargs, "scores" in options)
+        with on_generic("moe_topk_gate"):
+            got = gate_outputs(logits, topk, shared, scale, ep_rank, kwargs, "scores" in options)
+        torch.cuda.synchronize()
+        for name in want:
+            same_bytes(got[name], want[name], f"{name}, {tokens} tokens")
+
+
+@pytest.mark.parametrize("experts, topk, shared", SHAPES)
+def test_generic_gate_agrees_with_the_specialised_one_on_non_finite_logits(seed, experts, topk, shared):
+    """Outside the op's contract (logits must be finite), the two kernels still route alike: one body."""
+    for tokens in TOKENS:
+        logits = torch.randn(tokens, experts, device="cuda")
+        logits[::5, ::7] = float("nan")
+        logits[::3, 1::9] = float("inf")
+        logits[1::4, 2::11] = -float("inf")
+        kwargs = {"bias": torch.randn(experts, device="cuda")}
+        want = gate_outputs(logits, topk, shared, 2.5, 1, kwargs, True)
+        with on_generic("moe_topk_gate"):
+            got = gate_outputs(logits, topk, shared, 2.5, 1, kwargs, True)
+        torch.cuda.synchronize()
+        for name in want:
+            same_bytes(got[name], want[name], f"{name}, {tokens} tokens")
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("experts, topk, shared", GENERIC_SHAPES)
+def test_generic_gate_matches_reference(seed, experts, topk, shared, option):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenericVariantWarning)
+        assert_gate_matches_reference(experts, topk, shared, OPTIONS[option])
+    launcher = moe_ops._GATE.cache[(0, experts, topk)]
+    assert getattr(launcher, "__self__", launcher).kernel.kernel == "moe_topk_gate_generic"
+
+
+def test_generic_gate_rows_past_two_billion_elements(seed):
+    """A runtime row length: a row's offset (token * experts) passes 2**31 within the op's token limit."""
+    experts, topk = 512, 8
+    tokens = 2**31 // experts + 300
+    needed = tokens * experts * 4 + (1 << 30)
+    if torch.cuda.mem_get_info()[0] < needed:
+        pytest.skip(f"needs about {needed / 2**30:.0f} GiB of free GPU memory")
+    logits = torch.randn(tokens, experts, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenericVariantWarning)
+        idx, weights = tkaot.moe.moe_topk_gate_forward(logits, topk, True, 1, 2.5, 0)
+    tail = slice(tokens - 600, tokens)  # rows on both sides of element 2**31
+    want = ref.moe_topk_gate_forward(logits[tail], topk, True, 1, 2.5, 0)
+    torch.cuda.synchronize()
+    assert torch.equal(idx[tail], want.topk_idx)
+    torch.testing.assert_close(weights[tail], want.topk_weights, **WEIGHT_TOL)
+
+
+@pytest.mark.parametrize("experts, topk, shared", [(8, 2, 0), (16, 4, 1), (60, 4, 0), (100, 6, 2)])
+def test_generic_gate_agrees_with_tile_kernels_where_tkaot_once_refused(seed, monkeypatch, experts, topk, shared):
+    tk = pytest.importorskip("tile_kernels")
+    monkeypatch.setattr(_op, "_WARNED", set())  # each fallback warns once a process: this test must see it
+    monkeypatch.setattr(moe_ops._GATE, "cache", {})
+    logits, kwargs = make_case(4097, experts, topk, shared, OPTIONS["all"])
+    kwargs.pop("scores", None)
+    theirs_unmapped = kwargs["unmapped_topk_idx"].clone()
+    with pytest.warns(GenericVariantWarning, match=f"--set num_experts={experts} --set num_topk={topk}"):
+        ours = tkaot.moe.moe_topk_gate_forward(logits, topk, shared > 0, shared, 2.5, 5, **kwargs)
+    ours_unmapped, kwargs["unmapped_topk_idx"] = kwargs["unmapped_topk_idx"], theirs_unmapped
+    theirs = tk.moe.moe_topk_gate_forward(logits, topk, shared > 0, shared, 2.5, 5, **kwargs)
+    torch.cuda.synchronize()
+    same_bytes(ours[0], theirs[0], "topk_idx")
+    torch.testing.assert_close(ours[1], theirs[1], **WEIGHT_TOL)
+    same_bytes(ours_unmapped, theirs_unmapped, "unmapped_topk_idx")
+
+
+def normalize_outputs(weights):
+    """normalize_weight's outputs, allocated where poisoned blocks of their sizes were just freed (the op takes no
+    out=), so an element it leaves unwritten reads NaN with the caching allocator."""
+    for shape in (weights.shape[:1], weights.shape):
+        torch.full(shape, float("nan"), device="cuda")
+    return tkaot.moe.normalize_weight(weights)
+
+
+@pytest.mark.parametrize("topk", [6, 8, 9])
+def test_generic_normalize_weight_writes_the_specialised_bytes(seed, topk):
+    for tokens in TOKENS:
+        weights = torch.rand(tokens, topk, device="cuda") * 3
+        weights[0] = 0  # a row summing to nothing
+        weights[1 % tokens, 0] = -0.0
+        want = normalize_outputs(weights)
+        with on_generic("normalize_weight"):
+            got = normalize_outputs(weights)
+        torch.cuda.synchronize()
+        same_bytes(got[0], want[0], f"denominator, {tokens} tokens")
+        same_bytes(got[1], want[1], f"normalized weights, {tokens} tokens")
+
+
+@pytest.mark.parametrize("topk", range(1, 33))
+def test_generic_normalize_weight_matches_reference(seed, topk):
+    for tokens in TOKENS:
+        weights = torch.rand(tokens, topk, device="cuda") * 3
+        with on_generic("normalize_weight"):
+            denominator, normalized = normalize_outputs(weights)
+        want_den, want_norm = ref.normalize_weight(weights)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(denominator, want_den, rtol=2e-7, atol=0)
+        torch.testing.assert_close(normalized, want_norm, rtol=3e-7, atol=0)
+
+
+def test_generic_normalize_weight_denominator_is_the_generic_gate_sum(seed):
+    """With scaling 1 the generic gate (20 experts, top-11) divides by the generic normalisation's denominator."""
+    logits = make_logits(127, 20, 11, torch.zeros(20, device="cuda"))
+    with on_generic("moe_topk_gate"):
+        idx, w = tkaot.moe.moe_topk_gate_forward(logits, 11, False, 0, 1.0, 0)
+    with on_generic("normalize_weight"):
+        _, normalized = tkaot.moe.normalize_weight(ref.sqrt_softplus(logits).gather(1, idx))
+    torch.testing.assert_close(w, normalized, rtol=1e-6, atol=1e-7)

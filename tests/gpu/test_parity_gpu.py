@@ -98,7 +98,13 @@ def run_case(case: parity_cases.Case) -> Outcome:
     except Exception as exc:
         return Outcome(case, "errors", f"tkaot raised {type(exc).__name__}: {str(exc).splitlines()[0]}")
     problems, tolerant = compare_calls(
-        (ours_call.args, ours_call.kwargs), ours, (theirs_call.args, theirs_call.kwargs), theirs, theirs_call.trims, theirs_call.adjacent
+        (ours_call.args, ours_call.kwargs),
+        ours,
+        (theirs_call.args, theirs_call.kwargs),
+        theirs,
+        theirs_call.trims,
+        theirs_call.adjacent,
+        theirs_call.close,
     )
     if problems:
         return Outcome(case, "differ", "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""))

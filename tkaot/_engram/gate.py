@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
 from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_BWD_TILINGS, GATE_FWD, GATE_FWD_TILINGS, GRAD_W_REDUCE, MAX_GATE_HIDDEN
 from tkaot._op import OpKernels, current_stream
@@ -137,6 +138,8 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     Returns:
         weight_fused: (hc_mult, hidden) float32.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_fused_weight(weight_hidden, weight_embed)
     device, hc_mult, hidden, wh_ptr, we_ptr = _check_fused(weight_hidden, weight_embed)
     weight_fused = torch.empty((hc_mult, hidden), dtype=_F32, device=weight_hidden.device)
     if hc_mult * hidden:
@@ -170,6 +173,8 @@ def engram_gate_fwd(
     Returns:
         (output, dot, gate_score, rstd_x, rstd_k); output is hidden_states itself when inplace.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_gate_fwd(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace)
     device, num_tokens, hc_mult, hidden, x_ptr, kv_ptr, w_ptr, mask_ptr = _check_fwd(
         hidden_states, kv, weight_fused, image_token_mask, eps, clamp_value, save_for_backward, inplace
     )
@@ -219,6 +224,10 @@ def engram_gate_bwd(
         (number of SMs, 4, hidden) float32, the fused weight's gradient summed over each CTA's tokens
         (grad_w_reduce sums it).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_gate_bwd(
+            grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask,
+        )  # fmt: skip
     device, num_tokens, hc_mult, hidden, go_ptr, x_ptr, kv_ptr, w_ptr, dot_ptr, gate_ptr, rx_ptr, rk_ptr, mask_ptr = _check_bwd(
         grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, image_token_mask
     )
@@ -252,6 +261,8 @@ def grad_w_reduce(
         weight_hidden, weight_embed: (hc_mult, hidden) bf16, contiguous.
         grad_weight_hidden, grad_weight_embed: (hc_mult, hidden) float32, contiguous; updated in place.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     device, num_partials, hc_mult, hidden, partial_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr = _check_reduce(
         grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed
     )
@@ -259,3 +270,30 @@ def grad_w_reduce(
         launcher = _REDUCE.get(device, "bfloat16")
         launcher(device, current_stream(device), partial_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr, num_partials, hc_mult * hidden)
     return None
+
+
+def _fake_fused(new, weight_hidden, weight_embed):
+    """fused_weight's output (tracing, tkaot/_compile.py)."""
+    return new.empty(weight_hidden.shape, _F32, weight_hidden.device)
+
+
+def _fake_fwd(new, hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward=True, image_token_mask=None, inplace=False):
+    """engram_gate_fwd's outputs: hidden_states itself when inplace; the saved values only with save_for_backward."""
+    output = hidden_states if inplace else new.empty_like(hidden_states)
+    if not save_for_backward:
+        return output, None, None, None, None
+    per_token = hidden_states.shape[:2]
+    return output, *(new.empty(per_token, _F32, hidden_states.device) for _ in range(4))
+
+
+def _fake_bwd(new, grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask=None):
+    """engram_gate_bwd's outputs; grad_w_partial has a row per SM of the device, as the op's."""
+    num_partials = _device.sm_count(hidden_states.get_device())
+    partial = new.empty((num_partials, *hidden_states.shape[1:]), _F32, hidden_states.device)
+    return new.empty_like(hidden_states), new.empty_like(kv), partial
+
+
+_traced_fused_weight = traced(fused_weight, _fake_fused)
+_traced_engram_gate_fwd = traced(engram_gate_fwd, _fake_fwd, mutates=("hidden_states",), outputs=5)
+_traced_engram_gate_bwd = traced(engram_gate_bwd, _fake_bwd, outputs=3)
+_traced_grad_w_reduce = traced(grad_w_reduce, allocates_nothing, mutates=("grad_weight_hidden", "grad_weight_embed"), outputs=0)

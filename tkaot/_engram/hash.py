@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import is_compiling, traced
 from tkaot._engram.kernels import ENGRAM_HASH, MAX_NGRAM
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import Rule, Signature, Tensor, lazy_checker
@@ -63,6 +64,8 @@ def engram_hash(
     Returns:
         (num_ngram_layers, num_tokens, (max_ngram_size - 1) * num_embed_table_per_ngram) int32.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
     device, num_tokens, max_ngram_size, num_layers, num_tables, num_cols, ids_ptr, mult_ptr, vocab_ptr, offsets_ptr, mask_ptr = _check(
         ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask
     )
@@ -76,3 +79,12 @@ def engram_hash(
         num_tokens, num_layers, num_tables,
     )  # fmt: skip
     return output
+
+
+def _fake(new, ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask=None):
+    """engram_hash's output (tracing, tkaot/_compile.py)."""
+    num_cols = vocab_sizes.shape[1] * vocab_sizes.shape[2]
+    return new.empty((multipliers.shape[0], ngram_token_ids.shape[0], num_cols), _I32, ngram_token_ids.device)
+
+
+_traced_engram_hash = traced(engram_hash, _fake)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
 from tkaot._engram.kernels import SINKHORN_FINALIZE, SINKHORN_HEAD_DIMS, SINKHORN_MOMENTUM, SINKHORN_STEP, SINKHORN_STEP_REDUCE
 from tkaot._op import OpKernels, current_stream
@@ -106,6 +107,8 @@ def engram_sinkhorn_momentum_update(
     Returns:
         float32, momentum_buffer's shape.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_sinkhorn_momentum_update(grad, momentum_buffer, beta1, nesterov)
     device, numel, grad_dtype, momentum_dtype, grad_ptr, momentum_ptr = _check_momentum(grad, momentum_buffer)
     sinkhorn_input = torch.empty_like(momentum_buffer, dtype=_F32)
     if numel:
@@ -137,6 +140,8 @@ def engram_sinkhorn_step(
         (row_norm (num_rows,), col_sumsq_partial (3 x number of SMs, head_dim)), float32: partial p holds the
         column sums of squares of the normalised rows of CTA p's rows (engram_sinkhorn_step_reduce sums them).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_sinkhorn_step(matrix, row_scale, col_scale, eps)
     device, num_rows, head_dim, matrix_ptr, row_ptr, col_ptr = _check_step(matrix, row_scale, col_scale)
     num_partials = PARTIALS_PER_SM * _device.sm_count(device)
     row_norm = torch.empty_like(row_scale)
@@ -156,6 +161,8 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
         col_sumsq_partial: (num_partials, head_dim) float32, contiguous.
         col_sumsq: (head_dim,) float32, contiguous; overwritten.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_sinkhorn_step_reduce(col_sumsq_partial, col_sumsq)
     device, num_partials, head_dim, partial_ptr, out_ptr = _check_reduce(col_sumsq_partial, col_sumsq)
     if head_dim:
         _REDUCE.get(device, "float32")(device, current_stream(device), partial_ptr, out_ptr, num_partials, head_dim)
@@ -180,6 +187,8 @@ def engram_sinkhorn_finalize(
     Returns:
         out (or a new tensor), (num_rows, head_dim) float32.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps, alpha, out)
     device, num_rows, head_dim, matrix_ptr, row_ptr, col_ptr, out_ptr = _check_finalize(matrix, row_scale, col_scale, out)
     if out is None:
         out = torch.empty_like(matrix)
@@ -188,3 +197,25 @@ def engram_sinkhorn_finalize(
         launcher = _FINALIZE.get(device, head_dim)
         launcher(device, current_stream(device), matrix_ptr, row_ptr, col_ptr, out_ptr, float(eps), float(alpha), num_rows)
     return out
+
+
+def _fake_momentum(new, grad, momentum_buffer, beta1, nesterov=True):
+    """engram_sinkhorn_momentum_update's output (tracing, tkaot/_compile.py)."""
+    return new.empty(momentum_buffer.shape, _F32, momentum_buffer.device)
+
+
+def _fake_step(new, matrix, row_scale, col_scale, eps):
+    """engram_sinkhorn_step's outputs; col_sumsq_partial has PARTIALS_PER_SM rows per SM of the device, as the op's."""
+    num_partials = PARTIALS_PER_SM * _device.sm_count(matrix.get_device())
+    return new.empty_like(row_scale), new.empty((num_partials, matrix.shape[1]), _F32, matrix.device)
+
+
+def _fake_finalize(new, matrix, row_scale, col_scale, eps, alpha, out=None):
+    """engram_sinkhorn_finalize's output: out itself when given."""
+    return new.empty_like(matrix) if out is None else out
+
+
+_traced_engram_sinkhorn_momentum_update = traced(engram_sinkhorn_momentum_update, _fake_momentum, mutates=("momentum_buffer",))
+_traced_engram_sinkhorn_step = traced(engram_sinkhorn_step, _fake_step, mutates=("row_scale",), outputs=2)
+_traced_engram_sinkhorn_step_reduce = traced(engram_sinkhorn_step_reduce, allocates_nothing, mutates=("col_sumsq",), outputs=0)
+_traced_engram_sinkhorn_finalize = traced(engram_sinkhorn_finalize, _fake_finalize, mutates=("out",))

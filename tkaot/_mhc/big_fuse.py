@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.common import BF16, MAX_I24, f32, float_rule, int_rules
 from tkaot._mhc.kernels import MAX_BIG_FUSE_MULT, PRE_BIG_FUSE
 from tkaot._op import OpKernels, current_stream
@@ -94,6 +95,11 @@ def mhc_pre_big_fuse_fwd(
 
     Hidden size, token count, split count and Sinkhorn repeats are runtime values: one cubin per M.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_pre_big_fuse_fwd(
+            gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, rms_eps, mhc_pre_eps,
+            mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits,
+        )  # fmt: skip
     (device, num_tokens, mhc_mult, hidden, mul_ptr, sq_ptr, scale_ptr, base_ptr, res_ptr, post_ptr, comb_ptr, input_ptr) = _check(
         gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input,
         rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits,
@@ -110,3 +116,6 @@ def mhc_pre_big_fuse_fwd(
         n_splits, num_tokens, hidden,
     )  # fmt: skip
     return None
+
+
+_traced_mhc_pre_big_fuse_fwd = traced(mhc_pre_big_fuse_fwd, allocates_nothing, mutates=("post_mix", "comb_mix", "layer_input"), outputs=0)

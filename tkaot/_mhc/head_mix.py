@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.common import f32, float_rule, int_rules, like
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS, HEAD_MIX_FWD
 from tkaot._op import OpKernels, current_stream
@@ -78,6 +79,8 @@ def mhc_head_compute_mix_fwd(
         mhc_pre_eps: added after the sigmoid.
         token_block_size: accepted for TileKernels' sake (its tiling); the result does not depend on it.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_head_compute_mix_fwd(input_mix, mhc_scale, mhc_base, output_mix, mhc_pre_eps, token_block_size)
     device, num_tokens, mhc_mult, in_ptr, scale_ptr, base_ptr, out_ptr = _check_fwd(
         input_mix, mhc_scale, mhc_base, output_mix, mhc_pre_eps, token_block_size
     )
@@ -119,6 +122,11 @@ def mhc_head_compute_mix_bwd(
         num_sms: partial rows (blocks), >= 1.
         token_block_size: tokens a tile, 0 for TileKernels' default (32).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_head_compute_mix_bwd(
+            output_mix_grad, input_mix, mhc_scale, mhc_base, input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial, num_sms,
+            token_block_size,
+        )  # fmt: skip
     device, num_tokens, mhc_mult, grad_ptr, in_ptr, scale_ptr, base_ptr, in_grad_ptr, scale_part_ptr, base_part_ptr = _check_bwd(
         output_mix_grad, input_mix, mhc_scale, mhc_base, input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial,
         num_sms, token_block_size,
@@ -132,3 +140,9 @@ def mhc_head_compute_mix_bwd(
         token_block_size or DEFAULT_TOKEN_BLOCK, num_tokens, mhc_mult, num_sms,
     )  # fmt: skip
     return None
+
+
+_traced_mhc_head_compute_mix_fwd = traced(mhc_head_compute_mix_fwd, allocates_nothing, mutates=("output_mix",), outputs=0)
+_traced_mhc_head_compute_mix_bwd = traced(
+    mhc_head_compute_mix_bwd, allocates_nothing, mutates=("input_mix_grad", "mhc_scale_grad_partial", "mhc_base_grad_partial"), outputs=0
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.common import MAX_I24, f32, float_rule, int_rules, like
 from tkaot._mhc.kernels import NORMW_MERGE_BWD, NORMW_MERGE_FWD, REDUCE_PARTIALS_BWD, REDUCE_PARTIALS_FWD
 from tkaot._op import OpKernels, current_stream
@@ -55,7 +56,7 @@ REDUCE_FWD_SIGNATURE = Signature(
     ),
     scalars=("rms_group_size", "rms_eps", "n_splits"),
     dims=("num_tokens", "n_rms_group", "mhc_mult3"),
-    rules=(_TOKEN_MIXES, *_RMS_SCALARS),
+    rules=(_TOKEN_MIXES, *_RMS_SCALARS, *int_rules("n_splits", "1", "_MAX_I32")),
 )
 
 REDUCE_BWD_SIGNATURE = Signature(
@@ -100,6 +101,8 @@ def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: torch.
         fn: (mhc_mult3, mhc_hidden) float32, contiguous, on a CUDA device; at most 65535 rows.
         normw: (mhc_hidden,) float32. out_fn: like fn, the output buffer.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_fn_normw_merge_fwd(fn, normw, out_fn)
     device, m, n, fn_ptr, w_ptr, out_ptr = _check_merge_fwd(fn, normw, out_fn)
     if m and n:
         _launcher(_MERGE_FWD, device)(device, current_stream(device), fn_ptr, w_ptr, out_ptr, m, n)
@@ -115,6 +118,8 @@ def mhc_fn_normw_merge_bwd(
         fn, out_fn_grad, fn_grad: (mhc_mult3, mhc_hidden) float32, contiguous.
         normw, normw_grad: (mhc_hidden,) float32.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad, normw_grad)
     device, m, n, fn_ptr, w_ptr, grad_ptr, fn_grad_ptr, w_grad_ptr = _check_merge_bwd(fn, normw, out_fn_grad, fn_grad, normw_grad)
     if n:
         _launcher(_MERGE_BWD, device)(device, current_stream(device), fn_ptr, w_ptr, grad_ptr, fn_grad_ptr, w_grad_ptr, m, n)
@@ -145,6 +150,10 @@ def mhc_reduce_partials_and_rmsnorm_fwd(
         rms_eps: added to the mean square.
         n_splits: the partials' leading dimension (checked against it; any count, one cubin).
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_reduce_partials_and_rmsnorm_fwd(
+            out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out, rms_group_size, rms_eps, n_splits,
+        )  # fmt: skip
     device, num_tokens, n_rms_group, mhc_mult3, split_ptr, sq_split_ptr, mul_ptr, sq_ptr, out_ptr = _check_reduce_fwd(
         out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out, rms_group_size, rms_eps, n_splits
     )
@@ -177,6 +186,8 @@ def mhc_reduce_partials_and_rmsnorm_bwd(
         out_mul_grad, sqrsum_grad: output buffers shaped like out_mul and sqrsum.
         rms_group_size, rms_eps: the forward's.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_reduce_partials_and_rmsnorm_bwd(out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad, rms_group_size, rms_eps)
     device, num_tokens, n_rms_group, mhc_mult3, grad_ptr, mul_ptr, sq_ptr, mul_grad_ptr, sq_grad_ptr = _check_reduce_bwd(
         out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad, rms_group_size, rms_eps
     )
@@ -187,3 +198,13 @@ def mhc_reduce_partials_and_rmsnorm_bwd(
             rms_eps * rms_group_size,  # rounded to float32 once, from double, as TileKernels' constant is
             num_tokens, n_rms_group, mhc_mult3,
         )  # fmt: skip
+
+
+_traced_mhc_fn_normw_merge_fwd = traced(mhc_fn_normw_merge_fwd, allocates_nothing, mutates=("out_fn",), outputs=0)
+_traced_mhc_fn_normw_merge_bwd = traced(mhc_fn_normw_merge_bwd, allocates_nothing, mutates=("fn_grad", "normw_grad"), outputs=0)
+_traced_mhc_reduce_partials_and_rmsnorm_fwd = traced(
+    mhc_reduce_partials_and_rmsnorm_fwd, allocates_nothing, mutates=("out_mul", "sqrsum", "out"), outputs=0
+)
+_traced_mhc_reduce_partials_and_rmsnorm_bwd = traced(
+    mhc_reduce_partials_and_rmsnorm_bwd, allocates_nothing, mutates=("out_mul_grad", "sqrsum_grad"), outputs=0
+)

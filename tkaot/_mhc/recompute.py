@@ -13,6 +13,7 @@ import array
 
 import torch
 
+from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.kernels import MAX_RECOMPUTE_MULT, MULTILAYER_RECOMPUTE
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, fail, not_a_tensor
@@ -134,6 +135,10 @@ def mhc_multilayer_recompute(
     Every tensor contiguous and on initial_residual's device; bf16 ones 16-byte aligned. Layer counts,
     hidden size and tokens are runtime values: one cubin per M.
     """
+    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+        return _traced_mhc_multilayer_recompute(
+            initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list, residual_list,
+        )  # fmt: skip
     device, num_tokens, mhc_mult, hidden = _residual_dims(initial_residual)
     num_layers, num_post = _lengths(pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list, residual_list)
     mixes, rows = num_tokens * mhc_mult, num_tokens * hidden
@@ -155,3 +160,8 @@ def mhc_multilayer_recompute(
         initial_residual.data_ptr(), table.data_ptr(), num_layers, num_post, num_tokens, hidden, len(addresses),
     )  # fmt: skip
     return None
+
+
+_traced_mhc_multilayer_recompute = traced(
+    mhc_multilayer_recompute, allocates_nothing, mutates=("layer_input_list", "residual_list"), outputs=0
+)

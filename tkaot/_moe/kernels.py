@@ -13,7 +13,7 @@ MOE_TOPK_GATE = KernelDecl(
     name="moe_topk_gate",
     source="kernels_src.moe.moe_topk_gate",
     axes=(
-        Axis("num_experts", int, check=lambda e: 64 <= e <= MAX_EXPERTS and e % 4 == 0, rule=f"a multiple of 4 in [64, {MAX_EXPERTS}]"),
+        Axis("num_experts", int, check=lambda e: 4 <= e <= MAX_EXPERTS and e % 4 == 0, rule=f"a multiple of 4 in [4, {MAX_EXPERTS}]"),
         Axis("num_topk", int, check=lambda k: 1 <= k <= MAX_TOPK, rule=f"in [1, {MAX_TOPK}]"),
         tiling_axis(GATE_TILINGS),
     ),
@@ -42,6 +42,7 @@ TOPK_GATE = KernelDecl(
 )
 
 # Any expert count and k in one variant: the calls whose specialised variant is not built (tkaot/_op.py)
+MOE_TOPK_GATE_GENERIC = MOE_TOPK_GATE.generic("moe_topk_gate_generic", "kernels_src.moe.moe_topk_gate_generic", ("num_experts", "num_topk"))
 TOPK_GATE_GENERIC = TOPK_GATE.generic("topk_gate_generic", "kernels_src.moe.topk_gate_generic", ("num_experts", "num_topk"))
 
 NORMALIZE_WEIGHT = KernelDecl(
@@ -52,5 +53,29 @@ NORMALIZE_WEIGHT = KernelDecl(
     dims=("num_tokens",),
     ops=("tkaot.moe.normalize_weight",),
 )
+# Any number of weights a token, one variant
+NORMALIZE_WEIGHT_GENERIC = NORMALIZE_WEIGHT.generic("normalize_weight_generic", "kernels_src.moe.normalize_weight_generic", ("num_topk",))
 
-KERNELS = (MOE_TOPK_GATE, TOPK_GATE, TOPK_GATE_GENERIC, NORMALIZE_WEIGHT)
+# ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant.
+MOE_TOPK_GATE_BACKWARD = KernelDecl(
+    name="moe_topk_gate_backward",
+    source="kernels_src.moe.moe_topk_gate_backward",
+    axes=(),
+    params=(
+        "scores", "topk_idx", "topk_weights", "grad_topk_weights", "mask", "grad_scores_sum", "grad_logits",
+        "routed_scaling_factor", "has_aux", "tokens_per_seq",
+    ),
+    dims=("num_tokens", "num_experts", "num_topk"),
+    ops=("tkaot.moe.moe_topk_gate_backward",),
+)  # fmt: skip
+# ---- end of the backward kernels
+
+KERNELS = (
+    MOE_TOPK_GATE,
+    MOE_TOPK_GATE_GENERIC,
+    TOPK_GATE,
+    TOPK_GATE_GENERIC,
+    NORMALIZE_WEIGHT,
+    NORMALIZE_WEIGHT_GENERIC,
+    MOE_TOPK_GATE_BACKWARD,
+)

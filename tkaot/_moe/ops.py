@@ -74,14 +74,14 @@ GATE_SIGNATURE = Signature(
     rules=(
         Rule(
             "logits",
-            f"64 <= num_experts <= {MAX_EXPERTS} and num_experts % 4 == 0",
-            f"of a multiple of 4 in [64, {MAX_EXPERTS}] experts",
+            f"4 <= num_experts <= {MAX_EXPERTS} and num_experts % 4 == 0",
+            f"of a multiple of 4 in [4, {MAX_EXPERTS}] experts",
             actual="f'{num_experts} (shape {tuple(h_logits)})'",
             after=_LOGITS,
         ),
         Rule("logits", f"num_tokens < {_MAX_GATE_TOKENS}", f"of fewer than {_MAX_GATE_TOKENS} tokens", actual="num_tokens", after=_LOGITS),
         Rule("scoring_func", "scoring_func == 'sqrtsoftplus'", "'sqrtsoftplus'", actual="repr(scoring_func)", after=_LOGITS),
-        *_int_rules("num_topk", "1", str(MAX_TOPK), after=_LOGITS),  # num_experts >= 64 > MAX_TOPK
+        *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})", after=_LOGITS),
         *_int_rules("ep_rank", "0", "_MAX_I32", after=_LOGITS),
         *_int_rules("num_shared_experts", "1", "2", after=_LOGITS, when="use_shared_as_routed"),
         Let("num_shared", "num_shared_experts if use_shared_as_routed else 0", after=_LOGITS),
@@ -201,7 +201,7 @@ def moe_topk_gate_forward(
 
     Args:
         logits: (num_tokens, num_experts) float32, contiguous; num_experts a multiple
-            of 4 in [64, 512].
+            of 4 in [4, 512].
         num_topk: experts chosen per token, 1..num_experts; with the shared slots at most 32.
         use_shared_as_routed: append the shared-expert slots (else num_shared_experts is ignored).
         num_shared_experts: 1 or 2 when use_shared_as_routed.
@@ -239,7 +239,7 @@ def moe_topk_gate_forward(
         return _traced_moe_topk_gate_forward(
             logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask, bias,
             image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores
-        )
+        )  # fmt: skip
     (
         device, num_tokens, num_experts, num_shared, num_slots, num_logical, num_duplicates, unmapped_stride, flags,
         logits_ptr, mask_ptr, bias_ptr, image_bias_ptr, image_mask_ptr, unmapped_ptr, fix_ptr, map_ptr, count_ptr,

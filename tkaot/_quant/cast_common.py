@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from tkaot._quant.kernels import MAX_CAST_HIDDEN
 from tkaot._validate import Let, Rule, Tensor
 
 _BF16, _F32, _F8, _I8, _I32 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.int32
@@ -53,6 +54,13 @@ SF_KIND = Let("sf_kind", "'ue8m0' if use_packed_ue8m0 else 'pow2' if round_sf el
 
 
 # ---- declared pieces: each takes `at`, the tensor after which its rules are checked --------------------------------
+
+
+def width_rule(label: str, at: str) -> Rule:
+    """Rows of 1 to MAX_CAST_HIDDEN channels (`hidden`, logical), the widths the cast kernels are declared for; placed at
+    "<tensor>.shape", before the layout checks (an empty row's strides say nothing)."""
+    return Rule(label, f"0 < hidden <= {MAX_CAST_HIDDEN}", f"1 to {MAX_CAST_HIDDEN} channels wide (the cast kernels' limit)",
+                actual="f'{hidden} channels'", after=at)  # fmt: skip
 
 
 def fmt_rule(at: str, fmts: tuple = ("e4m3", "e2m1"), why: str = "") -> Rule:
@@ -112,13 +120,15 @@ def pair_input(block_rules_: tuple, data_dtypes: tuple = (_F8, _I8), contiguous:
     """A pre-quantized input x, the (data, sf) pair a signature unpacks (unpack=PAIR): data x[0] of
     data_dtypes (E2M1 int8: two codes a byte) in 16-byte aligned rows (or contiguous), then block_rules_ (placed after
     x_data, binding the scale block as `block`), then sf x[1] of sf_dtypes, one per block, row- or column-major as
-    found. Returns (tensors, rules); binds num_tokens, hidden (logical), in_kind, in_dtype, in_block, in_sf, x_sf_stride."""
+    found; rows 1 to MAX_CAST_HIDDEN channels wide. Returns (tensors, rules); binds num_tokens, hidden (logical), in_kind,
+    in_dtype, in_block, in_sf, x_sf_stride."""
     packed = _I8 in data_dtypes
     data = Tensor("x_data", data_dtypes, (("num_tokens", "data_cols"),), layout="contiguous" if contiguous else "rows",
                   align=16 if contiguous else 1, what="2-D (num_tokens, hidden)", label="x[0]")  # fmt: skip
     sf = Tensor("x_sf", sf_dtypes, None, layout="any", label="x[1]")
     rules = (
-        Let("hidden", "2 * data_cols if t_x_data is _dt_int8 else data_cols" if packed else "data_cols", after="x_data"),
+        Let("hidden", "2 * data_cols if t_x_data is _dt_int8 else data_cols" if packed else "data_cols", after="x_data.shape"),
+        width_rule("x[0]", "x_data.shape"),
         *block_rules_,
         Rule("x[0]", "hidden % block[1] == 0", "a multiple of {block[1]} channels wide (x_block_size={block})",
              actual="f'{hidden} channels'", after="x_sf"),
@@ -134,13 +144,15 @@ def pair_input(block_rules_: tuple, data_dtypes: tuple = (_F8, _I8), contiguous:
 
 
 # A cast mode's buffers from the caller: the name and label of the sf it writes ("cast", "sf_only") or reads
-# ("precomputed_sf"), and the label of the data it writes
+# ("precomputed_sf"), and the name and label of the data it writes. A cast's out=(data, sf) pair is unpacked into
+# its two tensors (OUT_PAIR), so that anything else given as out is refused by name.
 _GIVEN = {
-    "cast": ("out_sf", "out[1]", "out[0]"),
-    "sf_only": ("out_sf", "out_sf", ""),
-    "precomputed_sf": ("sf", "sf", "out"),
-    "round_trip": ("", "", ""),
+    "cast": ("sf", "out[1]", "data", "out[0]"),
+    "sf_only": ("out_sf", "out_sf", "", ""),
+    "precomputed_sf": ("sf", "sf", "out_x", "out"),
+    "round_trip": ("", "", "", ""),
 }
+OUT_PAIR = {"out": ("data", "sf")}  # the unpack of the "cast" mode's out
 
 
 def given_buffers(mode: str, sf_rows: str, at: str, packed_rows: bool) -> tuple[tuple, tuple]:
@@ -148,7 +160,7 @@ def given_buffers(mode: str, sf_rows: str, at: str, packed_rows: bool) -> tuple[
     dtype sf_dtype and layout `layout` (row-major and unpacked when it is read), and data (num_tokens, out_cols) of
     out_dtype, its rows packed (packed_rows: the per-token kernels' rule, any stride for one row) or contiguous.
     Returns (tensors, rules); binds sf_stride (give it a default of 0: no sf given)."""
-    sf, label, data = _GIVEN[mode]
+    sf, label, data, data_label = _GIVEN[mode]
     tensors, rules = [], []
     if mode == "precomputed_sf":
         rules.append(Rule("sf", "layout == 'row' and kind != 'ue8m0'",
@@ -163,11 +175,11 @@ def given_buffers(mode: str, sf_rows: str, at: str, packed_rows: bool) -> tuple[
         ]
     if data:
         layout = {"layout": "rows"} if packed_rows else {"layout": "contiguous", "align": 16}
-        tensors.append(Tensor("out_x", (_F8, _I8), (("num_tokens", "out_cols"),), optional=True, label=data, **layout))
-        rules.append(Rule(data, "t_out_x is out_dtype", "{out_dtype}", actual="t_out_x", after="out_x"))
+        tensors.append(Tensor(data, (_F8, _I8), (("num_tokens", "out_cols"),), optional=True, label=data_label, **layout))
+        rules.append(Rule(data_label, f"t_{data} is out_dtype", "{out_dtype}", actual=f"t_{data}", after=data))
         if packed_rows:
-            rules.append(Rule(data, "num_tokens <= 1 or s_out_x[0] == out_cols", "contiguous of shape {(num_tokens, out_cols)}",
-                              actual="f'strides {s_out_x}'", after="out_x"))  # fmt: skip
+            rules.append(Rule(data_label, f"num_tokens <= 1 or s_{data}[0] == out_cols", "contiguous of shape {(num_tokens, out_cols)}",
+                              actual=f"f'strides {{s_{data}}}'", after=data))  # fmt: skip
     return tuple(tensors), tuple(rules)
 
 

@@ -27,6 +27,7 @@ from tkaot._quant.cast_common import (
     _SF_DTYPE,
     _SF_ITEM_BYTES,
     IN_BLOCKS,
+    OUT_PAIR,
     PAIR,
     _alloc_sf,
     _sf_cols,
@@ -39,6 +40,7 @@ from tkaot._quant.cast_common import (
     pair_input,
     sf_kind,
     sf_kind_rules,
+    width_rule,
 )
 from tkaot._quant.kernels import CAST, CAST_BACK, PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST, STOCHASTIC_PAIRS
 from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
@@ -82,7 +84,8 @@ _SIZE = "f'{num_tokens} tokens of {hidden} channels'"
 _ELEMENTS = "fewer than 2**33 elements", _SIZE  # the kernels index 4-element vectors with an int32
 # per_token_cast's hot path: x alone, with every rule that reads a per-call value (the others hold for a plan's key)
 PER_TOKEN_X = Signature(
-    "tkaot.quant.per_token_cast", tensors=(_X_ROWS,), rules=(Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", *_ELEMENTS, after="x"),),
+    "tkaot.quant.per_token_cast", tensors=(_X_ROWS,),
+    rules=(width_rule("x", "x.shape"), Rule("x", "num_tokens * hidden // 4 <= _MAX_I32", *_ELEMENTS, after="x")),
     returns=("device", "t_x", "num_tokens", "hidden", "p_x", "s_x[0]"),
 )  # fmt: skip
 
@@ -99,6 +102,7 @@ def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
     else:
         inputs, last = (_X_ROWS,), "x"
         rules = (
+            width_rule("x", "x.shape"),
             Rule("x_block_size", "x_block_size is None", "None for a bf16/fp32 input", actual="repr(x_block_size)", after="x"),
             Let("x_ptr", "p_x", after="x"), Let("x_stride", "s_x[0]", after="x"), Let("in_sf_ptr", "0", after="x"),
             Let("in_sf_stride", "0", after="x"), _IN_DTYPE,
@@ -120,9 +124,10 @@ def _per_token_signature(op: str, mode: str, quantized: bool) -> Signature:
         Let("sf_cols", "-(-groups // 4) if kind == 'ue8m0' else groups", after=last),
     )  # fmt: skip
     given, given_rules = given_buffers(mode, "num_tokens", last, packed_rows=True)
+    unpack = {**(OUT_PAIR if mode == "cast" else {}), **(PAIR if quantized else {})}  # params: out before x, as the given tensors
     return Signature(
         op, tensors=(*inputs, *given), rules=rules + given_rules, scalars=_PT_SCALARS, defaults={"sf_stride": 0},
-        unpack=PAIR if quantized else None, env={"_FMT_DTYPE": _FMT_DTYPE, "_SF_DTYPE": _SF_DTYPE}, returns=_PT_RETURNS,
+        unpack=unpack or None, env={"_FMT_DTYPE": _FMT_DTYPE, "_SF_DTYPE": _SF_DTYPE}, returns=_PT_RETURNS,
     )  # fmt: skip
 
 
@@ -132,10 +137,11 @@ PER_TOKEN_SIGNATURES = {op: _per_token_signature(op, mode, False) for op, mode i
 PER_TOKEN_QUANTIZED = {op: _per_token_signature(op, mode, True) for op, mode in _MODES.items() if mode != "round_trip"}
 
 
-def _per_token(op, mode, x, fmt, group, x_block_size, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic, sf, out_x, out_sf):
-    """Every per-token cast: check (its declared signature), pick the variant, allocate what was not given, launch."""
+def _per_token(op, mode, x, fmt, group, x_block_size, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic, sf, out):
+    """Every per-token cast: check (its declared signature), pick the variant, allocate what was not given, launch.
+    out: the (data, sf) pair of a cast, the sf of sf_only, the data of precomputed_sf."""
     scalars = (fmt, group, x_block_size, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf)
-    given = {"cast": (out_sf, out_x), "sf_only": (out_sf,), "precomputed_sf": (sf, out_x), "round_trip": ()}[mode]
+    given = {"cast": (out,), "sf_only": (out,), "precomputed_sf": (sf, out), "round_trip": ()}[mode]
     quantized = not isinstance(x, torch.Tensor) and mode != "round_trip"
     if quantized:
         checked = PER_TOKEN_QUANTIZED[op].checker()(*given, x, *scalars)
@@ -144,8 +150,10 @@ def _per_token(op, mode, x, fmt, group, x_block_size, col_major, round_sf, use_p
     (device, num_tokens, hidden, groups, out_cols, kind, layout, x_ptr, x_stride, in_sf_ptr, in_sf_stride, in_dtype, in_block, in_sf,
      sf_stride) = checked  # fmt: skip
     launcher = _PER_TOKEN[op].get(device, hidden, in_dtype, in_block, in_sf, fmt, group, kind, layout, mode, bool(stochastic))
-    if mode == "precomputed_sf":
-        out_sf = sf
+    if mode == "cast":
+        out_x, out_sf = (None, None) if out is None else out  # a pair: checked
+    else:
+        out_x, out_sf = (None, out) if mode == "sf_only" else (out, sf)
     on = x[0].device if quantized else x.device
     if out_x is None and mode != "sf_only":
         out_x = torch.empty((num_tokens, out_cols), dtype=_FMT_DTYPE[fmt], device=on)
@@ -189,7 +197,7 @@ def per_token_cast(
         return _traced_per_token_cast(
             x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast,
             out
-        )
+        )  # fmt: skip
     if out is None and x_block_size is None and isinstance(x, torch.Tensor):
         # hot path: x's per-call rules, then its static values: a plan's key, entered once they passed every rule
         device, dtype, num_tokens, hidden, x_ptr, x_stride = _check_x(x)
@@ -210,9 +218,8 @@ def per_token_cast(
             sf_stride = sf_cols * sf_scale
         launcher(device, current_stream(device), x_ptr, 0, data.data_ptr(), sf.data_ptr(), num_tokens, x_stride, 0, sf_stride)
         return data, sf
-    out_x, out_sf = (None, None) if out is None else out
     return _per_token("tkaot.quant.per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                      round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, None, out_x, out_sf)  # fmt: skip
+                      round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, None, out)  # fmt: skip
 
 
 _check_x = lazy_checker(PER_TOKEN_X, globals(), "_check_x")
@@ -224,7 +231,7 @@ _PLANS: dict[tuple, tuple] = {}
 def _plan(x, fmt, group, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic) -> tuple:
     """Check a bf16/fp32 per_token_cast without out by its full signature, and enter its plan for the hot path."""
     op = "tkaot.quant.per_token_cast"
-    checked = PER_TOKEN_SIGNATURES[op].checker()(x, None, None, fmt, group, None, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    checked = PER_TOKEN_SIGNATURES[op].checker()(x, None, fmt, group, None, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf)
     (device, num_tokens, hidden, groups, out_cols, kind, layout, x_ptr, x_stride, in_sf_ptr, in_sf_stride, in_dtype, in_block, in_sf,
      sf_stride) = checked  # fmt: skip
     launcher = _PER_TOKEN[op].get(device, hidden, in_dtype, in_block, in_sf, fmt, group, kind, layout, "cast", bool(stochastic))
@@ -244,7 +251,7 @@ def per_token_cast_with_sf_only(
             x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, out_sf
         )
     return _per_token("tkaot.quant.per_token_cast_with_sf_only", "sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf,
-                      round_sf, use_packed_ue8m0, use_e4m3_sf, False, None, None, out_sf)  # fmt: skip
+                      round_sf, use_packed_ue8m0, use_e4m3_sf, False, None, out_sf)  # fmt: skip
 
 
 def per_token_cast_with_precomputed_sf(
@@ -261,7 +268,7 @@ def per_token_cast_with_precomputed_sf(
             x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, out
         )
     return _per_token("tkaot.quant.per_token_cast_with_precomputed_sf", "precomputed_sf", x, fmt, num_per_channels, None,
-                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, False, sf, out, None)  # fmt: skip
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, False, sf, out)  # fmt: skip
 
 
 def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False, use_e4m3_sf: bool = False):
@@ -274,7 +281,7 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
     _per_token("tkaot.quant.per_token_cast_and_cast_back", "round_trip", x, fmt, num_per_channels, None, False, round_sf, False,
-               use_e4m3_sf, False, None, None, None)  # fmt: skip
+               use_e4m3_sf, False, None, None)  # fmt: skip
 
 
 # ---- cast backs --------------------------------------------------------------------------------------------------------
@@ -344,8 +351,9 @@ def _per_block_signature(op: str, mode: str) -> Signature:
     """A per-block cast's inputs: x, then the caller's buffers of the mode."""
     given, given_rules = given_buffers(mode, "m_blocks", "x", packed_rows=False)
     return Signature(
-        op, tensors=(_X_MATRIX, *given),
+        op, tensors=(_X_MATRIX, *given), unpack=OUT_PAIR if mode == "cast" else None,
         rules=(
+            width_rule("x", "x.shape"),
             fmt_rule("x"),
             *block_rules("block_size", "block", _BLOCKS, "x"),
             *sf_kind_rules("x", e4m3_sf=False),
@@ -372,15 +380,18 @@ _PER_BLOCK_CHECKS: dict = {}  # op -> its checker (a stand-in that compiles it a
 _PER_BLOCK_CHECKS.update({op: lazy_checker(sig, _PER_BLOCK_CHECKS, op) for op, sig in PER_BLOCK_SIGNATURES.items()})
 
 
-def _per_block(op, mode, x, fmt, block_size, col_major, round_sf, use_packed_ue8m0, sf, out_x, out_sf):
-    """Every per-block cast: check (its declared signature), pick the variant, allocate what was not given, launch."""
-    given = {"cast": (out_sf, out_x), "sf_only": (out_sf,), "precomputed_sf": (sf, out_x)}[mode]
+def _per_block(op, mode, x, fmt, block_size, col_major, round_sf, use_packed_ue8m0, sf, out):
+    """Every per-block cast: check (its declared signature), pick the variant, allocate what was not given, launch.
+    out: the (data, sf) pair of a cast, the sf of sf_only, the data of precomputed_sf."""
+    given = {"cast": (out,), "sf_only": (out,), "precomputed_sf": (sf, out)}[mode]
     device, num_tokens, hidden, in_dtype, block, kind, layout, m_blocks, k_blocks, out_cols, x_ptr, sf_stride = _PER_BLOCK_CHECKS[op](
         x, *given, fmt, block_size, col_major, round_sf, use_packed_ue8m0
     )  # fmt: skip
     launcher = _PER_BLOCK[op].get(device, hidden, in_dtype, fmt, block[0], block[1], kind, layout, mode)
-    if mode == "precomputed_sf":
-        out_sf = sf
+    if mode == "cast":
+        out_x, out_sf = (None, None) if out is None else out  # a pair: checked
+    else:
+        out_x, out_sf = (None, out) if mode == "sf_only" else (out, sf)
     if out_x is None and mode != "sf_only":
         out_x = torch.empty((num_tokens, out_cols), dtype=_FMT_DTYPE[fmt], device=x.device)
     if out_sf is None:
@@ -407,9 +418,8 @@ def per_block_cast(
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
-    out_x, out_sf = (None, None) if out is None else out
     return _per_block("tkaot.quant.per_block_cast", "cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                      None, out_x, out_sf)  # fmt: skip
+                      None, out)  # fmt: skip
 
 
 def per_block_cast_with_sf_only(
@@ -420,7 +430,7 @@ def per_block_cast_with_sf_only(
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_block_cast_with_sf_only(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out_sf)
     return _per_block("tkaot.quant.per_block_cast_with_sf_only", "sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                      use_packed_ue8m0, None, None, out_sf)  # fmt: skip
+                      use_packed_ue8m0, None, out_sf)  # fmt: skip
 
 
 def per_block_cast_with_precomputed_sf(
@@ -433,7 +443,7 @@ def per_block_cast_with_precomputed_sf(
             x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out
         )
     return _per_block("tkaot.quant.per_block_cast_with_precomputed_sf", "precomputed_sf", x, fmt, block_size,
-                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf, out, None)  # fmt: skip
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf, out)  # fmt: skip
 
 
 # ---- per-channel cast --------------------------------------------------------------------------------------------------
@@ -457,6 +467,7 @@ def _per_channel_signature(quantized: bool) -> Signature:
     else:
         inputs, last = (_X_MATRIX,), "x"
         rules = (
+            width_rule("x", "x.shape"),
             Rule("num_per_channels", "num_per_channels is None", "None for a bf16/fp32 input", actual="repr(num_per_channels)", after="x"),
             _IN_DTYPE, Let("in_block", "'none'", after="x"), Let("in_sf", "'none'", after="x"),
             Let("x_ptr", "p_x", after="x"), Let("in_sf_ptr", "0", after="x"), Let("in_sf_stride", "0", after="x"),

@@ -91,6 +91,10 @@ SWIGLU = KernelDecl(
     tilings=SWIGLU_TILINGS,
 )  # fmt: skip
 
+# Every row width the SwiGLU ops take (a multiple of 64; the specialised tilings need 256) and either group, one
+# variant per dtype, format, sf kind and tiling: the calls whose specialised variant is not built (tkaot/_op.py)
+SWIGLU_GENERIC = SWIGLU.generic("swiglu_generic", "kernels_src.fused.swiglu_generic", ("hidden", "group"))
+
 PER_TOKEN_CAST = KernelDecl(
     name="per_token_cast",
     source="kernels_src.quant.per_token_cast",
@@ -200,7 +204,68 @@ BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
     ops=(_Q + "batched_transpose_weight_sf",),
 )
 
+# ---- Backward (training) kernels: RMSNorm backward and SwiGLU backward (+ per-token FP8 cast).
+# Row widths are runtime values where that costs nothing measurable: the variants differ only in dtypes and formats.
+
+# RMSNorm backward, pass 1 (kernels_src/norm/rmsnorm_backward.py): x_grad, and one fp32 partial weight gradient
+# a block; pass 2 (kernels_src/norm/weight_grad_reduce.py) sums the partials into weight_grad. Pass 1's tiling is
+# here, where the op reads it too (it sizes the grid): a block of 256 threads holds 256 // row_threads rows.
+NORM_BACKWARD_THREADS = 256
+NORM_BACKWARD_MAX_BLOCKS = 264  # 2 blocks on each of an H200's 132 SMs; more blocks only add partial rows
+
+
+def norm_backward_tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, threads per row, vectors per thread): at most 2 vectors a thread, so x and
+    out_grad stay in registers with 2 blocks an SM, a row in 8 to 256 threads."""
+    vec = 16 // (2 if dtype == "bfloat16" else 4)
+    num_vecs = -(-hidden // vec)
+    row_threads = 8
+    while row_threads < NORM_BACKWARD_THREADS and -(-num_vecs // row_threads) > 2:
+        row_threads *= 2
+    return vec, row_threads, -(-num_vecs // row_threads)
+
+
+RMSNORM_BACKWARD = KernelDecl(
+    name="rmsnorm_backward",
+    source="kernels_src.norm.rmsnorm_backward",
+    axes=(_hidden(32, 8192), Axis("dtype", str, choices=FLOAT_DTYPES)),
+    params=("out_grad", "x", "weight", "rstd", "residual_out_grad", "x_grad", "partials", "out_scale", "has_weight", "has_residual"),
+    dims=("num_tokens", "num_blocks", "out_grad_stride", "x_stride", "residual_out_grad_stride"),
+    ops=(_Q + "norm_backward",),
+)  # fmt: skip
+WEIGHT_GRAD_REDUCE = KernelDecl(
+    name="weight_grad_reduce",
+    source="kernels_src.norm.weight_grad_reduce",
+    axes=(Axis("dtype", str, choices=FLOAT_DTYPES),),
+    params=("partials", "weight_grad", "accumulate"),
+    dims=("num_partials", "hidden"),
+    ops=(_Q + "norm_backward",),
+)
+
+# SwiGLU backward; x is bf16 / fp32, or E4M3 with fp32 per-group sf (then the group is the output's too)
+SWIGLU_BACKWARD = KernelDecl(
+    name="swiglu_backward",
+    source="kernels_src.fused.swiglu_backward",
+    axes=(
+        Axis("x_dtype", str, choices=("bfloat16", "float32", "e4m3")),
+        Axis("grad_dtype", str, choices=FLOAT_DTYPES),
+        Axis("fmt", str, choices=("bf16", "fp32", "e4m3")),
+        Axis("group", int, choices=(0, 32, 128)),
+        Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0")),
+    ),
+    params=(
+        "x", "x_sf", "act_x_grad", "topk_weights", "psum_num_tokens_per_expert", "x_grad", "x_grad_fp8", "x_grad_sf",
+        "weight_grad", "act_out", "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor",
+        "has_clamp", "clamp_value", "recompute",
+    ),
+    dims=("num_rows", "hidden", "num_experts", "x_sf_stride", "sf_stride", "sf_group_stride"),
+    ops=(_Q + "swiglu_backward", _Q + "swiglu_backward_and_per_token_cast"),
+)  # fmt: skip
+
+BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
+# ---- end of the backward kernels
+
 KERNELS = (
-    RMSNORM, NORM_CAST, SWIGLU, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC, PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK,
-    PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF,
+    RMSNORM, NORM_CAST, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC, PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK,
+    PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF, *BACKWARD_KERNELS,
 )  # fmt: skip

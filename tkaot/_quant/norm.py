@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from tkaot._compile import is_compiling, traced
@@ -18,6 +20,18 @@ NORM_INPUTS = (
     Tensor("weight", "x", (("hidden",),), layout="contiguous", align=16, optional=True),
     Tensor("residual", "x", "x", optional=True),
 )
+_SHAPE = "f'shape {tuple(h_x)}'"
+
+
+def real_rule(name: str) -> Rule:
+    """A real-number argument (a float first, as it nearly always is; any numbers.Real but a bool): the kernel reads it
+    as float32, so a string or None is refused here rather than at the launch."""
+    check = f"type({name}) is float or (isinstance({name}, _Real) and not isinstance({name}, bool))"
+    return Rule(name, check, "a real number", error="TypeError")
+
+
+# eps and out_scale, norm_forward_and_per_token_cast's too
+REAL_ARGS = (real_rule("eps"), real_rule("out_scale"))
 SIGNATURE = Signature(
     "tkaot.quant.norm_forward",
     tensors=(
@@ -27,7 +41,13 @@ SIGNATURE = Signature(
     ),
     dims=("batch", "num_tokens", "hidden"),
     defaults={"batch": 1},
-    rules=(Rule("x", "batch <= 65535", "at most 65535 batches", actual="f'shape {tuple(h_x)}'"),),
+    rules=(
+        Rule("x", "batch <= 65535", "at most 65535 batches", actual=_SHAPE),
+        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual=_SHAPE),
+        *REAL_ARGS,
+    ),
+    scalars=("eps", "out_scale"),
+    env={"_Real": numbers.Real},
 )
 
 
@@ -57,7 +77,7 @@ def norm_forward(
 
     Args:
         x: (num_tokens, hidden) or (batch, num_tokens, hidden), bf16 or fp32, on a CUDA
-            device; last dimension contiguous, rows 16-byte aligned.
+            device; last dimension contiguous, rows 16-byte aligned; hidden a multiple of 16, at most 8192.
         weight: (hidden,) of x's dtype, or None for unit weight.
         eps: added to the mean square before the reciprocal square root.
         residual: optional, shaped like x; x + residual is rounded to x's dtype first.
@@ -72,7 +92,9 @@ def norm_forward(
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_norm_forward(x, weight, eps, residual, out_scale, out, residual_out, with_rstd)
-    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(x, weight, residual, out, residual_out)
+    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(
+        x, weight, residual, out, residual_out, eps, out_scale
+    )
     x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
     if out is None:
         out = torch.empty_like(x)

@@ -8,6 +8,8 @@ The unquantized formats are norm_forward's.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from tkaot._compile import is_compiling, traced
@@ -16,7 +18,7 @@ from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import _SF_DTYPE, SF_KIND, SF_PACKED_RULE, _align, _sf_cols
 from tkaot._quant.fused import _BF16, _F32, _FP8, _I32, _empty_strided
 from tkaot._quant.kernels import NORM_CAST
-from tkaot._quant.norm import NORM_INPUTS, norm_forward
+from tkaot._quant.norm import NORM_INPUTS, REAL_ARGS, norm_forward
 from tkaot._validate import MAX_I32, Let, Rule, Signature, Tensor, lazy_checker
 
 __all__ = ["norm_forward_and_per_token_cast"]
@@ -71,10 +73,11 @@ SIGNATURE = Signature(
         Rule("out[1]", "cols <= 1 or s_sf[-1] == 1", "contiguous in its last dimension (row-major sf)", actual="f'strides {s_sf}'",
              after="sf"),
         Rule("out[1]", "_sf_strides_fit(h_sf, s_sf, unit)", "strided below 2**31", actual="s_sf", after="sf"),
+        *REAL_ARGS,
     ),
     scalars=("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "with_out_bf16", "use_tma_aligned_col_major_sf",
-             "mega_moe_sf", "mega_moe_block_m"),
-    env={"_sf_strides_fit": _sf_strides_fit},
+             "mega_moe_sf", "mega_moe_block_m", "eps", "out_scale"),
+    env={"_sf_strides_fit": _sf_strides_fit, "_Real": numbers.Real},
     returns=("device", "batch", "num_tokens", "hidden", "t_x", "sf_kind", "unit", "cols",
              "p_x", "p_weight", "p_residual", "p_residual_out", "p_out_bf16", "p_data", "p_sf",
              "s_x", "s_residual", "s_residual_out", "s_out_bf16", "s_data", "s_sf"),
@@ -185,7 +188,7 @@ def norm_forward_and_per_token_cast(
         return _traced_norm_forward_and_per_token_cast(
             x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
             with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd
-        )
+        )  # fmt: skip
     if num_per_channels is None and (fmt == "bf16" or fmt == "fp32"):
         UNQUANTIZED.checker()(x, fmt, with_out_bf16, out_bf16, mega_moe_sf, mega_moe_block_m)
         plain_out = None if out is None else out[0]
@@ -194,7 +197,7 @@ def norm_forward_and_per_token_cast(
     (device, batch, num_tokens, hidden, dtype, sf_kind, unit, cols,
      x_ptr, w_ptr, r_ptr, ro_ptr, ob_ptr, d_ptr, sf_ptr, xs, rs, ros, obs, ds, sfs) = _check(
         x, weight, residual, residual_out, out_bf16, out, fmt, num_per_channels, round_sf, use_packed_ue8m0, with_out_bf16,
-        use_tma_aligned_col_major_sf, mega_moe_sf, mega_moe_block_m,
+        use_tma_aligned_col_major_sf, mega_moe_sf, mega_moe_block_m, eps, out_scale,
     )  # fmt: skip
     ndim = len(xs)
     x_bs, x_ts = (0, xs[0] if num_tokens > 1 else 0) if ndim == 2 else (xs[0] if batch > 1 else 0, xs[1] if num_tokens > 1 else 0)

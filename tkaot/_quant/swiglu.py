@@ -45,8 +45,8 @@ _TENSORS = (
 _X_RULES = (
     Rule("x", "not width & 1", _X_SHAPE, _SHAPE, after="x.shape"),
     Let("hidden", "width >> 1", after="x.shape"),
-    Rule("x", f"hidden % 256 == 0 and 0 < hidden <= {_MAX_HIDDEN}",
-         f"of width 2 * hidden with hidden a multiple of 256 in (0, {{{_MAX_HIDDEN}}}]", _SHAPE, after="x.shape"),
+    Rule("x", f"hidden % 64 == 0 and 0 < hidden <= {_MAX_HIDDEN}",
+         f"of width 2 * hidden with hidden a multiple of 64 in (0, {{{_MAX_HIDDEN}}}]", _SHAPE, after="x.shape"),
     Rule("x", f"num_tokens <= {MAX_I32 // 2}", "below 2**30 rows", _SHAPE, after="x.shape"),
 )  # fmt: skip
 _OPTION_RULES = (
@@ -101,6 +101,8 @@ CAST = Signature(
         SF_PACKED_RULE.replace(check=f"not spec[1] or {SF_PACKED_RULE.check}", after="x"),
         SF_KIND.replace(value=f"({SF_KIND.value}) if spec[1] else 'none'", after="x"),
         *_X_RULES,
+        Rule("x", "not spec[1] or hidden % spec[1] == 0", "of width 2 * hidden with hidden a multiple of num_per_channels",
+             "f'shape {tuple(h_x)} with num_per_channels={num_per_channels}'", after="x"),
         *_OPTION_RULES,
     ),
     scalars=("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "routed_scaling_factor", "clamp_value"),
@@ -194,7 +196,8 @@ def swiglu_forward(
 
     Args:
         x: (num_tokens, 2 * hidden), bf16 or fp32, on a CUDA device: gate columns first, then up;
-            last dimension contiguous, rows 16-byte aligned; hidden a multiple of 256.
+            last dimension contiguous, rows 16-byte aligned; hidden a multiple of 64 (widths that are not
+            multiples of 256 run on the generic kernel, kernels_src/fused/swiglu_generic.py).
         fmt: "bf16" or "fp32", the output dtype.
         psum_num_tokens_per_expert: optional int32 (num_experts,): expert e owns rows
             [align(psum[e-1], 128), psum[e]) (psum[-1] = 0). Only those rows are computed and
@@ -248,7 +251,7 @@ def swiglu_forward_and_per_token_cast(
         return _traced_swiglu_forward_and_per_token_cast(
             x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, use_tma_aligned_col_major_sf,
             round_sf, use_packed_ue8m0, clamp_value, clamped_count
-        )
+        )  # fmt: skip
     checked = _check_cast(
         x, psum_num_tokens_per_expert, topk_weights, clamped_count, fmt, num_per_channels, round_sf, use_packed_ue8m0,
         routed_scaling_factor, clamp_value,

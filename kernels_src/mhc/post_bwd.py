@@ -1,0 +1,104 @@
+"""mhc_post backward, one block a token (the forward: out[o] = post[o] * x + sum over i of comb[i, o] * res[i]):
+  d_residual[t, i, :] = sum over o of comb[t, i, o] * d_o[t, o, :]       (fp32 from 0, stream order; bf16)
+  d_x[t, :]           = sum over o of post[t, o] * d_o[t, o, :]          (likewise)
+  d_comb[t, i, o]     = sum over h of residual[t, i, h] * d_o[t, o, h]   (fp32)
+  d_post[t, o]        = sum over h of x[t, h] * d_o[t, o, h]             (fp32)
+The two sums over h are each thread's, then the block's (kernels_src/mhc/common.py block_sum).
+
+Each thread walks the row's 16-byte vectors THREADS apart, so the hidden size is a runtime value.
+"""
+
+import tilelang.language as T
+
+from kernels_src.mhc.common import VEC, WARP, block_sum
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import POST_BWD
+
+DECL = POST_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 128
+
+
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")
+    sums = mhc * mhc + mhc  # d_comb row-major, then d_post
+
+    @T.prim_func
+    def post_bwd(
+        d_o: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
+        comb_res_mix: T.Tensor[(num_tokens, mhc, mhc), T.float32],
+        residual: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
+        post_layer_mix: T.Tensor[(num_tokens, mhc), T.float32],
+        x: T.Tensor[(num_tokens, hidden), T.bfloat16],
+        d_comb_res_mix: T.Tensor[(num_tokens, mhc, mhc), T.float32],
+        d_residual: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
+        d_post_layer_mix: T.Tensor[(num_tokens, mhc), T.float32],
+        d_x: T.Tensor[(num_tokens, hidden), T.bfloat16],
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as token:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
+            T.assume(hidden % VEC == 0)
+            T.assume(hidden > 0)
+            tid = T.get_thread_binding()
+            row_vecs = hidden // VEC
+            do = T.alloc_local((mhc, VEC), T.bfloat16)
+            res = T.alloc_local((mhc, VEC), T.bfloat16)
+            xv = T.alloc_local((VEC,), T.bfloat16)
+            outv = T.alloc_local((VEC,), T.bfloat16)
+            grad = T.alloc_local((VEC,), T.float32)
+            comb = T.alloc_local((mhc, mhc), T.float32)
+            post = T.alloc_local((mhc,), T.float32)
+            acc = T.alloc_local((sums,), T.float32)
+            red = T.alloc_shared((THREADS // WARP, sums), T.float32)
+            col = T.alloc_var(T.int32)
+            for i in T.unroll(mhc):
+                post[i] = post_layer_mix[token, i]
+                for o in T.unroll(mhc):
+                    comb[i, o] = comb_res_mix[token, i, o]
+            for k in T.unroll(sums):
+                acc[k] = 0.0
+            for step in T.serial(T.ceildiv(row_vecs, THREADS)):
+                col = step * THREADS + tid
+                if col < row_vecs:
+                    T.assume(0 <= col)
+                    for o in T.unroll(mhc):
+                        for j in T.vectorized(VEC):
+                            do[o, j] = d_o[token, o, col * VEC + j]
+                    for i in T.unroll(mhc):
+                        for j in T.vectorized(VEC):
+                            res[i, j] = residual[token, i, col * VEC + j]
+                    for j in T.vectorized(VEC):
+                        xv[j] = x[token, col * VEC + j]
+                    for i in T.unroll(mhc):
+                        for j in T.unroll(VEC):
+                            grad[j] = 0.0
+                        for o in T.unroll(mhc):
+                            for j in T.unroll(VEC):
+                                grad[j] = grad[j] + comb[i, o] * T.cast(do[o, j], T.float32)
+                                acc[i * mhc + o] = acc[i * mhc + o] + T.cast(res[i, j], T.float32) * T.cast(do[o, j], T.float32)
+                        for j in T.unroll(VEC):
+                            outv[j] = T.cast(grad[j], T.bfloat16)
+                        for j in T.vectorized(VEC):
+                            d_residual[token, i, col * VEC + j] = outv[j]
+                    for j in T.unroll(VEC):
+                        grad[j] = 0.0
+                    for o in T.unroll(mhc):
+                        for j in T.unroll(VEC):
+                            grad[j] = grad[j] + post[o] * T.cast(do[o, j], T.float32)
+                            acc[mhc * mhc + o] = acc[mhc * mhc + o] + T.cast(xv[j], T.float32) * T.cast(do[o, j], T.float32)
+                    for j in T.unroll(VEC):
+                        outv[j] = T.cast(grad[j], T.bfloat16)
+                    for j in T.vectorized(VEC):
+                        d_x[token, col * VEC + j] = outv[j]
+            block_sum(acc, red, sums, THREADS)
+            if tid == 0:
+                for i in T.unroll(mhc):
+                    for o in T.unroll(mhc):
+                        d_comb_res_mix[token, i, o] = acc[i * mhc + o]
+                for o in T.unroll(mhc):
+                    d_post_layer_mix[token, o] = acc[mhc * mhc + o]
+
+    return post_bwd

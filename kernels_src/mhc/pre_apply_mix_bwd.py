@@ -1,0 +1,72 @@
+"""mhc_pre_apply_mix backward, one block a token:
+x_grad[t, m, :] += mix[t, m] * o_grad[t, :] (in place: fp32 fused multiply-add on the bf16 value, rounded
+once), and mix_grad[t, m] = sum over h of o_grad[t, h] * x[t, m, h] (fp32; each thread sums its vectors,
+then the block adds the threads' sums, kernels_src/mhc/common.py block_sum).
+
+Each thread walks the row's 16-byte vectors THREADS apart, so the hidden size is a runtime value.
+"""
+
+import tilelang.language as T
+
+from kernels_src.mhc.common import VEC, WARP, block_sum
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD
+
+DECL = PRE_APPLY_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 128
+
+
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")
+
+    @T.prim_func
+    def pre_apply_mix_bwd(
+        o_grad: T.Tensor[(num_tokens, hidden), T.bfloat16],
+        x: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
+        mix: T.Tensor[(num_tokens, mhc), T.float32],
+        x_grad: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
+        mix_grad: T.Tensor[(num_tokens, mhc), T.float32],
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as token:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
+            T.assume(hidden % VEC == 0)
+            T.assume(hidden > 0)
+            tid = T.get_thread_binding()
+            row_vecs = hidden // VEC
+            og = T.alloc_local((VEC,), T.bfloat16)
+            xs = T.alloc_local((mhc, VEC), T.bfloat16)
+            xg = T.alloc_local((mhc, VEC), T.bfloat16)
+            mixes = T.alloc_local((mhc,), T.float32)
+            acc = T.alloc_local((mhc,), T.float32)
+            red = T.alloc_shared((THREADS // WARP, mhc), T.float32)
+            col = T.alloc_var(T.int32)
+            for m in T.unroll(mhc):
+                mixes[m] = mix[token, m]
+                acc[m] = 0.0
+            for step in T.serial(T.ceildiv(row_vecs, THREADS)):
+                col = step * THREADS + tid
+                if col < row_vecs:
+                    T.assume(0 <= col)
+                    for j in T.vectorized(VEC):
+                        og[j] = o_grad[token, col * VEC + j]
+                    for m in T.unroll(mhc):
+                        for j in T.vectorized(VEC):
+                            xs[m, j] = x[token, m, col * VEC + j]
+                        for j in T.vectorized(VEC):
+                            xg[m, j] = x_grad[token, m, col * VEC + j]
+                    for m in T.unroll(mhc):
+                        for j in T.unroll(VEC):
+                            acc[m] = acc[m] + T.cast(og[j], T.float32) * T.cast(xs[m, j], T.float32)
+                            xg[m, j] = T.cast(T.cast(xg[m, j], T.float32) + mixes[m] * T.cast(og[j], T.float32), T.bfloat16)
+                        for j in T.vectorized(VEC):
+                            x_grad[token, m, col * VEC + j] = xg[m, j]
+            block_sum(acc, red, mhc, THREADS)
+            if tid == 0:
+                for m in T.unroll(mhc):
+                    mix_grad[token, m] = acc[m]
+
+    return pre_apply_mix_bwd

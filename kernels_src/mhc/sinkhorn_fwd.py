@@ -1,0 +1,96 @@
+"""mhc_sinkhorn forward, one thread per token's (mhc, mhc) fp32 matrix, held in registers:
+  x = softmax over each row (max subtracted, exp, divided by the row sum) + eps
+  x = x / (column sums + eps)
+  then repeat - 1 times: x = x / (row sums + eps); x = x / (column sums + eps)
+`repeat` and `eps` are runtime values. Every row or column sum adds in butterfly order
+(kernels_src/mhc/common.py tree_sum), the order TileLang's all-reduce uses when a matrix is spread one
+element a thread, so results match such kernels bit for bit; exp is expf, divisions are IEEE.
+"""
+
+import tilelang.language as T
+
+from kernels_src.mhc.common import tree_sum
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import SINKHORN_FWD
+
+DECL = SINKHORN_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 64  # few tokens a block, so that 8192 tokens reach every SM
+
+
+def row_sum(x, i, mhc: int):
+    return tree_sum([x[i * mhc + k] for k in range(mhc)])
+
+
+def col_sum(x, k, mhc: int):
+    return tree_sum([x[i * mhc + k] for i in range(mhc)])
+
+
+@T.macro
+def normalise_rows(x, sums, mhc: int, eps):
+    for i in T.unroll(mhc):
+        sums[i] = row_sum(x, i, mhc)
+    for i in T.unroll(mhc):
+        for k in T.unroll(mhc):
+            x[i * mhc + k] = x[i * mhc + k] / (sums[i] + eps)
+
+
+@T.macro
+def normalise_cols(x, sums, mhc: int, eps):
+    for k in T.unroll(mhc):
+        sums[k] = col_sum(x, k, mhc)
+    for i in T.unroll(mhc):
+        for k in T.unroll(mhc):
+            x[i * mhc + k] = x[i * mhc + k] / (sums[k] + eps)
+
+
+@T.macro
+def softmax_rows(x, sums, mhc: int):
+    """x's rows become their softmax: exp of (x - row max), divided by the row's sum."""
+    for i in T.unroll(mhc):
+        sums[i] = x[i * mhc]
+        for k in T.unroll(mhc - 1):
+            sums[i] = T.max(sums[i], x[i * mhc + k + 1])
+    for i in T.unroll(mhc):
+        for k in T.unroll(mhc):
+            x[i * mhc + k] = T.exp(x[i * mhc + k] - sums[i])
+    for i in T.unroll(mhc):
+        sums[i] = row_sum(x, i, mhc)
+    for i in T.unroll(mhc):
+        for k in T.unroll(mhc):
+            x[i * mhc + k] = x[i * mhc + k] / sums[i]
+
+
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
+    num_tokens = T.dynamic("num_tokens")
+    mm = mhc * mhc
+
+    @T.prim_func
+    def sinkhorn_fwd(
+        comb_res_mix: T.Tensor[(num_tokens, mm), T.float32],
+        comb_res_mix_out: T.Tensor[(num_tokens, mm), T.float32],
+        repeat: T.int32,
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
+            tid = T.get_thread_binding()
+            x = T.alloc_local((mm,), T.float32)
+            sums = T.alloc_local((mhc,), T.float32)
+            token = block * THREADS + tid
+            if token < num_tokens:
+                for k in T.vectorized(mm):
+                    x[k] = comb_res_mix[token, k]
+                softmax_rows(x, sums, mhc)
+                for k in T.unroll(mm):
+                    x[k] = x[k] + eps
+                normalise_cols(x, sums, mhc, eps)
+                for _ in T.serial(repeat - 1):
+                    normalise_rows(x, sums, mhc, eps)
+                    normalise_cols(x, sums, mhc, eps)
+                for k in T.vectorized(mm):
+                    comb_res_mix_out[token, k] = x[k]
+
+    return sinkhorn_fwd

@@ -1,0 +1,42 @@
+"""mhc_pre_split_mixes backward, second launch: mhc_base_grad and mhc_scale_grad, each the sum of its column of
+`partials` (split_mixes_bwd.py) in row order, so the result depends only on the token count, not on the GPU."""
+
+import tilelang.language as T
+
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from tkaot._mhc.kernels import SPLIT_MIXES_BWD_REDUCE
+
+DECL = SPLIT_MIXES_BWD_REDUCE  # the declaration this module builds (tkaot/_mhc/kernels.py)
+
+THREADS = 128
+
+
+def build(mhc_mult: int):
+    mhc = mhc_mult  # streams a token
+    num_partials = T.dynamic("num_partials")
+    mixes = mhc * (mhc + 2)
+    sums = mixes + 3
+
+    @T.prim_func
+    def split_mixes_bwd_reduce(
+        partials: T.Tensor[(num_partials, sums), T.float32],
+        mhc_scale_grad: T.Tensor[(3,), T.float32],
+        mhc_base_grad: T.Tensor[(mixes,), T.float32],
+    ):
+        with T.Kernel(1, threads=THREADS) as _:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
+            tid = T.get_thread_binding()
+            total = T.alloc_var(T.float32)
+            for k0 in T.serial(T.ceildiv(sums, THREADS)):
+                k = k0 * THREADS + tid
+                if k < sums:
+                    total = 0.0
+                    for p in T.serial(num_partials):
+                        total = total + partials[p, k]
+                    if k < mixes:
+                        mhc_base_grad[k] = total
+                    else:
+                        mhc_scale_grad[k - mixes] = total
+
+    return split_mixes_bwd_reduce

@@ -1,0 +1,220 @@
+"""The backward (training) ops on a GPU against the pure-torch references (tkaot/reference/backward.py):
+norm_backward, swiglu_backward, swiglu_backward_and_per_token_cast, moe_topk_gate_backward; and tkaot.rand.
+
+Every output the ops allocate starts as NaN / 0xFF bytes, so an element left unwritten shows; every element is
+compared. Element-wise results (SwiGLU's x_grad and act_out, the FP8 cast and its scale factors) must be the same
+bits as the reference, which runs the same fp32 operations on the GPU. Results that sum over a row or over tokens
+(RMSNorm's x_grad and weight_grad, SwiGLU's weight_grad, the gate's gradient) are compared within the tolerances
+below: the kernels add in another order than torch.
+"""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import tkaot
+from tkaot.reference import backward as ref
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = [1, 3, 127, 4097]
+BF16, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
+# Sums in another order: an fp32 row dot product moves x_grad by a few fp32 ulps of the row's scale, which can
+# flip a bf16 rounding (one bf16 ulp); weight_grad sums up to 4097 rows
+SUM_TOL = {BF16: dict(rtol=2**-7, atol=2**-7), F32: dict(rtol=1e-5, atol=1e-5)}
+WEIGHT_GRAD_TOL = dict(rtol=1e-4, atol=1e-3)
+
+
+@contextmanager
+def poisoned_allocations():
+    """Every CUDA tensor torch.empty / empty_like / empty_strided / Tensor.new_empty makes starts as 0xFF bytes (NaN)."""
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
+    new_empty = torch.Tensor.new_empty
+
+    def poisoning(make):
+        def make_poisoned(*args, **kwargs):
+            t = make(*args, **kwargs)
+            if t.is_cuda and t.numel():
+                t.untyped_storage().fill_(0xFF)
+            return t
+
+        return make_poisoned
+
+    try:
+        for name, make in originals.items():
+            setattr(torch, name, poisoning(make))
+        torch.Tensor.new_empty = poisoning(new_empty)
+        yield
+    finally:
+        for name, make in originals.items():
+            setattr(torch, name, make)
+        torch.Tensor.new_empty = new_empty
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    wide = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    diff = (a.contiguous().view(wide) != b.contiguous().view(wide)).nonzero()
+    assert diff.numel() == 0, f"{diff.shape[0]} elements differ, first at {diff[0].tolist()}: {a[tuple(diff[0])]} vs {b[tuple(diff[0])]}"
+
+
+# ---- norm_backward
+
+
+@pytest.mark.parametrize("hidden", [512, 1536, 2048, 4096, 5120, 7168, 8192])
+@pytest.mark.parametrize("dtype", [BF16, F32])
+@pytest.mark.parametrize("weight, residual, given", [(True, False, False), (True, True, True), (False, True, False), (False, False, False)])
+def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, given):
+    for tokens in TOKENS:
+        x = torch.randn(tokens, hidden, device="cuda").to(dtype)
+        dy = torch.randn(tokens, hidden, device="cuda").to(dtype)
+        w = (torch.rand(hidden, device="cuda") + 0.5).to(dtype) if weight else None
+        dr = torch.randn(tokens, hidden, device="cuda").to(dtype) if residual else None
+        rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+        wg = torch.randn(hidden, device="cuda").to(F32 if dtype is BF16 else BF16) if given else None
+        expected = ref.norm_backward(dy, x, w, rstd, dr, 0.75, wg)
+        with poisoned_allocations():
+            x_grad, w_grad = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75, None if wg is None else wg.clone())
+        torch.cuda.synchronize()
+        torch.testing.assert_close(x_grad, expected[0], **SUM_TOL[dtype])
+        if weight:
+            torch.testing.assert_close(w_grad.float(), expected[1].float(), **WEIGHT_GRAD_TOL)
+            assert w_grad.dtype == (wg.dtype if given else dtype)
+        else:
+            assert w_grad is None
+
+
+def test_norm_backward_is_the_same_from_run_to_run(seed):
+    x, dy = torch.randn(4097, 7168, device="cuda").bfloat16(), torch.randn(4097, 7168, device="cuda").bfloat16()
+    w, rstd = torch.rand(7168, device="cuda").bfloat16(), torch.rand(4097, device="cuda") + 0.5
+    first = tkaot.quant.norm_backward(dy, x, w, rstd)
+    second = tkaot.quant.norm_backward(dy, x, w, rstd)
+    bits_equal(first[0], second[0])
+    bits_equal(first[1], second[1])
+
+
+def test_norm_backward_inverts_norm_forward(seed):
+    """Chained with the real forward: x_grad against autograd of the forward reference."""
+    x = torch.randn(127, 4096, device="cuda", requires_grad=True)
+    w = (torch.rand(4096, device="cuda") + 0.5).requires_grad_()
+    out, rstd, _ = tkaot.quant.norm_forward(x.detach(), w.detach(), 1e-6, with_rstd=True)
+    dy = torch.randn_like(out)
+    expected, _, _ = tkaot.reference.norm_forward(x, w, 1e-6, with_rstd=True)
+    (expected * dy).sum().backward()
+    x_grad, w_grad = tkaot.quant.norm_backward(dy, x.detach(), w.detach(), rstd)
+    torch.testing.assert_close(x_grad, x.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w_grad, w.grad, rtol=1e-4, atol=1e-3)
+
+
+# ---- SwiGLU
+
+
+def swiglu_inputs(tokens, hidden, dtype, psum: bool, weights: bool):
+    x = (torch.randn(tokens, 2 * hidden, device="cuda") * 4).to(dtype)
+    dy = torch.randn(tokens, hidden, device="cuda").to(dtype)
+    w = torch.rand(tokens, device="cuda") + 0.25 if weights else None
+    p = None
+    if psum:
+        ends = sorted(torch.randint(0, tokens + 1, (5,)).tolist())
+        p = torch.tensor(ends, dtype=torch.int32, device="cuda")
+        pad = ref.padding_rows(tokens, p).cuda()
+        x[pad], dy[pad] = 0, 0
+        if w is not None:
+            w[pad] = 0
+    return x, dy, w, p
+
+
+def check_swiglu(got: tuple, expected: tuple, weights: bool) -> None:
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if isinstance(a, tuple):
+            bits_equal(a[0], b[0])
+            bits_equal(a[1], b[1])  # in logical order: layouts are compared by the CPU tests
+        elif weights and i == (2 if isinstance(got[1], tuple) else 1):
+            torch.testing.assert_close(a, b, **WEIGHT_GRAD_TOL)  # weight_grad: a row sum
+        else:
+            bits_equal(a, b)
+
+
+@pytest.mark.parametrize("hidden", [256, 768, 1536, 2048, 7168])
+@pytest.mark.parametrize("dtype, fmt", [(BF16, "bf16"), (F32, "fp32"), (BF16, "fp32"), (F32, "bf16")])
+@pytest.mark.parametrize("psum, weights, rsf, clamp, recompute", [
+    (False, False, None, None, False), (True, True, 2.5, None, True), (False, True, None, 7.0, False), (True, False, None, 3.0, True),
+])  # fmt: skip
+def test_swiglu_backward_matches_reference(seed, hidden, dtype, fmt, psum, weights, rsf, clamp, recompute):
+    for tokens in TOKENS:
+        x, dy, w, p = swiglu_inputs(tokens, hidden, dtype, psum, weights)
+        expected = ref.swiglu_backward(x, dy, fmt, p, w, rsf, clamp, recompute)
+        with poisoned_allocations():
+            got = tkaot.quant.swiglu_backward(x, dy, fmt, p, w, rsf, clamp, recompute)
+        torch.cuda.synchronize()
+        check_swiglu(got, expected, weights)
+
+
+@pytest.mark.parametrize("hidden", [256, 1536, 2048, 7168])
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("grad_dtype", [BF16, F32])
+@pytest.mark.parametrize("round_sf, packed, col", [(False, False, False), (True, False, True), (True, True, False), (True, True, True)])
+@pytest.mark.parametrize("psum, weights, clamp", [(False, False, None), (True, True, 5.0)])
+def test_swiglu_backward_and_per_token_cast_matches_reference(seed, hidden, group, grad_dtype, round_sf, packed, col, psum, weights, clamp):
+    for tokens in TOKENS:
+        x, dy, w, p = swiglu_inputs(tokens, hidden, F32, psum, weights)
+        dy = dy.to(grad_dtype)
+        amax = x.abs().unflatten(-1, (-1, group)).amax(-1).clamp(min=1e-4)
+        sf = amax / 448
+        data = (x / sf.repeat_interleave(group, -1)).to(FP8)
+        args = ((data, sf), dy, "e4m3", group, p, w, 1.5 if weights else None, col, round_sf, packed, clamp, True)
+        expected = ref.swiglu_backward_and_per_token_cast(*args)
+        with poisoned_allocations():
+            got = tkaot.quant.swiglu_backward_and_per_token_cast(*args)
+        torch.cuda.synchronize()
+        check_swiglu(got, expected, weights)
+
+
+# ---- MoE gate
+
+
+@pytest.mark.parametrize("experts, topk", [(64, 6), (128, 8), (256, 8), (72, 1), (512, 32)])
+@pytest.mark.parametrize("aux", [False, True])
+def test_moe_topk_gate_backward_matches_reference(seed, experts, topk, aux):
+    for tokens in TOKENS:
+        logits = torch.randn(tokens, experts, device="cuda") * 2
+        mask = torch.rand(tokens, device="cuda") > 0.2
+        scores = torch.nn.functional.softplus(logits).sqrt()
+        idx = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(tokens)])
+        idx[~mask] = -1
+        if topk > 1:
+            idx[0, -1] = idx[0, 0]  # a repeated expert (fixed routing can repeat one): its slots add
+        weights = torch.rand(tokens, topk, device="cuda")
+        dw = torch.randn(tokens, topk, device="cuda")
+        seqs = 1 if tokens in (1, 127, 4097) else 3
+        h = torch.randn(seqs, experts, device="cuda") if aux else None
+        m = mask if aux else None
+        expected = ref.moe_topk_gate_backward(scores, idx, weights, dw, 2.5, mask=m, grad_scores_sum=h)
+        with poisoned_allocations():
+            got = tkaot.moe.moe_topk_gate_backward(scores, idx, weights, dw, 2.5, mask=m, grad_scores_sum=h)
+        out = torch.full_like(scores, float("nan"))
+        assert tkaot.moe.moe_topk_gate_backward(scores, idx, weights, dw, 2.5, mask=m, grad_scores_sum=h, out=out) is out
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        bits_equal(out, got)
+
+
+# ---- rand
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_randn_is_standard_normal_and_reproducible_under_set_seed(dtype):
+    tkaot.rand.set_seed(20261201)
+    a = tkaot.rand.randn(4096, 4097, dtype=dtype)
+    b = tkaot.rand.randn_like(a)
+    assert a.device.type == "cuda" and a.dtype == dtype and not torch.equal(a, b)
+    v = a.float()
+    assert abs(v.mean().item()) < 1e-3 and abs(v.std().item() - 1) < 2e-3
+    # P(|z| > 3) = 0.0027
+    assert abs((v.abs() > 3).float().mean().item() - 0.0027) < 2e-4
+    tkaot.rand.set_seed(20261201)
+    bits_equal(tkaot.rand.randn((4096, 4097), dtype=dtype), a)
+    torch.manual_seed(20261201)
+    bits_equal(torch.randn(4096, 4097, dtype=dtype, device="cuda"), a)
