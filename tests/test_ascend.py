@@ -159,8 +159,11 @@ def test_unsupported_values_are_left_out_with_a_reason():
 
 # CUDA kernels with no Ascend source yet (the generic, runtime-width kernels aside); every other has one
 NOT_YET = {
-    "per_block_cast_lossless", "batched_transpose_weight_sf", "engram_gate_fwd", "engram_gate_bwd", "mhc_head_mix_bwd",
-    "mhc_multilayer_recompute", "mhc_pre_big_fuse", "mhc_reduce_partials_bwd", "mhc_reduce_partials_fwd",
+    "per_block_cast_lossless", "batched_transpose_weight_sf", "rmsnorm_backward", "weight_grad_reduce", "swiglu_backward",
+    "moe_topk_gate_backward", "engram_gate_fwd", "engram_gate_bwd", "mhc_head_mix_bwd", "mhc_multilayer_recompute",
+    "mhc_pre_big_fuse", "mhc_reduce_partials_bwd", "mhc_reduce_partials_fwd", "mhc_expand_fwd", "mhc_expand_bwd",
+    "mhc_post_fwd", "mhc_post_bwd", "mhc_pre_apply_mix_fwd", "mhc_pre_apply_mix_bwd", "mhc_sinkhorn_fwd",
+    "mhc_sinkhorn_bwd", "mhc_split_mixes_fwd", "mhc_split_mixes_bwd", "mhc_split_mixes_bwd_reduce",
 }  # fmt: skip
 
 
