@@ -8,8 +8,10 @@ launcher refuses other calls with a clear error before anything is launched).
 
 The kernels are written for correctness first, in the dialect's SIMT style: a block (one AI vector core's
 turn) takes a tile of rows into the Unified Buffer, computes there in a `T.SimtVF` region and copies
-the results out. The block count is an expression in the token count (no persistent loop), so the binary
-does not depend on how many vector cores a device has. None of them has run on an NPU yet.
+the results out by DMA. Small or scattered pieces (scale factors in any layout, routing tables, outputs whose width
+is a runtime value) are read and written from the SIMT region directly in global memory. The block count is
+an expression in the dynamic dims (no persistent loop), so the binary does not depend on how many vector
+cores a device has. None of them has run on an NPU yet.
 """
 
 # kernel name -> its Ascend module; build_tools/ascend.py reads this table
@@ -18,4 +20,22 @@ ASCEND_SOURCES = {
     "per_token_cast": "kernels_src.ascend.per_token_cast",
     "swiglu": "kernels_src.ascend.swiglu",
     "topk_gate": "kernels_src.ascend.topk_gate",
+    "norm_cast": "kernels_src.ascend.norm_cast",
+    "moe_topk_gate": "kernels_src.ascend.moe_topk_gate",
+    "normalize_weight": "kernels_src.ascend.normalize_weight",
+    "rotary": "kernels_src.ascend.rotary",
+    "cast": "kernels_src.ascend.cast",
+    "cast_back": "kernels_src.ascend.cast_back",
+    "per_block_cast": "kernels_src.ascend.per_block_cast",
+    "per_channel_cast": "kernels_src.ascend.per_channel_cast",
+    "engram_fused_weight": "kernels_src.ascend.engram_fused_weight",
+    "engram_sinkhorn_momentum": "kernels_src.ascend.engram_sinkhorn_momentum",
+    "engram_grad_w_reduce": "kernels_src.ascend.engram_grad_w_reduce",
+    "engram_sinkhorn_step_reduce": "kernels_src.ascend.engram_sinkhorn_step_reduce",
+    "engram_hash": "kernels_src.ascend.engram_hash",
+    "engram_sinkhorn_finalize": "kernels_src.ascend.engram_sinkhorn_finalize",
+    "engram_sinkhorn_step": "kernels_src.ascend.engram_sinkhorn_step",
+    "mhc_normw_merge_fwd": "kernels_src.ascend.mhc_normw_merge_fwd",
+    "mhc_normw_merge_bwd": "kernels_src.ascend.mhc_normw_merge_bwd",
+    "mhc_head_mix_fwd": "kernels_src.ascend.mhc_head_mix_fwd",
 }

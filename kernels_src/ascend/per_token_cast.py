@@ -1,17 +1,25 @@
-"""Per-token cast to FP8 E4M3 for Ascend: one scale factor per `group` columns of a row.
+"""Per-token cast to FP8 E4M3 or FP4 E2M1 for Ascend: one scale factor per `group` columns of a row.
 
-A block takes `rows` tokens into the Unified Buffer; in a SIMT region each thread takes (row, group) pairs,
-finds the group's largest magnitude and forms its scale factor and inverse with the CUDA kernels' own
-expressions (kernels_src/quant/common.py: clamp, division, power-of-two rounding), then every element is
-scaled by its group's inverse and rounded to E4M3. Built for bf16 / fp32 inputs, row-major fp32 or
-power-of-two scale factors, mode "cast" without stochastic rounding; other values of the declaration's axes
-are not built for Ascend yet (`unsupported` says why).
+A block takes `rows` tokens by one segment of `width` columns (the whole row where it fits the Unified
+Buffer) into the Unified Buffer. In a SIMT region threads are dealt (row, group) pairs: each finds its group's
+largest magnitude and forms the scale factor and its inverse with the CUDA kernels' expressions
+(kernels_src/quant/common.py), then every element is scaled by its group's inverse and rounded (E2M1 codes
+two a byte, the lower-indexed element in the low nibble, the bytes the CUDA kernel's words hold). Scale
+factors go straight from the SIMT region to their place in out_sf, so every layout the declaration has (fp32,
+pow2, E4M3, packed UE8M0 with its unused bytes zeroed; row- or column-major) is one store.
+
+Modes as on CUDA (kernels_src/quant/per_token_cast.py): "cast" writes values and scale factors, "sf_only" only
+the scale factors, "precomputed_sf" reads the scale factors and writes the values, "round_trip" overwrites the
+input with its quantized-then-dequantized value. Quantized inputs (E4M3, packed E2M1) are decoded as data *
+x_sf in fp32 first (their scale factors read per input block); stochastic rounding takes its bits from the
+CUDA kernels' hash of (element index, value).
 """
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.tile import chunk, rows_per_block
-from kernels_src.quant.common import scale_factor
+from kernels_src.ascend.quant_in import BYTES, STORAGE, decode
+from kernels_src.ascend.tile import rows_per_block, segment
+from kernels_src.quant import common
 from tkaot._quant.kernels import PER_TOKEN_CAST
 
 DECL = PER_TOKEN_CAST
@@ -21,14 +29,6 @@ THREADS = 128
 
 def unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic) -> str | None:
     """Why this module does not build these static values (None: it does)."""
-    if in_dtype not in ("bfloat16", "float32") or in_block != "none" or in_sf != "none":
-        return "bf16 / fp32 inputs only"
-    if fmt != "e4m3":
-        return "E4M3 output only"
-    if sf not in ("fp32", "pow2") or sf_layout != "row":
-        return "row-major fp32 or pow2 scale factors only"
-    if mode != "cast" or stochastic:
-        return "mode=cast with round-to-nearest only"
     if hidden % group:
         return f"hidden={hidden} is not a multiple of group={group}"
     return None
@@ -38,47 +38,107 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     why = unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
-    elem = 2 if in_dtype == "bfloat16" else 4
-    rows = rows_per_block(hidden * (elem + 1), 2)
-    groups = hidden // group
-    cols = chunk(hidden)
+    storage, per = STORAGE[in_dtype]
+    quantized_in = in_dtype in ("e4m3", "e2m1")
+    bm, bk = common.block_shape(in_block) if quantized_in else (1, group)
+    fp4 = fmt == "e2m1"
+    writes_values = mode in ("cast", "precomputed_sf")
+    unit = max(group, bk)
+    col_bytes = BYTES[storage] / per + (0.5 if fp4 else 1) * writes_values + 4 / group + 4 / bk
+    width = segment(hidden, unit, col_bytes)
+    segs = hidden // width
+    rows = rows_per_block(int(width * col_bytes) + 1, 1)
+    groups = width // group  # a segment's groups
+    num_groups = hidden // group
+    sf_out = common.SfLayout(sf, sf_layout, num_groups)
+    sf_in = common.SfLayout.from_input(in_sf if quantized_in else "fp32", hidden // bk if quantized_in else 1)
+    out_dtype, out_cols, out_width = ("uint8", hidden // 2, width // 2) if fp4 else ("float8_e4m3fn", hidden, width)
+    inv_bf16 = in_dtype == "bfloat16" and sf in ("pow2", "ue8m0") and mode == "precomputed_sf"  # TileKernels' 1/sf in bf16
 
     num_tokens = T.dynamic("num_tokens")
     x_stride, sf_stride, in_sf_stride = T.dynamic("x_stride"), T.dynamic("sf_stride"), T.dynamic("in_sf_stride")
+    in_sf_rows = num_tokens if bm == 1 else (num_tokens + bm - 1) // bm
+
+    def quantize(v, index):
+        # the fp32 value v, stochastically rounded where asked, as a value of fmt's grid (or an E4M3 number)
+        if stochastic:
+            rbits = common.hash_u32(index, common.f32_bits(v))
+            v = common.with_sign_of(common.stochastic_round_magnitude(T.abs(v), rbits, fmt), v)
+        return v
+
+    def scaled(x_ub, scale_ub, inv_ub, i, c, index):
+        # element c of row i times its factor (input scale times inverse, in that order), rounded where stochastic
+        factor = scale_ub[i, c // bk] * inv_ub[i, c // group] if quantized_in else inv_ub[i, c // group]
+        return quantize(decode(in_dtype, x_ub, i, c) * factor, index + T.Cast("uint32", c))
+
+    def code(x_ub, scale_ub, inv_ub, i, c, index):
+        return common.e2m1_code(scaled(x_ub, scale_ub, inv_ub, i, c, index))
 
     @T.prim_func
     def per_token_cast(
-        x: T.StridedTensor[(num_tokens, hidden), (x_stride, 1), in_dtype],
-        x_sf: T.StridedTensor[(num_tokens, 1), (in_sf_stride, 1), T.float32],
-        out: T.Tensor[(num_tokens, hidden), T.float8_e4m3fn],
-        out_sf: T.StridedTensor[(num_tokens, groups), (sf_stride, 1), T.float32],
+        x: T.StridedTensor[(num_tokens, hidden // per), (x_stride, 1), storage],
+        x_sf: T.StridedTensor[sf_in.shape(in_sf_rows), (in_sf_stride, 1), sf_in.dtype],
+        out: T.Tensor[(num_tokens, out_cols), out_dtype],
+        out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows)) as block:
-            row = block * rows
-            x_ub = T.alloc_shared((rows, hidden), in_dtype)
-            out_ub = T.alloc_shared((rows, hidden), T.float8_e4m3fn)
-            sf_ub = T.alloc_shared((rows, groups), T.float32)
+        tiles = T.ceildiv(num_tokens, rows)
+        with T.Kernel(tiles * segs) as block:
+            row = block // segs * rows
+            col = block % segs * width
+            x_ub = T.alloc_shared((rows, width // per), storage)
+            out_ub = T.alloc_shared((rows, out_width), out_dtype)
             inv_ub = T.alloc_shared((rows, groups), T.float32)
-            T.copy(x[row : row + rows, :], x_ub)
+            scale_ub = T.alloc_shared((rows, width // bk), T.float32)  # input scales (quantized input)
+            T.copy(x[row : row + rows, col // per : (col + width) // per], x_ub)
             with T.SimtVF(threads=THREADS):
                 amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
+                if quantized_in:
+                    for i, q in T.Parallel(rows, width // bk):
+                        stored_in = x_sf[sf_in.index((row + i) // bm, col // bk + q)]
+                        scale_ub[i, q] = T.if_then_else(row + i < num_tokens, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
                 # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
                 for t in T.Parallel(THREADS):
                     for w in T.serial(T.ceildiv(rows * groups, THREADS)):
                         pair = w * THREADS + t
-                        if pair < rows * groups:
+                        # (a tile's rows past the last token: nothing read or stored)
+                        if pair < rows * groups and row + pair // groups < num_tokens:
                             i, g = pair // groups, pair % groups
-                            amax[0] = T.float32(0)
-                            for j in T.serial(group):
-                                amax[0] = T.max(amax[0], T.abs(T.cast(x_ub[i, g * group + j], "float32")))
-                            stored, inv = scale_factor(amax[0], fmt, sf)
-                            sf_ub[i, g] = stored
-                            inv_ub[i, g] = inv
-                for k in T.serial(hidden // cols):
-                    for i, j in T.Parallel(rows, cols):
-                        c = k * cols + j
-                        out_ub[i, c] = T.cast(T.cast(x_ub[i, c], "float32") * inv_ub[i, c // group], T.float8_e4m3fn)
-            T.copy(out_ub, out[row : row + rows, :])
-            T.copy(sf_ub, out_sf[row : row + rows, :])
+                            token, gi = row + i, col // group + g
+                            if mode == "precomputed_sf":
+                                inv = T.float32(1.0) / common.decode_sf(out_sf[sf_out.index(token, gi)], sf)
+                                inv_ub[i, g] = T.Cast("float32", T.Cast("bfloat16", inv)) if inv_bf16 else inv
+                            else:
+                                amax[0] = T.float32(0)
+                                for j in T.serial(group):
+                                    c = g * group + j
+                                    mag = T.abs(decode(in_dtype, x_ub, i, c))
+                                    amax[0] = T.max(amax[0], mag * scale_ub[i, c // bk] if quantized_in else mag)
+                                stored, inv = common.scale_factor(amax[0], fmt, sf)
+                                inv_ub[i, g] = inv
+                                if mode == "round_trip":
+                                    # the group overwritten in place by its quantized-then-dequantized value
+                                    for j in T.serial(group):
+                                        c = g * group + j
+                                        v = decode(in_dtype, x_ub, i, c) * inv
+                                        back = common.e2m1_value(common.e2m1_code(v)) if fp4 else T.Cast("float32", common.to_e4m3(v))
+                                        x_ub[i, c] = T.Cast(storage, back * common.decode_sf(stored, sf))
+                                else:
+                                    out_sf[sf_out.index(token, gi)] = stored
+                                    if sf_out.pad and gi == num_groups - 1:
+                                        for p in T.serial(sf_out.pad):
+                                            out_sf[sf_out.index(token, num_groups + p)] = T.uint8(0)
+                if writes_values:
+                    for i, b in T.Parallel(rows, out_width):
+                        index = T.Cast("uint32", row + i) * T.uint32(hidden) + T.Cast("uint32", col)
+                        if fp4:
+                            low = code(x_ub, scale_ub, inv_ub, i, 2 * b, index)
+                            high = code(x_ub, scale_ub, inv_ub, i, 2 * b + 1, index)
+                            out_ub[i, b] = T.Cast("uint8", low | (high << T.uint32(4)))
+                        else:
+                            out_ub[i, b] = common.to_e4m3(scaled(x_ub, scale_ub, inv_ub, i, b, index))
+            if writes_values:
+                T.copy(out_ub, out[row : row + rows, col // (2 if fp4 else 1) : (col + width) // (2 if fp4 else 1)])
+            if mode == "round_trip":
+                T.copy(x_ub, x[row : row + rows, col : col + width])
 
     return per_token_cast

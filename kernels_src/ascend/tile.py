@@ -20,3 +20,11 @@ def chunk(width: int, most: int = 256) -> int:
     while width % c:
         c //= 2
     return c
+
+
+def segment(width: int, unit: int, col_bytes: float) -> int:
+    """Columns of a `width`-wide row a block takes: the widest run of whole `unit`s that divides the row and whose
+    `col_bytes` a column fit UB_BUDGET (one unit where none does)."""
+    units = width // unit
+    fits = [d for d in range(1, units + 1) if units % d == 0 and d * unit * col_bytes <= UB_BUDGET]
+    return max(fits, default=1) * unit

@@ -1,0 +1,67 @@
+"""Dequantization for Ascend: E4M3 or packed E2M1 data with block scale factors -> round(data * sf) in bf16 / fp32.
+
+A block takes `rows` tokens by one segment of the row into the Unified Buffer; a SIMT region reads the scale
+factor of each (row, input block) in the tile from x_sf (any layout the declaration has: fp32, packed UE8M0,
+E4M3; row- or column-major; blocks of one or many rows), then writes every element as the CUDA kernel does
+(kernels_src/quant/cast_back.py): the decoded value times its block's scale factor in fp32, rounded once.
+"""
+
+from tilelang.ascend import language as T
+
+from kernels_src.ascend.quant_in import BYTES, STORAGE, decode
+from kernels_src.ascend.tile import rows_per_block, segment
+from kernels_src.quant import common
+from tkaot._quant.kernels import CAST_BACK
+
+DECL = CAST_BACK
+REQUIRES: dict[str, int] = {}
+THREADS = 128
+
+
+def unsupported(hidden, in_dtype, in_block, in_sf, out_dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    bk = common.block_shape(in_block)[1]
+    if hidden % bk:
+        return f"hidden={hidden} is not a multiple of the block width {bk}"
+    return None
+
+
+def build(hidden: int, in_dtype: str, in_block: str, in_sf: str, out_dtype: str):
+    why = unsupported(hidden, in_dtype, in_block, in_sf, out_dtype)
+    if why:
+        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    storage, per = STORAGE[in_dtype]
+    bm, bk = common.block_shape(in_block)
+    col_bytes = 1 / per + BYTES[out_dtype] + 4 / bk
+    width = segment(hidden, bk if bk % 2 == 0 else 2, col_bytes)
+    segs = hidden // width
+    rows = rows_per_block(int(width * col_bytes) + 1, 1)
+    sf_in = common.SfLayout.from_input(in_sf, hidden // bk)
+
+    num_tokens = T.dynamic("num_tokens")
+    x_stride, sf_stride = T.dynamic("x_stride"), T.dynamic("sf_stride")
+    sf_rows = num_tokens if bm == 1 else (num_tokens + bm - 1) // bm
+
+    @T.prim_func
+    def cast_back(
+        x: T.StridedTensor[(num_tokens, hidden // per), (x_stride, 1), storage],
+        x_sf: T.StridedTensor[sf_in.shape(sf_rows), (sf_stride, 1), sf_in.dtype],
+        out: T.Tensor[(num_tokens, hidden), out_dtype],
+    ):
+        tiles = T.ceildiv(num_tokens, rows)
+        with T.Kernel(tiles * segs) as block:
+            row = block // segs * rows
+            col = block % segs * width
+            x_ub = T.alloc_shared((rows, width // per), storage)
+            out_ub = T.alloc_shared((rows, width), out_dtype)
+            scale_ub = T.alloc_shared((rows, width // bk), T.float32)
+            T.copy(x[row : row + rows, col // per : (col + width) // per], x_ub)
+            with T.SimtVF(threads=THREADS):
+                for i, q in T.Parallel(rows, width // bk):
+                    stored_in = x_sf[sf_in.index((row + i) // bm, col // bk + q)]
+                    scale_ub[i, q] = T.if_then_else(row + i < num_tokens, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
+                for i, c in T.Parallel(rows, width):
+                    out_ub[i, c] = T.Cast(out_dtype, decode(in_dtype, x_ub, i, c) * scale_ub[i, c // bk])
+            T.copy(out_ub, out[row : row + rows, col : col + width])
+
+    return cast_back

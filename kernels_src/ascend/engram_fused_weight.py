@@ -1,0 +1,44 @@
+"""The Engram gate's fused RMSNorm weight for Ascend: weight_fused = float(weight_hidden) * float(weight_embed).
+
+A block copies `BLOCK` elements of both weights into the Unified Buffer, multiplies them in fp32 in a SIMT region
+(the product of two bf16 values is exact in fp32, so every element equals the CUDA kernel's) and copies the
+products back; the last block's copies stop at numel.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._engram.kernels import FUSED_WEIGHT
+
+DECL = FUSED_WEIGHT
+REQUIRES: dict[str, int] = {}
+BLOCK = 8192
+THREADS = 256
+
+
+def unsupported(dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(dtype: str):
+    numel = T.dynamic("numel")
+
+    @T.prim_func
+    def engram_fused_weight(
+        weight_hidden: T.Tensor[(numel,), dtype],
+        weight_embed: T.Tensor[(numel,), dtype],
+        weight_fused: T.Tensor[(numel,), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
+            first = block * BLOCK
+            h_ub = T.alloc_shared((BLOCK,), dtype)
+            e_ub = T.alloc_shared((BLOCK,), dtype)
+            f_ub = T.alloc_shared((BLOCK,), T.float32)
+            T.copy(weight_hidden[first : first + BLOCK], h_ub)
+            T.copy(weight_embed[first : first + BLOCK], e_ub)
+            with T.SimtVF(threads=THREADS):
+                for j in T.Parallel(BLOCK):
+                    f_ub[j] = T.Cast("float32", h_ub[j]) * T.Cast("float32", e_ub[j])
+            T.copy(f_ub, weight_fused[first : first + BLOCK])
+
+    return engram_fused_weight

@@ -1,0 +1,58 @@
+"""The Engram gate's weight gradients for Ascend: grad_weight_hidden += sum_p partial[p] * weight_embed and
+grad_weight_embed += sum_p partial[p] * weight_hidden, the partials summed in order p = 0, 1, ...
+
+One SIMT thread a column, as on CUDA (kernels_src/engram/grad_w_reduce.py): it runs down the partials in row
+order, so every sum is the CUDA kernel's, then accumulates both gradients in place: the weights and gradients of a
+block's columns go through the Unified Buffer, the partials are read from global memory directly (their count,
+a runtime value like the element count, has no bound a tile could hold).
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._engram.kernels import GRAD_W_REDUCE
+
+DECL = GRAD_W_REDUCE
+REQUIRES: dict[str, int] = {}
+COLUMNS = 1024  # columns a block
+THREADS = 256
+
+
+def unsupported(dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(dtype: str):
+    num_partials, numel = T.dynamic("num_partials"), T.dynamic("numel")
+
+    @T.prim_func
+    def engram_grad_w_reduce(
+        grad_w_partial: T.Tensor[(num_partials, numel), T.float32],
+        weight_hidden: T.Tensor[(numel,), dtype],
+        weight_embed: T.Tensor[(numel,), dtype],
+        grad_weight_hidden: T.Tensor[(numel,), T.float32],
+        grad_weight_embed: T.Tensor[(numel,), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(numel, COLUMNS)) as block:
+            first = block * COLUMNS
+            wh_ub = T.alloc_shared((COLUMNS,), dtype)
+            we_ub = T.alloc_shared((COLUMNS,), dtype)
+            gh_ub = T.alloc_shared((COLUMNS,), T.float32)
+            ge_ub = T.alloc_shared((COLUMNS,), T.float32)
+            T.copy(weight_hidden[first : first + COLUMNS], wh_ub)
+            T.copy(weight_embed[first : first + COLUMNS], we_ub)
+            T.copy(grad_weight_hidden[first : first + COLUMNS], gh_ub)
+            T.copy(grad_weight_embed[first : first + COLUMNS], ge_ub)
+            with T.SimtVF(threads=THREADS):
+                acc = T.alloc_local((1,), T.float32)
+                for j in T.Parallel(COLUMNS):
+                    acc[0] = T.float32(0)
+                    if first + j < numel:
+                        for p in T.serial(num_partials):
+                            acc[0] = acc[0] + grad_w_partial[p, first + j]
+                    gh_ub[j] = gh_ub[j] + acc[0] * T.Cast("float32", we_ub[j])
+                    ge_ub[j] = ge_ub[j] + acc[0] * T.Cast("float32", wh_ub[j])
+            T.copy(gh_ub, grad_weight_hidden[first : first + COLUMNS])
+            T.copy(ge_ub, grad_weight_embed[first : first + COLUMNS])
+
+    return engram_grad_w_reduce

@@ -1,0 +1,57 @@
+"""The final Sinkhorn matrix for Ascend: out[row] = x * alpha / (||x|| + eps), x = row_scale[row] * matrix[row] *
+col_scale.
+
+A block copies `rows` rows and the column scales into the Unified Buffer; a SIMT region forms x and its sum of
+squares a row at a time (T.reduce_sum), then scales the row; the rows are copied back. head_dim is static, rows
+are runtime. The sum of squares runs in another order than the CUDA kernel's, so the norm may differ from it in
+the last bits.
+"""
+
+from tilelang.ascend import language as T
+
+from kernels_src.ascend.tile import rows_per_block
+from tkaot._engram.kernels import SINKHORN_FINALIZE
+
+DECL = SINKHORN_FINALIZE
+REQUIRES: dict[str, int] = {}
+THREADS = 128
+
+
+def unsupported(head_dim) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(head_dim: int):
+    rows = rows_per_block(head_dim * 4, 2)
+    num_rows = T.dynamic("num_rows")
+
+    @T.prim_func
+    def engram_sinkhorn_finalize(
+        matrix: T.Tensor[(num_rows, head_dim), T.float32],
+        row_scale: T.Tensor[(num_rows,), T.float32],
+        col_scale: T.Tensor[(head_dim,), T.float32],
+        out: T.Tensor[(num_rows, head_dim), T.float32],
+        eps: T.float32,
+        alpha: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_rows, rows)) as block:
+            first = block * rows
+            m_ub = T.alloc_shared((rows, head_dim), T.float32)
+            cs_ub = T.alloc_shared((head_dim,), T.float32)
+            rs_ub = T.alloc_shared((rows,), T.float32)
+            T.copy(matrix[first : first + rows, :], m_ub)
+            T.copy(col_scale[0:head_dim], cs_ub)
+            T.copy(row_scale[first : first + rows], rs_ub)
+            with T.SimtVF(threads=THREADS):
+                squares = T.alloc_fragment((rows, head_dim), T.float32)
+                norm = T.alloc_fragment((rows,), T.float32)
+                for i, c in T.Parallel(rows, head_dim):
+                    m_ub[i, c] = rs_ub[i] * m_ub[i, c] * cs_ub[c]
+                    squares[i, c] = m_ub[i, c] * m_ub[i, c]
+                T.reduce_sum(squares, norm, dim=1)
+                for i, c in T.Parallel(rows, head_dim):
+                    m_ub[i, c] = m_ub[i, c] * (alpha / (T.sqrt(norm[i]) + eps))
+            T.copy(m_ub, out[first : first + rows, :])
+
+    return engram_sinkhorn_finalize

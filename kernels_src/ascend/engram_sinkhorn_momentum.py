@@ -1,0 +1,56 @@
+"""Sinkhorn momentum for Ascend, in place: m' = fma(m, beta1, (1 - beta1) * g) in fp32, stored in the buffer's
+dtype, and the Sinkhorn input fma(g, 1 - beta1, beta1 * m') with nesterov, else m' (fp32, before rounding).
+
+A block copies `BLOCK` elements of the gradient and the momentum buffer into the Unified Buffer, updates them in
+a SIMT region with the CUDA kernel's fused multiply-adds (kernels_src/engram/sinkhorn_momentum.py) and copies
+both results back; the last block's copies stop at numel. beta1, 1 - beta1 and nesterov are runtime values.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._engram.kernels import SINKHORN_MOMENTUM
+
+DECL = SINKHORN_MOMENTUM
+REQUIRES: dict[str, int] = {}
+BLOCK = 4096
+THREADS = 256
+
+
+def unsupported(grad_dtype, momentum_dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(grad_dtype: str, momentum_dtype: str):
+    numel = T.dynamic("numel")
+
+    def fma(a, b, c):
+        # one rounding, as the CUDA kernel's ieee_fmaf (TileLang's Ascend dialect has no scalar fma of its own)
+        return T.call_extern("float32", "fmaf", a, b, c)
+
+    @T.prim_func
+    def engram_sinkhorn_momentum(
+        grad: T.Tensor[(numel,), grad_dtype],
+        momentum_buffer: T.Tensor[(numel,), momentum_dtype],
+        sinkhorn_input: T.Tensor[(numel,), T.float32],
+        beta1: T.float32,
+        one_minus_beta1: T.float32,
+        nesterov: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
+            first = block * BLOCK
+            g_ub = T.alloc_shared((BLOCK,), grad_dtype)
+            m_ub = T.alloc_shared((BLOCK,), momentum_dtype)
+            s_ub = T.alloc_shared((BLOCK,), T.float32)
+            T.copy(grad[first : first + BLOCK], g_ub)
+            T.copy(momentum_buffer[first : first + BLOCK], m_ub)
+            with T.SimtVF(threads=THREADS):
+                for j in T.Parallel(BLOCK):
+                    g = T.Cast("float32", g_ub[j])
+                    m = fma(T.Cast("float32", m_ub[j]), beta1, one_minus_beta1 * g)
+                    s_ub[j] = T.if_then_else(nesterov != 0, fma(g, one_minus_beta1, beta1 * m), m)
+                    m_ub[j] = T.Cast(momentum_dtype, m)
+            T.copy(m_ub, momentum_buffer[first : first + BLOCK])
+            T.copy(s_ub, sinkhorn_input[first : first + BLOCK])
+
+    return engram_sinkhorn_momentum

@@ -1,0 +1,44 @@
+"""Sinkhorn column sums of squares for Ascend: col_sumsq[c] = sum_p partial[p, c], in order p = 0, 1, ...
+
+One SIMT thread a column runs down the partials in row order, so every sum is the CUDA kernel's
+(kernels_src/engram/sinkhorn_step_reduce.py). Partial count and head_dim are runtime values; the partials are
+read from global memory directly, the sums go out through the Unified Buffer.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
+
+DECL = SINKHORN_STEP_REDUCE
+REQUIRES: dict[str, int] = {}
+COLUMNS = 1024  # columns a block
+THREADS = 256
+
+
+def unsupported(dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(dtype: str):
+    num_partials, head_dim = T.dynamic("num_partials"), T.dynamic("head_dim")
+
+    @T.prim_func
+    def engram_sinkhorn_step_reduce(
+        col_sumsq_partial: T.Tensor[(num_partials, head_dim), dtype],
+        col_sumsq: T.Tensor[(head_dim,), dtype],
+    ):
+        with T.Kernel(T.ceildiv(head_dim, COLUMNS)) as block:
+            first = block * COLUMNS
+            sums_ub = T.alloc_shared((COLUMNS,), dtype)
+            with T.SimtVF(threads=THREADS):
+                acc = T.alloc_local((1,), T.float32)
+                for j in T.Parallel(COLUMNS):
+                    acc[0] = T.float32(0)
+                    if first + j < head_dim:
+                        for p in T.serial(num_partials):
+                            acc[0] = acc[0] + col_sumsq_partial[p, first + j]
+                    sums_ub[j] = acc[0]
+            T.copy(sums_ub, col_sumsq[first : first + COLUMNS])
+
+    return engram_sinkhorn_step_reduce

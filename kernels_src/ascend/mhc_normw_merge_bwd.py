@@ -1,0 +1,54 @@
+"""mHC norm-weight merge, backward, for Ascend, accumulating as the CUDA kernel does
+(kernels_src/mhc/normw_merge_bwd.py): fn_grad[i, k] += out_fn_grad[i, k] * normw[k];
+normw_grad[k] += sum over i of out_fn_grad[i, k] * fn[i, k], the rows in order from zero, added once at the end.
+
+One SIMT thread a column walks the rows in order (so every sum is the CUDA kernel's), reading and updating the
+rows in global memory directly (the row count has no bound a tile could hold); a block's weights and weight
+gradients go through the Unified Buffer. Both sizes are runtime values.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._mhc.kernels import NORMW_MERGE_BWD
+
+DECL = NORMW_MERGE_BWD
+REQUIRES: dict[str, int] = {}
+COLUMNS = 1024  # columns a block
+THREADS = 256
+
+
+def unsupported(dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(dtype: str):
+    m, n = T.dynamic("m"), T.dynamic("n")
+
+    @T.prim_func
+    def mhc_normw_merge_bwd(
+        fn: T.Tensor[(m, n), T.float32],
+        normw: T.Tensor[(n,), T.float32],
+        out_fn_grad: T.Tensor[(m, n), T.float32],
+        fn_grad: T.Tensor[(m, n), T.float32],
+        normw_grad: T.Tensor[(n,), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(n, COLUMNS)) as block:
+            first = block * COLUMNS
+            w_ub = T.alloc_shared((COLUMNS,), T.float32)
+            wg_ub = T.alloc_shared((COLUMNS,), T.float32)
+            T.copy(normw[first : first + COLUMNS], w_ub)
+            T.copy(normw_grad[first : first + COLUMNS], wg_ub)
+            with T.SimtVF(threads=THREADS):
+                total = T.alloc_local((1,), T.float32)
+                for j in T.Parallel(COLUMNS):
+                    k = first + j
+                    total[0] = T.float32(0)
+                    if k < n:
+                        for i in T.serial(m):
+                            fn_grad[i, k] = fn_grad[i, k] + out_fn_grad[i, k] * w_ub[j]
+                            total[0] = total[0] + out_fn_grad[i, k] * fn[i, k]
+                    wg_ub[j] = wg_ub[j] + total[0]
+            T.copy(wg_ub, normw_grad[first : first + COLUMNS])
+
+    return mhc_normw_merge_bwd

@@ -1,0 +1,44 @@
+"""mHC norm-weight merge, forward, for Ascend: out_fn[i, k] = fn[i, k] * normw[k].
+
+A block takes one row's run of `SPAN` columns and the matching weights into the Unified Buffer, multiplies them in
+a SIMT region and copies the products back (the last run's copies stop at n). Both sizes are runtime values.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._mhc.kernels import NORMW_MERGE_FWD
+
+DECL = NORMW_MERGE_FWD
+REQUIRES: dict[str, int] = {}
+SPAN = 4096  # columns a block
+THREADS = 256
+
+
+def unsupported(dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(dtype: str):
+    m, n = T.dynamic("m"), T.dynamic("n")
+
+    @T.prim_func
+    def mhc_normw_merge_fwd(
+        fn: T.Tensor[(m, n), T.float32],
+        normw: T.Tensor[(n,), T.float32],
+        out_fn: T.Tensor[(m, n), T.float32],
+    ):
+        runs = T.ceildiv(n, SPAN)
+        with T.Kernel(m * runs) as block:
+            row = block // runs
+            first = block % runs * SPAN
+            fn_ub = T.alloc_shared((1, SPAN), T.float32)
+            w_ub = T.alloc_shared((SPAN,), T.float32)
+            T.copy(fn[row : row + 1, first : first + SPAN], fn_ub)
+            T.copy(normw[first : first + SPAN], w_ub)
+            with T.SimtVF(threads=THREADS):
+                for i, k in T.Parallel(1, SPAN):
+                    fn_ub[i, k] = fn_ub[i, k] * w_ub[k]
+            T.copy(fn_ub, out_fn[row : row + 1, first : first + SPAN])
+
+    return mhc_normw_merge_fwd

@@ -1,0 +1,244 @@
+"""MoE top-k gate forward for Ascend: scores = sqrt(softplus(logits)), stable top-k of scores + bias, weights =
+score / (sum of the top-k scores + 1e-20) * routed_scaling_factor, shared-expert slots, the physical map.
+
+As on CUDA (kernels_src/moe/moe_topk_gate.py), a warp of 32 SIMT threads routes one token and every option is a
+bit of the runtime `flags`; the route is decided in the same priority (masked > forced random > fixed > routed)
+and each route writes what the CUDA kernel writes. A block copies `TOKENS` tokens' logits into the Unified
+Buffer; lane l of a token holds experts l * per .. l * per + per - 1 (the CUDA kernel's order), each round of the
+selection takes the warp's largest remaining value (T.warp_reduce_max) from its lowest lane, so ties go to the
+lower expert index. Forced-random tokens draw from the same Philox stream (kernels_src/moe/common.py), so
+they pick the CUDA kernel's experts. Outputs whose width is a runtime value (topk_idx, topk_weights,
+unmapped_topk_idx) and the small tables (bias, masks, the physical map) are read and written from the SIMT
+region directly; the scores go out through the Unified Buffer.
+"""
+
+from tilelang.ascend import language as T
+
+from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
+from tkaot._moe.kernels import MOE_TOPK_GATE
+
+DECL = MOE_TOPK_GATE
+REQUIRES: dict[str, int] = {}
+WARP = 32
+TOKENS = 8  # tokens a block, a warp each
+
+# the CUDA kernel's bits of `flags` (kernels_src/moe/moe_topk_gate.py)
+FLAG_MASK, FLAG_BIAS, FLAG_IMAGE, FLAG_FIX, FLAG_UNMAPPED, FLAG_PHYSICAL, FLAG_RANDOM, FLAG_SCORES = (1 << i for i in range(8))
+DUPLICATE_STRIDE = 23333
+INT_MAX = 0x7FFFFFFF
+ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
+
+
+def unsupported(num_experts, num_topk, tiling) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    if num_topk > num_experts:
+        return f"num_topk={num_topk} exceeds num_experts={num_experts}"
+    return None
+
+
+def sqrt_softplus(x):
+    # softplus with torch's threshold of 20, then sqrt (the CUDA kernel's expression)
+    return T.sqrt(T.if_then_else(x > 20.0, x, T.log1p(T.exp(x))))
+
+
+def build(num_experts: int, num_topk: int, tiling: str):
+    why = unsupported(num_experts, num_topk, tiling)
+    if why:
+        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    vec, chunks = layout(num_experts)
+    per = vec * chunks  # experts a lane holds
+    num_tokens = T.dynamic("num_tokens")
+    num_physical_topk = T.dynamic("num_physical_topk")
+    num_logical_experts = T.dynamic("num_logical_experts")
+    num_duplicates = T.dynamic("num_duplicates")
+    unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+
+    @T.prim_func
+    def moe_topk_gate(
+        logits: T.Tensor[(num_tokens, num_experts), T.float32],
+        bias: T.Tensor[(num_experts,), T.float32],
+        image_bias: T.Tensor[(num_experts,), T.float32],
+        image_token_mask: T.Tensor[(num_tokens,), T.bool],
+        mask: T.Tensor[(num_tokens,), T.bool],
+        fix_routing_mask: T.Tensor[(num_tokens,), T.bool],
+        force_random: T.Tensor[(num_tokens,), T.bool],
+        to_physical_map: T.Tensor[(num_logical_experts, num_duplicates), T.int32],
+        logical_count: T.Tensor[(num_logical_experts,), T.int32],
+        topk_idx: T.Tensor[(num_tokens, num_physical_topk), T.int64],
+        topk_weights: T.Tensor[(num_tokens, num_physical_topk), T.float32],
+        unmapped_topk_idx: T.StridedTensor[(num_tokens, num_topk), (unmapped_stride, 1), T.int64],
+        scores: T.Tensor[(num_tokens, num_experts), T.float32],
+        num_shared_experts: T.int32,
+        routed_scaling_factor: T.float32,
+        ep_rank: T.int32,
+        flags: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
+            first = block * TOKENS
+            logits_ub = T.alloc_shared((TOKENS, num_experts), T.float32)
+            scores_ub = T.alloc_shared((TOKENS, num_experts), T.float32)
+            T.copy(logits[first : first + TOKENS, :], logits_ub)
+            with T.SimtVF(threads=TOKENS * WARP):
+                vals = T.alloc_local((per,), T.float32)
+                route = T.alloc_var(T.int32)
+                image = T.alloc_var(T.bool)
+                idx = T.alloc_var(T.int32)
+                score = T.alloc_var(T.float32)
+                total = T.alloc_var(T.float32)
+                weight = T.alloc_var(T.float32)
+                out_idx = T.alloc_var(T.int64)
+                removed = T.alloc_var(T.uint32)
+                best = T.alloc_var(T.float32)
+                best_slot = T.alloc_var(T.int32)
+                winner = T.alloc_var(T.int32)
+                slot = T.alloc_var(T.int32)
+                c0, c1, c2, c3 = (T.alloc_var(T.uint32) for _ in range(4))
+                k0, k1 = T.alloc_var(T.uint32), T.alloc_var(T.uint32)
+                p0, p1 = T.alloc_var(T.uint64), T.alloc_var(T.uint64)
+                pending = T.alloc_var(T.int32)
+                choice = T.alloc_var(T.int32)
+                low = T.alloc_var(T.int32)
+                low_lane = T.alloc_var(T.int32)
+                experts = T.alloc_var(T.int32)
+                count = T.alloc_var(T.int32)
+                for t in T.Parallel(TOKENS * WARP):
+                    i, lane = t // WARP, t % WARP
+                    token = first + i
+                    route = ROUTED
+                    image = False
+                    idx = -1
+                    score = T.float32(0)
+                    weight = T.float32(0)
+                    out_idx = T.int64(-1)
+                    if token < num_tokens:
+                        if (flags & FLAG_MASK) != 0:
+                            if not mask[token]:
+                                route = MASKED
+                        if route == ROUTED and (flags & FLAG_RANDOM) != 0:
+                            if force_random[token]:
+                                route = RANDOM
+                        if route == ROUTED and (flags & FLAG_FIX) != 0:
+                            if fix_routing_mask[token]:
+                                route = FIXED
+                    if route == MASKED or route == RANDOM:
+                        for s in T.serial(per):
+                            if lane * per + s < num_experts:
+                                scores_ub[i, lane * per + s] = T.float32(0)
+                    if route == MASKED:
+                        if token < num_tokens and lane < num_physical_topk:
+                            topk_idx[token, lane] = T.int64(-1)
+                            topk_weights[token, lane] = T.float32(0)
+                        if token < num_tokens and (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
+                            unmapped_topk_idx[token, lane] = T.int64(-1)
+                    elif route == RANDOM:
+                        # Philox4x32-10 at key (ep_rank, 0), counter (0, 0, token * 32 + lane, 0): curand's stream
+                        c0, c1, c3, k1 = T.uint32(0), T.uint32(0), T.uint32(0), T.uint32(0)
+                        k0 = T.Cast(T.uint32, ep_rank)
+                        c2 = T.Cast(T.uint32, token * WARP + lane)
+                        for r in T.unroll(10):
+                            p0 = T.Cast(T.uint64, c0) * T.uint64(PHILOX_M0)
+                            p1 = T.Cast(T.uint64, c2) * T.uint64(PHILOX_M1)
+                            c0 = T.Cast(T.uint32, p1 >> T.uint64(32)) ^ c1 ^ k0
+                            c2 = T.Cast(T.uint32, p0 >> T.uint64(32)) ^ c3 ^ k1
+                            c1 = T.Cast(T.uint32, p1)
+                            c3 = T.Cast(T.uint32, p0)
+                            if r < 9:
+                                k0 = k0 + T.uint32(PHILOX_W0)
+                                k1 = k1 + T.uint32(PHILOX_W1)
+                        weight = T.Cast(T.float32, c0) * T.float32(2.0**-32) + T.float32(2.0**-33)
+                        if (flags & FLAG_PHYSICAL) != 0:
+                            count = 0
+                            for j in T.serial(T.ceildiv(num_logical_experts, WARP)):
+                                if j * WARP + lane < num_logical_experts:
+                                    count = count + logical_count[j * WARP + lane]
+                            experts = T.warp_reduce_sum(count)
+                        else:
+                            experts = num_experts + num_shared_experts
+                        # lane l draws from experts - l values; taken in increasing order, each later-lane value at
+                        # or above the one just taken steps up by one, which makes them distinct
+                        if lane < num_physical_topk:
+                            pending = T.Cast(T.int32, c1 % T.Cast(T.uint32, experts - lane))
+                            choice = -1
+                        else:
+                            pending = INT_MAX
+                            choice = INT_MAX
+                        for _ in T.serial(num_physical_topk):
+                            low = T.warp_reduce_min(pending)
+                            low_lane = T.warp_reduce_min(T.if_then_else(pending == low, lane, INT_MAX))
+                            if choice == -1:
+                                if pending >= low and low_lane < lane:
+                                    pending = pending + 1
+                                elif low_lane == lane:
+                                    choice = pending
+                                    pending = INT_MAX
+                        if lane < num_physical_topk:
+                            topk_idx[token, lane] = T.Cast(T.int64, choice)
+                            topk_weights[token, lane] = weight
+                        if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
+                            unmapped_topk_idx[token, lane] = T.int64(-1)
+                    else:
+                        # scores (kept for the output), then the bias the ranking adds
+                        if token < num_tokens and (flags & FLAG_IMAGE) != 0:
+                            image = image_token_mask[token]
+                        for s in T.serial(per):
+                            e = lane * per + s
+                            vals[s] = -T.infinity(T.float32)
+                            if e < num_experts:
+                                vals[s] = sqrt_softplus(logits_ub[i, e])
+                                scores_ub[i, e] = vals[s]
+                                if image:
+                                    vals[s] = vals[s] + image_bias[e]
+                                elif (flags & FLAG_BIAS) != 0:
+                                    vals[s] = vals[s] + bias[e]
+                        if route == ROUTED:
+                            # each round: the warp's largest remaining value, from its lowest lane (lowest expert)
+                            removed = T.uint32(0)
+                            for k in T.serial(num_topk):
+                                best = -T.infinity(T.float32)
+                                best_slot = INT_MAX
+                                for s in T.serial(per):
+                                    if lane * per + s < num_experts and ((removed >> T.Cast(T.uint32, s)) & T.uint32(1)) == T.uint32(0):
+                                        if vals[s] > best or best_slot == INT_MAX:
+                                            best = vals[s]
+                                            best_slot = s
+                                top = T.warp_reduce_max(best)
+                                winner = T.warp_reduce_min(T.if_then_else(best_slot != INT_MAX and best == top, lane, INT_MAX))
+                                if winner == INT_MAX:  # only when a value is NaN: any lane with slots left
+                                    winner = T.warp_reduce_min(T.if_then_else(best_slot != INT_MAX, lane, INT_MAX))
+                                slot = T.warp_reduce_min(T.if_then_else(lane == winner, best_slot, INT_MAX))
+                                if lane == k:
+                                    idx = winner * per + slot
+                                if lane == winner:
+                                    removed = removed | (T.uint32(1) << T.Cast(T.uint32, slot))
+                            out_idx = T.Cast(T.int64, idx)
+                        elif lane < num_topk:
+                            out_idx = unmapped_topk_idx[token, lane]
+                        # the chosen experts' unbiased scores; a fixed index outside [0, num_experts) weighs 0
+                        # (recomputed from the logits, as on CUDA: another lane wrote that expert's score)
+                        if lane < num_topk and out_idx >= 0 and out_idx < num_experts:
+                            score = sqrt_softplus(logits_ub[i, out_idx])
+                        total = T.warp_reduce_sum(score) + T.float32(1e-20)
+                        if lane < num_topk:
+                            weight = score / total * routed_scaling_factor
+                            if token < num_tokens and (flags & FLAG_UNMAPPED) != 0:
+                                unmapped_topk_idx[token, lane] = out_idx
+                        elif lane < num_physical_topk:
+                            weight = T.float32(1)
+                            out_idx = T.Cast(T.int64, num_experts + lane - num_topk)
+                        if (flags & FLAG_PHYSICAL) != 0 and lane < num_physical_topk:
+                            if out_idx >= 0 and out_idx < T.Cast(T.int64, num_logical_experts):
+                                count = T.max(logical_count[out_idx], 1)
+                                out_idx = T.Cast(
+                                    T.int64,
+                                    to_physical_map[
+                                        out_idx,
+                                        (T.Cast(T.int64, ep_rank) + T.Cast(T.int64, token) * DUPLICATE_STRIDE) % T.Cast(T.int64, count),
+                                    ],
+                                )
+                        if token < num_tokens and lane < num_physical_topk:
+                            topk_idx[token, lane] = out_idx
+                            topk_weights[token, lane] = weight
+            if (flags & FLAG_SCORES) != 0:
+                T.copy(scores_ub, scores[first : first + TOKENS, :])
+
+    return moe_topk_gate

@@ -1,0 +1,55 @@
+"""Top-k weight normalisation for Ascend: denominator = 1e-20 + sum(w), normalized = w / denominator.
+
+A block copies `TOKENS` tokens' weights into the Unified Buffer; in a SIMT region one thread a token folds the
+sum in halves (16, 8, 4, 2, 1 apart, zero padded to 32), the CUDA kernel's order, so a token's denominator is
+the one moe_topk_gate divides by, bit for bit.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._moe.kernels import NORMALIZE_WEIGHT
+
+DECL = NORMALIZE_WEIGHT
+REQUIRES: dict[str, int] = {}
+TOKENS = 64
+
+
+def unsupported(num_topk) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(num_topk: int):
+    num_tokens = T.dynamic("num_tokens")
+
+    @T.prim_func
+    def normalize_weight(
+        topk_weights: T.Tensor[(num_tokens, num_topk), T.float32],
+        denominator: T.Tensor[(num_tokens,), T.float32],
+        normalized_weights: T.Tensor[(num_tokens, num_topk), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
+            first = block * TOKENS
+            w_ub = T.alloc_shared((TOKENS, num_topk), T.float32)
+            out_ub = T.alloc_shared((TOKENS, num_topk), T.float32)
+            den_ub = T.alloc_shared((TOKENS,), T.float32)
+            T.copy(topk_weights[first : first + TOKENS, :], w_ub)
+            with T.SimtVF(threads=TOKENS):
+                part = T.alloc_local((num_topk,), T.float32)
+                total = T.alloc_var(T.float32)
+                for i in T.Parallel(TOKENS):
+                    for k in T.serial(num_topk):
+                        part[k] = w_ub[i, k]
+                    for step in T.unroll(5):
+                        half = 16 >> step
+                        for k in T.unroll(num_topk):
+                            if k < half and k + half < num_topk:
+                                part[k] = part[k] + part[k + half]
+                    total = T.float32(1e-20) + part[0]
+                    den_ub[i] = total
+                    for k in T.serial(num_topk):
+                        out_ub[i, k] = w_ub[i, k] / total
+            T.copy(den_ub, denominator[first : first + TOKENS])
+            T.copy(out_ub, normalized_weights[first : first + TOKENS, :])
+
+    return normalize_weight

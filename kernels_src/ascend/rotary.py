@@ -1,0 +1,74 @@
+"""Rotary position embedding for Ascend, in place, on (batch, seqlen, num_heads, rot_dim) views.
+
+Head rows are flattened over (seqlen, num_heads) as on CUDA (kernels_src/transform/rotary.py), so one binary
+serves every head count. A block takes `ROWS` head rows of one batch: each row and its cos / sin cache row
+(at the token's position: positions[b, token] + seqlen_offset when has_positions, else token +
+seqlen_offset) is copied into the Unified Buffer by its own DMA copy (rows of a block need not be evenly
+spaced in memory); a SIMT region rotates every pair in fp32, a * cos - b * sin and a * sin + b * cos with
+sin negated when conjugate, rounds to the row's dtype, and the rows are copied back. NeoX pairs are
+(j, j + rot_dim / 2), interleaved (GPT-J) pairs (2j, 2j + 1). Positions are int32 words with a runtime stride,
+so int64 positions are read through their low word, as on CUDA.
+"""
+
+from tilelang.ascend import language as T
+
+from tkaot._transform.kernels import ROTARY
+
+DECL = ROTARY
+REQUIRES: dict[str, int] = {}
+ROWS = 32  # head rows a block
+THREADS = 128
+
+
+def unsupported(rot_dim, dtype, interleaved) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(rot_dim: int, dtype: str, interleaved: bool):
+    half = rot_dim // 2
+
+    batch, seqlen, num_heads = T.dynamic("batch"), T.dynamic("seqlen"), T.dynamic("num_heads")
+    cache_rows = T.dynamic("cache_rows")
+    x_bstride, x_stride, x_hstride = T.dynamic("x_batch_stride"), T.dynamic("x_stride"), T.dynamic("x_head_stride")
+    cache_stride = T.dynamic("cache_stride")
+    pos_bstride, pos_stride = T.dynamic("positions_batch_stride"), T.dynamic("positions_stride")
+
+    @T.prim_func
+    def rotary(
+        x: T.StridedTensor[(batch, seqlen, num_heads, rot_dim), (x_bstride, x_stride, x_hstride, 1), dtype],
+        cos_sin_cache: T.StridedTensor[(cache_rows, rot_dim), (cache_stride, 1), T.float32],
+        positions: T.StridedTensor[(batch, seqlen), (pos_bstride, pos_stride), T.int32],
+        has_positions: T.int32,
+        conjugate: T.int32,
+        seqlen_offset: T.int32,
+    ):
+        T.assume(num_heads > 0)
+        tiles = T.ceildiv(seqlen * num_heads, ROWS)
+        with T.Kernel(batch * tiles) as block:
+            b = block // tiles
+            first = block % tiles * ROWS
+            x_ub = T.alloc_shared((ROWS, rot_dim), dtype)
+            cs_ub = T.alloc_shared((ROWS, rot_dim), T.float32)
+            for r in T.serial(ROWS):
+                if first + r < seqlen * num_heads:
+                    token = (first + r) // num_heads
+                    head = (first + r) % num_heads
+                    pos = T.if_then_else(has_positions != 0, positions[b, token], token) + seqlen_offset
+                    T.copy(x[b, token, head, 0:rot_dim], x_ub[r, :])
+                    T.copy(cos_sin_cache[pos, 0:rot_dim], cs_ub[r, :])
+            with T.SimtVF(threads=THREADS):
+                for r, j in T.Parallel(ROWS, half):
+                    sign = T.if_then_else(conjugate != 0, T.float32(-1), T.float32(1))
+                    cos = cs_ub[r, j]
+                    sin = cs_ub[r, half + j] * sign
+                    lo, hi = (2 * j, 2 * j + 1) if interleaved else (j, half + j)
+                    a = T.cast(x_ub[r, lo], T.float32)
+                    c = T.cast(x_ub[r, hi], T.float32)
+                    x_ub[r, lo] = T.cast(a * cos - c * sin, dtype)
+                    x_ub[r, hi] = T.cast(a * sin + c * cos, dtype)
+            for r in T.serial(ROWS):
+                if first + r < seqlen * num_heads:
+                    T.copy(x_ub[r, :], x[b, (first + r) // num_heads, (first + r) % num_heads, 0:rot_dim])
+
+    return rotary
