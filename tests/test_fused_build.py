@@ -418,7 +418,7 @@ def test_swiglu_valid_input_reaches_the_registry(fake_cuda):
         (lambda: dict(use_packed_ue8m0=True), ValueError, "round_sf=True"),
         (lambda: dict(out_bf16=meta(4, 512)), ValueError, "out_bf16 must be None unless with_out_bf16"),
         (lambda: dict(with_out_bf16=True, out_bf16=meta(4, 512, dtype=torch.float32)), ValueError, "out_bf16 must be torch.bfloat16"),
-        (lambda: dict(out=(meta(4, 512, dtype=torch.float8_e4m3fn),)), TypeError, r"out must be a \(data, sf\) pair"),
+        (lambda: dict(out=(meta(4, 512, dtype=torch.float8_e4m3fn),)), TypeError, r"out must be None or a \(data, sf\) pair"),
         (lambda: dict(out=(meta(4, 512), meta(4, 16, dtype=torch.float32))), ValueError, r"out\[0\] must be torch.float8_e4m3fn"),
         (
             lambda: dict(out=(meta(4, 512, dtype=torch.float8_e4m3fn), meta(4, 4, dtype=torch.int32))),

@@ -168,7 +168,7 @@ GATE = dict(num_topk=8, use_shared_as_routed=True, num_shared_experts=1, routed_
         (dict(scores=meta(4, 128)), ValueError, "scores must be of shape \\(4, 256\\)"),
         (dict(out=(meta(4, 8, dtype=torch.int64), meta(4, 9))), ValueError, "out\\[0\\] \\(topk_idx\\) must be of shape \\(4, 9\\)"),
         (dict(out=(meta(4, 9, dtype=torch.int64), meta(4, 9, dtype=torch.float16))), ValueError, "out\\[1\\] \\(topk_weights\\) must be"),
-        (dict(out=meta(4, 9)), TypeError, "out must be a \\(topk_idx, topk_weights\\) pair"),
+        (dict(out=meta(4, 9)), TypeError, "out must be None or a \\(topk_idx, topk_weights\\) pair"),
         (dict(bias=torch.zeros(256)), ValueError, "bias must be on the device of logits, got a tensor on cpu"),
         (dict(logits=[0.0] * 256), TypeError, "logits must be a torch.Tensor, got list"),
         (dict(logits=meta(2**26, 256)), ValueError, "logits must be of fewer than 67108864 tokens, got 67108864"),

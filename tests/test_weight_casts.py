@@ -147,7 +147,7 @@ test_bad_arguments_raise_before_launch = refusals(
         (lambda q: q.batched_transpose_weight_sf([F32(0, 4, 4)], 128, [False], [None]), ValueError, "1 to 65535 groups"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(I32(512, 1),)]), TypeError, r"\(sf0, sf1\) pair"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4), F32(4, 4)], 128, [False, False], [None, [I32(512, 1)]]), TypeError,
-         r"outs\[1\] must be a \(sf0, sf1\) pair"),
+         r"outs\[1\] must be None or a \(sf0, sf1\) pair"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4), F32(4, 8)[:, :4]], 128, [False, False], [None, None]), ValueError,
          r"sf\[1\] must be contiguous"),
         (lambda q: q.batched_transpose_weight_sf([F32(4, 4)], 128, [False], [(I32(512, 2)[:, :1], I32(512, 1))]), ValueError,

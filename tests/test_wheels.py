@@ -281,10 +281,9 @@ def test_install_into_fresh_venv_and_check(dist, tmp_path):
     assert f"{CONFIGS / 'deepseek-v3.json'}: needs" in ok.stdout and "per_token_cast" in ok.stdout and "; 0 missing" in ok.stdout
     odd = tmp_path / "odd-model.json"
     odd.write_text(json.dumps({"model_type": "llama", "hidden_size": 1040, "num_attention_heads": 8}))
-    gap = run(tkaot_build, "check", "--hf-config", odd)
-    assert gap.returncode == 1
-    assert f"{odd}: needs 16 variants of rmsnorm; 16 missing" in gap.stdout and "missing rmsnorm hidden=1040," in gap.stdout
-    assert "16 variants missing" in gap.stderr
+    gap = run(tkaot_build, "check", "--hf-config", odd)  # an unbuilt width: the generic tier serves it, and says so
+    assert gap.returncode == 0, gap.stdout + gap.stderr
+    assert f"{odd}: needs 16 variants of rmsnorm; 0 missing; 16 generic" in gap.stdout and "generic rmsnorm hidden=1040," in gap.stdout
     assert f"-j {len(os.sched_getaffinity(0))} --out DIR" in gap.stdout
     # issue 21.2: without TileLang the build commands say in one line what to install; --help says which
     helped = run(tkaot_build, "--help")
