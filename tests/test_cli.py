@@ -87,7 +87,7 @@ def test_inspect_and_verify_take_a_root_and_fit_a_terminal():
     assert max(map(len, lines)) <= WIDTH, max(lines, key=len)
     assert f"{len(manifest['variants'])} variants" in lines[0] and "built with nvcc" in lines[1]
     unwrapped = table.output.replace("\n    ", "")  # long keys (130-odd characters) wrap after a comma
-    assert all(f"{e['kernel']} {e['key']}" in unwrapped for e in manifest["variants"])
+    assert all(f"{e['kernel']} {e['key']}".rstrip() in unwrapped for e in manifest["variants"])  # a kernel of no static axes: ""
     ok = run("verify", str(PREBUILT), "--arch", "sm90")
     assert ok.exit_code == 0 and f"{len(manifest['variants'])} variants" in ok.output
     every = run("verify", str(PREBUILT))  # without --arch: each arch's set of the root
