@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -80,3 +81,30 @@ def refusals(cases: list, doc: str):
 
     test.__doc__ = doc
     return test
+
+
+@contextmanager
+def poisoned_allocations():
+    """Every CUDA tensor torch.empty / empty_like / empty_strided / Tensor.new_empty makes inside starts as 0xFF bytes
+    (NaN for floats), so an output element a kernel leaves unwritten shows."""
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
+    new_empty = torch.Tensor.new_empty
+
+    def poisoning(make):
+        def make_poisoned(*args, **kwargs):
+            t = make(*args, **kwargs)
+            if t.is_cuda and t.numel():
+                t.untyped_storage().fill_(0xFF)
+            return t
+
+        return make_poisoned
+
+    try:
+        for name, make in originals.items():
+            setattr(torch, name, poisoning(make))
+        torch.Tensor.new_empty = poisoning(new_empty)
+        yield
+    finally:
+        for name, make in originals.items():
+            setattr(torch, name, make)
+        torch.Tensor.new_empty = new_empty

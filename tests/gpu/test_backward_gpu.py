@@ -8,12 +8,11 @@ bits as the reference, which runs the same fp32 operations on the GPU. Results t
 below: the kernels add in another order than torch.
 """
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 import tkaot
+from tests.helpers import poisoned_allocations
 from tkaot.reference import backward as ref
 
 pytestmark = pytest.mark.gpu
@@ -24,32 +23,6 @@ BF16, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
 # flip a bf16 rounding (one bf16 ulp); weight_grad sums up to 4097 rows
 SUM_TOL = {BF16: dict(rtol=2**-7, atol=2**-7), F32: dict(rtol=1e-5, atol=1e-5)}
 WEIGHT_GRAD_TOL = dict(rtol=1e-4, atol=1e-3)
-
-
-@contextmanager
-def poisoned_allocations():
-    """Every CUDA tensor torch.empty / empty_like / empty_strided / Tensor.new_empty makes starts as 0xFF bytes (NaN)."""
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
-    new_empty = torch.Tensor.new_empty
-
-    def poisoning(make):
-        def make_poisoned(*args, **kwargs):
-            t = make(*args, **kwargs)
-            if t.is_cuda and t.numel():
-                t.untyped_storage().fill_(0xFF)
-            return t
-
-        return make_poisoned
-
-    try:
-        for name, make in originals.items():
-            setattr(torch, name, poisoning(make))
-        torch.Tensor.new_empty = poisoning(new_empty)
-        yield
-    finally:
-        for name, make in originals.items():
-            setattr(torch, name, make)
-        torch.Tensor.new_empty = new_empty
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:

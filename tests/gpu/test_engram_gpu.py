@@ -13,13 +13,12 @@ model with the same loss curve as plain autograd through the reference forward (
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 import tkaot
 import tkaot.engram as E
+from tests.helpers import poisoned_allocations
 from tests.test_engram import reference_gate, train
 from tkaot.modeling.engram import engram_gate
 from tkaot.reference import engram as ref
@@ -31,32 +30,6 @@ GATE_HIDDEN = [512, 2048, 4096, 7168, 9216, 16384]  # 9216 and 16384: x beyond t
 BF16_TOL = dict(rtol=2**-7, atol=2**-7)
 ROW_SUM_TOL = dict(rtol=1e-5, atol=1e-6)
 BF16, F32 = torch.bfloat16, torch.float32
-
-
-@contextmanager
-def poisoned_allocations():
-    """Every CUDA tensor torch.empty / empty_like / Tensor.new_empty makes inside starts as 0xFF bytes."""
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like")}
-    new_empty = torch.Tensor.new_empty
-
-    def poisoning(make):
-        def make_poisoned(*args, **kwargs):
-            t = make(*args, **kwargs)
-            if t.is_cuda and t.numel():
-                t.untyped_storage().fill_(0xFF)
-            return t
-
-        return make_poisoned
-
-    try:
-        for name, make in originals.items():
-            setattr(torch, name, poisoning(make))
-        torch.Tensor.new_empty = poisoning(new_empty)
-        yield
-    finally:
-        for name, make in originals.items():
-            setattr(torch, name, make)
-        torch.Tensor.new_empty = new_empty
 
 
 def sms() -> int:

@@ -11,12 +11,11 @@ replay of an mHC layer step (expand, split, Sinkhorn, pre-apply, post) against e
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 import tkaot
+from tests.helpers import poisoned_allocations
 from tkaot.reference import mhc as ref
 
 pytestmark = pytest.mark.gpu
@@ -26,29 +25,6 @@ MHC = 4
 TOKENS = [1, 3, 127, 4097, 8191]
 HIDDEN = [7168, 1032]  # DeepSeek's, and 8 * 129 (no multiple of 16: the last vector of a row alone)
 SUMS = 1e-5
-
-
-@contextmanager
-def poisoned_allocations():
-    """Every CUDA tensor torch.empty / empty_like makes starts as 0xFF bytes (NaN for floats)."""
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like")}
-
-    def poisoning(make):
-        def make_poisoned(*args, **kwargs):
-            t = make(*args, **kwargs)
-            if t.is_cuda and t.numel():
-                t.untyped_storage().fill_(0xFF)
-            return t
-
-        return make_poisoned
-
-    try:
-        for name, make in originals.items():
-            setattr(torch, name, poisoning(make))
-        yield
-    finally:
-        for name, make in originals.items():
-            setattr(torch, name, make)
 
 
 def gen(*seed: int) -> torch.Generator:

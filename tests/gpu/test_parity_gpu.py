@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import torch
 
 import tkaot
 from tests import parity_cases
+from tests.helpers import poisoned_allocations
 from tests.parity_compare import compare_calls
 
 pytestmark = pytest.mark.gpu
@@ -53,32 +53,6 @@ class Outcome:
 
 
 RESULTS: dict[str, list[Outcome]] = {}
-
-
-@contextmanager
-def poisoned_allocations():
-    """Every CUDA tensor torch.empty / empty_like / empty_strided / Tensor.new_empty makes starts as 0xFF bytes."""
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
-    new_empty = torch.Tensor.new_empty
-
-    def poisoning(make):
-        def make_poisoned(*args, **kwargs):
-            t = make(*args, **kwargs)
-            if t.is_cuda and t.numel():
-                t.untyped_storage().fill_(0xFF)
-            return t
-
-        return make_poisoned
-
-    try:
-        for name, make in originals.items():
-            setattr(torch, name, poisoning(make))
-        torch.Tensor.new_empty = poisoning(new_empty)
-        yield
-    finally:
-        for name, make in originals.items():
-            setattr(torch, name, make)
-        torch.Tensor.new_empty = new_empty
 
 
 def run_case(case: parity_cases.Case) -> Outcome:
