@@ -22,7 +22,9 @@ BF16, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
 # Sums in another order: an fp32 row dot product moves x_grad by a few fp32 ulps of the row's scale, which can
 # flip a bf16 rounding (one bf16 ulp); weight_grad sums up to 4097 rows
 SUM_TOL = {BF16: dict(rtol=2**-7, atol=2**-7), F32: dict(rtol=1e-5, atol=1e-5)}
-WEIGHT_GRAD_TOL = dict(rtol=1e-4, atol=1e-3)
+# weight_grad sums up to 4097 tokens (RMSNorm) or 2 x 7168 columns (SwiGLU) in another order: a few fp32 ulps of
+# the sum of |terms|, which shows where the sum cancels to near zero; a bf16 weight_grad can also round one bf16 ulp
+WEIGHT_GRAD_TOL = {F32: dict(rtol=1e-4, atol=4e-3), BF16: dict(rtol=2**-7, atol=4e-3)}
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -36,7 +38,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("hidden", [512, 1536, 2048, 4096, 5120, 7168, 8192])
-@pytest.mark.parametrize("dtype", [BF16, F32])
+@pytest.mark.parametrize("dtype", [BF16])  # the default set's; fp32 activations build on demand (below)
 @pytest.mark.parametrize("weight, residual, given", [(True, False, False), (True, True, True), (False, True, False), (False, False, False)])
 def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, given):
     for tokens in TOKENS:
@@ -52,10 +54,16 @@ def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, 
         torch.cuda.synchronize()
         torch.testing.assert_close(x_grad, expected[0], **SUM_TOL[dtype])
         if weight:
-            torch.testing.assert_close(w_grad.float(), expected[1].float(), **WEIGHT_GRAD_TOL)
             assert w_grad.dtype == (wg.dtype if given else dtype)
+            torch.testing.assert_close(w_grad.float(), expected[1].float(), **WEIGHT_GRAD_TOL[w_grad.dtype])
         else:
             assert w_grad is None
+
+
+def test_norm_backward_of_fp32_activations_names_its_build():
+    x = torch.randn(3, 2048, device="cuda")
+    with pytest.raises(tkaot.VariantNotBuilt, match="--set hidden=2048 --set dtype=float32"):
+        tkaot.quant.norm_backward(x, x, None, torch.ones(3, device="cuda"))
 
 
 def test_norm_backward_is_the_same_from_run_to_run(seed):
@@ -68,16 +76,17 @@ def test_norm_backward_is_the_same_from_run_to_run(seed):
 
 
 def test_norm_backward_inverts_norm_forward(seed):
-    """Chained with the real forward: x_grad against autograd of the forward reference."""
-    x = torch.randn(127, 4096, device="cuda", requires_grad=True)
-    w = (torch.rand(4096, device="cuda") + 0.5).requires_grad_()
-    out, rstd, _ = tkaot.quant.norm_forward(x.detach(), w.detach(), 1e-6, with_rstd=True)
+    """Chained with the real forward (bf16 activations, the default set's): x_grad and weight_grad against autograd of
+    the fp32 forward reference."""
+    x, w = torch.randn(127, 4096, device="cuda").bfloat16(), (torch.rand(4096, device="cuda") + 0.5).bfloat16()
+    out, rstd, _ = tkaot.quant.norm_forward(x, w, 1e-6, with_rstd=True)
     dy = torch.randn_like(out)
-    expected, _, _ = tkaot.reference.norm_forward(x, w, 1e-6, with_rstd=True)
-    (expected * dy).sum().backward()
-    x_grad, w_grad = tkaot.quant.norm_backward(dy, x.detach(), w.detach(), rstd)
-    torch.testing.assert_close(x_grad, x.grad, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(w_grad, w.grad, rtol=1e-4, atol=1e-3)
+    xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
+    expected, _, _ = tkaot.reference.norm_forward(xf, wf, 1e-6, with_rstd=True)
+    (expected * dy.float()).sum().backward()
+    x_grad, w_grad = tkaot.quant.norm_backward(dy, x, w, rstd)
+    torch.testing.assert_close(x_grad.float(), xf.grad, **SUM_TOL[BF16])
+    torch.testing.assert_close(w_grad.float(), wf.grad, **WEIGHT_GRAD_TOL[BF16])
 
 
 # ---- SwiGLU
@@ -105,13 +114,13 @@ def check_swiglu(got: tuple, expected: tuple, weights: bool) -> None:
             bits_equal(a[0], b[0])
             bits_equal(a[1], b[1])  # in logical order: layouts are compared by the CPU tests
         elif weights and i == (2 if isinstance(got[1], tuple) else 1):
-            torch.testing.assert_close(a, b, **WEIGHT_GRAD_TOL)  # weight_grad: a row sum
+            torch.testing.assert_close(a, b, **WEIGHT_GRAD_TOL[a.dtype])  # weight_grad: a row sum
         else:
             bits_equal(a, b)
 
 
 @pytest.mark.parametrize("hidden", [256, 768, 1536, 2048, 7168])
-@pytest.mark.parametrize("dtype, fmt", [(BF16, "bf16"), (F32, "fp32"), (BF16, "fp32"), (F32, "bf16")])
+@pytest.mark.parametrize("dtype, fmt", [(BF16, "bf16"), (F32, "fp32")])  # the default set's pairs
 @pytest.mark.parametrize("psum, weights, rsf, clamp, recompute", [
     (False, False, None, None, False), (True, True, 2.5, None, True), (False, True, None, 7.0, False), (True, False, None, 3.0, True),
 ])  # fmt: skip
@@ -125,12 +134,15 @@ def test_swiglu_backward_matches_reference(seed, hidden, dtype, fmt, psum, weigh
         check_swiglu(got, expected, weights)
 
 
+# The default set: bf16 gradients; per 128 with each sf kind (fp32, pow2, packed UE8M0), per 32 with packed UE8M0
 @pytest.mark.parametrize("hidden", [256, 1536, 2048, 7168])
-@pytest.mark.parametrize("group", [32, 128])
-@pytest.mark.parametrize("grad_dtype", [BF16, F32])
-@pytest.mark.parametrize("round_sf, packed, col", [(False, False, False), (True, False, True), (True, True, False), (True, True, True)])
+@pytest.mark.parametrize("group, round_sf, packed, col", [
+    (128, False, False, False), (128, True, False, True), (128, True, True, False), (128, True, True, True),
+    (32, True, True, False), (32, True, True, True),
+])  # fmt: skip
 @pytest.mark.parametrize("psum, weights, clamp", [(False, False, None), (True, True, 5.0)])
-def test_swiglu_backward_and_per_token_cast_matches_reference(seed, hidden, group, grad_dtype, round_sf, packed, col, psum, weights, clamp):
+def test_swiglu_backward_and_per_token_cast_matches_reference(seed, hidden, group, round_sf, packed, col, psum, weights, clamp):
+    grad_dtype = BF16
     for tokens in TOKENS:
         x, dy, w, p = swiglu_inputs(tokens, hidden, F32, psum, weights)
         dy = dy.to(grad_dtype)

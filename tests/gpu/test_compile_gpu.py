@@ -140,7 +140,7 @@ def _round_trip(x):
 def test_single_ops_fullgraph_are_bit_identical_to_eager(tokens):
     g = torch.Generator(device="cuda").manual_seed(tokens)
     r = lambda *s, dtype=torch.bfloat16: torch.randn(*s, generator=g, device="cuda").to(dtype)
-    x, w, res = r(tokens, 1024), r(1024), r(tokens, 1024)
+    x, w, res = r(tokens, 2048), r(2048), r(tokens, 2048)  # a width the default set builds for every op below
     logits, bias = r(tokens, 256, dtype=torch.float32), r(256, dtype=torch.float32)
     cases = [
         (_norm_into, lambda: (x, w, res, nan_like(x), nan_like(x))),
