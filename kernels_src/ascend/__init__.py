@@ -11,7 +11,10 @@ turn) takes a tile of rows into the Unified Buffer, computes there in a `T.SimtV
 the results out by DMA. Small or scattered pieces (scale factors in any layout, routing tables, outputs whose width
 is a runtime value) are read and written from the SIMT region directly in global memory. The block count is
 an expression in the dynamic dims (no persistent loop), so the binary does not depend on how many vector
-cores a device has. None of them has run on an NPU yet.
+cores a device has. A generic tier's module (`<kernel>_generic`) builds with its specialised kernel's builder, the
+width a runtime value: tiles sized for the widest row with copies clipped to the row, or rows cut into segments.
+Shared pieces: tile sizing (tile.py), the norms' row RMS (rms.py), quantized input (quant_in.py). None of them has
+run on an NPU yet.
 """
 
 # kernel name -> its Ascend module; build_tools/ascend.py reads this table
@@ -38,4 +41,21 @@ ASCEND_SOURCES = {
     "mhc_normw_merge_fwd": "kernels_src.ascend.mhc_normw_merge_fwd",
     "mhc_normw_merge_bwd": "kernels_src.ascend.mhc_normw_merge_bwd",
     "mhc_head_mix_fwd": "kernels_src.ascend.mhc_head_mix_fwd",
+    # casts, backward, generic tiers, engram gate
+    "per_block_cast_lossless": "kernels_src.ascend.per_block_cast_lossless",
+    "batched_transpose_weight_sf": "kernels_src.ascend.batched_transpose_weight_sf",
+    "cast_back_generic": "kernels_src.ascend.cast_back_generic",
+    "per_token_cast_generic": "kernels_src.ascend.per_token_cast_generic",
+    "rmsnorm_backward": "kernels_src.ascend.rmsnorm_backward",
+    "weight_grad_reduce": "kernels_src.ascend.weight_grad_reduce",
+    "swiglu_backward": "kernels_src.ascend.swiglu_backward",
+    "moe_topk_gate_backward": "kernels_src.ascend.moe_topk_gate_backward",
+    "rmsnorm_generic": "kernels_src.ascend.rmsnorm_generic",
+    "norm_cast_generic": "kernels_src.ascend.norm_cast_generic",
+    "swiglu_generic": "kernels_src.ascend.swiglu_generic",
+    "topk_gate_generic": "kernels_src.ascend.topk_gate_generic",
+    "moe_topk_gate_generic": "kernels_src.ascend.moe_topk_gate_generic",
+    "normalize_weight_generic": "kernels_src.ascend.normalize_weight_generic",
+    "engram_gate_fwd": "kernels_src.ascend.engram_gate_fwd",
+    "engram_gate_bwd": "kernels_src.ascend.engram_gate_bwd",
 }

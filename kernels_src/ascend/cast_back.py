@@ -30,13 +30,26 @@ def build(hidden: int, in_dtype: str, in_block: str, in_sf: str, out_dtype: str)
     why = unsupported(hidden, in_dtype, in_block, in_sf, out_dtype)
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
+    return cast_back_kernel(hidden, None, in_dtype, in_block, in_sf, out_dtype)
+
+
+def cast_back_kernel(hidden, width: int | None, in_dtype: str, in_block: str, in_sf: str, out_dtype: str):
+    """The kernel for rows of `hidden` columns: an int, cut into the widest segments that divide it (width None),
+    or the generic kernel's runtime value, cut into segments of `width` (the last clipped to the row)."""
     storage, per = STORAGE[in_dtype]
     bm, bk = common.block_shape(in_block)
     col_bytes = 1 / per + BYTES[out_dtype] + 4 / bk
-    width = segment(hidden, bk if bk % 2 == 0 else 2, col_bytes)
-    segs = hidden // width
+    generic = width is not None
+    if generic:
+        segs = T.ceildiv(hidden, width)
+    else:
+        width = segment(hidden, bk if bk % 2 == 0 else 2, col_bytes)
+        segs = hidden // width
     rows = rows_per_block(int(width * col_bytes) + 1, 1)
     sf_in = common.SfLayout.from_input(in_sf, hidden // bk)
+    # packed E2M1 rows of a runtime width are declared `hidden` bytes wide, twice their width: a dim must stand
+    # alone in some extent to be bound (addresses go by x_stride, every access is in the row)
+    x_cols = hidden if generic and per > 1 else hidden // per
 
     num_tokens = T.dynamic("num_tokens")
     x_stride, sf_stride = T.dynamic("x_stride"), T.dynamic("sf_stride")
@@ -44,7 +57,7 @@ def build(hidden: int, in_dtype: str, in_block: str, in_sf: str, out_dtype: str)
 
     @T.prim_func
     def cast_back(
-        x: T.StridedTensor[(num_tokens, hidden // per), (x_stride, 1), storage],
+        x: T.StridedTensor[(num_tokens, x_cols), (x_stride, 1), storage],
         x_sf: T.StridedTensor[sf_in.shape(sf_rows), (sf_stride, 1), sf_in.dtype],
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
@@ -55,13 +68,23 @@ def build(hidden: int, in_dtype: str, in_block: str, in_sf: str, out_dtype: str)
             x_ub = T.alloc_shared((rows, width // per), storage)
             out_ub = T.alloc_shared((rows, width), out_dtype)
             scale_ub = T.alloc_shared((rows, width // bk), T.float32)
-            T.copy(x[row : row + rows, col // per : (col + width) // per], x_ub)
+            if generic:
+                span = T.min(width, hidden - col)  # the segment's columns in the row
+                T.copy(x[row : row + rows, col // per : col // per + span // per], x_ub[:, 0 : span // per])
+            else:
+                T.copy(x[row : row + rows, col // per : (col + width) // per], x_ub)
             with T.SimtVF(threads=THREADS):
                 for i, q in T.Parallel(rows, width // bk):
+                    live = row + i < num_tokens
+                    if generic:
+                        live = live and col + q * bk < hidden
                     stored_in = x_sf[sf_in.index((row + i) // bm, col // bk + q)]
-                    scale_ub[i, q] = T.if_then_else(row + i < num_tokens, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
+                    scale_ub[i, q] = T.if_then_else(live, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
                 for i, c in T.Parallel(rows, width):
                     out_ub[i, c] = T.Cast(out_dtype, decode(in_dtype, x_ub, i, c) * scale_ub[i, c // bk])
-            T.copy(out_ub, out[row : row + rows, col : col + width])
+            if generic:
+                T.copy(out_ub[:, 0:span], out[row : row + rows, col : col + span])
+            else:
+                T.copy(out_ub, out[row : row + rows, col : col + width])
 
     return cast_back

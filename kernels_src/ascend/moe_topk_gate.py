@@ -45,7 +45,14 @@ def build(num_experts: int, num_topk: int, tiling: str):
     why = unsupported(num_experts, num_topk, tiling)
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
-    vec, chunks = layout(num_experts)
+    return moe_topk_gate_kernel(num_experts, num_topk, num_experts)
+
+
+def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
+    """The kernel for `num_experts` and `num_topk` (ints, or the generic kernel's runtime values) in tiles sized for
+    max_experts (num_experts itself, or the most the generic kernel takes). A lane holds `per` adjacent experts, the
+    CUDA layout of max_experts; ties go to the lower expert index whatever `per` is, so the picks do not depend on it."""
+    vec, chunks = layout(max_experts)
     per = vec * chunks  # experts a lane holds
     num_tokens = T.dynamic("num_tokens")
     num_physical_topk = T.dynamic("num_physical_topk")
@@ -75,9 +82,9 @@ def build(num_experts: int, num_topk: int, tiling: str):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            logits_ub = T.alloc_shared((TOKENS, num_experts), T.float32)
-            scores_ub = T.alloc_shared((TOKENS, num_experts), T.float32)
-            T.copy(logits[first : first + TOKENS, :], logits_ub)
+            logits_ub = T.alloc_shared((TOKENS, max_experts), T.float32)
+            scores_ub = T.alloc_shared((TOKENS, max_experts), T.float32)
+            T.copy(logits[first : first + TOKENS, 0:num_experts], logits_ub[:, 0:num_experts])
             with T.SimtVF(threads=TOKENS * WARP):
                 vals = T.alloc_local((per,), T.float32)
                 route = T.alloc_var(T.int32)
@@ -239,6 +246,6 @@ def build(num_experts: int, num_topk: int, tiling: str):
                             topk_idx[token, lane] = out_idx
                             topk_weights[token, lane] = weight
             if (flags & FLAG_SCORES) != 0:
-                T.copy(scores_ub, scores[first : first + TOKENS, :])
+                T.copy(scores_ub[:, 0:num_experts], scores[first : first + TOKENS, 0:num_experts])
 
     return moe_topk_gate

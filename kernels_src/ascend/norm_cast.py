@@ -15,6 +15,7 @@ CUDA's, so rstd (and through it y) may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import NORM_CAST
@@ -32,31 +33,59 @@ def unsupported(hidden, dtype, sf, tiling) -> str | None:
 
 
 def build(hidden: int, dtype: str, sf: str, tiling: str):
+    return norm_cast_kernel(hidden, hidden, dtype, sf)
+
+
+def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
+    """The kernel for rows of `hidden` columns (an int, or the generic kernel's runtime value) in tiles `width`
+    columns wide (hidden itself, or the widest row the generic kernel takes)."""
     elem = 2 if dtype == "bfloat16" else 4
     packed = sf == "ue8m0"
     groups = hidden // GROUP
-    words = -(-groups // PACK)
+    words = T.ceildiv(groups, PACK) if isinstance(groups, T.PrimExpr) else -(-groups // PACK)
     sf_cols = words * PACK if packed else groups  # scale-factor elements a row holds (packed: bytes)
+    tile_groups = width // GROUP
+    tile_sf_cols = -(-tile_groups // PACK) * PACK if packed else tile_groups
     sf_dtype = "uint8" if packed else "float32"
     unit = PACK if packed else 1  # sf_group_stride of a row-major layout
     bf16_own = dtype != "bfloat16"  # an fp32 row's bf16 copy needs its own tile; a bf16 y is that copy
     # tiles of a row: x, residual (then y), the bf16 copy, E4M3 values, fp32 inverse scales
-    rows = rows_per_block(hidden * (2 * elem + (2 if bf16_own else 0) + 1) + groups * 12, 1)
-    cols = chunk(hidden)
-    num_chunks = hidden // cols
+    rows = rows_per_block(width * (2 * elem + (2 if bf16_own else 0) + 1) + tile_groups * 12, 1)
+    cols = chunk(width)
+    num_chunks = chunks(hidden, cols)
 
     batch, num_tokens = T.dynamic("batch"), T.dynamic("num_tokens")
-    x_bstride, x_stride = T.dynamic("x_batch_stride"), T.dynamic("x_stride")
-    res_bstride, res_stride = T.dynamic("residual_batch_stride"), T.dynamic("residual_stride")
-    rout_bstride, rout_stride = T.dynamic("residual_out_batch_stride"), T.dynamic("residual_out_stride")
-    out_bstride, out_stride = T.dynamic("out_batch_stride"), T.dynamic("out_stride")
-    ob_bstride, ob_stride = T.dynamic("out_bf16_batch_stride"), T.dynamic("out_bf16_stride")
-    sf_bstride, sf_stride, sf_gstride = T.dynamic("sf_batch_stride"), T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    x_bstride, x_stride = batch_strides("x")
+    res_bstride, res_stride = batch_strides("residual")
+    rout_bstride, rout_stride = batch_strides("residual_out")
+    out_bstride, out_stride = batch_strides("out")
+    ob_bstride, ob_stride = batch_strides("out_bf16")
+    sf_bstride, sf_stride = batch_strides("sf")
+    sf_gstride = T.dynamic("sf_group_stride")
     shape = (batch, num_tokens, hidden)
     if packed:
         sf_shape, sf_strides = (batch, num_tokens, words, PACK), (sf_bstride, sf_stride, sf_gstride, 1)
     else:
         sf_shape, sf_strides = (batch, num_tokens, groups), (sf_bstride, sf_stride, sf_gstride)
+
+    @T.macro
+    def group_scale(y_ub, inv_ub, sf_ub, sf_t, amax, i, g):
+        # group g of row i: its amax, scale factor (stored in either layout) and inverse
+        amax[0] = T.float32(0)
+        for j in T.serial(GROUP):
+            amax[0] = T.max(amax[0], T.abs(T.cast(y_ub[i, g * GROUP + j], "float32")))
+        stored, inv = scale_factor(amax[0], "e4m3", sf)
+        inv_ub[i, g] = inv
+        if sf_gstride == unit:
+            sf_ub[i, g] = stored
+        else:
+            sf_t[g // unit, i * unit + g % unit] = stored
+        if packed and isinstance(groups, int) and groups % PACK and g == groups - 1:
+            for p in T.serial(PACK - groups % PACK):
+                if sf_gstride == unit:
+                    sf_ub[i, groups + p] = T.uint8(0)
+                else:
+                    sf_t[words - 1, i * unit + groups % PACK + p] = T.uint8(0)
 
     @T.prim_func
     def norm_cast(
@@ -79,36 +108,22 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
         with T.Kernel(batch * tiles) as block:
             b = block // tiles
             row = block % tiles * rows
-            x_ub = T.alloc_shared((rows, hidden), dtype)
-            y_ub = T.alloc_shared((rows, hidden), dtype)  # the residual, then y
-            yb_ub = T.alloc_shared((rows, hidden), T.bfloat16) if bf16_own else y_ub
-            out_ub = T.alloc_shared((rows, hidden), T.float8_e4m3fn)
-            w_ub = T.alloc_shared((hidden,), dtype)
+            x_ub = T.alloc_shared((rows, width), dtype)
+            y_ub = T.alloc_shared((rows, width), dtype)  # the residual, then y
+            yb_ub = T.alloc_shared((rows, width), T.bfloat16) if bf16_own else y_ub
+            out_ub = T.alloc_shared((rows, width), T.float8_e4m3fn)
+            w_ub = T.alloc_shared((width,), dtype)
             rstd_ub = T.alloc_shared((rows,), T.float32)
-            inv_ub = T.alloc_shared((rows, groups), T.float32)
-            sf_ub = T.alloc_shared((rows, sf_cols), sf_dtype)  # row-major layout
-            sf_t = T.alloc_shared((sf_cols // unit, rows * unit), sf_dtype)  # column-major layout
-            T.copy(x[b, row : row + rows, :], x_ub)
+            inv_ub = T.alloc_shared((rows, tile_groups), T.float32)
+            sf_ub = T.alloc_shared((rows, tile_sf_cols), sf_dtype)  # row-major layout
+            sf_t = T.alloc_shared((tile_sf_cols // unit, rows * unit), sf_dtype)  # column-major layout
+            T.copy(x[b, row : row + rows, 0:hidden], x_ub[:, 0:hidden])
             if has_residual != 0:
-                T.copy(residual[b, row : row + rows, :], y_ub)
+                T.copy(residual[b, row : row + rows, 0:hidden], y_ub[:, 0:hidden])
             if has_weight != 0:
-                T.copy(weight[0:hidden], w_ub)
+                T.copy(weight[0:hidden], w_ub[0:hidden])
             with T.SimtVF(threads=THREADS):
-                squares = T.alloc_fragment((rows, cols), T.float32)
-                part = T.alloc_fragment((rows,), T.float32)
-                inv_rms = T.alloc_fragment((rows,), T.float32)
-                T.clear(inv_rms)
-                for k in T.serial(num_chunks):
-                    for i, j in T.Parallel(rows, cols):
-                        c = k * cols + j
-                        if has_residual != 0:
-                            x_ub[i, c] = x_ub[i, c] + y_ub[i, c]
-                        squares[i, j] = T.cast(x_ub[i, c], "float32") * T.cast(x_ub[i, c], "float32")
-                    T.reduce_sum(squares, part, dim=1)
-                    for i in T.Parallel(rows):
-                        inv_rms[i] += part[i]
-                for i in T.Parallel(rows):
-                    inv_rms[i] = T.rsqrt(inv_rms[i] / hidden + eps)
+                inv_rms = inverse_rms(x_ub, y_ub, rows, cols, hidden, eps, has_residual != 0)
                 T.copy(inv_rms, rstd_ub)
                 for k in T.serial(num_chunks):
                     for i, j in T.Parallel(rows, cols):
@@ -117,47 +132,48 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
                         y_ub[i, c] = T.cast(T.cast(x_ub[i, c], "float32") * inv_rms[i] * scale, dtype)
                         if bf16_own:
                             yb_ub[i, c] = T.cast(y_ub[i, c], T.bfloat16)
-                amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
-                # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
-                for t in T.Parallel(THREADS):
-                    for w in T.serial(T.ceildiv(rows * groups, THREADS)):
-                        pair = w * THREADS + t
-                        if pair < rows * groups:
-                            i, g = pair // groups, pair % groups
-                            amax[0] = T.float32(0)
-                            for j in T.serial(GROUP):
-                                amax[0] = T.max(amax[0], T.abs(T.cast(y_ub[i, g * GROUP + j], "float32")))
-                            stored, inv = scale_factor(amax[0], "e4m3", sf)
-                            inv_ub[i, g] = inv
+                if packed and not isinstance(groups, int):
+                    # a runtime row width: the unused bytes of a row's last packed word are zeroed first
+                    for i in T.Parallel(rows):
+                        for p in T.serial((PACK - groups % PACK) % PACK):
                             if sf_gstride == unit:
-                                sf_ub[i, g] = stored
+                                sf_ub[i, groups + p] = T.uint8(0)
                             else:
-                                sf_t[g // unit, i * unit + g % unit] = stored
-                            if packed and groups % PACK and g == groups - 1:
-                                for p in T.serial(PACK - groups % PACK):
-                                    if sf_gstride == unit:
-                                        sf_ub[i, groups + p] = T.uint8(0)
-                                    else:
-                                        sf_t[words - 1, i * unit + groups % PACK + p] = T.uint8(0)
+                                sf_t[words - 1, i * unit + groups % PACK + p] = T.uint8(0)
+                amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
+                for t in T.Parallel(THREADS):
+                    if isinstance(groups, int):
+                        # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
+                        for w in T.serial(T.ceildiv(rows * groups, THREADS)):
+                            pair = w * THREADS + t
+                            if pair < rows * groups:
+                                group_scale(y_ub, inv_ub, sf_ub, sf_t, amax, pair // groups, pair % groups)
+                    else:
+                        # a runtime row width: each row's groups dealt round-robin (no division by the width)
+                        T.assume(hidden % GROUP == 0 and hidden <= width)
+                        for i in T.unroll(rows):
+                            for w in T.serial(T.ceildiv(groups, THREADS)):
+                                if w * THREADS + t < groups:
+                                    group_scale(y_ub, inv_ub, sf_ub, sf_t, amax, i, w * THREADS + t)
                 for k in T.serial(num_chunks):
                     for i, j in T.Parallel(rows, cols):
                         c = k * cols + j
                         out_ub[i, c] = T.cast(T.cast(y_ub[i, c], "float32") * inv_ub[i, c // GROUP], T.float8_e4m3fn)
-            T.copy(out_ub, out[b, row : row + rows, :])
+            T.copy(out_ub[:, 0:hidden], out[b, row : row + rows, 0:hidden])
             if has_residual != 0:
-                T.copy(x_ub, residual_out[b, row : row + rows, :])
+                T.copy(x_ub[:, 0:hidden], residual_out[b, row : row + rows, 0:hidden])
             if has_rstd != 0:
                 T.copy(rstd_ub, rstd[b, row : row + rows])
             if has_out_bf16 != 0:
-                T.copy(yb_ub, out_bf16[b, row : row + rows, :])
+                T.copy(yb_ub[:, 0:hidden], out_bf16[b, row : row + rows, 0:hidden])
             # views of out_sf's memory (they keep the parameter's name, which the launch spec maps to the op's out_sf)
             if sf_gstride == unit:
                 out_sf = T.StridedTensor((batch, num_tokens, sf_cols), (sf_bstride, sf_stride, 1), sf_dtype, data=out_sf.data)
-                T.copy(sf_ub, out_sf[b, row : row + rows, :])
+                T.copy(sf_ub[:, 0:sf_cols], out_sf[b, row : row + rows, 0:sf_cols])
             else:  # column-major: sf_stride is one scale factor (one word, packed)
                 out_sf = T.StridedTensor(
                     (batch, words if packed else groups, num_tokens * unit), (sf_bstride, sf_gstride, 1), sf_dtype, data=out_sf.data
                 )
-                T.copy(sf_t, out_sf[b, :, row * unit : (row + rows) * unit])
+                T.copy(sf_t[0 : sf_cols // unit, :], out_sf[b, 0 : sf_cols // unit, row * unit : (row + rows) * unit])
 
     return norm_cast

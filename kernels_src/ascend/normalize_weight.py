@@ -20,6 +20,13 @@ def unsupported(num_topk) -> str | None:
 
 
 def build(num_topk: int):
+    return normalize_weight_kernel(num_topk, num_topk)
+
+
+def normalize_weight_kernel(num_topk, max_topk: int):
+    """The kernel for `num_topk` weights a token (an int, or the generic kernel's runtime value) in tiles sized for
+    max_topk (num_topk itself, or the most the generic kernel takes). The fold adds part[k + half] only where it is
+    one of the token's weights, so a runtime count folds in the same order."""
     num_tokens = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -30,19 +37,19 @@ def build(num_topk: int):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            w_ub = T.alloc_shared((TOKENS, num_topk), T.float32)
-            out_ub = T.alloc_shared((TOKENS, num_topk), T.float32)
+            w_ub = T.alloc_shared((TOKENS, max_topk), T.float32)
+            out_ub = T.alloc_shared((TOKENS, max_topk), T.float32)
             den_ub = T.alloc_shared((TOKENS,), T.float32)
-            T.copy(topk_weights[first : first + TOKENS, :], w_ub)
+            T.copy(topk_weights[first : first + TOKENS, 0:num_topk], w_ub[:, 0:num_topk])
             with T.SimtVF(threads=TOKENS):
-                part = T.alloc_local((num_topk,), T.float32)
+                part = T.alloc_local((max_topk,), T.float32)
                 total = T.alloc_var(T.float32)
                 for i in T.Parallel(TOKENS):
                     for k in T.serial(num_topk):
                         part[k] = w_ub[i, k]
                     for step in T.unroll(5):
                         half = 16 >> step
-                        for k in T.unroll(num_topk):
+                        for k in T.unroll(max_topk):
                             if k < half and k + half < num_topk:
                                 part[k] = part[k] + part[k + half]
                     total = T.float32(1e-20) + part[0]
@@ -50,6 +57,6 @@ def build(num_topk: int):
                     for k in T.serial(num_topk):
                         out_ub[i, k] = w_ub[i, k] / total
             T.copy(den_ub, denominator[first : first + TOKENS])
-            T.copy(out_ub, normalized_weights[first : first + TOKENS, :])
+            T.copy(out_ub[:, 0:num_topk], normalized_weights[first : first + TOKENS, 0:num_topk])
 
     return normalize_weight

@@ -38,6 +38,14 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     why = unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
+    return per_token_cast_kernel(hidden, None, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
+
+
+def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
+    """The kernel for rows of `hidden` columns: an int (whole groups), cut into the widest segments that divide it
+    (width None), or the generic kernel's runtime value, cut into segments of `width` (the last clipped to the row,
+    where a row may end inside a group: its columns past the end take no part)."""
+    generic = width is not None
     storage, per = STORAGE[in_dtype]
     quantized_in = in_dtype in ("e4m3", "e2m1")
     bm, bk = common.block_shape(in_block) if quantized_in else (1, group)
@@ -45,14 +53,24 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
     writes_values = mode in ("cast", "precomputed_sf")
     unit = max(group, bk)
     col_bytes = BYTES[storage] / per + (0.5 if fp4 else 1) * writes_values + 4 / group + 4 / bk
-    width = segment(hidden, unit, col_bytes)
-    segs = hidden // width
+    if generic:
+        segs = T.ceildiv(hidden, width)
+        num_groups = T.ceildiv(hidden, group)  # the last may be partial
+    else:
+        width = segment(hidden, unit, col_bytes)
+        segs = hidden // width
+        num_groups = hidden // group
     rows = rows_per_block(int(width * col_bytes) + 1, 1)
     groups = width // group  # a segment's groups
-    num_groups = hidden // group
+    hidden_u32 = T.Cast("uint32", hidden) if generic else T.uint32(hidden)
+    # packed E2M1 rows of a runtime width are declared `hidden` bytes wide, twice their width: a dim must stand
+    # alone in some extent to be bound (addresses go by x_stride, every access is in the row)
+    x_cols = hidden if generic and per > 1 else hidden // per
     sf_out = common.SfLayout(sf, sf_layout, num_groups)
     sf_in = common.SfLayout.from_input(in_sf if quantized_in else "fp32", hidden // bk if quantized_in else 1)
     out_dtype, out_cols, out_width = ("uint8", hidden // 2, width // 2) if fp4 else ("float8_e4m3fn", hidden, width)
+    if generic and fp4:
+        out_cols = hidden  # declared twice as wide, as x is: hidden stands alone there
     inv_bf16 = in_dtype == "bfloat16" and sf in ("pow2", "ue8m0") and mode == "precomputed_sf"  # TileKernels' 1/sf in bf16
 
     num_tokens = T.dynamic("num_tokens")
@@ -76,7 +94,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
 
     @T.prim_func
     def per_token_cast(
-        x: T.StridedTensor[(num_tokens, hidden // per), (x_stride, 1), storage],
+        x: T.StridedTensor[(num_tokens, x_cols), (x_stride, 1), storage],
         x_sf: T.StridedTensor[sf_in.shape(in_sf_rows), (in_sf_stride, 1), sf_in.dtype],
         out: T.Tensor[(num_tokens, out_cols), out_dtype],
         out_sf: T.StridedTensor[sf_out.shape(num_tokens), (sf_stride, 1), sf_out.dtype],
@@ -89,19 +107,29 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
             out_ub = T.alloc_shared((rows, out_width), out_dtype)
             inv_ub = T.alloc_shared((rows, groups), T.float32)
             scale_ub = T.alloc_shared((rows, width // bk), T.float32)  # input scales (quantized input)
-            T.copy(x[row : row + rows, col // per : (col + width) // per], x_ub)
+            if generic:
+                span = T.min(width, hidden - col)  # the segment's columns in the row
+                T.copy(x[row : row + rows, col // per : col // per + span // per], x_ub[:, 0 : span // per])
+            else:
+                T.copy(x[row : row + rows, col // per : (col + width) // per], x_ub)
             with T.SimtVF(threads=THREADS):
                 amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
                 if quantized_in:
                     for i, q in T.Parallel(rows, width // bk):
+                        live = row + i < num_tokens
+                        if generic:
+                            live = live and col + q * bk < hidden
                         stored_in = x_sf[sf_in.index((row + i) // bm, col // bk + q)]
-                        scale_ub[i, q] = T.if_then_else(row + i < num_tokens, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
+                        scale_ub[i, q] = T.if_then_else(live, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
                 # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
                 for t in T.Parallel(THREADS):
                     for w in T.serial(T.ceildiv(rows * groups, THREADS)):
                         pair = w * THREADS + t
                         # (a tile's rows past the last token: nothing read or stored)
-                        if pair < rows * groups and row + pair // groups < num_tokens:
+                        live = pair < rows * groups and row + pair // groups < num_tokens
+                        if generic:
+                            live = live and col + pair % groups * group < hidden  # the group starts in the row
+                        if live:
                             i, g = pair // groups, pair % groups
                             token, gi = row + i, col // group + g
                             if mode == "precomputed_sf":
@@ -112,7 +140,11 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                                 for j in T.serial(group):
                                     c = g * group + j
                                     mag = T.abs(decode(in_dtype, x_ub, i, c))
-                                    amax[0] = T.max(amax[0], mag * scale_ub[i, c // bk] if quantized_in else mag)
+                                    if generic:  # a row may end inside the group
+                                        mag_in = T.if_then_else(col + c < hidden, mag * scale_ub[i, c // bk] if quantized_in else mag, 0)
+                                        amax[0] = T.max(amax[0], mag_in)
+                                    else:
+                                        amax[0] = T.max(amax[0], mag * scale_ub[i, c // bk] if quantized_in else mag)
                                 stored, inv = common.scale_factor(amax[0], fmt, sf)
                                 inv_ub[i, g] = inv
                                 if mode == "round_trip":
@@ -124,21 +156,32 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
                                         x_ub[i, c] = T.Cast(storage, back * common.decode_sf(stored, sf))
                                 else:
                                     out_sf[sf_out.index(token, gi)] = stored
-                                    if sf_out.pad and gi == num_groups - 1:
+                                    if generic and sf_out.packed:
+                                        if gi == num_groups - 1:
+                                            for p in T.serial(sf_out.pad):
+                                                out_sf[sf_out.index(token, num_groups + p)] = T.uint8(0)
+                                    elif sf_out.pad and gi == num_groups - 1:
                                         for p in T.serial(sf_out.pad):
                                             out_sf[sf_out.index(token, num_groups + p)] = T.uint8(0)
                 if writes_values:
                     for i, b in T.Parallel(rows, out_width):
-                        index = T.Cast("uint32", row + i) * T.uint32(hidden) + T.Cast("uint32", col)
+                        index = T.Cast("uint32", row + i) * hidden_u32 + T.Cast("uint32", col)
                         if fp4:
                             low = code(x_ub, scale_ub, inv_ub, i, 2 * b, index)
                             high = code(x_ub, scale_ub, inv_ub, i, 2 * b + 1, index)
                             out_ub[i, b] = T.Cast("uint8", low | (high << T.uint32(4)))
                         else:
                             out_ub[i, b] = common.to_e4m3(scaled(x_ub, scale_ub, inv_ub, i, b, index))
-            if writes_values:
-                T.copy(out_ub, out[row : row + rows, col // (2 if fp4 else 1) : (col + width) // (2 if fp4 else 1)])
-            if mode == "round_trip":
-                T.copy(x_ub, x[row : row + rows, col : col + width])
+            if generic:
+                if writes_values:
+                    q = 2 if fp4 else 1
+                    T.copy(out_ub[:, 0 : span // q], out[row : row + rows, col // q : col // q + span // q])
+                if mode == "round_trip":
+                    T.copy(x_ub[:, 0:span], x[row : row + rows, col : col + span])
+            else:
+                if writes_values:
+                    T.copy(out_ub, out[row : row + rows, col // (2 if fp4 else 1) : (col + width) // (2 if fp4 else 1)])
+                if mode == "round_trip":
+                    T.copy(x_ub, x[row : row + rows, col : col + width])
 
     return per_token_cast

@@ -10,6 +10,7 @@ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
 from tkaot._quant.kernels import RMSNORM
 
@@ -24,16 +25,22 @@ def unsupported(hidden, dtype, with_weight, with_residual, with_rstd) -> str | N
 
 
 def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
+    return rmsnorm_kernel(hidden, hidden, dtype, with_weight, with_residual, with_rstd)
+
+
+def rmsnorm_kernel(hidden, width: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
+    """The kernel for rows of `hidden` columns (an int, or the generic kernel's runtime value) in tiles `width`
+    columns wide (hidden itself, or the widest row the generic kernel takes)."""
     elem = 2 if dtype == "bfloat16" else 4
-    rows = rows_per_block(hidden * elem, 3 if with_residual else 2)
-    cols = chunk(hidden)
-    num_chunks = hidden // cols
+    rows = rows_per_block(width * elem, 3 if with_residual else 2)
+    cols = chunk(width)
+    num_chunks = chunks(hidden, cols)
 
     num_tokens, batch = T.dynamic("num_tokens"), T.dynamic("batch")
-    x_stride, x_bstride = T.dynamic("x_stride"), T.dynamic("x_batch_stride")
-    out_stride, out_bstride = T.dynamic("out_stride"), T.dynamic("out_batch_stride")
-    res_stride, res_bstride = T.dynamic("residual_stride"), T.dynamic("residual_batch_stride")
-    rout_stride, rout_bstride = T.dynamic("residual_out_stride"), T.dynamic("residual_out_batch_stride")
+    x_bstride, x_stride = batch_strides("x")
+    out_bstride, out_stride = batch_strides("out")
+    res_bstride, res_stride = batch_strides("residual")
+    rout_bstride, rout_stride = batch_strides("residual_out")
     shape = (batch, num_tokens, hidden)
 
     @T.prim_func
@@ -51,31 +58,18 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
         with T.Kernel(batch * tiles) as block:
             b = block // tiles
             row = block % tiles * rows
-            x_ub = T.alloc_shared((rows, hidden), dtype)
-            res_ub = T.alloc_shared((rows, hidden), dtype)
-            out_ub = T.alloc_shared((rows, hidden), dtype)
-            w_ub = T.alloc_shared((hidden,), dtype)
+            x_ub = T.alloc_shared((rows, width), dtype)
+            res_ub = T.alloc_shared((rows, width), dtype)
+            out_ub = T.alloc_shared((rows, width), dtype)
+            w_ub = T.alloc_shared((width,), dtype)
             rstd_ub = T.alloc_shared((rows,), T.float32)
-            T.copy(x[b, row : row + rows, :], x_ub)
+            T.copy(x[b, row : row + rows, 0:hidden], x_ub[:, 0:hidden])
             if with_residual:
-                T.copy(residual[b, row : row + rows, :], res_ub)
+                T.copy(residual[b, row : row + rows, 0:hidden], res_ub[:, 0:hidden])
             if with_weight:
-                T.copy(weight[0:hidden], w_ub)
+                T.copy(weight[0:hidden], w_ub[0:hidden])
             with T.SimtVF(threads=THREADS):
-                squares = T.alloc_fragment((rows, cols), T.float32)
-                part = T.alloc_fragment((rows,), T.float32)
-                inv_rms = T.alloc_fragment((rows,), T.float32)
-                T.clear(inv_rms)
-                for k in T.serial(num_chunks):
-                    for i, j in T.Parallel(rows, cols):
-                        if with_residual:
-                            x_ub[i, k * cols + j] = x_ub[i, k * cols + j] + res_ub[i, k * cols + j]
-                        squares[i, j] = T.cast(x_ub[i, k * cols + j], "float32") * T.cast(x_ub[i, k * cols + j], "float32")
-                    T.reduce_sum(squares, part, dim=1)
-                    for i in T.Parallel(rows):
-                        inv_rms[i] += part[i]
-                for i in T.Parallel(rows):
-                    inv_rms[i] = T.rsqrt(inv_rms[i] / hidden + eps)
+                inv_rms = inverse_rms(x_ub, res_ub, rows, cols, hidden, eps, with_residual)
                 T.copy(inv_rms, rstd_ub)
                 for k in T.serial(num_chunks):
                     for i, j in T.Parallel(rows, cols):
@@ -84,9 +78,9 @@ def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_
                             out_ub[i, k * cols + j] = T.cast(v * (T.cast(w_ub[k * cols + j], "float32") * out_scale), dtype)
                         else:
                             out_ub[i, k * cols + j] = T.cast(v * out_scale, dtype)
-            T.copy(out_ub, out[b, row : row + rows, :])
+            T.copy(out_ub[:, 0:hidden], out[b, row : row + rows, 0:hidden])
             if with_residual:
-                T.copy(x_ub, residual_out[b, row : row + rows, :])
+                T.copy(x_ub[:, 0:hidden], residual_out[b, row : row + rows, 0:hidden])
             if with_rstd:
                 T.copy(rstd_ub, rstd[b, row : row + rows])
 

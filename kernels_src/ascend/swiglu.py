@@ -24,6 +24,7 @@ REQUIRES = {"has_psum": 0, "count_clamp": 0, "sf_group_stride": 1}
 THREADS = 128
 UB_ROW_LIMIT = 192 * 1024  # bytes of one row's tiles, leaving room for the rest below the 216 KiB limit
 _OUT = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
+MIN_GROUP = 32  # the smallest group the declaration takes
 
 
 def unsupported(hidden, dtype, fmt, group, sf, tiling) -> str | None:
@@ -44,22 +45,48 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
     why = unsupported(hidden, dtype, fmt, group, sf, tiling)
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
+    return swiglu_kernel(hidden, hidden, group, dtype, fmt, sf)
+
+
+def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
+    """The kernel for rows of `hidden` columns a half and groups of `group` (ints, or the generic kernel's runtime
+    values): a block takes `width` columns of each half, the whole row (width == hidden) or one segment of it."""
+    segmented = not isinstance(hidden, int)
     elem = 2 if dtype == "bfloat16" else 4
     out_dtype = _OUT[fmt]
     quantized = fmt == "e4m3"
-    rows = rows_per_block(hidden * (2 * elem + 4 + 4), 1)
-    cols = chunk(hidden)
-    groups = hidden // group if quantized else 1
+    rows = rows_per_block(width * (2 * elem + 4 + 4), 1)
+    cols = chunk(width)
+    groups = width // group if quantized else 1  # a block's groups
+    tile_groups = width // MIN_GROUP if segmented and quantized else groups
 
     num_rows, num_experts = T.dynamic("num_rows"), T.dynamic("num_experts")
     x_stride, weights_stride = T.dynamic("x_stride"), T.dynamic("topk_weights_stride")
     sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    if segmented:
+        # the extents bind hidden and group (a dim must stand alone in some extent) and bound no index
+        sf_shape, sf_strides = (num_rows, hidden, group), (sf_stride, sf_group_stride, 1)
+        segs = T.ceildiv(hidden, width)
+        blocks = T.ceildiv(num_rows, rows) * segs
+    else:
+        sf_shape, sf_strides = (num_rows, groups), (sf_stride, sf_group_stride)
+        blocks = T.ceildiv(num_rows, rows)
+
+    @T.macro
+    def group_scale(val_ub, sf_ub, inv_ub, amax, i, q):
+        # group q of row i: its amax, scale factor and inverse
+        amax[0] = T.float32(0)
+        for j in T.serial(group):
+            amax[0] = T.max(amax[0], T.abs(val_ub[i, q * group + j]))
+        stored, inv = scale_factor(amax[0], "e4m3", sf)
+        sf_ub[i, q] = stored
+        inv_ub[i, q] = inv
 
     @T.prim_func
     def swiglu(
         x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
         out: T.Tensor[(num_rows, hidden), out_dtype],
-        out_sf: T.StridedTensor[(num_rows, groups), (sf_stride, sf_group_stride), T.float32],
+        out_sf: T.StridedTensor[sf_shape, sf_strides, T.float32],
         psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
         topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
         clamped_count: T.Tensor[(4,), T.int64],
@@ -72,55 +99,73 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
         clamp_value: T.float32,
         count_clamp: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_rows, rows)) as block:
-            row = block * rows
-            x_ub = T.alloc_shared((rows, 2 * hidden), dtype)
-            val_ub = T.alloc_shared((rows, hidden), T.float32)
-            out_ub = T.alloc_shared((rows, hidden), out_dtype)
+        with T.Kernel(blocks) as block:
+            if segmented:
+                row = block // segs * rows
+                col = block % segs * width
+                span = T.min(width, hidden - col)  # the segment's columns in the row
+            else:
+                row = block * rows
+            x_ub = T.alloc_shared((rows, 2 * width), dtype)  # gate, then up
+            val_ub = T.alloc_shared((rows, width), T.float32)
+            out_ub = T.alloc_shared((rows, width), out_dtype)
             w_ub = T.alloc_shared((rows,), T.float32)
-            sf_ub = T.alloc_shared((rows, groups), T.float32)
-            inv_ub = T.alloc_shared((rows, groups), T.float32)
-            T.copy(x[row : row + rows, :], x_ub)
+            sf_ub = T.alloc_shared((rows, tile_groups), T.float32)
+            inv_ub = T.alloc_shared((rows, tile_groups), T.float32)
+            if segmented:
+                T.copy(x[row : row + rows, col : col + span], x_ub[:, 0:span])
+                T.copy(x[row : row + rows, hidden + col : hidden + col + span], x_ub[:, width : width + span])
+            else:
+                T.copy(x[row : row + rows, :], x_ub)
             for i in T.serial(rows):
                 w_ub[i] = T.float32(1)
                 if has_weights != 0 and row + i < num_rows:
                     w_ub[i] = topk_weights[row + i] * routed_scaling_factor
             with T.SimtVF(threads=THREADS):
-                for k in T.serial(hidden // cols):
+                for k in T.serial(width // cols):
                     for i, j in T.Parallel(rows, cols):
                         c = k * cols + j
                         g0 = T.cast(x_ub[i, c], "float32")
-                        u0 = T.cast(x_ub[i, hidden + c], "float32")
+                        u0 = T.cast(x_ub[i, width + c], "float32")
                         g = T.if_then_else(has_clamp != 0, T.min(g0, clamp_value), g0)
                         u = T.if_then_else(has_clamp != 0, T.max(T.min(u0, clamp_value), -clamp_value), u0)
                         val_ub[i, c] = g / (T.float32(1) + T.exp(-g)) * u * w_ub[i]
                 if quantized:
                     amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
-                    # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
                     for t in T.Parallel(THREADS):
-                        for w in T.serial(T.ceildiv(rows * groups, THREADS)):
-                            pair = w * THREADS + t
-                            if pair < rows * groups:
-                                i, q = pair // groups, pair % groups
-                                amax[0] = T.float32(0)
-                                for j in T.serial(group):
-                                    amax[0] = T.max(amax[0], T.abs(val_ub[i, q * group + j]))
-                                stored, inv = scale_factor(amax[0], "e4m3", sf)
-                                sf_ub[i, q] = stored
-                                inv_ub[i, q] = inv
-                    for k in T.serial(hidden // cols):
+                        if segmented:
+                            # each row's groups dealt round-robin to all threads (no division by the runtime group count)
+                            T.assume(group >= MIN_GROUP and group <= width)
+                            for i in T.unroll(rows):
+                                for w in T.serial(T.ceildiv(groups, THREADS)):
+                                    if w * THREADS + t < groups:
+                                        group_scale(val_ub, sf_ub, inv_ub, amax, i, w * THREADS + t)
+                        else:
+                            # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
+                            for w in T.serial(T.ceildiv(rows * groups, THREADS)):
+                                pair = w * THREADS + t
+                                if pair < rows * groups:
+                                    group_scale(val_ub, sf_ub, inv_ub, amax, pair // groups, pair % groups)
+                    for k in T.serial(width // cols):
                         for i, j in T.Parallel(rows, cols):
                             c = k * cols + j
                             out_ub[i, c] = T.cast(val_ub[i, c] * inv_ub[i, c // group], out_dtype)
                 else:
-                    for k in T.serial(hidden // cols):
+                    for k in T.serial(width // cols):
                         for i, j in T.Parallel(rows, cols):
                             out_ub[i, k * cols + j] = T.cast(val_ub[i, k * cols + j], out_dtype)
-            T.copy(out_ub, out[row : row + rows, :])
+            if segmented:
+                T.copy(out_ub[:, 0:span], out[row : row + rows, col : col + span])
+            else:
+                T.copy(out_ub, out[row : row + rows, :])
             if quantized:
                 # row-major scale factors (REQUIRES sf_group_stride == 1): a 2-D copy
                 # (the view keeps the parameter's name, which the launch spec maps to the op's out_sf)
-                out_sf = T.StridedTensor((num_rows, groups), (sf_stride, 1), T.float32, data=out_sf.data)
-                T.copy(sf_ub, out_sf[row : row + rows, :])
+                if segmented:
+                    out_sf = T.StridedTensor((num_rows, hidden // group), (sf_stride, 1), T.float32, data=out_sf.data)
+                    T.copy(sf_ub[:, 0 : span // group], out_sf[row : row + rows, col // group : col // group + span // group])
+                else:
+                    out_sf = T.StridedTensor((num_rows, groups), (sf_stride, 1), T.float32, data=out_sf.data)
+                    T.copy(sf_ub, out_sf[row : row + rows, :])
 
     return swiglu

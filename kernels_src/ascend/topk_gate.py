@@ -34,7 +34,13 @@ def build(num_experts: int, num_topk: int, tiling: str):
     why = unsupported(num_experts, num_topk, tiling)
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
-    ROWS = rows_per_block(num_experts)
+    return topk_gate_kernel(num_experts, num_topk, num_experts, num_topk)
+
+
+def topk_gate_kernel(num_experts, num_topk, max_experts: int, max_topk: int):
+    """The kernel for `num_experts` and `num_topk` (ints, or the generic kernel's runtime values) in tiles sized for
+    max_experts and max_topk (the counts themselves, or the largest the generic kernel takes)."""
+    ROWS = rows_per_block(max_experts)
     num_tokens = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -44,9 +50,9 @@ def build(num_experts: int, num_topk: int, tiling: str):
     ):
         with T.Kernel(T.ceildiv(num_tokens, ROWS)) as block:
             row = block * ROWS
-            scores_ub = T.alloc_shared((ROWS, num_experts), T.float32)
-            idx_ub = T.alloc_shared((ROWS, num_topk), T.int64)
-            T.copy(scores[row : row + ROWS, :], scores_ub)
+            scores_ub = T.alloc_shared((ROWS, max_experts), T.float32)
+            idx_ub = T.alloc_shared((ROWS, max_topk), T.int64)
+            T.copy(scores[row : row + ROWS, 0:num_experts], scores_ub[:, 0:num_experts])
             with T.SimtVF(threads=ROWS):
                 prev_v = T.alloc_fragment((ROWS,), T.float32)
                 prev_e = T.alloc_fragment((ROWS,), T.int32)
@@ -68,6 +74,6 @@ def build(num_experts: int, num_topk: int, tiling: str):
                         idx_ub[i, t] = T.cast(best_e[i], T.int64)
                         prev_v[i] = best_v[i]
                         prev_e[i] = best_e[i]
-            T.copy(idx_ub, topk_idx[row : row + ROWS, :])
+            T.copy(idx_ub[:, 0:num_topk], topk_idx[row : row + ROWS, 0:num_topk])
 
     return topk_gate

@@ -1,0 +1,108 @@
+"""RMSNorm backward, pass 1, for Ascend: x_grad of each row, and each block's fp32 share of the weight gradient.
+
+The math of the CUDA kernel (kernels_src/norm/rmsnorm_backward.py): with xhat = x * rstd, g = out_grad * out_scale
+and gw = g * weight (g without a weight),
+    x_grad = (gw - xhat * (sum(xhat * gw) / hidden)) * rstd  (+ residual_out_grad)
+    partials[block] = sum over the block's rows of xhat * g
+
+The grid is the op's num_blocks blocks (tkaot/_quant/norm_backward.py sizes the partials by it); block b takes
+tiles of `rows` tokens b, b + num_blocks, ... (tile by tile) into the Unified Buffer. A SIMT region forms each
+row's dot product a chunk of columns at a time (T.reduce_sum, the chunks' sums added in order), adds the tile's
+rows to the block's weight gradient in row order, then overwrites the out_grad tile with x_grad, which goes back
+by DMA; the block's weight-gradient row goes to partials[block] at the end. Pass 2 adds the partials in a fixed
+order, so the result does not depend on timing; the dot products and partials are summed in another order than
+CUDA's, so results may differ from it in the last bits.
+"""
+
+from tilelang.ascend import language as T
+
+from kernels_src.ascend.tile import chunk, rows_per_block
+from tkaot._quant.kernels import RMSNORM_BACKWARD
+
+DECL = RMSNORM_BACKWARD
+REQUIRES: dict[str, int] = {}
+THREADS = 128
+
+
+def unsupported(hidden, dtype) -> str | None:
+    """Why this module does not build these static values (None: it does)."""
+    return None
+
+
+def build(hidden: int, dtype: str):
+    elem = 2 if dtype == "bfloat16" else 4
+    rows = rows_per_block(hidden * elem, 3)  # x, out_grad (then x_grad), residual_out_grad
+    cols = chunk(hidden)
+    num_chunks = hidden // cols
+
+    num_tokens, num_blocks = T.dynamic("num_tokens"), T.dynamic("num_blocks")
+    og_stride, x_stride, rg_stride = T.dynamic("out_grad_stride"), T.dynamic("x_stride"), T.dynamic("residual_out_grad_stride")
+
+    @T.prim_func
+    def rmsnorm_backward(
+        out_grad: T.StridedTensor[(num_tokens, hidden), (og_stride, 1), dtype],
+        x: T.StridedTensor[(num_tokens, hidden), (x_stride, 1), dtype],
+        weight: T.Tensor[(hidden,), dtype],
+        rstd: T.Tensor[(num_tokens,), T.float32],
+        residual_out_grad: T.StridedTensor[(num_tokens, hidden), (rg_stride, 1), dtype],
+        x_grad: T.Tensor[(num_tokens, hidden), dtype],
+        partials: T.Tensor[(num_blocks, hidden), T.float32],
+        out_scale: T.float32,
+        has_weight: T.int32,
+        has_residual: T.int32,
+    ):
+        with T.Kernel(num_blocks) as block:
+            x_ub = T.alloc_shared((rows, hidden), dtype)
+            g_ub = T.alloc_shared((rows, hidden), dtype)  # out_grad, then x_grad
+            rg_ub = T.alloc_shared((rows, hidden), dtype)
+            w_ub = T.alloc_shared((hidden,), dtype)
+            dw_ub = T.alloc_shared((hidden,), T.float32)
+            rstd_ub = T.alloc_shared((rows,), T.float32)
+            if has_weight != 0:
+                T.copy(weight[0:hidden], w_ub)
+            with T.SimtVF(threads=THREADS):
+                for c in T.Parallel(hidden):
+                    dw_ub[c] = T.float32(0)
+            for it in T.serial(T.ceildiv(num_tokens, num_blocks * rows)):
+                row = (it * num_blocks + block) * rows
+                T.copy(x[row : row + rows, :], x_ub)
+                T.copy(out_grad[row : row + rows, :], g_ub)
+                T.copy(rstd[row : row + rows], rstd_ub)
+                if has_residual != 0:
+                    T.copy(residual_out_grad[row : row + rows, :], rg_ub)
+                with T.SimtVF(threads=THREADS):
+                    prods = T.alloc_fragment((rows, cols), T.float32)
+                    part = T.alloc_fragment((rows,), T.float32)
+                    mean = T.alloc_fragment((rows,), T.float32)
+                    T.clear(mean)
+                    for k in T.serial(num_chunks):
+                        for i, j in T.Parallel(rows, cols):
+                            c = k * cols + j
+                            g = T.cast(g_ub[i, c], "float32") * out_scale
+                            gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
+                            prods[i, j] = T.cast(x_ub[i, c], "float32") * rstd_ub[i] * gw
+                        T.reduce_sum(prods, part, dim=1)
+                        for i in T.Parallel(rows):
+                            mean[i] += part[i]
+                    for i in T.Parallel(rows):
+                        mean[i] = mean[i] / T.float32(hidden)
+                    if has_weight != 0:
+                        # the tile's rows in order (rows past the last token hold no data)
+                        for c in T.Parallel(hidden):
+                            for i in T.serial(rows):
+                                if row + i < num_tokens:
+                                    xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
+                                    dw_ub[c] = dw_ub[c] + xh * (T.cast(g_ub[i, c], "float32") * out_scale)
+                    for k in T.serial(num_chunks):
+                        for i, j in T.Parallel(rows, cols):
+                            c = k * cols + j
+                            xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
+                            g = T.cast(g_ub[i, c], "float32") * out_scale
+                            gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
+                            dx = (gw - xh * mean[i]) * rstd_ub[i]
+                            g_ub[i, c] = T.cast(T.if_then_else(has_residual != 0, dx + T.cast(rg_ub[i, c], "float32"), dx), dtype)
+                T.copy(g_ub, x_grad[row : row + rows, :])
+            if has_weight != 0:
+                T.copy(dw_ub, partials[block, :])
+
+    return rmsnorm_backward
