@@ -11,7 +11,6 @@ summed), so both write the same bytes.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.per_token_cast import REQUIRES, per_token_cast_kernel
-from kernels_src.quant import common
 from tkaot._quant.kernels import PER_TOKEN_CAST_GENERIC
 
 DECL = PER_TOKEN_CAST_GENERIC
@@ -21,8 +20,6 @@ SEGMENT = 1024  # columns a block takes: a multiple of every group and input blo
 
 def unsupported(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic) -> str | None:
     """Why this module does not build these static values (None: it does)."""
-    if in_dtype in ("e4m3", "e2m1") and common.block_shape(in_block)[1] > SEGMENT:
-        return f"input blocks wider than {SEGMENT} columns"
     return None
 
 

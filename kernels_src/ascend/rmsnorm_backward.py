@@ -65,43 +65,44 @@ def build(hidden: int, dtype: str):
                     dw_ub[c] = T.float32(0)
             for it in T.serial(T.ceildiv(num_tokens, num_blocks * rows)):
                 row = (it * num_blocks + block) * rows
-                T.copy(x[row : row + rows, :], x_ub)
-                T.copy(out_grad[row : row + rows, :], g_ub)
-                T.copy(rstd[row : row + rows], rstd_ub)
-                if has_residual != 0:
-                    T.copy(residual_out_grad[row : row + rows, :], rg_ub)
-                with T.SimtVF(threads=THREADS):
-                    prods = T.alloc_fragment((rows, cols), T.float32)
-                    part = T.alloc_fragment((rows,), T.float32)
-                    mean = T.alloc_fragment((rows,), T.float32)
-                    T.clear(mean)
-                    for k in T.serial(num_chunks):
-                        for i, j in T.Parallel(rows, cols):
-                            c = k * cols + j
-                            g = T.cast(g_ub[i, c], "float32") * out_scale
-                            gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
-                            prods[i, j] = T.cast(x_ub[i, c], "float32") * rstd_ub[i] * gw
-                        T.reduce_sum(prods, part, dim=1)
+                if row < num_tokens:  # the last round may leave a block without rows
+                    T.copy(x[row : row + rows, :], x_ub)
+                    T.copy(out_grad[row : row + rows, :], g_ub)
+                    T.copy(rstd[row : row + rows], rstd_ub)
+                    if has_residual != 0:
+                        T.copy(residual_out_grad[row : row + rows, :], rg_ub)
+                    with T.SimtVF(threads=THREADS):
+                        prods = T.alloc_fragment((rows, cols), T.float32)
+                        part = T.alloc_fragment((rows,), T.float32)
+                        mean = T.alloc_fragment((rows,), T.float32)
+                        T.clear(mean)
+                        for k in T.serial(num_chunks):
+                            for i, j in T.Parallel(rows, cols):
+                                c = k * cols + j
+                                g = T.cast(g_ub[i, c], "float32") * out_scale
+                                gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
+                                prods[i, j] = T.cast(x_ub[i, c], "float32") * rstd_ub[i] * gw
+                            T.reduce_sum(prods, part, dim=1)
+                            for i in T.Parallel(rows):
+                                mean[i] += part[i]
                         for i in T.Parallel(rows):
-                            mean[i] += part[i]
-                    for i in T.Parallel(rows):
-                        mean[i] = mean[i] / T.float32(hidden)
-                    if has_weight != 0:
-                        # the tile's rows in order (rows past the last token hold no data)
-                        for c in T.Parallel(hidden):
-                            for i in T.serial(rows):
-                                if row + i < num_tokens:
-                                    xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
-                                    dw_ub[c] = dw_ub[c] + xh * (T.cast(g_ub[i, c], "float32") * out_scale)
-                    for k in T.serial(num_chunks):
-                        for i, j in T.Parallel(rows, cols):
-                            c = k * cols + j
-                            xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
-                            g = T.cast(g_ub[i, c], "float32") * out_scale
-                            gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
-                            dx = (gw - xh * mean[i]) * rstd_ub[i]
-                            g_ub[i, c] = T.cast(T.if_then_else(has_residual != 0, dx + T.cast(rg_ub[i, c], "float32"), dx), dtype)
-                T.copy(g_ub, x_grad[row : row + rows, :])
+                            mean[i] = mean[i] / T.float32(hidden)
+                        if has_weight != 0:
+                            # the tile's rows in order (rows past the last token hold no data)
+                            for c in T.Parallel(hidden):
+                                for i in T.serial(rows):
+                                    if row + i < num_tokens:
+                                        xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
+                                        dw_ub[c] = dw_ub[c] + xh * (T.cast(g_ub[i, c], "float32") * out_scale)
+                        for k in T.serial(num_chunks):
+                            for i, j in T.Parallel(rows, cols):
+                                c = k * cols + j
+                                xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
+                                g = T.cast(g_ub[i, c], "float32") * out_scale
+                                gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
+                                dx = (gw - xh * mean[i]) * rstd_ub[i]
+                                g_ub[i, c] = T.cast(T.if_then_else(has_residual != 0, dx + T.cast(rg_ub[i, c], "float32"), dx), dtype)
+                    T.copy(g_ub, x_grad[row : row + rows, :])
             if has_weight != 0:
                 T.copy(dw_ub, partials[block, :])
 
