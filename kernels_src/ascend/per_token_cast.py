@@ -92,6 +92,15 @@ def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, 
     def code(x_ub, scale_ub, inv_ub, i, c, index):
         return common.e2m1_code(scaled(x_ub, scale_ub, inv_ub, i, c, index))
 
+    def pair_in_range(pair, row, col):
+        # a (row, group) pair of the tile whose token exists (and, of a runtime width, whose group starts in the row)
+        live = T.And(pair < rows * groups, row + pair // groups < num_tokens)
+        return T.And(live, col + pair % groups * group < hidden) if generic else live
+
+    def block_in_range(i, q, row, col):
+        # input block q of the tile's row i exists (a runtime width: it starts in the row)
+        return T.And(row + i < num_tokens, col + q * bk < hidden) if generic else row + i < num_tokens
+
     @T.prim_func
     def per_token_cast(
         x: T.StridedTensor[(num_tokens, x_cols), (x_stride, 1), storage],
@@ -116,20 +125,16 @@ def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, 
                 amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
                 if quantized_in:
                     for i, q in T.Parallel(rows, width // bk):
-                        live = row + i < num_tokens
-                        if generic:
-                            live = live and col + q * bk < hidden
                         stored_in = x_sf[sf_in.index((row + i) // bm, col // bk + q)]
-                        scale_ub[i, q] = T.if_then_else(live, common.decode_sf(stored_in, sf_in.kind), T.float32(0))
+                        scale_ub[i, q] = T.if_then_else(
+                            block_in_range(i, q, row, col), common.decode_sf(stored_in, sf_in.kind), T.float32(0)
+                        )
                 # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
                 for t in T.Parallel(THREADS):
                     for w in T.serial(T.ceildiv(rows * groups, THREADS)):
                         pair = w * THREADS + t
                         # (a tile's rows past the last token: nothing read or stored)
-                        live = pair < rows * groups and row + pair // groups < num_tokens
-                        if generic:
-                            live = live and col + pair % groups * group < hidden  # the group starts in the row
-                        if live:
+                        if pair_in_range(pair, row, col):
                             i, g = pair // groups, pair % groups
                             token, gi = row + i, col // group + g
                             if mode == "precomputed_sf":
