@@ -63,6 +63,15 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
             return T.Cast(WORD, stored)
         return (common.f32_bits(stored) >> T.uint32(23)) & T.uint32(0xFF)
 
+    def converted(x_ub, e_ub, eo_ub, i, b, n):
+        """Element 2b + n of row i as E4M3: its code times 2**shift, shift = its block's e_in - e_out."""
+        c = 2 * b + n
+        shift = T.Cast("int32", e_ub[i, c // ibk]) - T.Cast("int32", eo_ub[i // obm, c // obk])
+        # 2**shift as fp32; a shift past the bottom gives 0 (no E4M3 value survives it)
+        factor = T.if_then_else(shift > -127, common.pow2_of_biased_exponent(shift + 127), T.float32(0))
+        code = T.Cast("uint32", x_ub[i, b]) >> T.uint32(4 * n)
+        return common.to_e4m3(common.e2m1_value(code) * factor)
+
     @T.prim_func
     def per_block_cast_lossless(
         x: T.StridedTensor[(num_tokens, hidden // 8), (x_stride, 1), WORD],
@@ -105,13 +114,9 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
                         else:
                             out_sf[sf_out.index(m, k)] = common.f32_from_bits(largest << T.uint32(23))
                 for i, b in T.Parallel(rows, width // 2):
-                    for n in T.serial(2):  # the byte's two codes, the lower-indexed element in the low nibble
-                        c = 2 * b + n
-                        shift = T.Cast("int32", e_ub[i, c // ibk]) - T.Cast("int32", eo_ub[i // obm, c // obk])
-                        # 2**shift as fp32; a shift past the bottom gives 0 (no E4M3 value survives it)
-                        factor = T.if_then_else(shift > -127, common.pow2_of_biased_exponent(shift + 127), T.float32(0))
-                        code = T.Cast("uint32", x_ub[i, b]) >> T.uint32(4 * n)
-                        out_ub[i, c] = common.to_e4m3(common.e2m1_value(code) * factor)
+                    # the byte's two codes, the lower-indexed element in the low nibble
+                    out_ub[i, 2 * b] = converted(x_ub, e_ub, eo_ub, i, b, 0)
+                    out_ub[i, 2 * b + 1] = converted(x_ub, e_ub, eo_ub, i, b, 1)
             T.copy(out_ub, out[row : row + rows, col : col + width])
 
     return per_block_cast_lossless
