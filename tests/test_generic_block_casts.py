@@ -79,7 +79,8 @@ def test_string_runtime_axes_reach_the_kernel_as_their_choice_index():
                                                                          {"hidden": WIDTH, "in_block": 2, "block_m": 32})  # fmt: skip
     values = (WIDTH, "1x16", "fp32", "128x32", "pow2", "row")
     assert PER_BLOCK_CAST_LOSSLESS_GENERIC.split(PER_BLOCK_CAST_LOSSLESS, values) == (
-        ("fp32", "pow2"), {"hidden": WIDTH, "in_block": 0, "out_block": 6, "sf_layout": 0}
+        ("fp32", "pow2"),
+        {"hidden": WIDTH, "in_block": 0, "out_block": 6, "sf_layout": 0},
     )
     assert PER_BLOCK_CAST_GENERIC.dims == ("num_tokens", "sf_stride", "hidden", "block_m", "block_k", "sf_layout")
 
@@ -188,7 +189,7 @@ def test_the_default_set_serves_every_per_channel_cast_at_any_width(default_keys
         for dtype in (torch.bfloat16, F32):
             q.per_channel_cast(meta(256, hidden, dtype=dtype), "e4m3", m, **SF_KINDS[kind])
             calls += 1
-        for group, (in_kind, (sf_dtype, per_word)), col in itertools.product((32, 128), sf_inputs.items(), (False, True)):
+        for group, (sf_dtype, per_word), col in itertools.product((32, 128), sf_inputs.values(), (False, True)):
             cols = -(-hidden // group // per_word)
             sf = meta(cols, 256, dtype=sf_dtype).t() if col else meta(256, cols, dtype=sf_dtype)
             q.per_channel_cast((meta(256, hidden, dtype=FP8), sf), "e4m3", m, num_per_channels=group, **SF_KINDS[kind])
@@ -218,8 +219,8 @@ def test_the_default_set_serves_every_lossless_cast_at_any_width(default_keys, r
 def test_the_default_set_casts_back_every_per_block_input_at_any_width(default_keys, recorded):
     sf_inputs = {"fp32": (F32, 1), "ue8m0": (I32, 4), "e4m3": (FP8, 1)}
     calls = 0
-    for hidden, data_dtype, block, (kind, (sf_dtype, per_word)), col, out in itertools.product(
-        (128, WIDTH), (FP8, torch.int8), BLOCKS, sf_inputs.items(), (False, True), ("bf16", "fp32")
+    for hidden, data_dtype, block, (sf_dtype, per_word), col, out in itertools.product(
+        (128, WIDTH), (FP8, torch.int8), BLOCKS, sf_inputs.values(), (False, True), ("bf16", "fp32")
     ):
         m_blocks, cols = -(-256 // block[0]), -(-hidden // block[1] // per_word)
         sf = meta(cols, m_blocks, dtype=sf_dtype).t() if col else meta(m_blocks, cols, dtype=sf_dtype)

@@ -76,9 +76,7 @@ def build(in_dtype, fmt, sf, mode):
         """(i, j): out_sf[0, 0, i, j] holds the scale factor of block (m, k) in the runtime layout."""
         col = sf_layout != 0
         if packed:
-            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(
-                col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k
-            )
+            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k)
         return T.if_then_else(col, k, m), T.if_then_else(col, m, k)
 
     def tile_block(q, tile_col):
@@ -164,7 +162,8 @@ def build(in_dtype, fmt, sf, mode):
                         if packed:
                             if k == k_blocks - 1:  # the unused bytes of the row's last word
                                 for pad in T.unroll(1, common.UE8M0_PACK):
-                                    if k_blocks % common.UE8M0_PACK != 0 and k_blocks % common.UE8M0_PACK + pad <= common.UE8M0_PACK:
+                                    partial = k_blocks % common.UE8M0_PACK  # k blocks in the last word
+                                    if partial != 0 and partial + pad <= common.UE8M0_PACK:
                                         i, j = sf_at(m, k + pad)
                                         out_sf[0, 0, i, j] = T.uint8(0)
 

@@ -65,7 +65,6 @@ def build(in_sf, sf):
     tpr = TILE // VEC  # threads across a tile row
     rows_per_pass = NUM_THREADS // tpr
     passes = TILE // rows_per_pass
-    rows_per_warp = 32 // tpr
     in_blocks = PER_BLOCK_CAST_LOSSLESS.axis("in_block").choices
     out_blocks = PER_BLOCK_CAST_LOSSLESS.axis("out_block").choices
     sf_dtype = common.SF_DTYPE["ue8m0" if sf == "ue8m0" else "fp32"]
@@ -103,9 +102,7 @@ def build(in_sf, sf):
         """(i, j): out_sf[i, j] holds the scale factor of output block (m, k) in the runtime layout."""
         col = sf_layout != 0
         if packed:
-            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(
-                col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k
-            )
+            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k)
         return T.if_then_else(col, k, m), T.if_then_else(col, m, k)
 
     def tile_block(local_row, tile_code):
@@ -212,7 +209,8 @@ def build(in_sf, sf):
                             out_sf[i_sf, j_sf] = T.Cast("uint8", out_exponent(block_exp[b]))
                             if k == out_k_blocks - 1:  # the unused bytes of the row's last word
                                 for pad in T.unroll(1, common.UE8M0_PACK):
-                                    if out_k_blocks % common.UE8M0_PACK != 0 and out_k_blocks % common.UE8M0_PACK + pad <= common.UE8M0_PACK:
+                                    partial = out_k_blocks % common.UE8M0_PACK  # k blocks in the last word
+                                    if partial != 0 and partial + pad <= common.UE8M0_PACK:
                                         i_sf, j_sf = sf_at(m, k + pad)
                                         out_sf[i_sf, j_sf] = T.uint8(0)
                         else:

@@ -221,7 +221,8 @@ PER_BLOCK_CAST_LOSSLESS = KernelDecl(
 
 # Every row width, input and output block and output sf layout, one variant per input sf and output sf kind
 PER_BLOCK_CAST_LOSSLESS_GENERIC = PER_BLOCK_CAST_LOSSLESS.generic(
-    "per_block_cast_lossless_generic", "kernels_src.quant.per_block_cast_lossless_generic",
+    "per_block_cast_lossless_generic",
+    "kernels_src.quant.per_block_cast_lossless_generic",
     ("hidden", "in_block", "out_block", "sf_layout"),
 )
 
