@@ -49,13 +49,13 @@ MAX_BLOCKS = TILE * (TILE // HALF)  # output blocks in a tile (of 1 x 16)
 
 
 def block_shifts(choices: tuple[str, ...], index):
-    """(log2 rows, log2 codes) of the block choices[index], index a runtime value."""
-    rows, cols = T.int32(0), T.int32(0)
+    """(log2 rows, log2 codes) of the block choices[index], index a runtime value: nibble `index` of a constant word
+    of each (no branch, and a short expression wherever the shifts are used)."""
+    tables = [0, 0]
     for n, text in enumerate(choices):
-        bm, bk = common.block_shape(text)
-        rows = T.if_then_else(index == n, bm.bit_length() - 1, rows)
-        cols = T.if_then_else(index == n, bk.bit_length() - 1, cols)
-    return rows, cols
+        for side, size in enumerate(common.block_shape(text)):
+            tables[side] |= (size.bit_length() - 1) << (4 * n)
+    return tuple(T.Cast("int32", (T.uint32(table) >> T.Cast("uint32", 4 * index)) & T.uint32(15)) for table in tables)
 
 
 def build(in_sf, sf):
