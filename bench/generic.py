@@ -2,7 +2,8 @@
 specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256, the
 SwiGLU ops at 8192 tokens of hidden 4096 and 14336 (x 8192x8192 and 8192x28672), moe_topk_gate_forward at 8192x256
 top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward and norm_forward_and_per_token_cast at 8192x7168
-bf16, cast_back of per-token E4M3 at 8192x7168.
+bf16, cast_back of per-token E4M3 at 8192x7168, per_block_cast (128x128 blocks), per_channel_cast and
+per_block_cast_lossless (1x32 UE8M0 to 128x128) at 8192x7168.
 
     python -m bench.generic [--out bench/results]
 
@@ -30,6 +31,7 @@ from tkaot._quant import casts as _casts
 from tkaot._quant import norm as _norm
 from tkaot._quant import norm_cast as _norm_cast
 from tkaot._quant import swiglu as _swiglu
+from tkaot._quant import weight_casts as _weight_casts
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +65,9 @@ def on_generic(specialised: str = "per_token_cast"):
         for kernels in (
             *_casts._PER_TOKEN.values(),
             *_casts._CAST_BACK.values(),
+            *_casts._PER_BLOCK.values(),
+            _casts._PER_CHANNEL,
+            _weight_casts._LOSSLESS,
             _moe_ops._TOPK,
             _moe_ops._GATE,
             _moe_ops._NORMALIZE,
@@ -254,6 +259,9 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
             f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
         )
         rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+    return rows
+
+
 # cast_back's (name, in_sf as per_token_cast writes it, out fmt): specialised at 7168 in the default set
 CAST_BACK_CASES = [("e4m3 1x128 fp32 -> bf16", {}, "bf16"), ("e4m3 1x128 ue8m0 col -> bf16", DEEPGEMM_SF, "bf16")]
 
@@ -290,6 +298,35 @@ def cast_back_rows(l2: int) -> list[dict]:
     return rows
 
 
+def block_cast_rows(l2: int) -> list[dict]:
+    """per_block_cast, per_channel_cast and per_block_cast_lossless at 8192x7168 on their specialised variants and on the
+    generic ones (the lossless cast's value checks, a host sync, are skipped: the kernels alone are timed)."""
+    count = min(64, max(2, -(-3 * l2 // (TOKENS * HIDDEN * 2))))
+    xs = [{"x": torch.randn(TOKENS, HIDDEN, device="cuda").to(torch.bfloat16)} for _ in range(count)]
+    rows = []
+    for flags in ({}, {"round_sf": True}):  # the default set's per-block variants at 7168: 128x128, fp32 or pow2 sf
+
+        def cast(a, flags=flags):
+            return tkaot.quant.per_block_cast(a["x"], "e4m3", (128, 128), **flags)
+
+        name = f"per_block_cast e4m3 128x128{' pow2' if flags else ''}"
+        rows.append(routing_row(name, _casts._PER_BLOCK["tkaot.quant.per_block_cast"], "per_block_cast", xs, cast))
+    rows.append(routing_row("per_channel_cast e4m3 128", _casts._PER_CHANNEL, "per_channel_cast", xs,
+                            lambda a: tkaot.quant.per_channel_cast(a["x"], "e4m3", 128)))  # fmt: skip
+    codes = [
+        {"x": (torch.randint(-128, 128, (TOKENS, HIDDEN // 2), dtype=torch.int8, device="cuda"),
+               torch.randint(100, 120, (TOKENS, HIDDEN // 32 // 4), dtype=torch.int32, device="cuda") * 0x01010101)}
+        for _ in range(count)
+    ]  # fmt: skip
+    unchecked, _weight_casts._values_unchecked = _weight_casts._values_unchecked, lambda: True
+    try:
+        rows.append(routing_row("per_block_cast_lossless 1x32 ue8m0 -> 128x128", _weight_casts._LOSSLESS, "per_block_cast_lossless", codes,
+                                lambda a: tkaot.quant.per_block_cast_lossless(a["x"], "e4m3", (1, 32), (128, 128))))  # fmt: skip
+    finally:
+        _weight_casts._values_unchecked = unchecked
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -323,6 +360,7 @@ def main(argv=None) -> None:
     rows += gate_rows(l2)
     rows += norm_rows()
     rows += cast_back_rows(l2)
+    rows += block_cast_rows(l2)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"

@@ -149,6 +149,12 @@ PER_BLOCK_CAST = KernelDecl(
     ops=tuple(_Q + op for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")),
 )
 
+# Every row width, block and sf layout per_block_cast takes, one variant per dtype, format, sf kind and mode: the calls
+# whose specialised variant is not built (tkaot/_op.py)
+PER_BLOCK_CAST_GENERIC = PER_BLOCK_CAST.generic(
+    "per_block_cast_generic", "kernels_src.quant.per_block_cast_generic", ("hidden", "block_m", "block_k", "sf_layout")
+)
+
 PER_CHANNEL_CAST = KernelDecl(
     name="per_channel_cast",
     source="kernels_src.quant.per_channel_cast",
@@ -163,6 +169,12 @@ PER_CHANNEL_CAST = KernelDecl(
     params=("x", "x_sf", "out", "out_sf"),
     dims=("num_tokens", "in_sf_stride"),
     ops=(_Q + "per_channel_cast",),
+)
+
+# Every row width, token block and input scale block per_channel_cast takes, one variant per input dtype, input sf
+# and sf kind (tkaot/_op.py's fallback)
+PER_CHANNEL_CAST_GENERIC = PER_CHANNEL_CAST.generic(
+    "per_channel_cast_generic", "kernels_src.quant.per_channel_cast_generic", ("hidden", "in_block", "block_m")
 )
 
 CAST = KernelDecl(
@@ -205,6 +217,13 @@ PER_BLOCK_CAST_LOSSLESS = KernelDecl(
     params=("x", "x_sf", "out", "out_sf"),
     dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
     ops=(_Q + "per_block_cast_lossless",),
+)
+
+# Every row width, input and output block and output sf layout, one variant per input sf and output sf kind
+PER_BLOCK_CAST_LOSSLESS_GENERIC = PER_BLOCK_CAST_LOSSLESS.generic(
+    "per_block_cast_lossless_generic",
+    "kernels_src.quant.per_block_cast_lossless_generic",
+    ("hidden", "in_block", "out_block", "sf_layout"),
 )
 
 BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
@@ -279,6 +298,7 @@ BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 
 KERNELS = (
     RMSNORM, RMSNORM_GENERIC, NORM_CAST, NORM_CAST_GENERIC, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC,
-    PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, CAST_BACK_GENERIC, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF,
+    PER_BLOCK_CAST, PER_BLOCK_CAST_GENERIC, PER_CHANNEL_CAST, PER_CHANNEL_CAST_GENERIC, CAST, CAST_BACK, CAST_BACK_GENERIC,
+    PER_BLOCK_CAST_LOSSLESS, PER_BLOCK_CAST_LOSSLESS_GENERIC, BATCHED_TRANSPOSE_WEIGHT_SF,
     *BACKWARD_KERNELS,
 )  # fmt: skip
