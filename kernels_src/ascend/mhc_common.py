@@ -1,0 +1,140 @@
+"""What the Ascend mHC kernels share: segment sizing, the tensor types of their arguments, and the SIMT pieces
+that mix streams and sum per-thread partial sums.
+
+Kernels over the (num_tokens, mhc, hidden) bf16 streams give a block one token and a segment of `span` hidden
+columns (a (mhc, span) tile in the Unified Buffer; the DMA stops at `hidden`, a runtime value); the backward
+kernels that sum over the hidden size take one token a block and walk its segments in order. Every sum of
+streams runs in fp32 in stream order from its start value, as on CUDA (kernels_src/mhc/), and rounds once.
+
+Sums over many elements go through `sums`, a (count, THREADS) fp32 tile: SIMT thread u adds its elements into
+column u, in its own order, and `thread_total` adds a row's columns in thread order, so every such sum is the
+same on every run (its order is not the CUDA kernel's: results may differ from CUDA in the last bits).
+"""
+
+from tilelang.ascend import language as T
+
+from kernels_src.ascend.tile import UB_BUDGET
+from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
+
+THREADS = 128  # SIMT threads of a vector-function region
+MAX_SPAN = 4096
+
+
+def every_value(**static) -> str | None:
+    """`unsupported` of a kernel built for every static value its declaration allows."""
+    return None
+
+
+def span(column_bytes: int, reserved: int = 0) -> int:
+    """Hidden columns a block takes: the largest power of two up to MAX_SPAN whose tiles, `column_bytes` a
+    column, fit UB_BUDGET beside `reserved` bytes."""
+    columns = MAX_SPAN
+    while columns > THREADS and columns * column_bytes + reserved > UB_BUDGET:
+        columns //= 2
+    return columns
+
+
+class Args:
+    """The argument types of the mHC ops at expansion rate `mhc`, over the dynamic dims num_tokens and hidden. Each
+    is a factory (a prim_func annotation calls it), so two arguments of one type get two buffers."""
+
+    def __init__(self, mhc: int):
+        self.mhc = mhc
+        self.num_tokens, self.hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+
+    def streams(self):
+        return T.Tensor[(self.num_tokens, self.mhc, self.hidden), T.bfloat16]
+
+    def row(self):
+        return T.Tensor[(self.num_tokens, self.hidden), T.bfloat16]
+
+    def mix(self):
+        return T.Tensor[(self.num_tokens, self.mhc), T.float32]
+
+    def comb(self):
+        return T.Tensor[(self.num_tokens, self.mhc, self.mhc), T.float32]
+
+
+def segments(args: Args, columns: int):
+    """The block count of a (token, segment) grid and, for a block, its token and first column."""
+    count = T.ceildiv(args.hidden, columns)
+    return args.num_tokens * count, lambda block: (block // count, block % count * columns)
+
+
+def f32(value):
+    return T.cast(value, T.float32)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)) in fp32, TileLang's sigmoid on CUDA."""
+    return T.float32(1) / (T.float32(1) + T.exp(-x))
+
+
+@T.macro
+def sinkhorn(x, sums, mhc: int, repeat, eps):
+    """One thread's Sinkhorn of the (mhc, mhc) matrix x (local, row-major), in place: a row softmax plus eps, a
+    column normalisation, then repeat - 1 times a row and a column normalisation, each dividing by (sum + eps).
+    The CUDA kernels' own steps (kernels_src/mhc/sinkhorn_fwd.py), so every sum adds in the same order."""
+    softmax_rows(x, sums, mhc)
+    for k in T.unroll(mhc * mhc):
+        x[k] = x[k] + eps
+    normalise_cols(x, sums, mhc, eps)
+    for _ in T.serial(repeat - 1):
+        normalise_rows(x, sums, mhc, eps)
+        normalise_cols(x, sums, mhc, eps)
+
+
+@T.macro
+def stream_sum(total, k, start, weights, tile, j, mhc: int, base=0, stride=1):
+    """total[k] = start + the sum over i < mhc of weights[base + i * stride] * tile[i, j], added in that order."""
+    total[k] = start
+    for i in T.unroll(mhc):
+        total[k] = total[k] + weights[base + i * stride] * f32(tile[i, j])
+
+
+@T.macro
+def post_mix(out_tile, mixed, post, comb, x_tile, res_tile, j, mhc: int):
+    """Column j of out_tile[o] = post[o] * x + sum over i of comb[i * mhc + o] * res_tile[i], rounded to bf16;
+    every output is formed before any is stored, so out_tile may be res_tile."""
+    for o in T.unroll(mhc):
+        stream_sum(mixed, o, post[o] * f32(x_tile[j]), comb, res_tile, j, mhc, o, mhc)
+    for o in T.unroll(mhc):
+        out_tile[o, j] = T.cast(mixed[o], T.bfloat16)
+
+
+@T.macro
+def load_row(local, source, t, count: int):
+    """local[0:count] = source[t, 0:count], each thread its own copy (a token's mixes, read from global memory)."""
+    for k in T.unroll(count):
+        local[k] = source[t, k]
+
+
+@T.macro
+def load_square(local, source, t, mhc: int):
+    """local[i * mhc + o] = source[t, i, o]: a token's (mhc, mhc) mixes, row-major."""
+    for i in T.unroll(mhc):
+        for o in T.unroll(mhc):
+            local[i * mhc + o] = source[t, i, o]
+
+
+@T.macro
+def walk_columns(column, sums, first, cols: int, hidden, acc, *more):
+    """Thread u's columns u, u + THREADS, ... of the segment at `first` (those below `hidden`), in order, each given
+    to column(j, acc, *more); acc holds the thread's running sums meanwhile: column u of `sums`, zero at the first
+    segment."""
+    for u in T.Parallel(THREADS):
+        for k in T.unroll(sums.shape[0]):
+            acc[k] = T.if_then_else(first == 0, T.float32(0), sums[k, u])
+        for c in T.serial(cols // THREADS):
+            if first + c * THREADS + u < hidden:
+                column(c * THREADS + u, acc, *more)
+        for k in T.unroll(sums.shape[0]):
+            sums[k, u] = acc[k]
+
+
+@T.macro
+def thread_total(total, sums, k, first=0, step=1):
+    """total[0] = sums[k, first] + sums[k, first + step] + ... over the THREADS columns, in column order."""
+    total[0] = T.float32(0)
+    for n in T.serial(T.ceildiv(THREADS - first, step)):
+        total[0] = total[0] + sums[k, first + n * step]
