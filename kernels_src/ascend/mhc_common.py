@@ -9,6 +9,10 @@ streams runs in fp32 in stream order from its start value, as on CUDA (kernels_s
 Sums over many elements go through `sums`, a (count, THREADS) fp32 tile: SIMT thread u adds its elements into
 column u, in its own order, and `thread_total` adds a row's columns in thread order, so every such sum is the
 same on every run (its order is not the CUDA kernel's: results may differ from CUDA in the last bits).
+
+A macro names a Var it is given after its own parameter (TileLang binds macro arguments by name), so a kernel
+argument or dynamic dim goes into a macro only under its own name (`hidden`), or inside a buffer or tuple;
+the build's check of the lowered arguments against the declaration catches any that got renamed.
 """
 
 from tilelang.ascend import language as T
@@ -110,11 +114,25 @@ def load_row(local, source, t, count: int):
 
 
 @T.macro
+def store_row(dest, t, local, count: int):
+    for k in T.unroll(count):
+        dest[t, k] = local[k]
+
+
+@T.macro
 def load_square(local, source, t, mhc: int):
     """local[i * mhc + o] = source[t, i, o]: a token's (mhc, mhc) mixes, row-major."""
     for i in T.unroll(mhc):
         for o in T.unroll(mhc):
             local[i * mhc + o] = source[t, i, o]
+
+
+@T.macro
+def add_splits(total, k, source, *at):
+    """total[k] = the sum over s of source[s, *at], s = 0, 1, ... from zero in order (a split-K sum)."""
+    total[k] = T.float32(0)
+    for split in T.serial(source.shape[0]):
+        total[k] = total[k] + source[(split, *at)]
 
 
 @T.macro
@@ -133,8 +151,8 @@ def walk_columns(column, sums, first, cols: int, hidden, acc, *more):
 
 
 @T.macro
-def thread_total(total, sums, k, first=0, step=1):
-    """total[0] = sums[k, first] + sums[k, first + step] + ... over the THREADS columns, in column order."""
+def thread_total(total, sums, k):
+    """total[0] = the sum of row k of `sums` over its THREADS columns, in column order from zero."""
     total[0] = T.float32(0)
-    for n in T.serial(T.ceildiv(THREADS - first, step)):
-        total[0] = total[0] + sums[k, first + n * step]
+    for u in T.serial(THREADS):
+        total[0] = total[0] + sums[k, u]
