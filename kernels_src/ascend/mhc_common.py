@@ -38,25 +38,31 @@ def span(column_bytes: int, reserved: int = 0) -> int:
     return columns
 
 
+def fp32(*shape):
+    """A float32 tensor type of this shape, as a factory: a prim_func annotation calls it, so every argument gets a
+    buffer of its own (arguments that share one buffer object lose their names)."""
+    return lambda: T.Tensor[shape, T.float32]
+
+
 class Args:
-    """The argument types of the mHC ops at expansion rate `mhc`, over the dynamic dims num_tokens and hidden. Each
-    is a factory (a prim_func annotation calls it), so two arguments of one type get two buffers."""
+    """The argument types of the mHC ops at expansion rate `mhc`, over the dynamic dims num_tokens and hidden, as
+    factories (fp32)."""
 
     def __init__(self, mhc: int):
-        self.mhc = mhc
+        self.mhc, self.mixes = mhc, mhc * (mhc + 2)
         self.num_tokens, self.hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+        self.mix = fp32(self.num_tokens, mhc)
+        self.comb = fp32(self.num_tokens, mhc, mhc)
+        self.comb_rows = fp32(self.num_tokens, mhc * mhc)
+        self.all_mixes = fp32(self.num_tokens, self.mixes)  # pre, post and comb mixes of a token, in that order
+        self.scale = fp32(3)
+        self.base = fp32(self.mixes)
 
     def streams(self):
         return T.Tensor[(self.num_tokens, self.mhc, self.hidden), T.bfloat16]
 
     def row(self):
         return T.Tensor[(self.num_tokens, self.hidden), T.bfloat16]
-
-    def mix(self):
-        return T.Tensor[(self.num_tokens, self.mhc), T.float32]
-
-    def comb(self):
-        return T.Tensor[(self.num_tokens, self.mhc, self.mhc), T.float32]
 
 
 def segments(args: Args, columns: int):
@@ -65,7 +71,7 @@ def segments(args: Args, columns: int):
     return args.num_tokens * count, lambda block: (block // count, block % count * columns)
 
 
-def f32(value):
+def as_f32(value):
     return T.cast(value, T.float32)
 
 
@@ -93,17 +99,39 @@ def stream_sum(total, k, start, weights, tile, j, mhc: int, base=0, stride=1):
     """total[k] = start + the sum over i < mhc of weights[base + i * stride] * tile[i, j], added in that order."""
     total[k] = start
     for i in T.unroll(mhc):
-        total[k] = total[k] + weights[base + i * stride] * f32(tile[i, j])
+        total[k] = total[k] + weights[base + i * stride] * as_f32(tile[i, j])
 
 
 @T.macro
-def post_mix(out_tile, mixed, post, comb, x_tile, res_tile, j, mhc: int):
-    """Column j of out_tile[o] = post[o] * x + sum over i of comb[i * mhc + o] * res_tile[i], rounded to bf16;
-    every output is formed before any is stored, so out_tile may be res_tile."""
-    for o in T.unroll(mhc):
-        stream_sum(mixed, o, post[o] * f32(x_tile[j]), comb, res_tile, j, mhc, o, mhc)
-    for o in T.unroll(mhc):
-        out_tile[o, j] = T.cast(mixed[o], T.bfloat16)
+def mix_streams(out_ub, x_ub, weight, cols: int, mhc: int):
+    """A SIMT region: out_ub[j] = bf16(the sum over i of weight(i) * x_ub[i, j]) for every column j, in fp32 in
+    stream order from zero; each thread reads the weights once."""
+    with T.SimtVF(threads=THREADS):
+        weights = T.alloc_local((mhc,), T.float32)
+        total = T.alloc_local((1,), T.float32)
+        for i in T.unroll(mhc):
+            weights[i] = weight(i)
+        for j in T.Parallel(cols):
+            stream_sum(total, 0, T.float32(0), weights, x_ub, j, mhc)
+            out_ub[j] = T.cast(total[0], T.bfloat16)
+
+
+@T.macro
+def post_streams(out_ub, res_ub, x_ub, post, comb, t, cols: int, mhc: int):
+    """A SIMT region: column j of out_ub[o] = bf16(post[t, o] * x_ub[j] + the sum over i of comb[t, i, o] *
+    res_ub[i, j]), in fp32 (the product first, then the streams in order); a column's outputs are all formed before
+    any is stored, so out_ub may be res_ub."""
+    with T.SimtVF(threads=THREADS):
+        post_w = T.alloc_local((mhc,), T.float32)
+        comb_w = T.alloc_local((mhc * mhc,), T.float32)
+        mixed = T.alloc_local((mhc,), T.float32)
+        load_row(post_w, post, t, mhc)
+        load_square(comb_w, comb, t, mhc)
+        for j in T.Parallel(cols):
+            for o in T.unroll(mhc):
+                stream_sum(mixed, o, post_w[o] * as_f32(x_ub[j]), comb_w, res_ub, j, mhc, o, mhc)
+            for o in T.unroll(mhc):
+                out_ub[o, j] = T.cast(mixed[o], T.bfloat16)
 
 
 @T.macro
@@ -156,3 +184,14 @@ def thread_total(total, sums, k):
     total[0] = T.float32(0)
     for u in T.serial(THREADS):
         total[0] = total[0] + sums[k, u]
+
+
+@T.macro
+def finish_sums(sums, store, *outs):
+    """A SIMT region: thread k < the row count of `sums` adds up row k (thread_total) and calls store(k, total, *outs)."""
+    with T.SimtVF(threads=THREADS):
+        total = T.alloc_local((1,), T.float32)
+        for k in T.Parallel(THREADS):
+            if k < sums.shape[0]:
+                thread_total(total, sums, k)
+                store(k, total[0], *outs)

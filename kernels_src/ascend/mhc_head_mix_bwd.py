@@ -1,7 +1,7 @@
 """mHC head mix, backward, for Ascend: input_mix_grad, and per-block partial sums of the scale and base gradients
 (as kernels_src/mhc/head_mix_bwd.py).
 
-With s = sigmoid(input_mix * scale + base[j]) and g = s * (1 - s) * output_mix_grad: input_mix_grad = g * scale;
+With s = mc.sigmoid(input_mix * scale + base[j]) and g = s * (1 - s) * output_mix_grad: input_mix_grad = g * scale;
 block p writes mhc_scale_grad_partial[p] = the sum of g * input_mix and mhc_base_grad_partial[p, j] = the sum of g
 over column j, over the tiles of `token_block_size` tokens p, p + num_sms, p + 2 * num_sms, ... The block count
 num_sms, token_block_size and the expansion rate are runtime values.
@@ -13,33 +13,24 @@ tile, whose scale row is added in thread order and whose base row in the order o
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS, sigmoid, thread_total
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS
 
 DECL = HEAD_MIX_BWD
 REQUIRES: dict[str, int] = {}
-assert THREADS == HEAD_MIX_BWD_THREADS  # the op's bound on mhc_mult is this kernel's thread count
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
+THREADS = HEAD_MIX_BWD_THREADS  # the op keeps mhc_mult a power of two up to this, so it divides the thread count
+unsupported = mc.every_value
 
 
 def build(dtype: str):
     num_tokens, mhc_mult, num_sms = T.dynamic("num_tokens"), T.dynamic("mhc_mult"), T.dynamic("num_sms")
+    mixes = mc.fp32(num_tokens, mhc_mult)
 
     @T.prim_func
     def mhc_head_mix_bwd(
-        output_mix_grad: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        input_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_scale: T.Tensor[(1,), T.float32],
-        mhc_base: T.Tensor[(mhc_mult,), T.float32],
-        input_mix_grad: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_scale_grad_partial: T.Tensor[(num_sms, 1), T.float32],
-        mhc_base_grad_partial: T.Tensor[(num_sms, mhc_mult), T.float32],
-        token_block_size: T.int32,
-    ):
+        output_mix_grad: mixes, input_mix: mixes, mhc_scale: mc.fp32(1), mhc_base: mc.fp32(mhc_mult), input_mix_grad: mixes,
+        mhc_scale_grad_partial: mc.fp32(num_sms, 1), mhc_base_grad_partial: mc.fp32(num_sms, mhc_mult), token_block_size: T.int32,
+    ):  # fmt: skip
         T.assume(mhc_mult > 0)
         with T.Kernel(num_sms) as pid:
             sums = T.alloc_shared((2, THREADS), T.float32)
@@ -56,7 +47,7 @@ def build(dtype: str):
                             f = r * THREADS + u
                             token = (wave * num_sms + pid) * token_block_size + f // mhc_mult
                             if f < token_block_size * mhc_mult and token < num_tokens:
-                                s = sigmoid(input_mix[token, f % mhc_mult] * mhc_scale[0] + mhc_base[f % mhc_mult])
+                                s = mc.sigmoid(input_mix[token, f % mhc_mult] * mhc_scale[0] + mhc_base[f % mhc_mult])
                                 g = s * (T.float32(1) - s) * output_mix_grad[token, f % mhc_mult]
                                 input_mix_grad[token, f % mhc_mult] = g * mhc_scale[0]
                                 acc[0] = acc[0] + g * input_mix[token, f % mhc_mult]
@@ -67,7 +58,9 @@ def build(dtype: str):
                 total = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(THREADS):
                     if j == 0:
-                        thread_total(total, sums, 0)
+                        total[0] = T.float32(0)
+                        for n in T.serial(THREADS):
+                            total[0] = total[0] + sums[0, n]
                         mhc_scale_grad_partial[pid, 0] = total[0]
                     if j < mhc_mult:
                         total[0] = T.float32(0)

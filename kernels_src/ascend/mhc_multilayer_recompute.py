@@ -5,34 +5,28 @@ the first residual, the saved mixes and the layer outputs (as kernels_src/mhc/mu
 after which res = residual[l]; res starts as initial_residual, and for num_post < num_layers the last layer
 only gets its layer_input. The per-layer tensors come as the op's table of addresses (pointer_table).
 
-A block keeps one token's (mhc, span) segment of the streams in the Unified Buffer through every layer: per
-layer it reads the layer output's segment, a SIMT region reads the layer's mixes from global memory and updates
-the segment in place (kernels_src/ascend/mhc_common.py stream_sum and post_mix), and both results go out.
+One token's (mhc, span) segment of the streams stays in the Unified Buffer through every layer: per layer the
+block reads the layer output's segment, mixes the layer input and then, in place, the next streams
+(kernels_src/ascend/mhc_common.py mix_streams and post_streams, the mixes read from global memory), and sends both
+out.
 """
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS, Args, every_value, load_row, load_square, post_mix, segments, span, stream_sum
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE
 
 DECL = MULTILAYER_RECOMPUTE
 REQUIRES: dict[str, int] = {}
-unsupported = every_value
+unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
     m = mhc_mult
-    a = Args(m)
-    cols = span(2 * (m + 2))
-    blocks, place = segments(a, cols)
+    a = mc.Args(m)
+    cols = mc.span(2 * (m + 2))
+    blocks, place = mc.segments(a, cols)
     table_size = T.dynamic("table_size")
-
-    @T.macro
-    def apply_pre(pre, t, res_ub, li_ub, weights, total):
-        load_row(weights, pre, t, m)
-        for j in T.Parallel(cols):
-            stream_sum(total, 0, T.float32(0), weights, res_ub, j, m)
-            li_ub[j] = T.cast(total[0], T.bfloat16)
 
     @T.prim_func
     def mhc_multilayer_recompute(
@@ -48,27 +42,15 @@ def build(mhc_mult: int):
                 # the table: pre_mix[0..L), layer_input[0..L), residual[0..P), layer_output[0..P), post_mix[0..P), comb_mix[0..P)
                 pre = T.make_tensor(pointer_table[layer], (a.num_tokens, m), T.float32)
                 layer_input = T.make_tensor(pointer_table[num_layers + layer], (a.num_tokens, a.hidden), T.bfloat16)
+                mc.mix_streams(li_ub, res_ub, lambda i: pre[t, i], cols, m)  # noqa: B023 (called at once)
                 if layer < num_post:
                     residual = T.make_tensor(pointer_table[2 * num_layers + layer], (a.num_tokens, m, a.hidden), T.bfloat16)
                     output = T.make_tensor(pointer_table[2 * num_layers + num_post + layer], (a.num_tokens, a.hidden), T.bfloat16)
                     post = T.make_tensor(pointer_table[2 * num_layers + 2 * num_post + layer], (a.num_tokens, m), T.float32)
                     comb = T.make_tensor(pointer_table[2 * num_layers + 3 * num_post + layer], (a.num_tokens, m, m), T.float32)
                     T.copy(output[t, first : first + cols], lo_ub)
-                    with T.SimtVF(threads=THREADS):
-                        weights = T.alloc_local((m,), T.float32)
-                        comb_w = T.alloc_local((m * m,), T.float32)
-                        total = T.alloc_local((m,), T.float32)
-                        apply_pre(pre, t, res_ub, li_ub, weights, total)
-                        load_row(weights, post, t, m)
-                        load_square(comb_w, comb, t, m)
-                        for j in T.Parallel(cols):
-                            post_mix(res_ub, total, weights, comb_w, lo_ub, res_ub, j, m)
+                    mc.post_streams(res_ub, res_ub, lo_ub, post, comb, t, cols, m)
                     T.copy(res_ub, residual[t, :, first : first + cols])
-                else:
-                    with T.SimtVF(threads=THREADS):
-                        weights = T.alloc_local((m,), T.float32)
-                        total = T.alloc_local((1,), T.float32)
-                        apply_pre(pre, t, res_ub, li_ub, weights, total)
                 T.copy(li_ub, layer_input[t, first : first + cols])
 
     return mhc_multilayer_recompute

@@ -9,88 +9,65 @@ gemm_out_sqrsum[:, t]) / (M * hidden) + rms_eps), each split sum in order from z
 A first SIMT region gives each mix a thread, which keeps it in the Unified Buffer (the pre mixes too); after the
 region's barrier, threads below M write the post mixes and thread 0 runs Sinkhorn on its own copy of the comb
 matrix (kernels_src/ascend/mhc_common.py sinkhorn: the sums in the CUDA kernel's order). Then the block walks
-the hidden segments, applying the pre mixes to each (stream_sum). Hidden size, split count and Sinkhorn repeats
-are runtime values.
+the hidden segments, applying the pre mixes to each (mix_streams). Hidden size, split count and Sinkhorn
+repeats are runtime values.
 """
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS, Args, segments, sigmoid, sinkhorn, span, stream_sum
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import PRE_BIG_FUSE
 
 DECL = PRE_BIG_FUSE
 REQUIRES: dict[str, int] = {}
 MIX_THREADS = 32  # a thread a mix: M * (M + 2) <= 24 for M <= 4
-
-
-def unsupported(mhc_mult) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
+unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
     m = mhc_mult
-    mm, mixes = m * m, m * (m + 2)
-    a = Args(m)
+    a = mc.Args(m)
     n_splits = T.dynamic("n_splits")
-    cols = span(2 * (m + 1))
+    cols = mc.span(2 * (m + 1))
 
     @T.prim_func
     def mhc_pre_big_fuse(
-        gemm_out_mul: T.Tensor[(n_splits, a.num_tokens, mixes), T.float32],
-        gemm_out_sqrsum: T.Tensor[(n_splits, a.num_tokens), T.float32],
-        mhc_scale: T.Tensor[(3,), T.float32],
-        mhc_base: T.Tensor[(mixes,), T.float32],
-        residual: a.streams,
-        post_mix: a.mix,
-        comb_mix: T.Tensor[(a.num_tokens, mm), T.float32],
-        layer_input: a.row,
-        rms_eps: T.float32,
-        mhc_pre_eps: T.float32,
-        mhc_sinkhorn_eps: T.float32,
-        mhc_post_mult_value: T.float32,
+        gemm_out_mul: mc.fp32(n_splits, a.num_tokens, a.mixes), gemm_out_sqrsum: mc.fp32(n_splits, a.num_tokens),
+        mhc_scale: a.scale, mhc_base: a.base, residual: a.streams, post_mix: a.mix, comb_mix: a.comb_rows, layer_input: a.row,
+        rms_eps: T.float32, mhc_pre_eps: T.float32, mhc_sinkhorn_eps: T.float32, mhc_post_mult_value: T.float32,
         sinkhorn_repeat: T.int32,
-    ):
+    ):  # fmt: skip
         with T.Kernel(a.num_tokens) as t:
             mix_ub = T.alloc_shared((MIX_THREADS,), T.float32)
             pre_ub = T.alloc_shared((m,), T.float32)
             res_ub = T.alloc_shared((m, cols), T.bfloat16)
             li_ub = T.alloc_shared((cols,), T.bfloat16)
             with T.SimtVF(threads=MIX_THREADS):
-                squares = T.alloc_var(T.float32)
+                part = T.alloc_local((2,), T.float32)  # the split sums: squares, then the mix
                 mix = T.alloc_var(T.float32)
-                comb = T.alloc_local((mm,), T.float32)
-                # copies: a macro names the Vars it is given after its own parameters
+                comb = T.alloc_local((m * m,), T.float32)
+                sums = T.alloc_local((m,), T.float32)
+                # copies: a macro would name these arguments after its own parameters
                 repeat = T.alloc_var(T.int32, init=sinkhorn_repeat)
                 eps = T.alloc_var(T.float32, init=mhc_sinkhorn_eps)
-                sums = T.alloc_local((m,), T.float32)
                 for e in T.Parallel(MIX_THREADS):
-                    if e < mixes:
-                        squares = T.float32(0)
-                        for split in T.serial(n_splits):
-                            squares = squares + gemm_out_sqrsum[split, t]
-                        mix = T.float32(0)
-                        for split in T.serial(n_splits):
-                            mix = mix + gemm_out_mul[split, t, e]
-                        mix = mix * T.rsqrt(squares / T.cast(m * a.hidden, T.float32) + rms_eps)
+                    if e < a.mixes:
+                        mc.add_splits(part, 0, gemm_out_sqrsum, t)
+                        mc.add_splits(part, 1, gemm_out_mul, t, e)
+                        mix = part[1] * T.rsqrt(part[0] / T.cast(m * a.hidden, T.float32) + rms_eps)
                         mix_ub[e] = mix
                         if e < m:
-                            pre_ub[e] = sigmoid(mix * mhc_scale[0] + mhc_base[e]) + mhc_pre_eps
+                            pre_ub[e] = mc.sigmoid(mix * mhc_scale[0] + mhc_base[e]) + mhc_pre_eps
                     if e < m:
-                        post_mix[t, e] = sigmoid(mix_ub[m + e] * mhc_scale[1] + mhc_base[m + e]) * mhc_post_mult_value
+                        post_mix[t, e] = mc.sigmoid(mix_ub[m + e] * mhc_scale[1] + mhc_base[m + e]) * mhc_post_mult_value
                     if e == 0:
-                        for k in T.unroll(mm):
+                        for k in T.unroll(m * m):
                             comb[k] = mix_ub[2 * m + k] * mhc_scale[2] + mhc_base[2 * m + k]
-                        sinkhorn(comb, sums, m, repeat, eps)
-                        for k in T.unroll(mm):
-                            comb_mix[t, k] = comb[k]
+                        mc.sinkhorn(comb, sums, m, repeat, eps)
+                        mc.store_row(comb_mix, t, comb, m * m)
             for first in T.serial(0, a.hidden, cols):
                 T.copy(residual[t, :, first : first + cols], res_ub)
-                with T.SimtVF(threads=THREADS):
-                    total = T.alloc_local((1,), T.float32)
-                    for j in T.Parallel(cols):
-                        stream_sum(total, 0, T.float32(0), pre_ub, res_ub, j, m)
-                        li_ub[j] = T.cast(total[0], T.bfloat16)
+                mc.mix_streams(li_ub, res_ub, lambda i: pre_ub[i], cols, m)
                 T.copy(li_ub, layer_input[t, first : first + cols])
 
     return mhc_pre_big_fuse

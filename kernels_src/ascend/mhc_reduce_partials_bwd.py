@@ -12,37 +12,28 @@ a runtime value.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import REDUCE_PARTIALS_BWD
 
 DECL = REDUCE_PARTIALS_BWD
 REQUIRES: dict[str, int] = {}
 PAIRS = 256
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
+unsupported = mc.every_value
 
 
 def build(dtype: str):
     num_tokens, n_rms_group, mhc_mult3 = T.dynamic("num_tokens"), T.dynamic("n_rms_group"), T.dynamic("mhc_mult3")
+    groups = mc.fp32(num_tokens, n_rms_group, mhc_mult3)  # the mixes of each RMS group
 
     @T.prim_func
     def mhc_reduce_partials_bwd(
-        out_grad: T.Tensor[(num_tokens, mhc_mult3), T.float32],
-        out_mul: T.Tensor[(num_tokens, n_rms_group, mhc_mult3), T.float32],
-        sqrsum: T.Tensor[(num_tokens, n_rms_group), T.float32],
-        out_mul_grad: T.Tensor[(num_tokens, n_rms_group, mhc_mult3), T.float32],
-        sqrsum_grad: T.Tensor[(num_tokens, n_rms_group), T.float32],
-        rms_group_size: T.float32,
-        rms_eps: T.float32,
-        rms_eps_sum: T.float32,
-    ):
+        out_grad: mc.fp32(num_tokens, mhc_mult3), out_mul: groups, sqrsum: mc.fp32(num_tokens, n_rms_group), out_mul_grad: groups,
+        sqrsum_grad: mc.fp32(num_tokens, n_rms_group), rms_group_size: T.float32, rms_eps: T.float32, rms_eps_sum: T.float32,
+    ):  # fmt: skip
         T.assume(n_rms_group > 0)
         with T.Kernel(T.ceildiv(num_tokens * n_rms_group, PAIRS)) as block:
             grad_ub = T.alloc_shared((PAIRS,), T.float32)
-            with T.SimtVF(threads=THREADS):
+            with T.SimtVF(threads=mc.THREADS):
                 r = T.alloc_var(T.float32)
                 dot = T.alloc_var(T.float32)
                 for p in T.Parallel(PAIRS):

@@ -11,37 +11,29 @@ thread sums its token's squares itself; the thread of j = 0 writes them.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS, add_splits
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import REDUCE_PARTIALS_FWD
 
 DECL = REDUCE_PARTIALS_FWD
 REQUIRES: dict[str, int] = {}
 ELEMS = 1024
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
+unsupported = mc.every_value
 
 
 def build(dtype: str):
     n_splits, num_tokens = T.dynamic("n_splits"), T.dynamic("num_tokens")
     n_rms_group, mhc_mult3 = T.dynamic("n_rms_group"), T.dynamic("mhc_mult3")
+    mixes, squares = (num_tokens, n_rms_group, mhc_mult3), (num_tokens, n_rms_group)  # of a split
 
     @T.prim_func
     def mhc_reduce_partials_fwd(
-        out_mul_splitted: T.Tensor[(n_splits, num_tokens, n_rms_group, mhc_mult3), T.float32],
-        sqrsum_splitted: T.Tensor[(n_splits, num_tokens, n_rms_group), T.float32],
-        out_mul: T.Tensor[(num_tokens, n_rms_group, mhc_mult3), T.float32],
-        sqrsum: T.Tensor[(num_tokens, n_rms_group), T.float32],
-        out: T.Tensor[(num_tokens, mhc_mult3), T.float32],
-        rms_group_size: T.float32,
-        rms_eps: T.float32,
-    ):
+        out_mul_splitted: mc.fp32(n_splits, *mixes), sqrsum_splitted: mc.fp32(n_splits, *squares), out_mul: mc.fp32(*mixes),
+        sqrsum: mc.fp32(*squares), out: mc.fp32(num_tokens, mhc_mult3), rms_group_size: T.float32, rms_eps: T.float32,
+    ):  # fmt: skip
         T.assume(mhc_mult3 > 0)
         with T.Kernel(T.ceildiv(num_tokens * mhc_mult3, ELEMS)) as block:
             out_ub = T.alloc_shared((ELEMS,), T.float32)
-            with T.SimtVF(threads=THREADS):
+            with T.SimtVF(threads=mc.THREADS):
                 part = T.alloc_local((3,), T.float32)  # the squares, the mix, the normalised sum
                 for e in T.Parallel(ELEMS):
                     if block * ELEMS + e < num_tokens * mhc_mult3:
@@ -49,8 +41,8 @@ def build(dtype: str):
                         j = (block * ELEMS + e) % mhc_mult3
                         part[2] = T.float32(0)
                         for k in T.serial(n_rms_group):
-                            add_splits(part, 0, sqrsum_splitted, t, k)
-                            add_splits(part, 1, out_mul_splitted, t, k, j)
+                            mc.add_splits(part, 0, sqrsum_splitted, t, k)
+                            mc.add_splits(part, 1, out_mul_splitted, t, k, j)
                             if j == 0:
                                 sqrsum[t, k] = part[0]
                             out_mul[t, k, j] = part[1]

@@ -14,7 +14,7 @@ bisheng may instead fuse into the additions.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import every_value, load_row, store_row
+from kernels_src.ascend import mhc_common as mc
 from kernels_src.mhc.common import tree_sum
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
 from tkaot._mhc.kernels import SINKHORN_BWD, sinkhorn_record_row
@@ -22,50 +22,47 @@ from tkaot._mhc.kernels import SINKHORN_BWD, sinkhorn_record_row
 DECL = SINKHORN_BWD
 REQUIRES: dict[str, int] = {}
 TOKENS = 64  # a SIMT thread each
-unsupported = every_value
+unsupported = mc.every_value
 
 
-def cell(a, b, mhc: int, along_rows: bool):
-    """Index of element b along line a of a row-major (mhc, mhc) matrix: row a's b-th, or column a's b-th."""
-    return a * mhc + b if along_rows else b * mhc + a
+def cell(line, pos, mhc: int, along_rows: bool):
+    """Index of element `pos` of line `line` of a row-major (mhc, mhc) matrix, the line a row or a column."""
+    return line * mhc + pos if along_rows else pos * mhc + line
 
 
 def build(mhc_mult: int):
     m, mm = mhc_mult, mhc_mult * mhc_mult
     row = sinkhorn_record_row(m)
-    num_tokens, repeat = T.dynamic("num_tokens"), T.dynamic("repeat")
+    a = mc.Args(m)
+    repeat = T.dynamic("repeat")
 
     @T.macro
     def record(scratch, r, half: int, t, x, sums, along_rows: bool):
         """sums = x's sums along rows (or columns); x and its sums become record (r, half) of token t."""
-        for a in T.unroll(m):
-            sums[a] = tree_sum([x[cell(a, b, m, along_rows)] for b in range(m)])
+        for line in T.unroll(m):
+            sums[line] = tree_sum([x[cell(line, pos, m, along_rows)] for pos in range(m)])
         for k in T.unroll(mm):
             scratch[r, half, t, k] = x[k]
-        for a in T.unroll(m):
-            scratch[r, half, t, mm + a] = sums[a]
+        for line in T.unroll(m):
+            scratch[r, half, t, mm + line] = sums[line]
 
     @T.macro
     def back_through(g, rec, dots, scratch, r, half: int, t, eps, along_rows: bool):
         """g = the gradient before the normalisation along rows (or columns) that record (r, half) entered."""
         for k in T.unroll(m + mm):
             rec[k] = scratch[r, half, t, k]
-        for a in T.unroll(m):
-            dots[a] = tree_sum([g[cell(a, b, m, along_rows)] * rec[cell(a, b, m, along_rows)] for b in range(m)])
-        for a in T.unroll(m):
-            for b in T.unroll(m):
-                k = cell(a, b, m, along_rows)
-                g[k] = (g[k] - dots[a] / (rec[mm + a] + eps)) / (rec[mm + a] + eps)
+        for line in T.unroll(m):
+            dots[line] = tree_sum([g[cell(line, pos, m, along_rows)] * rec[cell(line, pos, m, along_rows)] for pos in range(m)])
+        for line in T.unroll(m):
+            for pos in T.unroll(m):
+                k = cell(line, pos, m, along_rows)
+                g[k] = (g[k] - dots[line] / (rec[mm + line] + eps)) / (rec[mm + line] + eps)
 
     @T.prim_func
     def mhc_sinkhorn_bwd(
-        grad_output: T.Tensor[(num_tokens, mm), T.float32],
-        x: T.Tensor[(num_tokens, mm), T.float32],
-        grad_input: T.Tensor[(num_tokens, mm), T.float32],
-        scratch: T.Tensor[(repeat, 2, num_tokens, row), T.float32],
-        eps: T.float32,
+        grad_output: a.comb_rows, x: a.comb_rows, grad_input: a.comb_rows, scratch: mc.fp32(repeat, 2, a.num_tokens, row), eps: T.float32
     ):
-        with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
+        with T.Kernel(T.ceildiv(a.num_tokens, TOKENS)) as block:
             first = block * TOKENS
             x_ub = T.alloc_shared((TOKENS, mm), T.float32)
             g_ub = T.alloc_shared((TOKENS, mm), T.float32)
@@ -77,8 +74,8 @@ def build(mhc_mult: int):
                 rec = T.alloc_local((m + mm,), T.float32)
                 sums = T.alloc_local((m,), T.float32)
                 for i in T.Parallel(TOKENS):
-                    if first + i < num_tokens:
-                        load_row(mat, x_ub, i, mm)
+                    if first + i < a.num_tokens:
+                        mc.load_row(mat, x_ub, i, mm)
                         softmax_rows(mat, sums, m)
                         record(scratch, 0, 0, first + i, mat, sums, True)
                         for k in T.unroll(mm):
@@ -90,7 +87,7 @@ def build(mhc_mult: int):
                             normalise_rows(mat, sums, m, eps)
                             record(scratch, r, 1, first + i, mat, sums, False)
                             normalise_cols(mat, sums, m, eps)
-                        load_row(g, g_ub, i, mm)
+                        mc.load_row(g, g_ub, i, mm)
                         for back in T.serial(repeat):
                             back_through(g, rec, sums, scratch, repeat - 1 - back, 1, first + i, eps, False)
                             if back < repeat - 1:
@@ -98,11 +95,11 @@ def build(mhc_mult: int):
                         # through the softmax: the record (0, 0) holds its output p
                         for k in T.unroll(mm):
                             rec[k] = scratch[0, 0, first + i, k]
-                        for a in T.unroll(m):
-                            sums[a] = tree_sum([g[a * m + b] * rec[a * m + b] for b in range(m)])
+                        for line in T.unroll(m):
+                            sums[line] = tree_sum([g[line * m + k] * rec[line * m + k] for k in range(m)])
                         for k in T.unroll(mm):
                             g[k] = (g[k] - sums[k // m]) * rec[k]
-                        store_row(g_ub, i, g, mm)
+                        mc.store_row(g_ub, i, g, mm)
             T.copy(g_ub, grad_input[first : first + TOKENS, :])
 
     return mhc_sinkhorn_bwd

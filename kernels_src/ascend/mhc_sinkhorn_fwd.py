@@ -9,37 +9,31 @@ same order); the matrices go back through the Unified Buffer.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import every_value, load_row, sinkhorn, store_row
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import SINKHORN_FWD
 
 DECL = SINKHORN_FWD
 REQUIRES: dict[str, int] = {}
 TOKENS = 64  # a SIMT thread each
-unsupported = every_value
+unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
-    m, mm = mhc_mult, mhc_mult * mhc_mult
-    num_tokens = T.dynamic("num_tokens")
+    mm = mhc_mult * mhc_mult
+    a = mc.Args(mhc_mult)
 
     @T.prim_func
-    def mhc_sinkhorn_fwd(
-        comb_res_mix: T.Tensor[(num_tokens, mm), T.float32],
-        comb_res_mix_out: T.Tensor[(num_tokens, mm), T.float32],
-        repeat: T.int32,
-        eps: T.float32,
-    ):
-        with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
-            first = block * TOKENS
-            x_ub = T.alloc_shared((TOKENS, mm), T.float32)
-            T.copy(comb_res_mix[first : first + TOKENS, :], x_ub)
+    def mhc_sinkhorn_fwd(comb_res_mix: a.comb_rows, comb_res_mix_out: a.comb_rows, repeat: T.int32, eps: T.float32):
+        with T.Kernel(T.ceildiv(a.num_tokens, TOKENS)) as block:
+            tile = T.alloc_shared((TOKENS, mm), T.float32)
+            T.copy(comb_res_mix[block * TOKENS : (block + 1) * TOKENS, :], tile)
             with T.SimtVF(threads=TOKENS):
-                x = T.alloc_local((mm,), T.float32)
-                sums = T.alloc_local((m,), T.float32)
+                matrix = T.alloc_local((mm,), T.float32)
+                sums = T.alloc_local((mhc_mult,), T.float32)
                 for i in T.Parallel(TOKENS):
-                    load_row(x, x_ub, i, mm)
-                    sinkhorn(x, sums, m, repeat, eps)
-                    store_row(x_ub, i, x, mm)
-            T.copy(x_ub, comb_res_mix_out[first : first + TOKENS, :])
+                    mc.load_row(matrix, tile, i, mm)
+                    mc.sinkhorn(matrix, sums, mhc_mult, repeat, eps)
+                    mc.store_row(tile, i, matrix, mm)
+            T.copy(tile, comb_res_mix_out[block * TOKENS : (block + 1) * TOKENS, :])
 
     return mhc_sinkhorn_fwd

@@ -14,25 +14,25 @@ and d * input_mixes (mhc_scale's, a sum a group) over its tokens; row p of `part
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS, every_value, sigmoid, thread_total
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD
 
 DECL = SPLIT_MIXES_BWD
 REQUIRES: dict[str, int] = {}
-unsupported = every_value
+unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
     m = mhc_mult
-    mixes = m * (m + 2)
-    count = mixes + 3
-    num_tokens, num_partials = T.dynamic("num_tokens"), T.dynamic("num_partials")
+    a = mc.Args(m)
+    mixes, count = a.mixes, a.mixes + 3
+    num_partials = T.dynamic("num_partials")
 
     @T.macro
     def token_grads(d, t, pre_grad, post_grad, comb_grad, input_mixes, post_layer_mix, mhc_scale, mhc_base, mhc_post_mult_value):
         """d[j] = the gradient of token t's v[j]."""
         for j in T.unroll(m):
-            s = sigmoid(input_mixes[t, j] * mhc_scale[0] + mhc_base[j])
+            s = mc.sigmoid(input_mixes[t, j] * mhc_scale[0] + mhc_base[j])
             d[j] = pre_grad[t, j] * s * (T.float32(1) - s)
         for j in T.unroll(m):
             p = post_layer_mix[t, j]
@@ -40,31 +40,28 @@ def build(mhc_mult: int):
         for j in T.unroll(m * m):
             d[2 * m + j] = comb_grad[t, j]
 
+    @T.macro
+    def store(k, total, row_ub):
+        row_ub[k] = total
+
     @T.prim_func
     def mhc_split_mixes_bwd(
-        pre_layer_mix_grad: T.Tensor[(num_tokens, m), T.float32],
-        post_layer_mix_grad: T.Tensor[(num_tokens, m), T.float32],
-        comb_res_mix_grad: T.Tensor[(num_tokens, m * m), T.float32],
-        input_mixes: T.Tensor[(num_tokens, mixes), T.float32],
-        post_layer_mix: T.Tensor[(num_tokens, m), T.float32],
-        mhc_scale: T.Tensor[(3,), T.float32],
-        mhc_base: T.Tensor[(mixes,), T.float32],
-        input_mixes_grad: T.Tensor[(num_tokens, mixes), T.float32],
-        partials: T.Tensor[(num_partials, count), T.float32],
-        mhc_post_mult_value: T.float32,
-    ):
+        pre_layer_mix_grad: a.mix, post_layer_mix_grad: a.mix, comb_res_mix_grad: a.comb_rows, input_mixes: a.all_mixes,
+        post_layer_mix: a.mix, mhc_scale: a.scale, mhc_base: a.base, input_mixes_grad: a.all_mixes,
+        partials: mc.fp32(num_partials, count), mhc_post_mult_value: T.float32,
+    ):  # fmt: skip
         with T.Kernel(num_partials) as block:
-            sums = T.alloc_shared((count, THREADS), T.float32)
+            sums = T.alloc_shared((count, mc.THREADS), T.float32)
             row_ub = T.alloc_shared((count,), T.float32)
-            with T.SimtVF(threads=THREADS):
+            with T.SimtVF(threads=mc.THREADS):
                 acc = T.alloc_local((count,), T.float32)
                 d = T.alloc_local((mixes,), T.float32)
-                for u in T.Parallel(THREADS):
+                for u in T.Parallel(mc.THREADS):
                     for k in T.unroll(count):
                         acc[k] = T.float32(0)
-                    for step in T.serial(T.ceildiv(num_tokens, num_partials * THREADS)):
-                        t = (step * num_partials + block) * THREADS + u
-                        if t < num_tokens:
+                    for step in T.serial(T.ceildiv(a.num_tokens, num_partials * mc.THREADS)):
+                        t = (step * num_partials + block) * mc.THREADS + u
+                        if t < a.num_tokens:
                             token_grads(
                                 d, t, pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes, post_layer_mix,
                                 mhc_scale, mhc_base, mhc_post_mult_value,
@@ -75,12 +72,7 @@ def build(mhc_mult: int):
                                 input_mixes_grad[t, j] = d[j] * mhc_scale[T.min(j // m, 2)]
                     for k in T.unroll(count):
                         sums[k, u] = acc[k]
-            with T.SimtVF(threads=THREADS):
-                total = T.alloc_local((1,), T.float32)
-                for k in T.Parallel(THREADS):
-                    if k < count:
-                        thread_total(total, sums, k)
-                        row_ub[k] = total[0]
+            mc.finish_sums(sums, store, row_ub)
             T.copy(row_ub, partials[block, :])
 
     return mhc_split_mixes_bwd

@@ -7,32 +7,28 @@ leaves its sum in the Unified Buffer, from where the two gradients go out.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.mhc_common import THREADS, add_splits, every_value
+from kernels_src.ascend import mhc_common as mc
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD_REDUCE
 
 DECL = SPLIT_MIXES_BWD_REDUCE
 REQUIRES: dict[str, int] = {}
-unsupported = every_value
+unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
-    mixes = mhc_mult * (mhc_mult + 2)
-    num_partials = T.dynamic("num_partials")
+    a = mc.Args(mhc_mult)
+    mixes = a.mixes
 
     @T.prim_func
-    def mhc_split_mixes_bwd_reduce(
-        partials: T.Tensor[(num_partials, mixes + 3), T.float32],
-        mhc_scale_grad: T.Tensor[(3,), T.float32],
-        mhc_base_grad: T.Tensor[(mixes,), T.float32],
-    ):
+    def mhc_split_mixes_bwd_reduce(partials: mc.fp32(T.dynamic("num_partials"), mixes + 3), mhc_scale_grad: a.scale, mhc_base_grad: a.base):
         with T.Kernel(1) as _:
             base_ub = T.alloc_shared((mixes,), T.float32)
             scale_ub = T.alloc_shared((3,), T.float32)
-            with T.SimtVF(threads=THREADS):
+            with T.SimtVF(threads=mc.THREADS):
                 total = T.alloc_local((1,), T.float32)
-                for k in T.Parallel(THREADS):
+                for k in T.Parallel(mc.THREADS):
                     if k < mixes + 3:
-                        add_splits(total, 0, partials, k)
+                        mc.add_splits(total, 0, partials, k)
                         if k < mixes:
                             base_ub[k] = total[0]
                         else:
