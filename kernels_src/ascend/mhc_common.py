@@ -24,8 +24,12 @@ THREADS = 128  # SIMT threads of a vector-function region
 MAX_SPAN = 4096
 
 
-def every_value(**static) -> str | None:
-    """`unsupported` of a kernel built for every static value its declaration allows."""
+# What each mHC kernel module re-exports as its own: it serves every runtime value and builds every static value
+REQUIRES: dict[str, int] = {}
+
+
+def unsupported(**static) -> str | None:
+    """None: every static value the declaration allows is built."""
     return None
 
 
@@ -65,10 +69,14 @@ class Args:
         return T.Tensor[(self.num_tokens, self.hidden), T.bfloat16]
 
 
-def segments(args: Args, columns: int):
-    """The block count of a (token, segment) grid and, for a block, its token and first column."""
-    count = T.ceildiv(args.hidden, columns)
-    return args.num_tokens * count, lambda block: (block // count, block % count * columns)
+def segment_grid(args: Args, columns: int):
+    """The block count of a (token, hidden segment) grid, segments `columns` wide."""
+    return args.num_tokens * T.ceildiv(args.hidden, columns)
+
+
+def segment_of(block, args: Args, columns: int):
+    """(token, first column) of a block of that grid."""
+    return block // T.ceildiv(args.hidden, columns), block % T.ceildiv(args.hidden, columns) * columns
 
 
 def as_f32(value):
@@ -114,6 +122,20 @@ def mix_streams(out_ub, x_ub, weight, cols: int, mhc: int):
         for j in T.Parallel(cols):
             stream_sum(total, 0, T.float32(0), weights, x_ub, j, mhc)
             out_ub[j] = T.cast(total[0], T.bfloat16)
+
+
+@T.macro
+def mix_segments(streams, row, weight, args: Args):
+    """A kernel's body: row[t, :] = bf16(the sum over i of weight(t, i) * streams[t, i, :]), a (token, hidden
+    segment) a block, the segment's streams in the Unified Buffer (mix_streams)."""
+    cols = span(2 * (args.mhc + 1))
+    with T.Kernel(segment_grid(args, cols)) as block:
+        t, first = segment_of(block, args, cols)
+        x_ub = T.alloc_shared((args.mhc, cols), T.bfloat16)
+        out_ub = T.alloc_shared((cols,), T.bfloat16)
+        T.copy(streams[t, :, first : first + cols], x_ub)
+        mix_streams(out_ub, x_ub, lambda i: weight(t, i), cols, args.mhc)
+        T.copy(out_ub, row[t, first : first + cols])
 
 
 @T.macro

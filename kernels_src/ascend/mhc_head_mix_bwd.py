@@ -1,7 +1,7 @@
 """mHC head mix, backward, for Ascend: input_mix_grad, and per-block partial sums of the scale and base gradients
 (as kernels_src/mhc/head_mix_bwd.py).
 
-With s = mc.sigmoid(input_mix * scale + base[j]) and g = s * (1 - s) * output_mix_grad: input_mix_grad = g * scale;
+With s = sigmoid(input_mix * scale + base[j]) and g = s * (1 - s) * output_mix_grad: input_mix_grad = g * scale;
 block p writes mhc_scale_grad_partial[p] = the sum of g * input_mix and mhc_base_grad_partial[p, j] = the sum of g
 over column j, over the tiles of `token_block_size` tokens p, p + num_sms, p + 2 * num_sms, ... The block count
 num_sms, token_block_size and the expansion rate are runtime values.
@@ -14,12 +14,12 @@ tile, whose scale row is added in thread order and whose base row in the order o
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS
 
 DECL = HEAD_MIX_BWD
-REQUIRES: dict[str, int] = {}
 THREADS = HEAD_MIX_BWD_THREADS  # the op keeps mhc_mult a power of two up to this, so it divides the thread count
-unsupported = mc.every_value
 
 
 def build(dtype: str):

@@ -14,26 +14,25 @@ out.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE
 
 DECL = MULTILAYER_RECOMPUTE
-REQUIRES: dict[str, int] = {}
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
     m = mhc_mult
     a = mc.Args(m)
     cols = mc.span(2 * (m + 2))
-    blocks, place = mc.segments(a, cols)
     table_size = T.dynamic("table_size")
 
     @T.prim_func
     def mhc_multilayer_recompute(
         initial_residual: a.streams, pointer_table: T.Tensor[(table_size,), T.ptr], num_layers: T.int32, num_post: T.int32
     ):
-        with T.Kernel(blocks) as block:
-            t, first = place(block)
+        with T.Kernel(mc.segment_grid(a, cols)) as block:
+            t, first = mc.segment_of(block, a, cols)
             res_ub = T.alloc_shared((m, cols), T.bfloat16)
             lo_ub = T.alloc_shared((cols,), T.bfloat16)
             li_ub = T.alloc_shared((cols,), T.bfloat16)

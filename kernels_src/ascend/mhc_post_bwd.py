@@ -13,11 +13,11 @@ stream gradients back; the mhc**2 + mhc sums over h build up per thread in the `
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import POST_BWD
 
 DECL = POST_BWD
-REQUIRES: dict[str, int] = {}
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):

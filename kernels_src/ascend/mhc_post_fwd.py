@@ -10,22 +10,21 @@ the mhc output streams, which the block sends out.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import POST_FWD
 
 DECL = POST_FWD
-REQUIRES: dict[str, int] = {}
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
     a = mc.Args(mhc_mult)
     cols = mc.span(2 * (2 * mhc_mult + 1))
-    blocks, place = mc.segments(a, cols)
 
     @T.prim_func
     def mhc_post_fwd(comb_res_mix: a.comb, residual: a.streams, post_layer_mix: a.mix, x: a.row, out: a.streams):
-        with T.Kernel(blocks) as block:
-            t, first = place(block)
+        with T.Kernel(mc.segment_grid(a, cols)) as block:
+            t, first = mc.segment_of(block, a, cols)
             res_ub = T.alloc_shared((mhc_mult, cols), T.bfloat16)
             x_ub = T.alloc_shared((cols,), T.bfloat16)
             out_ub = T.alloc_shared((mhc_mult, cols), T.bfloat16)

@@ -10,11 +10,11 @@ each mix gradient waits in the `sums` tile between segments (kernels_src/ascend/
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD
 
 DECL = PRE_APPLY_MIX_BWD
-REQUIRES: dict[str, int] = {}
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):

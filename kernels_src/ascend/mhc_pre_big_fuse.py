@@ -16,12 +16,12 @@ repeats are runtime values.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import PRE_BIG_FUSE
 
 DECL = PRE_BIG_FUSE
-REQUIRES: dict[str, int] = {}
 MIX_THREADS = 32  # a thread a mix: M * (M + 2) <= 24 for M <= 4
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):

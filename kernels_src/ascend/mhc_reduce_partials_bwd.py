@@ -13,12 +13,12 @@ a runtime value.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import REDUCE_PARTIALS_BWD
 
 DECL = REDUCE_PARTIALS_BWD
-REQUIRES: dict[str, int] = {}
 PAIRS = 256
-unsupported = mc.every_value
 
 
 def build(dtype: str):

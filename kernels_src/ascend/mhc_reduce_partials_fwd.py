@@ -12,12 +12,12 @@ thread sums its token's squares itself; the thread of j = 0 writes them.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import REDUCE_PARTIALS_FWD
 
 DECL = REDUCE_PARTIALS_FWD
-REQUIRES: dict[str, int] = {}
 ELEMS = 1024
-unsupported = mc.every_value
 
 
 def build(dtype: str):

@@ -15,14 +15,14 @@ bisheng may instead fuse into the additions.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from kernels_src.mhc.common import tree_sum
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
 from tkaot._mhc.kernels import SINKHORN_BWD, sinkhorn_record_row
 
 DECL = SINKHORN_BWD
-REQUIRES: dict[str, int] = {}
 TOKENS = 64  # a SIMT thread each
-unsupported = mc.every_value
 
 
 def cell(line, pos, mhc: int, along_rows: bool):

@@ -10,12 +10,12 @@ same order); the matrices go back through the Unified Buffer.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import SINKHORN_FWD
 
 DECL = SINKHORN_FWD
-REQUIRES: dict[str, int] = {}
 TOKENS = 64  # a SIMT thread each
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):

@@ -15,11 +15,11 @@ and d * input_mixes (mhc_scale's, a sum a group) over its tokens; row p of `part
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD
 
 DECL = SPLIT_MIXES_BWD
-REQUIRES: dict[str, int] = {}
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):

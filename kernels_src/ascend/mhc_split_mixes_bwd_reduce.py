@@ -8,11 +8,11 @@ leaves its sum in the Unified Buffer, from where the two gradients go out.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD_REDUCE
 
 DECL = SPLIT_MIXES_BWD_REDUCE
-REQUIRES: dict[str, int] = {}
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):

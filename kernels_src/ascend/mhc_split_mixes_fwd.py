@@ -11,12 +11,12 @@ and base read from global memory), which go out by DMA.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
+from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
+from kernels_src.ascend.mhc_common import unsupported as unsupported
 from tkaot._mhc.kernels import SPLIT_MIXES_FWD
 
 DECL = SPLIT_MIXES_FWD
-REQUIRES: dict[str, int] = {}
 TOKENS = 64
-unsupported = mc.every_value
 
 
 def build(mhc_mult: int):
