@@ -1,5 +1,7 @@
-"""What the Ascend mHC kernels share: segment sizing, the tensor types of their arguments, and the SIMT pieces
-that mix streams and sum per-thread partial sums.
+"""What the Ascend mHC kernels (kernels_src/ascend/mhc_*.py) share: segment sizing, the types of their arguments,
+whole SIMT regions that mix streams, and the sums of per-thread partial sums. Each kernel module re-exports
+REQUIRES and unsupported from here: every mHC kernel takes every runtime value and every static value its CUDA
+twin takes.
 
 Kernels over the (num_tokens, mhc, hidden) bf16 streams give a block one token and a segment of `span` hidden
 columns (a (mhc, span) tile in the Unified Buffer; the DMA stops at `hidden`, a runtime value); the backward
@@ -24,8 +26,7 @@ THREADS = 128  # SIMT threads of a vector-function region
 MAX_SPAN = 4096
 
 
-# What each mHC kernel module re-exports as its own: it serves every runtime value and builds every static value
-REQUIRES: dict[str, int] = {}
+REQUIRES: dict[str, int] = {}  # no runtime value is refused
 
 
 def unsupported(**static) -> str | None:
