@@ -4,9 +4,9 @@ For each token t and RMS group k: sqrsum[t, k] and out_mul[t, k, :] are the sums
 and out_mul_splitted, in split order from zero; out[t, j] = the sum over k of out_mul[t, k, j] * rsqrt(sqrsum[t,
 k] / rms_group_size + rms_eps), in group order from zero.
 
-One SIMT thread an output (t, j), ELEMS a block, reading and writing global memory directly but for `out`, which goes through
-the Unified Buffer; the split count, group count, mix count (mhc_mult3) and tokens are all runtime values. Each
-thread sums its token's squares itself; the thread of j = 0 writes them.
+One SIMT thread an output (t, j), ELEMS a block, reading and writing global memory directly but for `out`, which
+goes through the Unified Buffer; the split count, group count, mix count (mhc_mult3) and tokens are all runtime
+values. Each thread sums its token's squares itself; the thread of j = 0 writes them.
 """
 
 from tilelang.ascend import language as T
