@@ -735,12 +735,14 @@ def test_generic_norms_at_unbuilt_widths_match_tile_kernels(seed, hidden, dtype)
             for sf, flags in NORM_SF.items():
                 with on_generic("norm_cast"):
                     got = run_norm_cast(x, weight, residual, sf, out_scale)
-                (q, qsf), y, rstd, norm_in = tk.quant.norm_forward_and_per_token_cast(
-                    x, weight, 1e-6, "e4m3", 32, residual, out_scale, with_out_bf16=True, with_rstd=True, **flags
-                )
+                with poisoned_allocations():
+                    (q, qsf), y, rstd, norm_in = tk.quant.norm_forward_and_per_token_cast(
+                        x, weight, 1e-6, "e4m3", 32, residual, out_scale, with_out_bf16=True, with_rstd=True, **flags
+                    )
                 torch.cuda.synchronize()
-                for name, theirs in (("rstd", rstd), ("values", q), ("sf", qsf), ("out_bf16", y)):
+                for name, theirs in (("rstd", rstd), ("values", q), ("out_bf16", y)):
                     assert_bytes_equal(got[name], theirs.view(got[name].dtype), f"norm_cast {sf} {name}, {tuple(x.shape)}")
+                assert_sf_matches_tile_kernels(got["sf"], qsf, hidden // 32, f"norm_cast {sf} sf, {tuple(x.shape)}")
 
 
 def test_norm_calls_at_unbuilt_widths_warn_once_and_run(seed, monkeypatch):
