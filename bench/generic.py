@@ -1,8 +1,8 @@
 """Generic against specialised variants, side by side in one run (the generic tier's target: within 1.25x of the
 specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256, the
 SwiGLU ops at 8192 tokens of hidden 4096 and 14336 (x 8192x8192 and 8192x28672), moe_topk_gate_forward at 8192x256
-top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward and norm_forward_and_per_token_cast at 8192x7168
-bf16, cast_back of per-token E4M3 at 8192x7168, per_block_cast (128x128 blocks), per_channel_cast and
+top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward, norm_forward_and_per_token_cast and norm_backward at
+8192x7168 bf16, cast_back of per-token E4M3 at 8192x7168, per_block_cast (128x128 blocks), per_channel_cast and
 per_block_cast_lossless (1x32 UE8M0 to 128x128) at 8192x7168.
 
     python -m bench.generic [--out bench/results]
@@ -29,6 +29,7 @@ from tkaot import _op
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
 from tkaot._quant import norm as _norm
+from tkaot._quant import norm_backward as _norm_backward
 from tkaot._quant import norm_cast as _norm_cast
 from tkaot._quant import swiglu as _swiglu
 from tkaot._quant import weight_casts as _weight_casts
@@ -74,6 +75,7 @@ def on_generic(specialised: str = "per_token_cast"):
             _swiglu._SWIGLU,
             _norm._NORM,
             _norm_cast._NORM_CAST,
+            _norm_backward._PASS1,
         ):
             kernels.cache.clear()
 
@@ -262,6 +264,55 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
     return rows
 
 
+# norm_backward: (name, with a weight, with a residual gradient, bytes moved per element of x: x, out_grad and x_grad,
+# + the residual gradient); both passes timed (the weight-gradient reduction is the same kernel either way)
+NORM_BACKWARD_CASES = [
+    ("norm_backward", True, False, 2 + 2 + 2),
+    ("norm_backward residual", True, True, 2 + 2 + 2 + 2),
+    ("norm_backward no weight", False, False, 2 + 2 + 2),
+]
+
+
+def norm_backward_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
+    """norm_backward on its specialised rmsnorm_backward variant and on the generic one."""
+    count = 6  # rotating inputs: 6 x (x, out_grad, residual gradient) of 8192x7168 bf16 is 2.1 GB, well past L2
+    weight = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    inputs = [
+        {
+            "x": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "dy": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "dr": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "rstd": torch.rand(tokens, device="cuda") + 0.5,
+        }
+        for _ in range(count)
+    ]
+    rows = []
+    for name, with_weight, residual, per_element in NORM_BACKWARD_CASES:
+
+        def call(a, with_weight=with_weight, residual=residual):
+            return tkaot.quant.norm_backward(a["dy"], a["x"], weight if with_weight else None, a["rstd"], a["dr"] if residual else None)
+
+        def launched() -> str:
+            (kernel,) = {getattr(launcher, "__self__", launcher).kernel.kernel for launcher in _norm_backward._PASS1.cache.values()}
+            return kernel
+
+        _norm_backward._PASS1.cache.clear()
+        call(inputs[0])
+        assert launched() == "rmsnorm_backward", f"{name}: no specialised variant at {hidden}"
+        specialised, _ = timing.device_us(call, inputs)
+        with on_generic("rmsnorm_backward"):
+            call(inputs[0])
+            assert launched() == "rmsnorm_backward_generic"
+            generic, _ = timing.device_us(call, inputs)
+        ratio = generic / specialised
+        tbps = tokens * hidden * per_element / (generic * 1e-6) / 1e12
+        print(
+            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
+        )
+        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+    return rows
+
+
 # cast_back's (name, in_sf as per_token_cast writes it, out fmt): specialised at 7168 in the default set
 CAST_BACK_CASES = [("e4m3 1x128 fp32 -> bf16", {}, "bf16"), ("e4m3 1x128 ue8m0 col -> bf16", DEEPGEMM_SF, "bf16")]
 
@@ -359,6 +410,7 @@ def main(argv=None) -> None:
     rows += swiglu_rows(l2)
     rows += gate_rows(l2)
     rows += norm_rows()
+    rows += norm_backward_rows()
     rows += cast_back_rows(l2)
     rows += block_cast_rows(l2)
     out_dir = Path(args.out)

@@ -2,6 +2,8 @@
 reference's bytes at widths no specialised variant has, and the calls that once found no kernel against TileKernels.
 The per-block, per-channel and lossless casts likewise, with every block and sf layout (runtime values there).
 The top-k gate: the specialised variants' indices (ties and NaNs included), the reference's at every expert count.
+The RMSNorm backward: the specialised variants' x_grad and weight_grad byte for byte, the reference's within the
+backward tolerances (tests/gpu/test_backward_gpu.py) at every width, in both dtypes.
 
 Every output is poisoned (0xFF bytes) first, so an element either kernel leaves unwritten shows. `on_generic`
 hides the specialised per_token_cast variants from the registry, so the same call runs on the generic one.
@@ -1006,3 +1008,107 @@ def test_per_channel_and_lossless_casts_once_missing_agree_with_tile_kernels(see
         torch.cuda.synchronize()
         assert_bytes_equal(ours["x"], theirs[0].view(ours["x"].dtype), f"lossless data, {hidden}")
         assert_bytes_equal(ours["sf"], theirs[1].view(ours["sf"].dtype), f"lossless sf, {hidden}")
+
+
+# ---- norm_backward: rmsnorm_backward_generic against the specialised kernel and the reference ----
+
+NORM_BACKWARD_TOKENS = TOKENS + [8191]
+# (weight, residual gradient, dtype of a given weight_grad or None, out_scale, x rows strided)
+NORM_BACKWARD_CALLS = [
+    (True, False, None, 1.0, False),
+    (True, True, torch.float32, 0.5, True),
+    (True, False, torch.bfloat16, 2.5, False),
+    (False, True, None, 1.0, False),
+    (False, False, None, 0.75, True),
+]
+
+
+def norm_backward_calls(hidden: int, dtype: torch.dtype, tokens: int, seed: int):
+    """The calls each test makes at one width and token count: (out_grad, x, weight, rstd, residual_out_grad,
+    out_scale, weight_grad). Rows of x of very different magnitudes (one all zero); inputs depend on `seed` only."""
+    torch.manual_seed(seed)
+    weight = torch.randn(hidden, device="cuda").to(dtype)
+    for with_weight, residual, given, out_scale, strided in NORM_BACKWARD_CALLS:
+        x = norm_input((tokens, hidden), dtype)
+        if strided:  # rows 64 elements apart beyond their width, as a slice of a wider tensor
+            x = torch.cat([x, torch.randn(tokens, 64, device="cuda").to(dtype)], dim=1)[:, :hidden]
+        rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+        dy = torch.randn(tokens, hidden, device="cuda").to(dtype)
+        dr = torch.randn(tokens, hidden, device="cuda").to(dtype) if residual else None
+        wg = torch.randn(hidden, device="cuda").to(given) if given is not None else None
+        yield dy, x, (weight if with_weight else None), rstd, dr, out_scale, wg
+
+
+def run_norm_backward(dy, x, weight, rstd, dr, out_scale, wg) -> dict:
+    """norm_backward with every allocation poisoned: each tensor it wrote (a given weight_grad is copied first)."""
+    with poisoned_allocations():
+        x_grad, w_grad = tkaot.quant.norm_backward(dy, x, weight, rstd, dr, out_scale, None if wg is None else wg.clone())
+    return {"x_grad": x_grad, **({"weight_grad": w_grad} if weight is not None else {})}
+
+
+@pytest.mark.parametrize("hidden", NORM_BUILT)
+def test_generic_norm_backward_writes_the_bytes_of_the_specialised_variant(seed, hidden):
+    """x_grad and weight_grad: the same row dot products and the same partial sums, in the same order."""
+    for tokens in NORM_BACKWARD_TOKENS:
+        for call in norm_backward_calls(hidden, torch.bfloat16, tokens, seed + tokens):
+            want = run_norm_backward(*call)
+            with on_generic("rmsnorm_backward"):
+                got = run_norm_backward(*call)
+            torch.cuda.synchronize()
+            for name in want:
+                assert_bytes_equal(got[name], want[name], f"{name}, {tokens}x{hidden}")
+
+
+def check_norm_backward_against_reference(got: dict, call, what: str) -> None:
+    from tests.gpu.test_backward_gpu import SUM_TOL, WEIGHT_GRAD_TOL
+    from tkaot.reference import backward as backward_ref
+
+    dy, x, weight, rstd, dr, out_scale, wg = call
+    x_grad, w_grad = backward_ref.norm_backward(dy, x, weight, rstd, dr, out_scale, wg)
+    assert not got["x_grad"].isnan().any(), f"x_grad has unwritten elements, {what}"
+    torch.testing.assert_close(got["x_grad"], x_grad, **SUM_TOL[x.dtype], msg=lambda m: f"x_grad, {what}: {m}")
+    if weight is not None:
+        assert got["weight_grad"].dtype == w_grad.dtype and not got["weight_grad"].isnan().any()
+        torch.testing.assert_close(got["weight_grad"].float(), w_grad.float(), **WEIGHT_GRAD_TOL[w_grad.dtype],
+                                   msg=lambda m: f"weight_grad, {what}: {m}")  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", sorted({h for h in NORM_UNBUILT + NORM_BUILT if h % 32 == 0} | {64, 128, 288, 3168, 7776}))
+def test_generic_norm_backward_matches_the_reference_at_any_width(seed, hidden, dtype):
+    for tokens in NORM_BACKWARD_TOKENS:
+        for call in norm_backward_calls(hidden, dtype, tokens, seed + tokens):
+            with on_generic("rmsnorm_backward"):
+                got = run_norm_backward(*call)
+            torch.cuda.synchronize()
+            check_norm_backward_against_reference(got, call, f"{tokens}x{hidden} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
+def test_generic_norm_backward_at_every_width_from_32_to_8192(seed, dtype):
+    """Every width norm_backward takes, a few rows and more rows than a block's slots: all threads-a-row classes,
+    every count of partial vectors a thread."""
+    for hidden in range(32, 8193, 32):
+        for tokens in (3, 300):
+            call = next(norm_backward_calls(hidden, dtype, tokens, seed + hidden))
+            with on_generic("rmsnorm_backward"):
+                got = run_norm_backward(*call)
+            torch.cuda.synchronize()
+            check_norm_backward_against_reference(got, call, f"{tokens}x{hidden} {dtype}")
+
+
+def test_norm_backward_at_an_unbuilt_width_warns_once_and_runs(seed, monkeypatch):
+    from tkaot._quant import norm_backward as _norm_backward
+
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(_norm_backward._PASS1, "cache", {})
+    call = next(norm_backward_calls(3168, torch.bfloat16, 127, seed))
+    with pytest.warns(GenericVariantWarning, match="tkaot-build build --op rmsnorm_backward --set hidden=3168 --set dtype=bfloat16"):
+        got = run_norm_backward(*call)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = run_norm_backward(*call)
+    torch.cuda.synchronize()
+    for name in got:
+        assert_bytes_equal(again[name], got[name], name)
+    check_norm_backward_against_reference(got, call, "127x3168")

@@ -264,6 +264,8 @@ RMSNORM_BACKWARD = KernelDecl(
     dims=("num_tokens", "num_blocks", "out_grad_stride", "x_stride", "residual_out_grad_stride"),
     ops=(_Q + "norm_backward",),
 )  # fmt: skip
+# Every row width norm_backward takes, one variant per dtype: the calls whose specialised variant is not built
+RMSNORM_BACKWARD_GENERIC = RMSNORM_BACKWARD.generic("rmsnorm_backward_generic", "kernels_src.norm.rmsnorm_backward_generic", ("hidden",))
 WEIGHT_GRAD_REDUCE = KernelDecl(
     name="weight_grad_reduce",
     source="kernels_src.norm.weight_grad_reduce",
@@ -293,7 +295,7 @@ SWIGLU_BACKWARD = KernelDecl(
     ops=(_Q + "swiglu_backward", _Q + "swiglu_backward_and_per_token_cast"),
 )  # fmt: skip
 
-BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
+BACKWARD_KERNELS = (RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 # ---- end of the backward kernels
 
 KERNELS = (
