@@ -228,6 +228,8 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
 # rmsnorm_generic and norm_cast_generic from a build of each kind alone, empty cache, a loaded 2-core machine;
 # per_block_cast_generic, per_channel_cast_generic and per_block_cast_lossless_generic from a build of 8 generic
 # variants beside one of 2 specialised ones (-j 1, empty caches, a loaded machine): 1.7x their specialised kernels.
+# rmsnorm_backward, rmsnorm_backward_generic and swiglu_backward from a build of each kind alone (-j 1, empty cache,
+# a loaded 2-core machine, the process's start subtracted; swiglu_backward's time is TileLang's lowering, 14 of 15 s).
 COMPILE_SECONDS = {
     "cast": 1.8,
     "cast_back": 1.0,
@@ -246,9 +248,12 @@ COMPILE_SECONDS = {
     "per_token_cast": 1.4,
     "per_token_cast_generic": 1.7,
     "rmsnorm": 2.6,
+    "rmsnorm_backward": 3.1,
+    "rmsnorm_backward_generic": 7.9,
     "rmsnorm_generic": 4.9,
     "rotary": 5.0,
     "swiglu": 6.6,
+    "swiglu_backward": 15.0,
     "swiglu_generic": 7.0,
     "topk_gate": 6.4,
     "topk_gate_generic": 11.4,
