@@ -106,22 +106,7 @@ def topk_gate_row(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8
     def call(a):
         return tkaot.moe.topk_gate(a["scores"], topk)
 
-    def launched() -> str:
-        launcher = _moe_ops._TOPK.cache[(0, experts, topk, "ballot4")]
-        return getattr(launcher, "__self__", launcher).kernel.kernel
-
-    _moe_ops._TOPK.cache.clear()
-    call(inputs[0])
-    assert launched() == "topk_gate", f"no specialised topk_gate variant for {experts} experts, top-{topk}"
-    specialised, _ = timing.device_us(call, inputs)
-    with on_generic("topk_gate"):
-        call(inputs[0])
-        assert launched() == "topk_gate_generic"
-        generic, _ = timing.device_us(call, inputs)
-    ratio = generic / specialised
-    name = f"topk_gate {tokens}x{experts} top-{topk}"
-    print(f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
-    return {"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)}
+    return routing_row(f"topk_gate {tokens}x{experts} top-{topk}", _moe_ops._TOPK, "topk_gate", inputs, call)
 
 
 # SwiGLU: (name, hidden, x dtype, fmt, num_per_channels, keywords, clamp): specialised in the default set. A clamp
@@ -152,30 +137,20 @@ def swiglu_rows(l2: int, tokens: int = 8192) -> list[dict]:
         def call(a, fmt=fmt, group=group, extra=extra):
             return tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], fmt, group, **extra)
 
-        def launched() -> str:
-            (launcher,) = {id(v): v for v in _swiglu._SWIGLU.cache.values()}.values()
-            return getattr(launcher, "__self__", launcher).kernel.kernel
-
-        _swiglu._SWIGLU.cache.clear()
-        call(inputs[0])
-        assert launched() == "swiglu", f"swiglu {name}: no specialised variant at hidden {hidden}"
-        specialised, _ = timing.device_us(call, inputs)
-        with on_generic("swiglu"):
-            call(inputs[0])
-            assert launched() == "swiglu_generic"
-            generic, _ = timing.device_us(call, inputs)
+        label = f"swiglu {tokens}x{hidden} {name}"
+        specialised, generic = both_us(label, _swiglu._SWIGLU, "swiglu", inputs, call)
         ratio = generic / specialised
         out_bytes = 1 if fmt == "e4m3" else 2 if fmt == "bf16" else 4
         tbps = tokens * hidden * (2 * dtype.itemsize + out_bytes) / (generic * 1e-6) / 1e12
-        label = f"swiglu {tokens}x{hidden} {name}"
         over = "" if ratio <= TARGET else " (over)"
         print(f"| {label} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{over} | {tbps:.2f} |", flush=True)
         rows.append({"options": label, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
     return rows
 
 
-def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
-    """One MoE routing op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+def both_us(name: str, kernels, specialised: str, inputs: list[dict], call) -> tuple[float, float]:
+    """Device µs of `call` over `inputs` on the specialised kernel, then on its generic one (the op's OpKernels
+    `kernels`), each checked to be the kernel that ran."""
 
     def launched() -> str:
         (launcher,) = {id(v): v for v in kernels.cache.values()}.values()
@@ -189,6 +164,12 @@ def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) 
         call(inputs[0])
         assert launched() == f"{specialised}_generic"
         generic_us, _ = timing.device_us(call, inputs)
+    return special_us, generic_us
+
+
+def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
+    """One op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+    special_us, generic_us = both_us(name, kernels, specialised, inputs, call)
     ratio = generic_us / special_us
     print(f"| {name} | {special_us:.2f} | {generic_us:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
     return {"options": name, "specialised_us": round(special_us, 3), "generic_us": round(generic_us, 3), "ratio": round(ratio, 3)}
