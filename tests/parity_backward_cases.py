@@ -16,8 +16,13 @@ from tests.parity_cases import NORM_HIDDEN, SWIGLU_HIDDEN, Call, assemble, pick,
 from tests.parity_inputs import Gen
 
 BF16_SUM = (2**-7, 2**-7)  # a few fp32 ulps of the row's sum can flip one bf16 rounding
-F32_SUM = (1e-5, 1e-5)
+# seen on the H200 (first run): fp32 x_grad 3.6e-5 apart at hidden 32 (1 of 108576 values), where a row's mean of
+# g * xhat multiplies back by xhat
+F32_SUM = (1e-4, 1e-5)
 WEIGHT_GRAD = (1e-4, 1e-3)
+# a bf16 weight_grad: the fp32 sum over thousands of tokens, 1e-4 apart, can round to neighbouring bf16 values (seen:
+# -7.6875 vs -7.65625 over 2768 tokens)
+BF16_WEIGHT_GRAD = (2**-7, 1e-3)
 SUMS = "x_grad / weight_grad within rtol/atol: both libraries sum rows in their own order"
 
 
@@ -42,9 +47,12 @@ def norm_backward_cases(rng):
             kwargs["residual_out_grad"] = gen.randn(t, h, dtype=dtype)
         if "wg_dtype" in p:
             kwargs["weight_grad"] = gen.randn(h, dtype=getattr(torch, p["wg_dtype"]))
-        close = {"ret[0]": BF16_SUM if dtype is torch.bfloat16 else F32_SUM, "ret[1]": WEIGHT_GRAD}
+        # weight_grad comes back in the given buffer's dtype, else in x's
+        wg_dtype = getattr(torch, p["wg_dtype"]) if "wg_dtype" in p else dtype
+        wg_close = BF16_WEIGHT_GRAD if wg_dtype is torch.bfloat16 else WEIGHT_GRAD
+        close = {"ret[0]": BF16_SUM if dtype is torch.bfloat16 else F32_SUM, "ret[1]": wg_close}
         if "weight_grad" in kwargs:
-            close["kw.weight_grad"] = WEIGHT_GRAD
+            close["kw.weight_grad"] = wg_close
         weight = gen.randn(h, dtype=dtype) if p["weight"] else None
         return Call((gen.randn(t, h, dtype=dtype), x, weight, rstd), kwargs, close=close)
 

@@ -996,7 +996,14 @@ def test_per_channel_and_lossless_casts_once_missing_agree_with_tile_kernels(see
         theirs = tk.quant.per_channel_cast(x, "e4m3", block_m, **flags)
         torch.cuda.synchronize()
         assert_bytes_equal(ours["x"], theirs[0].view(ours["x"].dtype), f"per_channel data, {hidden}")
-        assert_bytes_equal(ours["sf"], theirs[1].view(ours["sf"].dtype), f"per_channel sf, {hidden}")
+        if kind == "ue8m0":  # 4 blocks' exponents an int32: TileKernels leaves the padding bytes past the last block
+            blocks = -(-384 // block_m)  # unwritten (seen on the H200: every 4th byte of 3 blocks a word); ours are 0
+            a, b = (t.view(torch.uint8).reshape(t.shape[0], t.shape[1], 4) for t in (ours["sf"], theirs[1]))
+            real = (torch.arange(a.shape[0], device=a.device)[:, None, None] * 4 + torch.arange(4, device=a.device)) < blocks
+            assert torch.equal(a[real.expand_as(a)], b[real.expand_as(b)]), f"per_channel sf exponents, {hidden}"
+            assert not a[~real.expand_as(a)].any(), f"per_channel sf padding, {hidden}"
+        else:
+            assert_bytes_equal(ours["sf"], theirs[1].view(ours["sf"].dtype), f"per_channel sf, {hidden}")
     for hidden, in_block, in_sf, out_block, kind, layout in (
         (8320, (128, 128), "ue8m0_col", (128, 128), "ue8m0", "row"), (8576, (1, 32), "fp32", (1, 128), "pow2", "col"),
         (10880, (1, 16), "ue8m0", (128, 32), "pow2", "col"), (14464, (32, 32), "fp32", (32, 32), "ue8m0", "row"),

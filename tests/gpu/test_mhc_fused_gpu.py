@@ -114,7 +114,12 @@ def test_reduce_partials_forward_and_backward(tokens, splits, groups, m3):
     MHC.mhc_reduce_partials_and_rmsnorm_bwd(dy, out_mul, sqrsum, mul_grad, sq_grad, size, 1e-6)
     ref_mul_grad, ref_sq_grad = ref.mhc_reduce_partials_and_rmsnorm_bwd(dy, out_mul, sqrsum, size, 1e-6)
     assert_written_close(mul_grad, ref_mul_grad, F32_TOL)
-    assert_written_close(sq_grad, ref_sq_grad, dict(rtol=1e-4, atol=1e-7))
+    # sq_grad sums m3 products of either sign: bounded by fp32 ulps of the sum of |terms| (seen on the H200: 5.7e-7 at
+    # a value of 2.3e-3 over 4097 tokens, where the kernel is byte-identical to TileKernels)
+    assert not sq_grad.isnan().any(), "sq_grad left unwritten (NaN poison)"
+    sq_scale = ref.mhc_reduce_partials_and_rmsnorm_bwd(dy.abs(), out_mul.abs(), sqrsum, size, 1e-6)[1].abs()
+    sq_err = (sq_grad - ref_sq_grad).abs()
+    assert (sq_err <= 1e-6 * sq_scale + 1e-4 * ref_sq_grad.abs()).all(), f"sq_grad: max error {sq_err.max().item()}"
     leaves = [out_mul.clone().requires_grad_(), sqrsum.clone().requires_grad_()]
     (leaves[0] * torch.rsqrt(leaves[1] / size + 1e-6).unsqueeze(-1)).sum(1).backward(dy)
     torch.testing.assert_close(mul_grad, leaves[0].grad, **F32_TOL)

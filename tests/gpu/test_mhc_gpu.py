@@ -40,10 +40,12 @@ def nan(*shape, dtype=F32):
 
 
 def assert_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Within one bf16 level everywhere (no NaN), identical in all but a 1e-4 fraction."""
+    """Within one bf16 level everywhere (no NaN), identical in all but a 1e-4 fraction. Where a sum of unit-scale
+    terms cancels to almost nothing, one bf16 level is no bound: there a few fp32 ulps of the terms (atol 1e-6; seen on
+    the H200: 2.4e-7 in mhc_post_fwd at 4097 x 7168, which is byte-identical to TileKernels)."""
     assert got.shape == want.shape and got.dtype == want.dtype == BF16
     assert not got.isnan().any()
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-38)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
     assert (got != want).float().mean().item() <= 1e-4
 
 
