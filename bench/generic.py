@@ -1,8 +1,9 @@
 """Generic against specialised variants, side by side in one run (the generic tier's target: within 1.25x of the
 specialised variant's device time at large shapes): per_token_cast at 8192x7168 bf16, topk_gate at 8192x256, the
 SwiGLU ops at 8192 tokens of hidden 4096 and 14336 (x 8192x8192 and 8192x28672), moe_topk_gate_forward at 8192x256
-top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward and norm_forward_and_per_token_cast at 8192x7168
-bf16, cast_back of per-token E4M3 at 8192x7168.
+top-8 (+1 shared slot), normalize_weight at 8192x9, norm_forward, norm_forward_and_per_token_cast and norm_backward at
+8192x7168 bf16, cast_back of per-token E4M3 at 8192x7168, per_block_cast (128x128 blocks), per_channel_cast and
+per_block_cast_lossless (1x32 UE8M0 to 128x128) at 8192x7168.
 
     python -m bench.generic [--out bench/results]
 
@@ -28,8 +29,10 @@ from tkaot import _op
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
 from tkaot._quant import norm as _norm
+from tkaot._quant import norm_backward as _norm_backward
 from tkaot._quant import norm_cast as _norm_cast
 from tkaot._quant import swiglu as _swiglu
+from tkaot._quant import weight_casts as _weight_casts
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,12 +66,16 @@ def on_generic(specialised: str = "per_token_cast"):
         for kernels in (
             *_casts._PER_TOKEN.values(),
             *_casts._CAST_BACK.values(),
+            *_casts._PER_BLOCK.values(),
+            _casts._PER_CHANNEL,
+            _weight_casts._LOSSLESS,
             _moe_ops._TOPK,
             _moe_ops._GATE,
             _moe_ops._NORMALIZE,
             _swiglu._SWIGLU,
             _norm._NORM,
             _norm_cast._NORM_CAST,
+            _norm_backward._PASS1,
         ):
             kernels.cache.clear()
 
@@ -99,22 +106,7 @@ def topk_gate_row(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8
     def call(a):
         return tkaot.moe.topk_gate(a["scores"], topk)
 
-    def launched() -> str:
-        launcher = _moe_ops._TOPK.cache[(0, experts, topk, "ballot4")]
-        return getattr(launcher, "__self__", launcher).kernel.kernel
-
-    _moe_ops._TOPK.cache.clear()
-    call(inputs[0])
-    assert launched() == "topk_gate", f"no specialised topk_gate variant for {experts} experts, top-{topk}"
-    specialised, _ = timing.device_us(call, inputs)
-    with on_generic("topk_gate"):
-        call(inputs[0])
-        assert launched() == "topk_gate_generic"
-        generic, _ = timing.device_us(call, inputs)
-    ratio = generic / specialised
-    name = f"topk_gate {tokens}x{experts} top-{topk}"
-    print(f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
-    return {"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)}
+    return routing_row(f"topk_gate {tokens}x{experts} top-{topk}", _moe_ops._TOPK, "topk_gate", inputs, call)
 
 
 # SwiGLU: (name, hidden, x dtype, fmt, num_per_channels, keywords, clamp): specialised in the default set. A clamp
@@ -145,30 +137,20 @@ def swiglu_rows(l2: int, tokens: int = 8192) -> list[dict]:
         def call(a, fmt=fmt, group=group, extra=extra):
             return tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], fmt, group, **extra)
 
-        def launched() -> str:
-            (launcher,) = {id(v): v for v in _swiglu._SWIGLU.cache.values()}.values()
-            return getattr(launcher, "__self__", launcher).kernel.kernel
-
-        _swiglu._SWIGLU.cache.clear()
-        call(inputs[0])
-        assert launched() == "swiglu", f"swiglu {name}: no specialised variant at hidden {hidden}"
-        specialised, _ = timing.device_us(call, inputs)
-        with on_generic("swiglu"):
-            call(inputs[0])
-            assert launched() == "swiglu_generic"
-            generic, _ = timing.device_us(call, inputs)
+        label = f"swiglu {tokens}x{hidden} {name}"
+        specialised, generic = both_us(label, _swiglu._SWIGLU, "swiglu", inputs, call)
         ratio = generic / specialised
         out_bytes = 1 if fmt == "e4m3" else 2 if fmt == "bf16" else 4
         tbps = tokens * hidden * (2 * dtype.itemsize + out_bytes) / (generic * 1e-6) / 1e12
-        label = f"swiglu {tokens}x{hidden} {name}"
         over = "" if ratio <= TARGET else " (over)"
         print(f"| {label} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{over} | {tbps:.2f} |", flush=True)
         rows.append({"options": label, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
     return rows
 
 
-def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
-    """One MoE routing op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+def both_us(name: str, kernels, specialised: str, inputs: list[dict], call) -> tuple[float, float]:
+    """Device µs of `call` over `inputs` on the specialised kernel, then on its generic one (the op's OpKernels
+    `kernels`), each checked to be the kernel that ran."""
 
     def launched() -> str:
         (launcher,) = {id(v): v for v in kernels.cache.values()}.values()
@@ -182,6 +164,12 @@ def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) 
         call(inputs[0])
         assert launched() == f"{specialised}_generic"
         generic_us, _ = timing.device_us(call, inputs)
+    return special_us, generic_us
+
+
+def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
+    """One op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+    special_us, generic_us = both_us(name, kernels, specialised, inputs, call)
     ratio = generic_us / special_us
     print(f"| {name} | {special_us:.2f} | {generic_us:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
     return {"options": name, "specialised_us": round(special_us, 3), "generic_us": round(generic_us, 3), "ratio": round(ratio, 3)}
@@ -254,6 +242,58 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
             f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
         )
         rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+    return rows
+
+
+# norm_backward: (name, with a weight, with a residual gradient, bytes moved per element of x: x, out_grad and x_grad,
+# + the residual gradient); both passes timed (the weight-gradient reduction is the same kernel either way)
+NORM_BACKWARD_CASES = [
+    ("norm_backward", True, False, 2 + 2 + 2),
+    ("norm_backward residual", True, True, 2 + 2 + 2 + 2),
+    ("norm_backward no weight", False, False, 2 + 2 + 2),
+]
+
+
+def norm_backward_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
+    """norm_backward on its specialised rmsnorm_backward variant and on the generic one."""
+    count = 6  # rotating inputs: 6 x (x, out_grad, residual gradient) of 8192x7168 bf16 is 2.1 GB, well past L2
+    weight = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    inputs = [
+        {
+            "x": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "dy": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "dr": torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16),
+            "rstd": torch.rand(tokens, device="cuda") + 0.5,
+        }
+        for _ in range(count)
+    ]
+    rows = []
+    for name, with_weight, residual, per_element in NORM_BACKWARD_CASES:
+
+        def call(a, with_weight=with_weight, residual=residual):
+            return tkaot.quant.norm_backward(a["dy"], a["x"], weight if with_weight else None, a["rstd"], a["dr"] if residual else None)
+
+        def launched() -> str:
+            (kernel,) = {getattr(launcher, "__self__", launcher).kernel.kernel for launcher in _norm_backward._PASS1.cache.values()}
+            return kernel
+
+        _norm_backward._PASS1.cache.clear()
+        call(inputs[0])
+        assert launched() == "rmsnorm_backward", f"{name}: no specialised variant at {hidden}"
+        specialised, _ = timing.device_us(call, inputs)
+        with on_generic("rmsnorm_backward"):
+            call(inputs[0])
+            assert launched() == "rmsnorm_backward_generic"
+            generic, _ = timing.device_us(call, inputs)
+        ratio = generic / specialised
+        tbps = tokens * hidden * per_element / (generic * 1e-6) / 1e12
+        print(
+            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
+        )
+        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+    return rows
+
+
 # cast_back's (name, in_sf as per_token_cast writes it, out fmt): specialised at 7168 in the default set
 CAST_BACK_CASES = [("e4m3 1x128 fp32 -> bf16", {}, "bf16"), ("e4m3 1x128 ue8m0 col -> bf16", DEEPGEMM_SF, "bf16")]
 
@@ -290,6 +330,35 @@ def cast_back_rows(l2: int) -> list[dict]:
     return rows
 
 
+def block_cast_rows(l2: int) -> list[dict]:
+    """per_block_cast, per_channel_cast and per_block_cast_lossless at 8192x7168 on their specialised variants and on the
+    generic ones (the lossless cast's value checks, a host sync, are skipped: the kernels alone are timed)."""
+    count = min(64, max(2, -(-3 * l2 // (TOKENS * HIDDEN * 2))))
+    xs = [{"x": torch.randn(TOKENS, HIDDEN, device="cuda").to(torch.bfloat16)} for _ in range(count)]
+    rows = []
+    for flags in ({}, {"round_sf": True}):  # the default set's per-block variants at 7168: 128x128, fp32 or pow2 sf
+
+        def cast(a, flags=flags):
+            return tkaot.quant.per_block_cast(a["x"], "e4m3", (128, 128), **flags)
+
+        name = f"per_block_cast e4m3 128x128{' pow2' if flags else ''}"
+        rows.append(routing_row(name, _casts._PER_BLOCK["tkaot.quant.per_block_cast"], "per_block_cast", xs, cast))
+    rows.append(routing_row("per_channel_cast e4m3 128", _casts._PER_CHANNEL, "per_channel_cast", xs,
+                            lambda a: tkaot.quant.per_channel_cast(a["x"], "e4m3", 128)))  # fmt: skip
+    codes = [
+        {"x": (torch.randint(-128, 128, (TOKENS, HIDDEN // 2), dtype=torch.int8, device="cuda"),
+               torch.randint(100, 120, (TOKENS, HIDDEN // 32 // 4), dtype=torch.int32, device="cuda") * 0x01010101)}
+        for _ in range(count)
+    ]  # fmt: skip
+    unchecked, _weight_casts._values_unchecked = _weight_casts._values_unchecked, lambda: True
+    try:
+        rows.append(routing_row("per_block_cast_lossless 1x32 ue8m0 -> 128x128", _weight_casts._LOSSLESS, "per_block_cast_lossless", codes,
+                                lambda a: tkaot.quant.per_block_cast_lossless(a["x"], "e4m3", (1, 32), (128, 128))))  # fmt: skip
+    finally:
+        _weight_casts._values_unchecked = unchecked
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -322,7 +391,9 @@ def main(argv=None) -> None:
     rows += swiglu_rows(l2)
     rows += gate_rows(l2)
     rows += norm_rows()
+    rows += norm_backward_rows()
     rows += cast_back_rows(l2)
+    rows += block_cast_rows(l2)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{datetime.date.today().isoformat()}-{gpu.replace(' ', '-')}-generic.json"

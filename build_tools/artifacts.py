@@ -174,9 +174,9 @@ def write_build_info(out_dir: Path, arch: str, kernels: dict, cache_keys: dict, 
 
 
 def _flags(arch: str) -> list[str]:
-    from build_tools.compile import ARCHES, NVCC_FLAGS
+    from build_tools.compile import ARCHES, NVCC_FLAGS, SOURCE_NAME_FLAGS
 
-    return [*NVCC_FLAGS, "-gencode", ARCHES[arch][1]]
+    return [*NVCC_FLAGS, *SOURCE_NAME_FLAGS, "-gencode", ARCHES[arch][1]]
 
 
 class MergeError(ValueError):

@@ -225,7 +225,11 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
 # specialised ones (same machine, same load): per_token_cast_generic 1.22x per_token_cast, topk_gate_generic 1.8x topk_gate,
 # swiglu_generic 1.06x swiglu (3.8-4.5 core-s against 3.1-3.8), moe_topk_gate_generic 1.4x moe_topk_gate,
 # normalize_weight_generic 1.0x normalize_weight, cast_back_generic 1.09x cast_back;
-# rmsnorm_generic and norm_cast_generic from a build of each kind alone, empty cache, a loaded 2-core machine.
+# rmsnorm_generic and norm_cast_generic from a build of each kind alone, empty cache, a loaded 2-core machine;
+# per_block_cast_generic, per_channel_cast_generic and per_block_cast_lossless_generic from a build of 8 generic
+# variants beside one of 2 specialised ones (-j 1, empty caches, a loaded machine): 1.7x their specialised kernels.
+# rmsnorm_backward, rmsnorm_backward_generic and swiglu_backward from a build of each kind alone (-j 1, empty cache,
+# a loaded 2-core machine, the process's start subtracted; swiglu_backward's time is TileLang's lowering, 14 of 15 s).
 COMPILE_SECONDS = {
     "cast": 1.8,
     "cast_back": 1.0,
@@ -237,13 +241,19 @@ COMPILE_SECONDS = {
     "normalize_weight": 1.5,
     "normalize_weight_generic": 1.5,
     "per_block_cast": 1.3,
+    "per_block_cast_generic": 2.2,
+    "per_block_cast_lossless_generic": 2.2,
     "per_channel_cast": 1.3,
+    "per_channel_cast_generic": 2.2,
     "per_token_cast": 1.4,
     "per_token_cast_generic": 1.7,
     "rmsnorm": 2.6,
+    "rmsnorm_backward": 3.1,
+    "rmsnorm_backward_generic": 7.9,
     "rmsnorm_generic": 4.9,
     "rotary": 5.0,
     "swiglu": 6.6,
+    "swiglu_backward": 15.0,
     "swiglu_generic": 7.0,
     "topk_gate": 6.4,
     "topk_gate_generic": 11.4,

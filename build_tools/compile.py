@@ -30,6 +30,11 @@ ARCHES = {
     "sm100": ("sm_100", "arch=compute_100a,code=sm_100a"),  # Blackwell: built here, not run on hardware yet
 }
 NVCC_FLAGS = ("--cubin", "-O3", "-std=c++20", "-w")
+# nvcc names internal-linkage symbols (e.g. those of CUDA's std headers, `_INTERNAL_<hash>_9_kernel_cu_...`) after a
+# hash of the source's absolute path, a temporary directory here: naming the source by its file name alone gives a
+# cold build the same bytes. Not in cache_key: it changes no cubin without such symbols, and the one kernel that
+# has them (engram_gate_fwd) was rebuilt with it.
+SOURCE_NAME_FLAGS = ("-Xcicc", "--orig_src_path_name=kernel.cu", "-Xcicc", "--orig_src_file_name=kernel.cu")
 
 _SCALAR_TYPES = {"int32": "i32", "int64": "i64", "float32": "f32"}
 
@@ -59,7 +64,8 @@ def nvcc_command(arch: str) -> list[str]:
     from tilelang import env
 
     _, gencode = ARCHES[arch]
-    return ["nvcc", *NVCC_FLAGS, "-gencode", gencode, "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
+    includes = ["-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
+    return ["nvcc", *NVCC_FLAGS, *SOURCE_NAME_FLAGS, "-gencode", gencode, *includes]
 
 
 # Raised when launch_spec reads more from a compiled kernel, so cached entries from before are rebuilt

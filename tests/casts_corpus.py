@@ -21,6 +21,8 @@ import itertools
 
 import torch
 
+from tests.helpers import dense
+
 BF16, F32, F16, FP8, I8, U8, I32 = torch.bfloat16, torch.float32, torch.float16, torch.float8_e4m3fn, torch.int8, torch.uint8, torch.int32
 KINDS = {  # sf kind -> (round_sf, use_packed_ue8m0, use_e4m3_sf)
     "fp32": (False, False, False), "pow2": (True, False, False), "ue8m0": (True, True, False), "e4m3": (False, False, True),
@@ -63,14 +65,6 @@ class T:
 
     def __repr__(self) -> str:
         return f"T({self.shape}, {self.dtype}, {self.strides}, {self.offset})"
-
-
-def dense(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def col(shape, dtype=F32, pitch=None, **kw) -> T:

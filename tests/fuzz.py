@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tkaot
+from tests.helpers import dense
 from tkaot import _op
 from tkaot._decl import KernelDecl, all_kernels, build_command, generic_kernel
 from tkaot._validate import Signature
@@ -55,14 +56,6 @@ def meta(*shape, dtype=BF16, strides=None, offset=0) -> torch.Tensor:
     strides = dense(shape) if strides is None else strides
     size = offset + 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else offset
     return torch.empty(size, dtype=dtype, device="meta").as_strided(shape, strides, offset)
-
-
-def dense(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def padded_rows(*shape, dtype=BF16, pad: int = 0) -> torch.Tensor:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from tkaot import _op
 from tkaot.errors import NoGPUError
 
 # ---- validation without a GPU: meta tensors stand in for CUDA ones (the fake_cuda fixture, tests/conftest.py)
@@ -18,6 +19,44 @@ def meta(*shape, dtype=torch.bfloat16, strides=None) -> torch.Tensor:
     if strides is None:
         return torch.empty(*shape, dtype=dtype, device="meta")
     return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+
+def record_launches(monkeypatch, modules, with_args: bool = False) -> list:
+    """Meta tensors read as CUDA device 0, and every op's kernel lookup validates the static values against the
+    kernel's declaration and returns a launcher that checks its argument count and records (kernel, key), or
+    (kernel, key, {argument: value}) with_args, in the list returned. The op modules get stream 0 and empty
+    kernel caches."""
+    get_device = torch.Tensor.get_device
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
+    recorded: list[tuple] = []
+
+    def get(self, device, *values, general_tiling=None):
+        for axis, value in zip(self.decl.axes, values):
+            axis.validate(value)
+        key = self.decl.key(values)
+
+        def launch(dev, stream, *args):
+            assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"
+            recorded.append((self.kernel, key, dict(zip(self.args, args))) if with_args else (self.kernel, key))
+
+        return launch
+
+    monkeypatch.setattr(_op.OpKernels, "get", get)
+    for module in modules:
+        monkeypatch.setattr(module, "current_stream", lambda device: 0)
+        for value in vars(module).values():
+            if isinstance(value, _op.OpKernels):
+                monkeypatch.setattr(value, "cache", {})
+    return recorded
+
+
+def dense(shape) -> tuple:
+    """The strides of a contiguous tensor of `shape` (a zero extent counted as one)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def I8(*shape) -> torch.Tensor:

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from tests.parity_cases import NORM_HIDDEN, SWIGLU_HIDDEN, Call, assemble, pick, pick_size, sf_trims
-from tests.parity_inputs import Gen, psum_layout
+from tests.parity_cases import NORM_HIDDEN, SWIGLU_HIDDEN, Call, assemble, pick, pick_size, sf_trims, swiglu_call, swiglu_options
+from tests.parity_inputs import Gen
 
 BF16_SUM = (2**-7, 2**-7)  # a few fp32 ulps of the row's sum can flip one bf16 rounding
-F32_SUM = (1e-5, 1e-5)
+# seen on the H200 (first run): fp32 x_grad 3.6e-5 apart at hidden 32 (1 of 108576 values), where a row's mean of
+# g * xhat multiplies back by xhat
+F32_SUM = (1e-4, 1e-5)
 WEIGHT_GRAD = (1e-4, 1e-3)
+# a bf16 weight_grad: the fp32 sum over thousands of tokens, 1e-4 apart, can round to neighbouring bf16 values (seen:
+# -7.6875 vs -7.65625 over 2768 tokens)
+BF16_WEIGHT_GRAD = (2**-7, 1e-3)
 SUMS = "x_grad / weight_grad within rtol/atol: both libraries sum rows in their own order"
 
 
@@ -42,9 +47,12 @@ def norm_backward_cases(rng):
             kwargs["residual_out_grad"] = gen.randn(t, h, dtype=dtype)
         if "wg_dtype" in p:
             kwargs["weight_grad"] = gen.randn(h, dtype=getattr(torch, p["wg_dtype"]))
-        close = {"ret[0]": BF16_SUM if dtype is torch.bfloat16 else F32_SUM, "ret[1]": WEIGHT_GRAD}
+        # weight_grad comes back in the given buffer's dtype, else in x's
+        wg_dtype = getattr(torch, p["wg_dtype"]) if "wg_dtype" in p else dtype
+        wg_close = BF16_WEIGHT_GRAD if wg_dtype is torch.bfloat16 else WEIGHT_GRAD
+        close = {"ret[0]": BF16_SUM if dtype is torch.bfloat16 else F32_SUM, "ret[1]": wg_close}
         if "weight_grad" in kwargs:
-            close["kw.weight_grad"] = WEIGHT_GRAD
+            close["kw.weight_grad"] = wg_close
         weight = gen.randn(h, dtype=dtype) if p["weight"] else None
         return Call((gen.randn(t, h, dtype=dtype), x, weight, rstd), kwargs, close=close)
 
@@ -60,24 +68,8 @@ def _swiglu_config(rng) -> dict:
     return c
 
 
-def _swiglu_call(rng, config, tokens) -> dict:
-    c = {"psum": tuple(psum_layout(rng, tokens, config["experts"]))} if config["experts"] else {}
-    if config["scaling"]:
-        c["routed_scaling_factor"] = rng.choice([0.5, 2.5])
-    return c
-
-
 def _swiglu_kwargs(gen: Gen, p) -> dict:
-    kwargs = {"do_recompute": p["recompute"]}
-    if p["experts"]:
-        kwargs["psum_num_tokens_per_expert"] = gen.tensor(list(p["psum"]), torch.int32)
-    if p["weights"]:
-        kwargs["topk_weights"] = gen.rand(p["tokens"])
-    if p["scaling"]:
-        kwargs["routed_scaling_factor"] = p["routed_scaling_factor"]
-    if p["clamp"] is not None:
-        kwargs["clamp_value"] = p["clamp"]
-    return kwargs
+    return {"do_recompute": p["recompute"], **swiglu_options(gen, p)}
 
 
 def _weight_grad_path(p, cast: bool) -> dict:
@@ -94,7 +86,7 @@ def swiglu_backward_cases(rng):
         dy = gen.randn(p["tokens"], p["hidden"], dtype=dtype)
         return Call((x, dy, p["fmt"]), _swiglu_kwargs(gen, p), close=_weight_grad_path(p, False))
 
-    return assemble("quant.swiglu_backward", rng, config, _swiglu_call, make, tolerance=lambda p: SUMS if p["weights"] else None)
+    return assemble("quant.swiglu_backward", rng, config, swiglu_call, make, tolerance=lambda p: SUMS if p["weights"] else None)
 
 
 def swiglu_backward_cast_cases(rng):
@@ -116,7 +108,7 @@ def swiglu_backward_cast_cases(rng):
         trims = sf_trims(["ret[1][1]"], 2 * h // group, p["sf"] == "ue8m0")
         return Call(((data, sf), dy, "e4m3", group), kwargs, trims=trims, close=_weight_grad_path(p, True))
 
-    return assemble("quant.swiglu_backward_and_per_token_cast", rng, config, _swiglu_call, make,
+    return assemble("quant.swiglu_backward_and_per_token_cast", rng, config, swiglu_call, make,
                     tolerance=lambda p: SUMS if p["weights"] else None)  # fmt: skip
 
 

@@ -338,7 +338,7 @@ def _swiglu_static(rng) -> dict:
     return c
 
 
-def _swiglu_call(rng, config, tokens) -> dict:
+def swiglu_call(rng, config, tokens) -> dict:
     c = {}
     if config["experts"]:
         c["psum"] = tuple(psum_layout(rng, tokens, config["experts"]))
@@ -347,8 +347,8 @@ def _swiglu_call(rng, config, tokens) -> dict:
     return c
 
 
-def _swiglu_inputs(gen: Gen, p: dict):
-    x = gen.activations(p["tokens"], 2 * p["hidden"], dtype=getattr(torch, p["dtype"])) * 4
+def swiglu_options(gen: Gen, p: dict) -> dict:
+    """The keyword arguments of a SwiGLU call (forward or backward) that its parameters ask for."""
     kwargs = {}
     if p["experts"]:
         kwargs["psum_num_tokens_per_expert"] = gen.tensor(list(p["psum"]), torch.int32)
@@ -358,6 +358,12 @@ def _swiglu_inputs(gen: Gen, p: dict):
         kwargs["routed_scaling_factor"] = p["routed_scaling_factor"]
     if p["clamp"] is not None:
         kwargs["clamp_value"] = p["clamp"]
+    return kwargs
+
+
+def _swiglu_inputs(gen: Gen, p: dict):
+    x = gen.activations(p["tokens"], 2 * p["hidden"], dtype=getattr(torch, p["dtype"])) * 4
+    kwargs = swiglu_options(gen, p)
     if p["count"]:
         kwargs["clamped_count"] = gen.randint(0, 100, 4)
     rows = gen.tensor(psum_rows(p["tokens"], list(p["psum"])), torch.bool) if p["experts"] else None
@@ -372,7 +378,7 @@ def swiglu_forward_cases(rng) -> list[Case]:
         x, kwargs, rows = _swiglu_inputs(gen, p)
         return Call((x, p["fmt"]), kwargs, trims={"ret": rows_only(rows)} if rows is not None else {})
 
-    return assemble("quant.swiglu_forward", rng, config, _swiglu_call, make)
+    return assemble("quant.swiglu_forward", rng, config, swiglu_call, make)
 
 
 def swiglu_cast_cases(rng) -> list[Case]:
@@ -400,7 +406,7 @@ def swiglu_cast_cases(rng) -> list[Case]:
             call.trims = {"ret[1]": packed}
         return call
 
-    return assemble("quant.swiglu_forward_and_per_token_cast", rng, config, _swiglu_call, make)
+    return assemble("quant.swiglu_forward_and_per_token_cast", rng, config, swiglu_call, make)
 
 
 # ---- the casts live in tests/parity_cast_cases.py; MoE routing and rotary here

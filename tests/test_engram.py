@@ -10,7 +10,7 @@ import torch
 
 import tkaot
 import tkaot.engram
-from tkaot import _op
+from tests.helpers import record_launches
 from tkaot._engram import device as engram_device
 from tkaot.modeling.engram import EngramGateFn, engram_gate
 from tkaot.reference import engram as ref
@@ -180,27 +180,9 @@ def test_momentum_reference_is_the_momentum_formula(nesterov):
 
 @pytest.fixture
 def launches(monkeypatch):
-    get_device = torch.Tensor.get_device
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
     monkeypatch.setattr(engram_device, "sm_count", lambda device: 132)
-    recorded: list[tuple[str, str]] = []
-
-    def get(self, device, *values, general_tiling=None):
-        for axis, value in zip(self.decl.axes, values):
-            axis.validate(value)
-        key = self.decl.key(values)
-
-        def launch(dev, stream, *args):
-            assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"
-            recorded.append((self.kernel, key))
-
-        return launch
-
-    monkeypatch.setattr(_op.OpKernels, "get", get)
-    for name in tkaot.engram.__all__:
-        module = __import__(getattr(tkaot.engram, name).__module__, fromlist=["_"])
-        monkeypatch.setattr(module, "current_stream", lambda device: 0)
-    return recorded
+    modules = {__import__(getattr(tkaot.engram, name).__module__, fromlist=["_"]) for name in tkaot.engram.__all__}
+    return record_launches(monkeypatch, modules)
 
 
 def M(*shape, dtype=torch.bfloat16):

@@ -48,7 +48,8 @@ def test_generic_declarations_derive_from_their_specialised_kernel():
         spec = all_kernels()[generic.generic_of]
         runtime = [a.name for a in generic.runtime_axes]
         assert generic_kernel(spec.name) is generic
-        assert generic.runtime_axes == tuple(spec.axis(n) for n in runtime) and all(a.kind is int for a in generic.runtime_axes)
+        assert generic.runtime_axes == tuple(spec.axis(n) for n in runtime)
+        assert all(a.kind is int or (a.kind is str and a.choices) for a in generic.runtime_axes)
         assert generic.axes == tuple(a for a in spec.axes if a.name not in runtime)
         assert generic.args == (*spec.args, *(a.name for a in generic.runtime_axes))
         assert set(generic.dims) == set(spec.dims) | set(runtime)
@@ -64,8 +65,8 @@ def test_split_takes_the_runtime_axes_out_of_a_specialised_key():
 
 
 def test_declarations_refuse_malformed_generic_kernels():
-    with pytest.raises(ValueError, match="runtime axes must be integers"):
-        PER_TOKEN_CAST.generic("bad", "kernels_src.quant.per_token_cast_generic", ("fmt",))
+    with pytest.raises(ValueError, match="runtime axes must be integers or strings with a finite set of choices, not"):
+        PER_TOKEN_CAST.generic("bad", "kernels_src.quant.per_token_cast_generic", ("stochastic",))
     with pytest.raises(ValueError, match="names both"):
         PER_TOKEN_CAST_GENERIC.replace(generic_of="")
 

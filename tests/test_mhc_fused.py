@@ -18,7 +18,7 @@ import tkaot
 from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.sweep import load_shapeset
-from tests.helpers import meta
+from tests.helpers import meta, record_launches
 from tkaot import _kernel, _op
 from tkaot._mhc import big_fuse, head_mix, norm_fn, recompute
 from tkaot._mhc.kernels import KERNELS
@@ -121,28 +121,8 @@ def valid_calls(tokens: int = 5, m: int = 4, hidden: int = 512, splits: int = 3)
 def recorded(monkeypatch):
     """Meta tensors as CUDA device 0; every mHC op's kernel lookup records (kernel, key) and returns a launcher that
     checks its argument count; the pointer table stays on the host."""
-    get_device = torch.Tensor.get_device
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
-    calls: list[tuple[str, str]] = []
-
-    def get(self, device, *values, general_tiling=None):
-        for axis, value in zip(self.decl.axes, values):
-            axis.validate(value)
-        key = self.decl.key(values)
-
-        def launch(dev, stream, *args):
-            assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"
-            calls.append((self.kernel, key))
-
-        return launch
-
-    monkeypatch.setattr(_op.OpKernels, "get", get)
     monkeypatch.setattr(recompute, "pointer_table", lambda addresses, device: torch.tensor(addresses, dtype=torch.int64))
-    for module in MODULES:
-        monkeypatch.setattr(module, "current_stream", lambda device: 0)
-    for kernels in OP_KERNELS.values():
-        monkeypatch.setattr(kernels, "cache", {})
-    return calls
+    return record_launches(monkeypatch, MODULES)
 
 
 @pytest.mark.parametrize("op", sorted(valid_calls()))

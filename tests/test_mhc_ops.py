@@ -18,7 +18,7 @@ import tkaot
 from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.sweep import read_shapeset, resolve_shapeset, sweep
-from tests.helpers import meta
+from tests.helpers import meta, record_launches
 from tkaot import _model_shapes, _op
 from tkaot._kernel import Kernel
 from tkaot._mhc import expand, post, pre_apply_mix, sinkhorn, split_mixes
@@ -81,28 +81,7 @@ def test_launch_shapes(built):
 @pytest.fixture
 def launches(monkeypatch):
     """Meta tensors read as device 0; each launcher records (kernel, key, {argument: value})."""
-    get_device = torch.Tensor.get_device
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
-    recorded: list[tuple[str, str, dict]] = []
-
-    def get(self, device, *values, general_tiling=None):
-        for axis, value in zip(self.decl.axes, values):
-            axis.validate(value)
-        key = self.decl.key(values)
-
-        def launch(dev, stream, *args):
-            assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"
-            recorded.append((self.kernel, key, dict(zip(self.args, args))))
-
-        return launch
-
-    monkeypatch.setattr(_op.OpKernels, "get", get)
-    for module in MODULES:
-        monkeypatch.setattr(module, "current_stream", lambda device: 0)
-        for value in vars(module).values():
-            if isinstance(value, _op.OpKernels):
-                monkeypatch.setattr(value, "cache", {})
-    return recorded
+    return record_launches(monkeypatch, MODULES, with_args=True)
 
 
 def f32(*shape):

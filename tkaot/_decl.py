@@ -11,7 +11,9 @@ taken at run time: its axes are the specialised kernel's minus those, its argume
 kernel's plus one dynamic dim per runtime axis. The runtime launches it when the specialised variant of
 a call is not built (tkaot/_op.py), with the runtime axes fixed at bind, so the op passes the same
 arguments to either; and, with no warning, for the calls the specialised kernel cannot take at all
-(`specialisable`: a per-token cast whose row ends in a partial group).
+(`specialisable`: a per-token cast whose row ends in a partial group). A runtime axis is an integer axis,
+passed as its value, or a string axis with a finite set of choices, passed as its value's index among them
+(`runtime_value`: an sf layout "row"/"col" reaches the kernel as 0/1).
 
 Each family keeps its declarations in `tkaot/_<family>/kernels.py` as a tuple `KERNELS`;
 `all_kernels()` collects them.
@@ -130,8 +132,9 @@ class KernelDecl(Record):
         """The declaration of a generic kernel that serves this kernel's calls, taking `runtime_axes` (integer
         axes) at run time as dynamic dims appended to this kernel's arguments; built from `source`."""
         runtime = tuple(self.axis(n) for n in runtime_axes)
-        if any(a.kind is not int for a in runtime):
-            raise ValueError(f"{name}: runtime axes must be integers, not {[a.name for a in runtime if a.kind is not int]}")
+        if any(a.kind is not int and (a.kind is not str or a.choices is None) for a in runtime):
+            wrong = [a.name for a in runtime if a.kind is not int and (a.kind is not str or a.choices is None)]
+            raise ValueError(f"{name}: runtime axes must be integers or strings with a finite set of choices, not {wrong}")
         return KernelDecl(
             name=name,
             source=source,
@@ -151,9 +154,9 @@ class KernelDecl(Record):
     def split(self, specialised: KernelDecl, values) -> tuple[tuple, dict[str, int]]:
         """A generic kernel's view of a call of `specialised` with static `values` (in its axis order):
         (this kernel's static values, {runtime axis: value})."""
-        runtime = {a.name for a in self.runtime_axes}
+        runtime = {a.name: a for a in self.runtime_axes}
         pairs = list(zip(specialised.axis_names, values))
-        return tuple(v for n, v in pairs if n not in runtime), {n: v for n, v in pairs if n in runtime}
+        return tuple(v for n, v in pairs if n not in runtime), {n: runtime_value(runtime[n], v) for n, v in pairs if n in runtime}
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -173,6 +176,12 @@ class KernelDecl(Record):
     def key(self, values) -> str:
         """The variant key of static values given in axis order: "axis=value,..."; the one key format."""
         return ",".join(f"{a.name}={format_value(v)}" for a, v in zip(self.axes, values))
+
+
+def runtime_value(axis: Axis, value) -> int:
+    """A runtime axis's value as its generic kernel takes it (a dim): an integer as is, a string as its index among
+    the axis's choices."""
+    return axis.choices.index(value) if axis.kind is str else value
 
 
 def tiling_axis(tilings: Mapping[str, str]) -> Axis:

@@ -10,10 +10,10 @@ TOKENS, HIDDEN = 8192, 7168
 
 
 def _norm_cases() -> list[Case]:
-    def make(residual: bool):
+    def make(residual: bool, dtype=torch.bfloat16, hidden=HIDDEN):
         def inputs():
-            x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
-            a = {"dy": torch.randn_like(x), "x": x, "w": torch.rand(HIDDEN, dtype=torch.bfloat16, device="cuda") + 0.5}
+            x = torch.randn(TOKENS, hidden, dtype=dtype, device="cuda")
+            a = {"dy": torch.randn_like(x), "x": x, "w": torch.rand(hidden, dtype=dtype, device="cuda") + 0.5}
             a["rstd"] = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
             a["dr"] = torch.randn_like(x) if residual else None
             return a
@@ -23,10 +23,26 @@ def _norm_cases() -> list[Case]:
     def torch_norm_backward(a):  # the same math, unfused
         xhat = a["x"].float() * a["rstd"][:, None]
         gw = a["dy"].float() * a["w"].float()
-        return ((gw - xhat * (xhat * gw).mean(-1, keepdim=True)) * a["rstd"][:, None]).bfloat16(), (xhat * a["dy"].float()).sum(0)
+        return ((gw - xhat * (xhat * gw).mean(-1, keepdim=True)) * a["rstd"][:, None]).to(a["x"].dtype), (xhat * a["dy"].float()).sum(0)
 
     row = TOKENS * HIDDEN * 2
+    # Calls the default set serves on the generic rmsnorm_backward (fp32 activations; a width with no specialised
+    # variant): (shape, dtype, hidden)
+    generic = [(f"{TOKENS}x{HIDDEN} fp32, weight (generic tier)", torch.float32, HIDDEN),
+               (f"{TOKENS}x3168 bf16, weight (generic tier)", torch.bfloat16, 3168)]  # fmt: skip
     return [
+        *(
+            Case(
+                op="norm_backward",
+                shape=shape,
+                bytes=3 * TOKENS * hidden * dtype.itemsize + TOKENS * 4 + hidden * (dtype.itemsize + 4),
+                make=make(False, dtype, hidden),
+                tkaot=lambda a: tkaot.quant.norm_backward(a["dy"], a["x"], a["w"], a["rstd"]),
+                torch=torch_norm_backward,
+                tile_kernels=lambda tk, a: tk.quant.norm_backward(a["dy"], a["x"], a["w"], a["rstd"]),
+            )
+            for shape, dtype, hidden in generic
+        ),
         Case(
             op="norm_backward",
             shape=f"{TOKENS}x{HIDDEN} bf16, weight",
@@ -59,6 +75,12 @@ def _swiglu_cases() -> list[Case]:
         a = make_bf16()
         sf = torch.rand(TOKENS, 2 * hidden // 128, device="cuda") + 0.01
         a["xq"] = ((a["x"].float() / sf.repeat_interleave(128, -1)).clamp(-448, 448).to(torch.float8_e4m3fn), sf)
+        a["dy32"] = a["dy"].float()
+        return a
+
+    def make_fp32():
+        a = make_bf16()
+        a["x32"] = a["x"].float()
         return a
 
     def torch_swiglu_backward(a):
@@ -93,6 +115,22 @@ def _swiglu_cases() -> list[Case]:
             make=make_fp8,
             tkaot=lambda a: tkaot.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy"], "e4m3", 128),
             tile_kernels=lambda tk, a: tk.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy"], "e4m3", 128),
+        ),
+        Case(
+            op="swiglu_backward_and_per_token_cast",
+            shape=f"{TOKENS}x{2 * hidden} e4m3/128, fp32 grad -> bf16 + e4m3/128",
+            bytes=TOKENS * 2 * hidden * (1 + 2 + 1) + TOKENS * hidden * 4 + TOKENS * (2 * hidden // 128) * 8,
+            make=make_fp8,
+            tkaot=lambda a: tkaot.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy32"], "e4m3", 128),
+            tile_kernels=lambda tk, a: tk.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy32"], "e4m3", 128),
+        ),
+        Case(
+            op="swiglu_backward_and_per_token_cast",
+            shape=f"{TOKENS}x{2 * hidden} fp32 x, bf16 grad -> bf16",
+            bytes=TOKENS * 2 * hidden * (4 + 2) + TOKENS * hidden * 2,
+            make=make_fp32,
+            tkaot=lambda a: tkaot.quant.swiglu_backward_and_per_token_cast(a["x32"], a["dy"], "bf16", 128),
+            tile_kernels=lambda tk, a: tk.quant.swiglu_backward_and_per_token_cast(a["x32"], a["dy"], "bf16", 128),
         ),
     ]
 

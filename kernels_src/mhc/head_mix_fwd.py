@@ -3,6 +3,10 @@
 Elementwise over the (num_tokens, mhc_mult) mixes, flattened: one thread an element, the expansion rate a
 runtime value (column j = element % mhc_mult), so one cubin serves every rate and token count. The
 sigmoid is TileLang's (1 / (1 + exp(-x)), IEEE division and expf), as TileKernels computes it.
+
+Its argument is one fused multiply-add, fma(input_mix, scale, base), written out: nvcc contracts TileKernels'
+`x * scale + base` into one, but not ours, where the 64-bit `% mhc_mult` (a branch) falls between the multiply and
+the add; the product rounded on its own moved outputs by 1 to 3 ulps.
 """
 
 import tilelang.language as T
@@ -35,6 +39,6 @@ def build(dtype: str):
             if e < num_tokens * mhc_mult:
                 token = e // mhc_mult
                 j = e % mhc_mult
-                output_mix[token, j] = T.sigmoid(input_mix[token, j] * mhc_scale[0] + mhc_base[j]) + mhc_pre_eps
+                output_mix[token, j] = T.sigmoid(T.fma(input_mix[token, j], mhc_scale[0], mhc_base[j])) + mhc_pre_eps
 
     return mhc_head_mix_fwd

@@ -13,6 +13,11 @@ adds its row slots in a fixed order and writes one partial row, partials[block, 
 (kernels_src/norm/weight_grad_reduce.py) adds the partials in a fixed order: the result does not
 depend on timing. Tokens, blocks, strides, out_scale and whether there is a weight or a residual
 gradient are runtime values.
+
+One kernel body serves both tiers: a static tiling (StaticTiling, the specialised kernel: hidden fixed) or one
+the kernel computes from a runtime hidden (RuntimeTiling, kernels_src/norm/rmsnorm_backward_generic.py). Both give
+each thread the same columns of the same rows and add them in the same order, so the generic kernel writes the
+specialised kernel's bytes.
 """
 
 import tilelang.language as T
@@ -24,14 +29,137 @@ DECL = RMSNORM_BACKWARD  # the declaration this module builds (tkaot/_quant/kern
 
 NUM_THREADS = NORM_BACKWARD_THREADS
 MIN_BLOCKS_PER_SM = 2  # caps registers at 128 a thread (no spills but fp32 rows of 8192: a few bytes)
+MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
 
 
 def build(hidden: int, dtype: str):
-    vec, row_threads, vecs_per_thread = norm_backward_tiling(hidden, dtype)
-    slots = NUM_THREADS // row_threads
-    lanes = min(row_threads, 32)
-    row_warps = row_threads // lanes
-    exact = hidden % (vec * row_threads) == 0  # every thread's vectors are in range
+    return rmsnorm_backward_kernel(StaticTiling(hidden, dtype), dtype)
+
+
+class StaticTiling:
+    """norm_backward_tiling of a static hidden, as the specialised kernel uses it."""
+
+    static = True
+    helpers = ""  # device functions the tiling needs
+
+    def __init__(self, hidden: int, dtype: str):
+        self.hidden = hidden
+        self.vec, self.row_threads, self.vectors = norm_backward_tiling(hidden, dtype)
+        self.slots = NUM_THREADS // self.row_threads
+        self.lanes = min(self.row_threads, 32)
+        self.row_warps = self.row_threads // self.lanes
+        self.exact = hidden % (self.vec * self.row_threads) == 0  # every thread's vectors are in range
+
+    def in_row(self, col):
+        """Whether the vector at column col is in the row."""
+        return self.exact or col < self.hidden
+
+    def live(self, v) -> bool:
+        """Whether the thread's unrolled vector v is among its row's vectors (always: the loops run to the count)."""
+        return True
+
+    def mean(self, total):
+        return total / T.float32(self.hidden)
+
+
+class RuntimeTiling:
+    """norm_backward_tiling of a runtime hidden (a multiple of MULTIPLE up to MAX_HIDDEN), as expressions of it.
+
+    The threads a row takes double at a few widths (found by running norm_backward_tiling over every width), so
+    they are a sum of steps of hidden: a pure device function, clamped to its range so the compiler sees every
+    index in bounds. Loops run to the most vectors any width gives a thread and skip those past the width's count
+    (a branch the same in every thread of a block, so the shuffles stay whole). Shared memory is sized for the
+    widest use of any width and indexed flat.
+    """
+
+    static = False
+    exact = False
+
+    def __init__(self, hidden, dtype: str):
+        self.hidden = hidden
+        self.vec = 16 // (2 if dtype == "bfloat16" else 4)
+        first, steps, self.vectors, self.slot_floats = _thread_steps(dtype)
+        c_threads, before = str(first), first
+        for width, factor in steps:
+            c_threads += f" + (hidden > {width} ? {before * (factor - 1)} : 0)"
+            before *= factor
+        name = f"tkaot_norm_backward_row_threads_{dtype}"
+        self.helpers = f"__device__ __forceinline__ int {name}(int hidden) {{\n    return {c_threads};\n}}\n"
+        self.row_threads = T.min(T.max(T.call_pure_extern("int32", name, hidden), first), before)
+        self.max_slots = NUM_THREADS // first
+        self.slots = NUM_THREADS // self.row_threads
+        self.row_warps = T.shift_right(self.row_threads, 5)  # 0 below a warp a row
+
+    def in_row(self, col):
+        return col + self.vec <= self.hidden  # (the same as col < hidden) spelt so each access is seen in bounds
+
+    def live(self, v):
+        return v * self.row_threads < self.hidden // self.vec
+
+    def mean(self, total):
+        return total / T.cast(self.hidden, "float32")  # IEEE division, as by the static one
+
+
+def _thread_steps(dtype: str) -> tuple[int, tuple[tuple[int, int], ...], int, int]:
+    """(threads a row of the narrowest width takes, ((width past which they grow, by what factor), ...), the most
+    vectors a thread holds, the most fp32 slot sums a block keeps), from norm_backward_tiling over every width."""
+    first, steps, most, slot_floats, prev = None, [], 0, 0, None
+    for hidden in range(MULTIPLE, MAX_HIDDEN + 1, MULTIPLE):
+        _, threads, vectors = norm_backward_tiling(hidden, dtype)
+        most = max(most, vectors)
+        if threads < NUM_THREADS:
+            slot_floats = max(slot_floats, NUM_THREADS // threads * hidden)
+        if prev is None:
+            first = threads
+        elif threads != prev[1]:
+            if threads % prev[1] or threads & (threads - 1):
+                raise AssertionError(f"norm_backward_tiling's threads go from {prev[1]} to {threads}: not a doubling")
+            steps.append((prev[0], threads // prev[1]))
+        prev = (hidden, threads)
+    return first, tuple(steps), most, slot_floats
+
+
+@T.macro
+def row_dot_static(acc, warp_sums, sub, lane, lanes: int, row_warps: int):
+    """acc[0], a thread's share of the row's dot product, becomes the row's in every thread of the row."""
+    for i in T.unroll(lanes.bit_length() - 1):
+        acc[0] += T.shfl_xor(acc[0], lanes >> (i + 1))
+    if row_warps > 1:
+        if lane % 32 == 0:
+            warp_sums[sub, lane // 32] = acc[0]
+        T.sync_threads()
+        acc[0] = 0.0
+        for w in T.unroll(row_warps):
+            acc[0] += warp_sums[sub, w]
+        T.sync_threads()  # read before the next row writes warp_sums
+
+
+@T.macro
+def row_dot_runtime(acc, warp_sums, sub, lane, row_threads, row_warps):
+    """row_dot_static with a runtime (power of two) row_threads: the same shuffles in the same order (offsets from
+    min(row_threads, 32) / 2 down to 1), then, over more than one warp, the warps' sums in warp order."""
+    for i in T.unroll(5):
+        if T.shift_right(16, i) < row_threads:
+            acc[0] += T.shfl_xor(acc[0], T.shift_right(16, i))
+    if row_warps > 1:
+        if lane % 32 == 0:
+            warp_sums[sub * row_warps + lane // 32] = acc[0]
+        T.sync_threads()
+        acc[0] = 0.0
+        for w in T.unroll(NUM_THREADS // 32):
+            if w < row_warps:
+                acc[0] += warp_sums[sub * row_warps + w]
+        T.sync_threads()  # read before the next row writes warp_sums
+
+
+def rmsnorm_backward_kernel(tiling, dtype: str):
+    """The kernel over a tiling: StaticTiling (specialised) or RuntimeTiling (generic); the same sums in the same order."""
+    hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
+    row_threads, slots = tiling.row_threads, tiling.slots
+    if tiling.static:
+        warps_shape, slots_shape = (slots, tiling.row_warps), (slots, hidden)
+    else:
+        warps_shape, slots_shape = (NUM_THREADS // 32,), (tiling.slot_floats,)
 
     num_tokens = T.dynamic("num_tokens")
     num_blocks = T.dynamic("num_blocks")
@@ -40,7 +168,7 @@ def build(hidden: int, dtype: str):
     @T.macro
     def load_weight(weight, w_in, col):
         # Read again for each row (from L1): registers go to x, out_grad and the weight gradient
-        if exact or col < hidden:
+        if tiling.in_row(col):
             for j in T.vectorized(vec):
                 w_in[j] = weight[col + j]
         else:
@@ -62,8 +190,10 @@ def build(hidden: int, dtype: str):
     ):
         with T.Kernel(num_blocks, threads=NUM_THREADS) as block:
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
-            T.import_source(PDL_SOURCE)
+            T.import_source(tiling.helpers + PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
+            if not tiling.static:
+                T.assume(hidden % MULTIPLE == 0)  # as declared: whole vectors, so each access is one
             # Callers guarantee 16-byte aligned rows, so every vector access is one 16-byte access
             T.assume(og_stride % vec == 0)
             T.assume(x_stride % vec == 0)
@@ -78,8 +208,8 @@ def build(hidden: int, dtype: str):
             r_in = T.alloc_local((vec,), dtype)
             res = T.alloc_local((vec,), dtype)
             acc = T.alloc_local((1,), T.float32)
-            warp_sums = T.alloc_shared((slots, row_warps), T.float32)
-            slot_sums = T.alloc_shared((slots, hidden), T.float32)
+            warp_sums = T.alloc_shared(warps_shape, T.float32)
+            slot_sums = T.alloc_shared(slots_shape, T.float32)
             r = T.alloc_var(T.float32)
             xh = T.alloc_var(T.float32)
             g = T.alloc_var(T.float32)
@@ -96,7 +226,7 @@ def build(hidden: int, dtype: str):
                 acc[0] = 0.0
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
-                    if token < num_tokens and (exact or col < hidden):
+                    if token < num_tokens and tiling.in_row(col):
                         for j in T.vectorized(vec):
                             x_in[v, j] = x[token, col + j]
                         for j in T.vectorized(vec):
@@ -106,33 +236,28 @@ def build(hidden: int, dtype: str):
                             x_in[v, j] = T.cast(0, dtype)
                             g_in[v, j] = T.cast(0, dtype)
                 for v in T.unroll(vecs_per_thread):
-                    col = (v * row_threads + lane) * vec
-                    if has_weight != 0:
-                        load_weight(weight, w_in, col)
-                    for j in T.unroll(vec):
-                        xh = T.cast(x_in[v, j], T.float32) * r
-                        g = T.cast(g_in[v, j], T.float32) * out_scale
+                    if tiling.live(v):  # a runtime tiling's vectors past the count: not the thread's, not added
+                        col = (v * row_threads + lane) * vec
                         if has_weight != 0:
-                            dw[v, j] += xh * g
-                            g = g * T.cast(w_in[j], T.float32)
-                        acc[0] += xh * g
+                            load_weight(weight, w_in, col)
+                        for j in T.unroll(vec):
+                            xh = T.cast(x_in[v, j], T.float32) * r
+                            g = T.cast(g_in[v, j], T.float32) * out_scale
+                            if has_weight != 0:
+                                dw[v, j] += xh * g
+                                g = g * T.cast(w_in[j], T.float32)
+                            acc[0] += xh * g
 
                 # The row's dot product in every thread of the row (shuffles, then warps through shared memory)
-                for i in T.unroll(lanes.bit_length() - 1):
-                    acc[0] += T.shfl_xor(acc[0], lanes >> (i + 1))
-                if row_warps > 1:
-                    if lane % 32 == 0:
-                        warp_sums[sub, lane // 32] = acc[0]
-                    T.sync_threads()
-                    acc[0] = 0.0
-                    for w in T.unroll(row_warps):
-                        acc[0] += warp_sums[sub, w]
-                    T.sync_threads()  # read before the next row writes warp_sums
-                mean = acc[0] / T.float32(hidden)
+                if tiling.static:
+                    row_dot_static(acc, warp_sums, sub, lane, tiling.lanes, tiling.row_warps)
+                else:
+                    row_dot_runtime(acc, warp_sums, sub, lane, row_threads, tiling.row_warps)
+                mean = tiling.mean(acc[0])
 
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
-                    if token < num_tokens and (exact or col < hidden):
+                    if token < num_tokens and tiling.in_row(col):
                         if has_residual != 0:
                             for j in T.vectorized(vec):
                                 r_in[j] = residual_out_grad[token, col + j]
@@ -152,25 +277,48 @@ def build(hidden: int, dtype: str):
 
             if has_weight != 0:
                 # The block's row slots added in slot order, one partial row a block
-                if slots == 1:
-                    for v in T.unroll(vecs_per_thread):
-                        col = (v * row_threads + lane) * vec
-                        if exact or col < hidden:
-                            for j in T.vectorized(vec):
-                                partials[block, col + j] = dw[v, j]
+                if tiling.static:
+                    if slots == 1:
+                        for v in T.unroll(vecs_per_thread):
+                            col = (v * row_threads + lane) * vec
+                            if tiling.in_row(col):
+                                for j in T.vectorized(vec):
+                                    partials[block, col + j] = dw[v, j]
+                    else:
+                        for v in T.unroll(vecs_per_thread):
+                            col = (v * row_threads + lane) * vec
+                            if tiling.in_row(col):
+                                for j in T.vectorized(vec):
+                                    slot_sums[sub, col + j] = dw[v, j]
+                        T.sync_threads()
+                        for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
+                            col = c * NUM_THREADS + tid
+                            if col < hidden:
+                                r = slot_sums[0, col]
+                                for s in T.unroll(1, slots):
+                                    r += slot_sums[s, col]
+                                partials[block, col] = r
                 else:
-                    for v in T.unroll(vecs_per_thread):
-                        col = (v * row_threads + lane) * vec
-                        if exact or col < hidden:
-                            for j in T.vectorized(vec):
-                                slot_sums[sub, col + j] = dw[v, j]
-                    T.sync_threads()
-                    for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
-                        col = c * NUM_THREADS + tid
-                        if col < hidden:
-                            r = slot_sums[0, col]
-                            for s in T.unroll(1, slots):
-                                r += slot_sums[s, col]
-                            partials[block, col] = r
+                    if slots == 1:
+                        for v in T.unroll(vecs_per_thread):
+                            col = (v * row_threads + lane) * vec
+                            if tiling.in_row(col):
+                                for j in T.vectorized(vec):
+                                    partials[block, col + j] = dw[v, j]
+                    else:
+                        for v in T.unroll(vecs_per_thread):
+                            col = (v * row_threads + lane) * vec
+                            if tiling.in_row(col):
+                                for j in T.vectorized(vec):
+                                    slot_sums[sub * hidden + col + j] = dw[v, j]
+                        T.sync_threads()
+                        for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
+                            col = c * NUM_THREADS + tid
+                            if col < hidden:
+                                r = slot_sums[col]
+                                for s in T.unroll(1, tiling.max_slots):
+                                    if s < slots:
+                                        r += slot_sums[s * hidden + col]
+                                partials[block, col] = r
 
     return rmsnorm_backward

@@ -2,10 +2,13 @@
 norm_backward, swiglu_backward, swiglu_backward_and_per_token_cast, moe_topk_gate_backward; and tkaot.rand.
 
 Every output the ops allocate starts as NaN / 0xFF bytes, so an element left unwritten shows; every element is
-compared. Element-wise results (SwiGLU's x_grad and act_out, the FP8 cast and its scale factors) must be the same
-bits as the reference, which runs the same fp32 operations on the GPU. Results that sum over a row or over tokens
-(RMSNorm's x_grad and weight_grad, SwiGLU's weight_grad, the gate's gradient) are compared within the tolerances
-below: the kernels add in another order than torch.
+compared. The calls cover what the default set serves: norm_backward at every threads-a-row class of widths, in both
+dtypes (bf16 at the specialised widths on rmsnorm_backward, the rest on rmsnorm_backward_generic: the generic tier
+warns, which is expected here), and the SwiGLU backward ops in every dtype combination TileKernels takes.
+Element-wise results (SwiGLU's x_grad and act_out, the FP8 cast and its scale factors) must be the same bits as the
+reference, which runs the same fp32 operations on the GPU. Results that sum over a row or over tokens (RMSNorm's
+x_grad and weight_grad, SwiGLU's weight_grad, the gate's gradient) are compared within the tolerances below: the
+kernels add in another order than torch.
 """
 
 import pytest
@@ -13,9 +16,12 @@ import torch
 
 import tkaot
 from tests.helpers import poisoned_allocations
+from tkaot import _op
+from tkaot._quant import norm_backward as _norm_backward
+from tkaot.errors import GenericVariantWarning
 from tkaot.reference import backward as ref
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::tkaot.errors.GenericVariantWarning")]
 
 TOKENS = [1, 3, 127, 4097]
 BF16, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
@@ -37,8 +43,14 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
 # ---- norm_backward
 
 
-@pytest.mark.parametrize("hidden", [512, 1536, 2048, 4096, 5120, 7168, 8192])
-@pytest.mark.parametrize("dtype", [BF16])  # the default set's; fp32 activations build on demand (below)
+# The default set's specialised widths (bf16), and widths only the generic tier serves: the narrowest, the first and
+# last of each threads-a-row class (8 to 256 threads), rows of partial vectors a thread, the parity run's, the widest
+NORM_SPECIALISED = [512, 1536, 2048, 4096, 5120, 7168, 8192]
+NORM_GENERIC = [32, 64, 96, 128, 160, 288, 544, 1056, 2080, 3168, 6144, 7776, 8160]
+
+
+@pytest.mark.parametrize("hidden", NORM_SPECIALISED + NORM_GENERIC)
+@pytest.mark.parametrize("dtype", [BF16, F32])
 @pytest.mark.parametrize("weight, residual, given", [(True, False, False), (True, True, True), (False, True, False), (False, False, False)])
 def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, given):
     for tokens in TOKENS:
@@ -60,41 +72,51 @@ def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, 
             assert w_grad is None
 
 
-def test_norm_backward_of_fp32_activations_names_its_build():
+@pytest.mark.filterwarnings("default::tkaot.errors.GenericVariantWarning")
+def test_norm_backward_of_fp32_activations_runs_on_the_generic_tier_and_names_its_build(monkeypatch):
+    monkeypatch.setattr(_op, "_WARNED", set())
+    monkeypatch.setattr(_norm_backward._PASS1, "cache", {})
     x = torch.randn(3, 2048, device="cuda")
+    with pytest.warns(GenericVariantWarning, match="--set hidden=2048 --set dtype=float32"):
+        x_grad, _ = tkaot.quant.norm_backward(x, x, None, torch.ones(3, device="cuda"))
+    torch.testing.assert_close(x_grad, ref.norm_backward(x, x, None, torch.ones(3, device="cuda"), None, 1.0, None)[0], **SUM_TOL[F32])
+    monkeypatch.setenv("TKAOT_STRICT", "1")
+    monkeypatch.setattr(_norm_backward._PASS1, "cache", {})
     with pytest.raises(tkaot.VariantNotBuilt, match="--set hidden=2048 --set dtype=float32"):
         tkaot.quant.norm_backward(x, x, None, torch.ones(3, device="cuda"))
 
 
-def test_norm_backward_is_the_same_from_run_to_run(seed):
-    x, dy = torch.randn(4097, 7168, device="cuda").bfloat16(), torch.randn(4097, 7168, device="cuda").bfloat16()
-    w, rstd = torch.rand(7168, device="cuda").bfloat16(), torch.rand(4097, device="cuda") + 0.5
+@pytest.mark.parametrize("hidden, dtype", [(7168, BF16), (7168, F32), (3168, BF16)])  # specialised, generic, generic
+def test_norm_backward_is_the_same_from_run_to_run(seed, hidden, dtype):
+    x, dy = torch.randn(4097, hidden, device="cuda").to(dtype), torch.randn(4097, hidden, device="cuda").to(dtype)
+    w, rstd = torch.rand(hidden, device="cuda").to(dtype), torch.rand(4097, device="cuda") + 0.5
     first = tkaot.quant.norm_backward(dy, x, w, rstd)
     second = tkaot.quant.norm_backward(dy, x, w, rstd)
     bits_equal(first[0], second[0])
     bits_equal(first[1], second[1])
 
 
-def test_norm_backward_inverts_norm_forward(seed):
-    """Chained with the real forward (bf16 activations, the default set's): x_grad and weight_grad against autograd of
-    the fp32 forward reference."""
-    x, w = torch.randn(127, 4096, device="cuda").bfloat16(), (torch.rand(4096, device="cuda") + 0.5).bfloat16()
+@pytest.mark.parametrize("hidden, dtype", [(4096, BF16), (4096, F32), (2880, BF16)])
+def test_norm_backward_inverts_norm_forward(seed, hidden, dtype):
+    """Chained with the real forward: x_grad and weight_grad against autograd of the fp32 forward reference (bf16 at a
+    specialised width; fp32 and a width no specialised variant has, on the generic tiers of both)."""
+    x, w = torch.randn(127, hidden, device="cuda").to(dtype), (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
     out, rstd, _ = tkaot.quant.norm_forward(x, w, 1e-6, with_rstd=True)
     dy = torch.randn_like(out)
     xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
     expected, _, _ = tkaot.reference.norm_forward(xf, wf, 1e-6, with_rstd=True)
     (expected * dy.float()).sum().backward()
     x_grad, w_grad = tkaot.quant.norm_backward(dy, x, w, rstd)
-    torch.testing.assert_close(x_grad.float(), xf.grad, **SUM_TOL[BF16])
-    torch.testing.assert_close(w_grad.float(), wf.grad, **WEIGHT_GRAD_TOL[BF16])
+    torch.testing.assert_close(x_grad.float(), xf.grad, **SUM_TOL[dtype])
+    torch.testing.assert_close(w_grad.float(), wf.grad, **WEIGHT_GRAD_TOL[dtype])
 
 
 # ---- SwiGLU
 
 
-def swiglu_inputs(tokens, hidden, dtype, psum: bool, weights: bool):
+def swiglu_inputs(tokens, hidden, dtype, psum: bool, weights: bool, grad_dtype=None):
     x = (torch.randn(tokens, 2 * hidden, device="cuda") * 4).to(dtype)
-    dy = torch.randn(tokens, hidden, device="cuda").to(dtype)
+    dy = torch.randn(tokens, hidden, device="cuda").to(grad_dtype or dtype)
     w = torch.rand(tokens, device="cuda") + 0.25 if weights else None
     p = None
     if psum:
@@ -119,11 +141,15 @@ def check_swiglu(got: tuple, expected: tuple, weights: bool) -> None:
             bits_equal(a, b)
 
 
-@pytest.mark.parametrize("hidden", [256, 768, 1536, 2048, 7168])
-@pytest.mark.parametrize("dtype, fmt", [(BF16, "bf16"), (F32, "fp32")])  # the default set's pairs
-@pytest.mark.parametrize("psum, weights, rsf, clamp, recompute", [
+SWIGLU_OPTIONS = [
     (False, False, None, None, False), (True, True, 2.5, None, True), (False, True, None, 7.0, False), (True, False, None, 3.0, True),
-])  # fmt: skip
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("hidden", [64, 256, 768, 1536, 2048, 7168, 7616])
+@pytest.mark.parametrize("dtype", [BF16, F32])
+@pytest.mark.parametrize("fmt", ["bf16", "fp32"])  # every pair TileKernels' swiglu_backward takes (x and dy of one dtype)
+@pytest.mark.parametrize("psum, weights, rsf, clamp, recompute", SWIGLU_OPTIONS)
 def test_swiglu_backward_matches_reference(seed, hidden, dtype, fmt, psum, weights, rsf, clamp, recompute):
     for tokens in TOKENS:
         x, dy, w, p = swiglu_inputs(tokens, hidden, dtype, psum, weights)
@@ -134,15 +160,31 @@ def test_swiglu_backward_matches_reference(seed, hidden, dtype, fmt, psum, weigh
         check_swiglu(got, expected, weights)
 
 
-# The default set: bf16 gradients; per 128 with each sf kind (fp32, pow2, packed UE8M0), per 32 with packed UE8M0
+@pytest.mark.parametrize("hidden", [64, 768, 7168])
+@pytest.mark.parametrize("dtype, grad_dtype", [(BF16, BF16), (BF16, F32), (F32, BF16), (F32, F32)])
+@pytest.mark.parametrize("fmt", ["bf16", "fp32"])  # swiglu_backward_and_per_token_cast without a cast: any dtype pair
+@pytest.mark.parametrize("psum, weights, rsf, clamp, recompute", SWIGLU_OPTIONS[:2] + SWIGLU_OPTIONS[3:])
+def test_swiglu_backward_and_per_token_cast_without_a_cast_matches_reference(seed, hidden, dtype, grad_dtype, fmt, psum, weights, rsf,
+                                                                             clamp, recompute):  # fmt: skip
+    for tokens in TOKENS:
+        x, dy, w, p = swiglu_inputs(tokens, hidden, dtype, psum, weights, grad_dtype)
+        args = (x, dy, fmt, 128, p, w, rsf, False, False, False, clamp, recompute)
+        expected = ref.swiglu_backward_and_per_token_cast(*args)
+        with poisoned_allocations():
+            got = tkaot.quant.swiglu_backward_and_per_token_cast(*args)
+        torch.cuda.synchronize()
+        check_swiglu(got, expected, weights)
+
+
+# Every combination the default set builds: bf16 and fp32 gradients; per 32 and 128 with each sf kind (fp32, pow2,
+# packed UE8M0), row- and column-major
 @pytest.mark.parametrize("hidden", [256, 1536, 2048, 7168])
-@pytest.mark.parametrize("group, round_sf, packed, col", [
-    (128, False, False, False), (128, True, False, True), (128, True, True, False), (128, True, True, True),
-    (32, True, True, False), (32, True, True, True),
-])  # fmt: skip
+@pytest.mark.parametrize("grad_dtype", [BF16, F32])
+@pytest.mark.parametrize("group", [128, 32])
+@pytest.mark.parametrize("round_sf, packed", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("col", [False, True])
 @pytest.mark.parametrize("psum, weights, clamp", [(False, False, None), (True, True, 5.0)])
-def test_swiglu_backward_and_per_token_cast_matches_reference(seed, hidden, group, round_sf, packed, col, psum, weights, clamp):
-    grad_dtype = BF16
+def test_swiglu_backward_and_per_token_cast_matches_reference(seed, hidden, grad_dtype, group, round_sf, packed, col, psum, weights, clamp):
     for tokens in TOKENS:
         x, dy, w, p = swiglu_inputs(tokens, hidden, F32, psum, weights)
         dy = dy.to(grad_dtype)

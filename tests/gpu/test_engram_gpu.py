@@ -31,7 +31,9 @@ BF16_TOL = dict(rtol=2**-7, atol=2**-7)
 ROW_SUM_TOL = dict(rtol=1e-5, atol=1e-6)
 # the gate's saved (dot, gate_score, rstd_x, rstd_k): dot sums hidden products of unit-scale terms in another order
 # than the reference (fp32 ulps of sqrt(hidden) where it cancels); the gate's sqrt(|dot|) carries that on
-GATE_SAVED_TOL = (dict(rtol=1e-5, atol=1e-4), dict(rtol=1e-4, atol=1e-5), ROW_SUM_TOL, ROW_SUM_TOL)
+# seen on the H200: |dot - reference| up to 1.2e-4 at hidden 16384, where the kernel is byte-identical to TileKernels
+# (tests/gpu/test_parity_gpu.py)
+GATE_SAVED_TOL = (dict(rtol=1e-4, atol=5e-4), dict(rtol=1e-4, atol=5e-5), ROW_SUM_TOL, ROW_SUM_TOL)
 BF16, F32 = torch.bfloat16, torch.float32
 
 

@@ -21,6 +21,7 @@ TOKENS = [1, 3, 127, 4097, 8191]
 F32, BF16 = torch.float32, torch.bfloat16
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=2**-7, atol=2**-7)
+CHAIN_TOL = dict(rtol=2**-5, atol=2**-5)
 MHC = tkaot.mhc
 
 
@@ -101,14 +102,24 @@ def test_reduce_partials_forward_and_backward(tokens, splits, groups, m3):
     MHC.mhc_reduce_partials_and_rmsnorm_fwd(parts, sq_parts, out_mul, sqrsum, out, size, 1e-6, splits)
     ref_mul, ref_sq, ref_out = ref.mhc_reduce_partials_and_rmsnorm_fwd(parts, sq_parts, size, 1e-6, splits)
     assert torch.equal(out_mul, ref_mul) and torch.equal(sqrsum, ref_sq)  # sums in split order, both ways
-    assert_written_close(out, ref_out, F32_TOL)
+    # out sums `groups` products in another order than the reference and cancels where they do: bound the error by
+    # fp32 ulps of the sum of |terms| (the reference on |partials|), not of the result
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} elements left unwritten (NaN poison)"
+    scale = ref.mhc_reduce_partials_and_rmsnorm_fwd(parts.abs(), sq_parts, size, 1e-6, splits)[2]
+    err = (out - ref_out).abs()
+    assert (err <= 1e-6 * scale + 1e-5 * ref_out.abs()).all(), f"max error {err.max().item()} (scale {scale.max().item()})"
 
     dy = randn(tokens, m3, seed=5)
     mul_grad, sq_grad = poisoned(tokens, groups, m3), poisoned(tokens, groups)
     MHC.mhc_reduce_partials_and_rmsnorm_bwd(dy, out_mul, sqrsum, mul_grad, sq_grad, size, 1e-6)
     ref_mul_grad, ref_sq_grad = ref.mhc_reduce_partials_and_rmsnorm_bwd(dy, out_mul, sqrsum, size, 1e-6)
     assert_written_close(mul_grad, ref_mul_grad, F32_TOL)
-    assert_written_close(sq_grad, ref_sq_grad, dict(rtol=1e-4, atol=1e-7))
+    # sq_grad sums m3 products of either sign: bounded by fp32 ulps of the sum of |terms| (seen on the H200: 5.7e-7 at
+    # a value of 2.3e-3 over 4097 tokens, where the kernel is byte-identical to TileKernels)
+    assert not sq_grad.isnan().any(), "sq_grad left unwritten (NaN poison)"
+    sq_scale = ref.mhc_reduce_partials_and_rmsnorm_bwd(dy.abs(), out_mul.abs(), sqrsum, size, 1e-6)[1].abs()
+    sq_err = (sq_grad - ref_sq_grad).abs()
+    assert (sq_err <= 1e-6 * sq_scale + 1e-4 * ref_sq_grad.abs()).all(), f"sq_grad: max error {sq_err.max().item()}"
     leaves = [out_mul.clone().requires_grad_(), sqrsum.clone().requires_grad_()]
     (leaves[0] * torch.rsqrt(leaves[1] / size + 1e-6).unsqueeze(-1)).sum(1).backward(dy)
     torch.testing.assert_close(mul_grad, leaves[0].grad, **F32_TOL)
@@ -178,7 +189,8 @@ def test_a_layer_step_replays_bit_identical_in_a_cuda_graph():
         MHC.mhc_pre_big_fuse_fwd(a["gemm_out_mul"], a["gemm_out_sqrsum"], a["mhc_scale"], a["mhc_base"], a["residual"], post,
                                  comb, layer_input, 1e-6, 1e-6, 1e-6, 2.0, 20, 16)  # fmt: skip
         if has_post:
-            MHC.mhc_post_fwd(layer_input, a["residual"], post.unsqueeze(-1), comb.view(tokens, m, m), out=out)
+            MHC.mhc_post_fwd(layer_input.unsqueeze(0), a["residual"].unsqueeze(0), post.view(1, tokens, m, 1),
+                             comb.view(1, tokens, m, m), out=out.unsqueeze(0))  # one sequence: (1, tokens, ...)
 
     step()  # loads the kernels
     torch.cuda.synchronize()
@@ -220,5 +232,7 @@ def test_multilayer_recompute(tokens, m, hidden, layers, post_count):
     residuals = [poisoned(tokens, m, hidden, dtype=BF16) for _ in range(post_count)]
     MHC.mhc_multilayer_recompute(res0, pre, outs, post, comb, inputs, residuals)
     ref_inputs, ref_residuals = ref.mhc_multilayer_recompute(res0, pre, outs, post, comb)
+    # each layer rounds its input to bf16 before the next reads it; one rounding that falls the other way in an early
+    # layer moves a later one by a few bf16 ulps (the kernel is byte-identical to TileKernels: tests/gpu/test_parity_gpu.py)
     for got, want in zip(inputs + residuals, ref_inputs + ref_residuals):
-        assert_written_close(got.float(), want.float(), BF16_TOL)
+        assert_written_close(got.float(), want.float(), BF16_TOL if layers == 1 else CHAIN_TOL)

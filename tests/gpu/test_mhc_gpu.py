@@ -40,10 +40,12 @@ def nan(*shape, dtype=F32):
 
 
 def assert_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Within one bf16 level everywhere (no NaN), identical in all but a 1e-4 fraction."""
+    """Within one bf16 level everywhere (no NaN), identical in all but a 1e-4 fraction. Where a sum of unit-scale
+    terms cancels to almost nothing, one bf16 level is no bound: there a few fp32 ulps of the terms (atol 1e-6; seen on
+    the H200: 2.4e-7 in mhc_post_fwd at 4097 x 7168, which is byte-identical to TileKernels)."""
     assert got.shape == want.shape and got.dtype == want.dtype == BF16
     assert not got.isnan().any()
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-38)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
     assert (got != want).float().mean().item() <= 1e-4
 
 
@@ -207,8 +209,9 @@ def test_post_fwd(tokens, hidden):
     given = nan(*residual.shape, dtype=BF16)
     assert tkaot.mhc.mhc_post_fwd(x, residual, post_mix, comb, out=given) is given
     assert torch.equal(given, out)
-    strided = residual.transpose(-1, -2).contiguous().transpose(-1, -2)  # TileKernels copies such a residual
-    assert torch.equal(tkaot.mhc.mhc_post_fwd(x, strided, post_mix, comb), out)
+    strided = residual.transpose(-1, -2).contiguous().transpose(-1, -2)  # TileKernels copies such a residual; tkaot
+    with pytest.raises(ValueError, match="residual must be contiguous"):  # refuses it (no hidden copies, README)
+        tkaot.mhc.mhc_post_fwd(x, strided, post_mix, comb)
 
 
 @cases
@@ -226,8 +229,8 @@ def test_post_bwd(tokens, hidden):
     for value, expected in zip(got, autograd(ref.post, list(inputs), (d_o,))):
         assert_sums(value.float(), expected.float(), 2**-7)
     strided = d_o.transpose(-1, -2).contiguous().transpose(-1, -2)
-    for a, b in zip(tkaot.mhc.mhc_post_bwd(*inputs, strided), got):
-        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="d_o must be contiguous"):
+        tkaot.mhc.mhc_post_bwd(*inputs, strided)
 
 
 # ---- an mHC layer step in a CUDA graph

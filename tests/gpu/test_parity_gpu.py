@@ -4,9 +4,10 @@ Runs where `tile_kernels` imports and a GPU is present. Each case is built twice
 library; TileKernels is called first, then tkaot with every CUDA tensor it allocates poisoned (0xFF bytes, NaN for
 floats) and every out= buffer poisoned by the case itself. Then tests/parity_compare.py compares what each returns
 (shapes, dtypes, strides, aliasing, bytes) and every input's storage afterwards. A case is identical, within
-tolerance (stochastic rounding, compared level by level), differs, is missing (tkaot raises VariantNotBuilt) or is an
-error (either library raised something else). test_parity fails on differences and errors; test_no_missing_variants
-fails while any case misses. The summary (per op: cases, identical, within tolerance, differ, missing, errors) is
+tolerance (stochastic rounding, compared level by level), differs, is missing (tkaot raises VariantNotBuilt), is not
+comparable on this GPU (TileKernels' kernel needs a newer one: its stochastic rounding to bf16 / FP4 compiles only
+for sm_100a and later) or is an error (either library raised something else). test_parity fails on differences and
+errors; test_no_missing_variants fails while any case misses. The summary (per op: a count of each status) is
 printed at the end, and written as JSON lines to the file TKAOT_PARITY_SUMMARY names.
 
 TileKernels compiles a kernel per static configuration the first time it meets it (seconds each). Before the tests,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +44,9 @@ tile_kernels = pytest.importorskip("tile_kernels")
 ROOT = Path(__file__).resolve().parents[2]
 WARM_WORKERS = int(os.environ.get("TKAOT_PARITY_WARM", str(min(16, os.cpu_count() or 1))))
 WARM_TIMEOUT_S = 900
-STATUSES = ("identical", "within tolerance", "differ", "missing", "errors")
+STATUSES = ("identical", "within tolerance", "differ", "missing", "not on this GPU", "errors")
+# what TileLang's headers say when a TileKernels kernel needs an instruction this GPU lacks
+NEEDS_NEWER_GPU = re.compile(r"requires sm_1\d\da")
 
 
 @dataclass
@@ -60,7 +64,9 @@ def run_case(case: parity_cases.Case) -> Outcome:
     try:
         theirs = parity_cases.resolve(tile_kernels, case.op)(*theirs_call.args, **theirs_call.kwargs)
         torch.cuda.synchronize()
-    except Exception as exc:  # the case is not a call TileKernels takes: a generator bug
+    except Exception as exc:  # the case is not a call TileKernels takes (a generator bug), or not on this GPU
+        if NEEDS_NEWER_GPU.search(str(exc)):
+            return Outcome(case, "not on this GPU", NEEDS_NEWER_GPU.search(str(exc)).group(0))
         return Outcome(case, "errors", f"TileKernels raised {type(exc).__name__}: {exc}")
     ours_call = case.build("cuda")
     try:
@@ -118,7 +124,7 @@ def summary(request):
         rows.append(row)
     total = {"op": "total", **{key: sum(r[key] for r in rows) for key in rows[0] if key != "op"}}
     lines = ["parity with TileKernels 2.1.0 (tests/gpu/test_parity_gpu.py):", "", "| op | cases | identical | within tolerance | "
-             "differ | missing | errors |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+             "differ | missing | not on this GPU | errors |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for r in [*rows, total]:
         counts = " | ".join(str(r[s.replace(" ", "_")]) for s in STATUSES)
         lines.append(f"| {r['op']} | {r['cases']} | {counts} |")

@@ -149,6 +149,12 @@ PER_BLOCK_CAST = KernelDecl(
     ops=tuple(_Q + op for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")),
 )
 
+# Every row width, block and sf layout per_block_cast takes, one variant per dtype, format, sf kind and mode: the calls
+# whose specialised variant is not built (tkaot/_op.py)
+PER_BLOCK_CAST_GENERIC = PER_BLOCK_CAST.generic(
+    "per_block_cast_generic", "kernels_src.quant.per_block_cast_generic", ("hidden", "block_m", "block_k", "sf_layout")
+)
+
 PER_CHANNEL_CAST = KernelDecl(
     name="per_channel_cast",
     source="kernels_src.quant.per_channel_cast",
@@ -163,6 +169,12 @@ PER_CHANNEL_CAST = KernelDecl(
     params=("x", "x_sf", "out", "out_sf"),
     dims=("num_tokens", "in_sf_stride"),
     ops=(_Q + "per_channel_cast",),
+)
+
+# Every row width, token block and input scale block per_channel_cast takes, one variant per input dtype, input sf
+# and sf kind (tkaot/_op.py's fallback)
+PER_CHANNEL_CAST_GENERIC = PER_CHANNEL_CAST.generic(
+    "per_channel_cast_generic", "kernels_src.quant.per_channel_cast_generic", ("hidden", "in_block", "block_m")
 )
 
 CAST = KernelDecl(
@@ -207,6 +219,13 @@ PER_BLOCK_CAST_LOSSLESS = KernelDecl(
     ops=(_Q + "per_block_cast_lossless",),
 )
 
+# Every row width, input and output block and output sf layout, one variant per input sf and output sf kind
+PER_BLOCK_CAST_LOSSLESS_GENERIC = PER_BLOCK_CAST_LOSSLESS.generic(
+    "per_block_cast_lossless_generic",
+    "kernels_src.quant.per_block_cast_lossless_generic",
+    ("hidden", "in_block", "out_block", "sf_layout"),
+)
+
 BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
     name="batched_transpose_weight_sf",
     source="kernels_src.quant.batched_transpose_weight_sf",
@@ -245,6 +264,8 @@ RMSNORM_BACKWARD = KernelDecl(
     dims=("num_tokens", "num_blocks", "out_grad_stride", "x_stride", "residual_out_grad_stride"),
     ops=(_Q + "norm_backward",),
 )  # fmt: skip
+# Every row width norm_backward takes, one variant per dtype: the calls whose specialised variant is not built
+RMSNORM_BACKWARD_GENERIC = RMSNORM_BACKWARD.generic("rmsnorm_backward_generic", "kernels_src.norm.rmsnorm_backward_generic", ("hidden",))
 WEIGHT_GRAD_REDUCE = KernelDecl(
     name="weight_grad_reduce",
     source="kernels_src.norm.weight_grad_reduce",
@@ -274,11 +295,12 @@ SWIGLU_BACKWARD = KernelDecl(
     ops=(_Q + "swiglu_backward", _Q + "swiglu_backward_and_per_token_cast"),
 )  # fmt: skip
 
-BACKWARD_KERNELS = (RMSNORM_BACKWARD, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
+BACKWARD_KERNELS = (RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 # ---- end of the backward kernels
 
 KERNELS = (
     RMSNORM, RMSNORM_GENERIC, NORM_CAST, NORM_CAST_GENERIC, SWIGLU, SWIGLU_GENERIC, PER_TOKEN_CAST, PER_TOKEN_CAST_GENERIC,
-    PER_BLOCK_CAST, PER_CHANNEL_CAST, CAST, CAST_BACK, CAST_BACK_GENERIC, PER_BLOCK_CAST_LOSSLESS, BATCHED_TRANSPOSE_WEIGHT_SF,
+    PER_BLOCK_CAST, PER_BLOCK_CAST_GENERIC, PER_CHANNEL_CAST, PER_CHANNEL_CAST_GENERIC, CAST, CAST_BACK, CAST_BACK_GENERIC,
+    PER_BLOCK_CAST_LOSSLESS, PER_BLOCK_CAST_LOSSLESS_GENERIC, BATCHED_TRANSPOSE_WEIGHT_SF,
     *BACKWARD_KERNELS,
 )  # fmt: skip

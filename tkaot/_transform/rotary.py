@@ -131,18 +131,13 @@ def apply_rotary(
     has_positions = 0 if positions is None else 1
     conjugate = 1 if conjugate else 0
     stream = current_stream(device)
-    if q_heads:
-        launcher(
-            device, stream,
-            q_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
-            batch, seqlen, q_heads, cache_rows, q_bs, q_ts, q_hs, cache_stride, pos_bs, pos_s,
-        )  # fmt: skip
-    if k_heads:
-        launcher(
-            device, stream,
-            k_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
-            batch, seqlen, k_heads, cache_rows, k_bs, k_ts, k_hs, cache_stride, pos_bs, pos_s,
-        )  # fmt: skip
+    for ptr, heads, bs, ts, hs in ((q_ptr, q_heads, q_bs, q_ts, q_hs), (k_ptr, k_heads, k_bs, k_ts, k_hs)):
+        if heads:  # query, then key: the same kernel on each
+            launcher(
+                device, stream,
+                ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
+                batch, seqlen, heads, cache_rows, bs, ts, hs, cache_stride, pos_bs, pos_s,
+            )  # fmt: skip
     return None
 
 

@@ -35,17 +35,6 @@ def _rms_factor(squares: torch.Tensor, group_size: int, eps: float) -> torch.Ten
     return torch.rsqrt(squares / group_size + eps)
 
 
-def _sinkhorn(comb: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
-    """Sinkhorn over the last two dims (rows, cols): a row softmax plus eps, a column normalisation, then
-    repeat - 1 times a row and a column normalisation, each dividing by (sum + eps)."""
-    comb = comb.softmax(-1) + eps
-    comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    for _ in range(repeat - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    return comb
-
-
 def _apply_mix(streams: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum over i of weights[:, i] * streams[:, i] (streams (tokens, M, hidden) as float32, weights (tokens, M)),
     in stream order from zero."""
@@ -128,7 +117,7 @@ def mhc_pre_big_fuse_fwd(
     pre, post, comb = pre_big_fuse_mixes(gemm_out_mul[:n_splits], gemm_out_sqrsum[:n_splits], mhc_scale, mhc_base, m, hidden, rms_eps)
     pre_mix = torch.sigmoid(pre) + mhc_pre_eps
     post_mix = torch.sigmoid(post) * mhc_post_mult_value
-    comb_mix = _sinkhorn(comb, sinkhorn_repeat, mhc_sinkhorn_eps).reshape(tokens, m * m)
+    comb_mix = sinkhorn(comb, sinkhorn_repeat, mhc_sinkhorn_eps).reshape(tokens, m * m)
     return post_mix, comb_mix, _apply_mix(residual, pre_mix).bfloat16()
 
 
@@ -205,7 +194,9 @@ def split_mixes_grad(pre_grad, post_grad, comb_grad, input_mixes, post, mhc_scal
 
 
 def sinkhorn(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
-    """(..., mhc, mhc) -> the Sinkhorn normalisation of mhc_sinkhorn_fwd."""
+    """(..., mhc, mhc) -> the Sinkhorn normalisation of mhc_sinkhorn_fwd, over the last two dims (rows, cols): a row
+    softmax plus eps, a column normalisation, then repeat - 1 times a row and a column normalisation, each dividing
+    by (sum + eps)."""
     x = x.softmax(-1) + eps
     x = x / (x.sum(-2, keepdim=True) + eps)
     for _ in range(repeat - 1):

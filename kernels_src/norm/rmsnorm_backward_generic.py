@@ -1,0 +1,19 @@
+"""The generic RMSNorm backward (pass 1): rmsnorm_backward with the row width `hidden` a runtime value.
+
+It serves the norm_backward calls whose specialised rmsnorm_backward variant is not built, and writes the same
+bytes: one kernel body (kernels_src/norm/rmsnorm_backward.py) over a tiling the kernel computes from hidden as
+norm_backward_tiling does for the specialised one (RuntimeTiling). Each thread holds the same vectors of the same
+rows, adds their products in the same order, the row's dot product is reduced by the same shuffles and warp
+order, and a block's row slots are added in slot order; a thread's vectors past its count are skipped.
+"""
+
+import tilelang.language as T
+
+from kernels_src.norm.rmsnorm_backward import RuntimeTiling, rmsnorm_backward_kernel
+from tkaot._quant.kernels import RMSNORM_BACKWARD_GENERIC
+
+DECL = RMSNORM_BACKWARD_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
+
+
+def build(dtype: str):
+    return rmsnorm_backward_kernel(RuntimeTiling(T.dynamic("hidden"), dtype), dtype)
