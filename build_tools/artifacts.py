@@ -21,7 +21,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from build_tools.compile import CompiledVariant, nvcc_version, tilelang_version
+from build_tools.compile import CompiledVariant, nvcc_flags, nvcc_version, tilelang_version
 from build_tools.ops import Variant
 from tkaot import __version__
 from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec
@@ -157,7 +157,7 @@ def write_artifacts(out_dir: Path, arch: str, compiled: list[CompiledVariant], *
         "provenance": {
             "tilelang": tilelang_version(),
             "nvcc": nvcc_version(),
-            "nvcc_flags": _flags(arch),
+            "nvcc_flags": nvcc_flags(arch),
         },
         "variants": [entries[k] for k in sorted(entries)],
     }
@@ -171,12 +171,6 @@ def write_build_info(out_dir: Path, arch: str, kernels: dict, cache_keys: dict, 
     variants = [{"kernel": k, "key": key, "cache_key": cache_keys[(k, key)]} for k, key in sorted(cache_keys) if (k, key) in entries]
     build_info = {"arch": arch, "kernels": dict(sorted(kernels.items())), "variants": variants}
     atomic_write(Path(out_dir) / BUILD_INFO, (json.dumps(build_info, indent=1, sort_keys=True) + "\n").encode())
-
-
-def _flags(arch: str) -> list[str]:
-    from build_tools.compile import ARCHES, NVCC_FLAGS, SOURCE_NAME_FLAGS
-
-    return [*NVCC_FLAGS, *SOURCE_NAME_FLAGS, "-gencode", ARCHES[arch][1]]
 
 
 class MergeError(ValueError):

@@ -60,12 +60,15 @@ def tilelang_version() -> str:
     return version("tilelang")
 
 
+def nvcc_flags(arch: str) -> list[str]:
+    """The flags every cubin of `arch` is compiled with (also the manifest's provenance)."""
+    return [*NVCC_FLAGS, *SOURCE_NAME_FLAGS, "-gencode", ARCHES[arch][1]]
+
+
 def nvcc_command(arch: str) -> list[str]:
     from tilelang import env
 
-    _, gencode = ARCHES[arch]
-    includes = ["-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
-    return ["nvcc", *NVCC_FLAGS, *SOURCE_NAME_FLAGS, "-gencode", gencode, *includes]
+    return ["nvcc", *nvcc_flags(arch), "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR]
 
 
 # Raised when launch_spec reads more from a compiled kernel, so cached entries from before are rebuilt
