@@ -1014,7 +1014,13 @@ def test_per_channel_and_lossless_casts_once_missing_agree_with_tile_kernels(see
         theirs = tk.quant.per_block_cast_lossless(pair, "e4m3", in_block, out_block, **flags)
         torch.cuda.synchronize()
         assert_bytes_equal(ours["x"], theirs[0].view(ours["x"].dtype), f"lossless data, {hidden}")
-        assert_bytes_equal(ours["sf"], theirs[1].view(ours["sf"].dtype), f"lossless sf, {hidden}")
+        if kind == "ue8m0" and layout == "row":  # packed exponents a row: TileKernels leaves the bytes past the last
+            blocks = -(-hidden // out_block[1])  # block unwritten (seen on the H200 at 8320: 65 blocks in 68 bytes)
+            a, b = (t.contiguous().view(torch.uint8).reshape(t.shape[0], -1) for t in (ours["sf"], theirs[1]))
+            assert_bytes_equal(a[:, :blocks], b[:, :blocks], f"lossless sf exponents, {hidden}")
+            assert not a[:, blocks:].any(), f"lossless sf padding, {hidden}"
+        else:
+            assert_bytes_equal(ours["sf"], theirs[1].view(ours["sf"].dtype), f"lossless sf, {hidden}")
 
 
 # ---- norm_backward: rmsnorm_backward_generic against the specialised kernel and the reference ----
