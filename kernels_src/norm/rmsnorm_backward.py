@@ -9,13 +9,14 @@ threads holds several rows when they are short); each thread holds whole 16-byte
 so both are read from global memory once (the weight is read again for each row, from L1);
 the row's dot product is reduced with warp shuffles, then across warps through shared memory.
 The rows a block visits next are staged in shared memory by cp.async, STAGES rows ahead of each row slot (x,
-out_grad and residual_out_grad; each thread copies and later reads only its own vectors), and each row's rstd is read one row ahead: the loads of the next rows are in flight while a row is
-reduced and written, rather than one row's loads, then its reduction, then its stores.
+out_grad and residual_out_grad; each thread copies and later reads only its own vectors), and each row's rstd
+is read one row ahead: the loads of the next rows are in flight while a row is reduced and written, rather
+than one row's loads, then its reduction, then its stores (TileKernels stages its rows likewise).
 Every product that meets a sum is an explicit fused multiply-add or a product rounded on its own (__fmaf_rn),
 so the compiler cannot contract the two tiers' code differently: x_grad = fma(-xhat, mean, gw) * rstd (+ the
 residual gradient as the fma's addend).
-The grid is a fixed number of blocks (num_blocks, chosen by the op) that stride over the rows, so a thread owns the same
-columns in every row it visits and accumulates their weight gradient in registers; at the end a block
+The grid is a fixed number of blocks (num_blocks, chosen by the op) that stride over the rows, so a thread owns
+the same columns in every row it visits and accumulates their weight gradient in registers; at the end a block
 adds its row slots in a fixed order and writes one partial row, partials[block, :]. Pass 2
 (kernels_src/norm/weight_grad_reduce.py) adds the partials in a fixed order: the result does not
 depend on timing. Tokens, blocks, strides, out_scale and whether there is a weight or a residual
