@@ -78,7 +78,7 @@ CASES = {
     "topk_gate_generic": dict(tiling="ballot4"),
     "moe_topk_gate_generic": dict(tiling="ballot4"),
     "normalize_weight_generic": dict(),
-    "engram_gate_fwd": dict(tiling="w4r32t32"),
+    "engram_gate_fwd": dict(tiling="w4x32b8"),
     "engram_gate_bwd": dict(tiling="w8h4"),
 }  # fmt: skip
 MORE = [

@@ -14,9 +14,11 @@ _E = "tkaot.engram."
 MAX_NGRAM = 8
 # The gate holds a head's fused weight row in shared memory (fp32): hidden at most 16384, a multiple of 256
 MAX_GATE_HIDDEN = 16384
-# Gate forward: 4 warps a CTA, one (token, head) row a warp, x kept in registers for the first 32 chunks of 256,
-# 32 tokens a CTA
-GATE_FWD_TILINGS = {"default": "w4r32t32"}
+# Gate forward (kernels_src/engram/gate_fwd.py, "w<warps>x<slice>b<depth>"): 4 warps a CTA, one (token, head) row
+# a warp, x parked in shared memory for the first 32 chunks of 256, loads 8 chunks ahead (151 registers: 12 warps
+# an SM, about 96 KB in flight). w4r32t32 before it (x in 190 registers, loads not run ahead: 8 warps an SM) ran at
+# 1.57 TB/s; candidates: bench/tuning/tune_engram_perf.py
+GATE_FWD_TILINGS = {"default": "w4x32b8"}
 # Gate backward: 8 warps a CTA, two a head (4 heads), one CTA a weight-gradient partial
 GATE_BWD_TILINGS = {"default": "w8h4"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
