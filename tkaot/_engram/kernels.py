@@ -19,8 +19,11 @@ MAX_GATE_HIDDEN = 16384
 # an SM, about 96 KB in flight). w4r32t32 before it (x in 190 registers, loads not run ahead: 8 warps an SM) ran at
 # 1.57 TB/s; candidates: bench/tuning/tune_engram_perf.py
 GATE_FWD_TILINGS = {"default": "w4x32b8"}
-# Gate backward: 8 warps a CTA, two a head (4 heads), one CTA a weight-gradient partial
-GATE_BWD_TILINGS = {"default": "w8h4"}
+# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
+# weight-gradient partial; the first 32 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
+# loads 8 groups ahead (251 registers, no spills). w8h4 before it (8-byte loads not run ahead, grad_w summed in
+# global memory) took 3.5x TileKernels' time; candidates: bench/tuning/tune_engram_perf.py
+GATE_BWD_TILINGS = {"default": "k32d8"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
