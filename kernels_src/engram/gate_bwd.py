@@ -39,7 +39,7 @@ VEC = 4
 
 
 def parse_tiling(tiling: str) -> tuple[int, int]:
-    """"k<keep>d<depth>": groups of a row kept on chip (6 KB of shared memory a group), groups in flight."""
+    """Tiling "k<keep>d<depth>": groups of a row kept on chip (6 KB of shared memory a group), groups in flight."""
     match = re.fullmatch(r"k(\d+)d(\d+)", tiling)
     if match is None:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>")

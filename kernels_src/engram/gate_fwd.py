@@ -37,7 +37,7 @@ SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
 def parse_tiling(tiling: str) -> tuple[int, int, int]:
-    """"w<warps>x<slice>b<depth>": warps a CTA, chunks of x a warp parks in shared memory, chunks in flight."""
+    """Tiling "w<warps>x<slice>b<depth>": warps a CTA, chunks of x a warp parks in shared memory, chunks in flight."""
     match = re.fullmatch(r"w(\d+)x(\d+)b(\d+)", tiling)
     if match is None:
         raise ValueError(f"engram_gate_fwd tiling {tiling!r} is not w<warps>x<slice>b<depth>")
