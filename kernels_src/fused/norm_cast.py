@@ -128,20 +128,20 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
         return T.cast(vectors[v, j], T.float32)
 
     @T.macro
-    def store_sf(sf_buffer, sf_at, gi, stored):
+    def store_sf(sf_row, gi, stored):
         # Group gi's scale factor; packed, the unused bytes of a row's last word are written as 0
         if packed:
-            sf_buffer[sf_at(gi // 4, gi % 4)] = stored
+            sf_row.buffer[sf_row.at(gi // 4, gi % 4)] = stored
             if split.static:
                 if num_groups % 4 != 0 and gi == num_groups - 1:
                     for p in T.unroll(num_groups % 4, 4):
-                        sf_buffer[sf_at(num_words - 1, p)] = T.uint8(0)
+                        sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
             elif gi == num_groups - 1:
                 for p in T.unroll(1, 4):
                     if p >= num_groups % 4 and num_groups % 4 != 0:
-                        sf_buffer[sf_at(num_words - 1, p)] = T.uint8(0)
+                        sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
         else:
-            sf_buffer[sf_at(gi)] = stored
+            sf_row.buffer[sf_row.at(gi)] = stored
 
     @T.macro
     def store_residual_sums(rout_row, x_reg, token, lane):
@@ -343,10 +343,10 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
                         sf_keep[v] = stored
             # The thread's scale factors, stored after its last vector under one branch
             if token < num_tokens and lane % group_lanes == 0:
-                sf_buffer, sf_at = split.sf_row(out_sf, b, token)
+                sf_row = split.sf_row(out_sf, b, token)
                 for v in T.unroll(vecs_per_thread):
                     col = (v * split.row_threads + lane) * vec
                     if split.in_row(col):
-                        store_sf(sf_buffer, sf_at, col // GROUP, sf_keep[v])
+                        store_sf(sf_row, col // GROUP, sf_keep[v])
 
     return norm_cast

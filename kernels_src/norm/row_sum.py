@@ -93,9 +93,10 @@ class StaticSplit:
         at = lambda v, j: (b, token, (v * self.row_threads + lane) * self.vec + j)  # noqa: E731
         return ThreadRow(buffer, at, at)
 
-    def sf_row(self, out_sf, b, token):
-        """Row (b, token) of a (batch, token, group[, byte]) scale-factor tensor: (buffer, index of group g[, byte])."""
-        return out_sf, lambda *g: (b, token, *g)
+    def sf_row(self, out_sf, b, token) -> ThreadRow:
+        """Row (b, token) of a (batch, token, group[, byte]) scale-factor tensor: at(g[, byte]) indexes it."""
+        at = lambda *g: (b, token, *g)  # noqa: E731
+        return ThreadRow(out_sf, at, at)
 
     def in_row(self, col):
         """Whether the vector at column col is in the row."""
@@ -183,7 +184,7 @@ class RuntimeSplit:
         last = self.hidden // self.vec - 1
         return ThreadRow(view, lambda v, j: (vector(v) * self.vec + j,), lambda v, j: (T.min(vector(v), last) * self.vec + j,))
 
-    def sf_row(self, out_sf, b, token):
+    def sf_row(self, out_sf, b, token) -> ThreadRow:
         """Row (b, token) of a (batch, token, group[, byte]) scale-factor tensor from a pointer taken once (as
         thread_row's; the token is in the tensor wherever a store is made)."""
         batch_stride, token_stride, group_stride, *byte = out_sf.strides
@@ -193,7 +194,7 @@ class RuntimeSplit:
         groups = MAX_HIDDEN // self.multiple
         shape, strides = ((groups, 4), (group_stride, 1)) if byte else ((groups,), (group_stride,))
         view = T.make_tensor_from_addr(start, shape, out_sf.dtype, strides=strides)
-        return view, lambda *g: g
+        return ThreadRow(view, lambda *g: g, lambda *g: g)
 
     def in_row(self, col):
         return col + self.vec <= self.hidden  # (the same as col < hidden) spelt so each access is seen in bounds
