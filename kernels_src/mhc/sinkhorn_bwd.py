@@ -19,8 +19,8 @@ before they are summed (__fmul_rn) and sums add in butterfly order, as in the fo
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
-from kernels_src.mhc.sinkhorn_lanes import LANE_THREADS, lane_layout, lane_reduce
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
+from kernels_src.mhc.sinkhorn_lanes import LANE_THREADS, lane_layout, lane_reduce
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
 from tkaot._mhc.kernels import sinkhorn_record_row as record_row
@@ -70,9 +70,12 @@ def back_through_rows(g, scratch, rec, t, r, token, mhc: int, eps):
 
 
 def build(mhc_mult: int):
-    if mhc_mult * mhc_mult <= WARP:
-        return _build_lanes(mhc_mult)
-    mhc = mhc_mult  # streams a token
+    return _build_lanes(mhc_mult) if mhc_mult * mhc_mult <= WARP else _build_per_thread(mhc_mult)
+
+
+def _build_per_thread(mhc_mult: int):
+    """One thread a token (the module's docstring)."""
+    mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     repeat = T.dynamic("repeat")
     mm = mhc * mhc
@@ -141,8 +144,9 @@ def _add(a, b):
     return a + b
 
 
-def _build_lanes(mhc: int):
+def _build_lanes(mhc_mult: int):
     """One matrix element a lane (the module's docstring)."""
+    mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     repeat = T.dynamic("repeat")
     mm = mhc * mhc

@@ -68,9 +68,12 @@ def softmax_rows(x, sums, mhc: int):
 
 
 def build(mhc_mult: int):
-    if mhc_mult * mhc_mult <= WARP:
-        return _build_lanes(mhc_mult)
-    mhc = mhc_mult  # streams a token
+    return _build_lanes(mhc_mult) if mhc_mult * mhc_mult <= WARP else _build_per_thread(mhc_mult)
+
+
+def _build_per_thread(mhc_mult: int):
+    """One thread a token (the module's docstring)."""
+    mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     mm = mhc * mhc
 
@@ -104,8 +107,9 @@ def build(mhc_mult: int):
     return sinkhorn_fwd
 
 
-def _build_lanes(mhc: int):
+def _build_lanes(mhc_mult: int):
     """One matrix element a lane, row and column sums by shuffles (kernels_src/mhc/sinkhorn_lanes.py)."""
+    mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     mm = mhc * mhc
     group, per_block = lane_layout(mhc)

@@ -1,0 +1,265 @@
+"""Time candidate kernels of the slow mHC rows beside TileKernels, at the bench shapes (bench/cases/mhc*.py), and
+check each candidate's output bytes against TileKernels'.
+
+A candidate is one kernel built with some of its module constants changed (or another of its code paths): the
+shipped default ("new"), the kernel shipped before it ("control", where the tree can still build it) and a few
+alternatives. Each is built into its own artifact set, ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
+
+    python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
+
+then timed on the GPU, where tile_kernels imports (its first calls compile):
+
+    python -m bench.tuning.tune_mhc_perf --artifacts tune-artifacts/mhc_perf --out DIR
+
+Each candidate's launcher replaces the op's own for its rows (OpKernels' cache), so the op's validation and
+argument packing are the shipped ones. "identical" compares every tensor the call writes, and what it returns,
+byte for byte with TileKernels' on one input set; timing is bench/run.py's (CUDA-graph replay over rotating
+inputs larger than L2, median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ARTIFACTS = "tune-artifacts/mhc_perf"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # also its artifact set's directory
+    kernel: str  # the declaration's name
+    op: str  # the bench case's op (bench/cases/mhc*.py)
+    patches: tuple[tuple[str, str, object], ...] = ()  # (module, attribute, value) set while it is built
+    note: str = ""
+    values: dict = field(default_factory=lambda: {"mhc_mult": 4})
+
+
+_FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
+
+
+def _lane_threads(n: int) -> tuple[tuple[str, str, object], ...]:
+    return tuple((m, "LANE_THREADS", n) for m in (_FWD, _BWD, _LANES))
+
+
+@dataclass(frozen=True)
+class Same:
+    """A patch value naming another attribute of the patched module (e.g. another code path's builder)."""
+
+    attr: str
+
+
+def _per_thread(module: str) -> tuple[tuple[str, str, object], ...]:
+    return ((module, "build", Same("_build_per_thread")),)
+
+
+CANDIDATES = (
+    # Sinkhorn forward: one thread a token (the control) against one matrix element a lane, 64-256 threads a block
+    Candidate("sinkhorn_fwd.control", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _per_thread(_FWD), "a thread a token"),
+    Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 128 threads"),
+    Candidate("sinkhorn_fwd.t64", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(64), "64 threads"),
+    Candidate("sinkhorn_fwd.t256", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(256), "256 threads"),
+    # Sinkhorn backward: the step records in global scratch (control) or in shared memory
+    Candidate("sinkhorn_bwd.control", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _per_thread(_BWD), "a thread a token"),
+    Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, 38 records shared"),
+    Candidate("sinkhorn_bwd.t64", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _lane_threads(64), "64 threads"),
+    Candidate("sinkhorn_bwd.r20", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", ((_BWD, "SHARED_RECORDS", 20),), "20 records shared"),
+)  # fmt: skip
+
+
+# ---- build (CPU: TileLang, nvcc)
+
+
+@contextlib.contextmanager
+def _patched(patches):
+    saved = []
+    try:
+        for module_name, attr, value in patches:
+            module = importlib.import_module(module_name)
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, getattr(module, value.attr) if isinstance(value, Same) else value)
+        yield
+    finally:
+        for module, attr, value in reversed(saved):
+            setattr(module, attr, value)
+
+
+def build(out: Path, only: str | None = None) -> None:
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+    from build_tools.ops import Variant
+
+    t0 = time.perf_counter()
+    # A cache of its own: patched constants do not change a kernel's source hash, so a shared cache would mix them up
+    with tempfile.TemporaryDirectory(prefix="tune-mhc-cache-") as cache:
+        for c in CANDIDATES:
+            if only and only not in c.name:
+                continue
+            t = time.perf_counter()
+            with _patched(c.patches):
+                build_variants([Variant.make(c.kernel, c.values)], out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
+            print(f"{c.name:28s} built in {time.perf_counter() - t:5.1f} s", flush=True)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
+
+
+# ---- time (GPU)
+
+
+class _Every(dict):
+    """An OpKernels cache that answers every key with one launcher."""
+
+    def __init__(self, launcher):
+        super().__init__()
+        self.launcher = launcher
+
+    def get(self, key, default=None):
+        return self.launcher
+
+    def __getitem__(self, key):
+        return self.launcher
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def _op_kernels(kernel: str) -> list:
+    """Every OpKernels of tkaot's mHC ops that launches `kernel`."""
+    from tkaot._op import OpKernels
+
+    found = []
+    for name in ("big_fuse", "expand", "head_mix", "norm_fn", "post", "pre_apply_mix", "recompute", "sinkhorn", "split_mixes"):
+        module = importlib.import_module(f"tkaot._mhc.{name}")
+        found += [v for v in vars(module).values() if isinstance(v, OpKernels) and v.kernel == kernel]
+    return found
+
+
+@contextlib.contextmanager
+def _launching(candidate: Candidate, artifacts: Path):
+    """Launch the candidate's build of its kernel wherever tkaot's ops launch that kernel."""
+    from tkaot._kernel import Kernel
+
+    set_dir = artifacts / candidate.name
+    manifest = json.loads((set_dir / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["variants"] if e["kernel"] == candidate.kernel]
+    kernel = Kernel(
+        candidate.kernel, entry["key"], entry["launch"], set_dir / "cubins" / f"{entry['cubin']}.cubin", entry["cubin"], candidate.name
+    )
+    saved = []
+    for opk in _op_kernels(candidate.kernel):
+        saved.append((opk, opk.cache))
+        opk.cache = _Every(kernel.bind(opk.args))
+    try:
+        yield
+    finally:
+        for opk, cache in saved:
+            opk.cache = cache
+
+
+def _tensors(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _identical(case, tk, inputs: dict) -> str:
+    """Whether the call writes and returns the same bytes as TileKernels' on copies of one input set."""
+    import torch
+
+    if tk is None or case.tile_kernels is None:
+        return "no TK"
+    ours, theirs = copy.deepcopy(inputs), copy.deepcopy(inputs)
+    got = _tensors(case.tkaot(ours)) + _tensors(ours)
+    want = _tensors(case.tile_kernels(tk, theirs)) + _tensors(theirs)
+    torch.cuda.synchronize()
+    if len(got) != len(want):
+        return "MISMATCH (outputs)"
+    for a, b in zip(got, want, strict=True):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return "MISMATCH (shape)"
+        if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+            return "MISMATCH"
+    return "yes"
+
+
+def _cases() -> dict:
+    from bench.cases import mhc, mhc_fused
+
+    cases = {}
+    for c in mhc.cases() + mhc_fused.cases():
+        cases.setdefault(c.op, []).append(c)
+    return cases
+
+
+def time_candidates(artifacts: Path, out: Path, only: str | None = None) -> None:
+    import torch
+
+    from bench import timing
+    from bench.run import _tile_kernels, rotating_inputs
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    tk = _tile_kernels()
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    cases = _cases()
+    rows, log = [], []
+    for op in dict.fromkeys(c.op for c in CANDIDATES if not only or only in c.name):
+        for case in cases.get(op, []):
+            inputs = rotating_inputs(case, l2)
+            tk_us = None
+            if tk is not None and case.tile_kernels is not None:
+                tk_us, _ = timing.device_us(lambda a, case=case: case.tile_kernels(tk, a), inputs)
+            for c in CANDIDATES:
+                if c.op != op or (only and only not in c.name):
+                    continue
+                try:
+                    with _launching(c, artifacts):
+                        same = _identical(case, tk, inputs[0])
+                        us, mode = timing.device_us(case.tkaot, inputs)
+                except Exception as exc:  # a candidate that fails to load or launch is reported, not fatal
+                    rows.append((c.name, case.shape, None, tk_us, f"error: {type(exc).__name__}: {exc}"[:80]))
+                    continue
+                rows.append((c.name, case.shape, us, tk_us, same + ("" if mode == "graph" else " (events)")))
+                log.append({"candidate": c.name, "note": c.note, "op": op, "shape": case.shape, "us": us, "tk_us": tk_us,
+                            "identical": same, "mode": mode, "bytes": case.bytes})  # fmt: skip
+            del inputs
+            torch.cuda.empty_cache()
+    (out / "tune_mhc_perf.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": log}, indent=1))
+    print(f"{'candidate':26s} {'shape':40s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s}  identical")
+    for name, shape, us, tk_us, same in rows:
+        ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
+        us_text = f"{us:8.2f}" if us else f"{'-':>8s}"
+        tk_text = f"{tk_us:8.2f}" if tk_us else f"{'-':>8s}"
+        print(f"{name:26s} {shape[:40]:40s} {us_text} {tk_text} {ratio}  {same}")
+    print(f"{time.perf_counter() - t0:.0f} s; log in {out / 'tune_mhc_perf.json'}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("build", "time"), default="time")
+    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--out", type=Path, required=True, help="build: where the artifact sets go; time: the log's directory")
+    parser.add_argument("--only", help="only the candidates whose name contains this")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out, args.only)
+    else:
+        time_candidates(args.artifacts, args.out, args.only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
