@@ -43,49 +43,86 @@ class Candidate:
     values: dict = field(default_factory=lambda: {"mhc_mult": 4})
 
 
+# The kernels as shipped before these candidates (main at 2eeec7c): the controls are built from that source
+BEFORE = "2eeec7c"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A patch value: the `build` of this kernel module as it was at a commit (read with git show)."""
+
+    commit: str
+
+
+def _before(module: str) -> tuple[tuple[str, str, object], ...]:
+    return ((module, "build", Source(BEFORE)),)
+
+
+def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
+    return tuple((module, k, v) for k, v in values.items())
+
+
 _FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
+_MERGE, _RECOMPUTE = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
+_F32 = {"dtype": "float32"}
 
 
 def _lane_threads(n: int) -> tuple[tuple[str, str, object], ...]:
     return tuple((m, "LANE_THREADS", n) for m in (_FWD, _BWD, _LANES))
 
 
-@dataclass(frozen=True)
-class Same:
-    """A patch value naming another attribute of the patched module (e.g. another code path's builder)."""
-
-    attr: str
-
-
-def _per_thread(module: str) -> tuple[tuple[str, str, object], ...]:
-    return ((module, "build", Same("_build_per_thread")),)
-
-
 CANDIDATES = (
     # Sinkhorn forward: one thread a token (the control) against one matrix element a lane, 64-256 threads a block
-    Candidate("sinkhorn_fwd.control", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _per_thread(_FWD), "a thread a token"),
+    Candidate("sinkhorn_fwd.control", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _before(_FWD), "a thread a token"),
     Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 128 threads"),
     Candidate("sinkhorn_fwd.t64", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(64), "64 threads"),
     Candidate("sinkhorn_fwd.t256", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(256), "256 threads"),
     # Sinkhorn backward: the step records in global scratch (control) or in shared memory
-    Candidate("sinkhorn_bwd.control", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _per_thread(_BWD), "a thread a token"),
+    Candidate("sinkhorn_bwd.control", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _before(_BWD), "a thread a token"),
     Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, 38 records shared"),
     Candidate("sinkhorn_bwd.t64", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _lane_threads(64), "64 threads"),
-    Candidate("sinkhorn_bwd.r20", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", ((_BWD, "SHARED_RECORDS", 20),), "20 records shared"),
+    Candidate("sinkhorn_bwd.r20", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _set(_BWD, SHARED_RECORDS=20), "20 records shared"),
+    # norm-weight merge backward: rows a thread has in flight (the control: one)
+    Candidate("normw_merge_bwd.control", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _before(_MERGE), "a row at a time", _F32),
+    Candidate("normw_merge_bwd.new", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", (), "24 rows in flight", _F32),
+    Candidate("normw_merge_bwd.r8", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=8), "8 rows", _F32),
+    Candidate("normw_merge_bwd.r12", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=12), "12 rows", _F32),
+    Candidate("normw_merge_bwd.t64", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, THREADS=64), "64 threads", _F32),
+    # multilayer recompute: the next layer's inputs loaded ahead, registers capped for MIN_BLOCKS blocks an SM
+    Candidate("recompute.control", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _before(_RECOMPUTE), "no loads ahead"),
+    Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "loads ahead, 4 blocks of 128"),
+    Candidate("recompute.uncapped", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RECOMPUTE, MIN_BLOCKS=1), "157 regs"),
+    Candidate("recompute.b5", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RECOMPUTE, MIN_BLOCKS=5), "5 blocks, spills"),
+    Candidate("recompute.t64", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RECOMPUTE, THREADS=64, MIN_BLOCKS=8), "64 thr"),
 )  # fmt: skip
 
 
 # ---- build (CPU: TileLang, nvcc)
 
 
+def _build_at(module_name: str, commit: str, tmp: Path):
+    """`build` of the kernel module as it was at `commit`, loaded from a file (TileLang reads the functions' source)."""
+    import importlib.util
+    import subprocess
+
+    path = module_name.replace(".", "/") + ".py"
+    text = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
+    file = tmp / f"{module_name.rsplit('.', 1)[-1]}_{commit}.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"{module_name}_{commit}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build
+
+
 @contextlib.contextmanager
-def _patched(patches):
+def _patched(patches, tmp: Path):
     saved = []
     try:
         for module_name, attr, value in patches:
             module = importlib.import_module(module_name)
             saved.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, getattr(module, value.attr) if isinstance(value, Same) else value)
+            setattr(module, attr, _build_at(module_name, value.commit, tmp) if isinstance(value, Source) else value)
         yield
     finally:
         for module, attr, value in reversed(saved):
@@ -104,7 +141,7 @@ def build(out: Path, only: str | None = None) -> None:
             if only and only not in c.name:
                 continue
             t = time.perf_counter()
-            with _patched(c.patches):
+            with _patched(c.patches, Path(cache)):
                 build_variants([Variant.make(c.kernel, c.values)], out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
             print(f"{c.name:28s} built in {time.perf_counter() - t:5.1f} s", flush=True)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
