@@ -63,7 +63,7 @@ def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
 
 
 _FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
-_MERGE, _RECOMPUTE = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
+_MERGE, _RC = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
 _F32 = {"dtype": "float32"}
 
 
@@ -89,11 +89,11 @@ CANDIDATES = (
     Candidate("normw_merge_bwd.r12", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=12), "12 rows", _F32),
     Candidate("normw_merge_bwd.t64", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, THREADS=64), "64 threads", _F32),
     # multilayer recompute: the next layer's inputs loaded ahead, registers capped for MIN_BLOCKS blocks an SM
-    Candidate("recompute.control", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _before(_RECOMPUTE), "no loads ahead"),
+    Candidate("recompute.control", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _before(_RC), "no loads ahead"),
     Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "loads ahead, 4 blocks of 128"),
-    Candidate("recompute.uncapped", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RECOMPUTE, MIN_BLOCKS=1), "157 regs"),
-    Candidate("recompute.b5", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RECOMPUTE, MIN_BLOCKS=5), "5 blocks, spills"),
-    Candidate("recompute.t64", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RECOMPUTE, THREADS=64, MIN_BLOCKS=8), "64 thr"),
+    Candidate("recompute.uncapped", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=1), "157 regs"),
+    Candidate("recompute.b5", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=5), "5 blocks, spills"),
+    Candidate("recompute.t64", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, THREADS=64, MIN_BLOCKS=8), "64 thr"),
 )  # fmt: skip
 
 
