@@ -36,11 +36,16 @@ ARTIFACTS = "tune-artifacts/mhc_perf"
 @dataclass(frozen=True)
 class Candidate:
     name: str  # also its artifact set's directory
-    kernel: str  # the declaration's name
+    kernel: str  # the declaration's name (kernels: the op's kernels, all built with the patches and launched)
     op: str  # the bench case's op (bench/cases/mhc*.py)
     patches: tuple[tuple[str, str, object], ...] = ()  # (module, attribute, value) set while it is built
     note: str = ""
     values: dict = field(default_factory=lambda: {"mhc_mult": 4})
+    also: tuple[str, ...] = ()  # more kernels of the op
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return (self.kernel, *self.also)
 
 
 # The kernels as shipped before these candidates (main at 2eeec7c): the controls are built from that source
@@ -64,6 +69,8 @@ def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
 
 _FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
 _MERGE, _RC = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
+_SPLIT, _SPLIT_R = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.split_mixes_bwd_reduce"
+_SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
 _F32 = {"dtype": "float32"}
 
 
@@ -94,6 +101,11 @@ CANDIDATES = (
     Candidate("recompute.uncapped", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=1), "157 regs"),
     Candidate("recompute.b5", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=5), "5 blocks, spills"),
     Candidate("recompute.t64", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, THREADS=64, MIN_BLOCKS=8), "64 thr"),
+    # split mixes backward, both launches: token rows staged through shared memory, the reduce's rows in flight
+    Candidate("split_bwd.control", patches=_before(_SPLIT) + _before(_SPLIT_R), note="row a thread, a row at a time", **_SPLIT_OP),
+    Candidate("split_bwd.new", note="staged rows, 64 rows in flight", **_SPLIT_OP),
+    Candidate("split_bwd.staged", patches=_before(_SPLIT_R), note="staged rows, reduce as before", **_SPLIT_OP),
+    Candidate("split_bwd.reduce", patches=_before(_SPLIT), note="reduce only", **_SPLIT_OP),
 )  # fmt: skip
 
 
@@ -142,7 +154,8 @@ def build(out: Path, only: str | None = None) -> None:
                 continue
             t = time.perf_counter()
             with _patched(c.patches, Path(cache)):
-                build_variants([Variant.make(c.kernel, c.values)], out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
+                variants = [Variant.make(k, c.values) for k in c.kernels]
+                build_variants(variants, out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
             print(f"{c.name:28s} built in {time.perf_counter() - t:5.1f} s", flush=True)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
@@ -181,19 +194,19 @@ def _op_kernels(kernel: str) -> list:
 
 @contextlib.contextmanager
 def _launching(candidate: Candidate, artifacts: Path):
-    """Launch the candidate's build of its kernel wherever tkaot's ops launch that kernel."""
+    """Launch the candidate's builds of its kernels wherever tkaot's ops launch those kernels."""
     from tkaot._kernel import Kernel
 
     set_dir = artifacts / candidate.name
     manifest = json.loads((set_dir / "manifest.json").read_text())
-    (entry,) = [e for e in manifest["variants"] if e["kernel"] == candidate.kernel]
-    kernel = Kernel(
-        candidate.kernel, entry["key"], entry["launch"], set_dir / "cubins" / f"{entry['cubin']}.cubin", entry["cubin"], candidate.name
-    )
     saved = []
-    for opk in _op_kernels(candidate.kernel):
-        saved.append((opk, opk.cache))
-        opk.cache = _Every(kernel.bind(opk.args))
+    for name in candidate.kernels:
+        (entry,) = [e for e in manifest["variants"] if e["kernel"] == name]
+        cubin = set_dir / "cubins" / f"{entry['cubin']}.cubin"
+        kernel = Kernel(name, entry["key"], entry["launch"], cubin, entry["cubin"], candidate.name)
+        for opk in _op_kernels(name):
+            saved.append((opk, opk.cache))
+            opk.cache = _Every(kernel.bind(opk.args))
     try:
         yield
     finally:
