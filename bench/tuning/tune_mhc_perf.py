@@ -69,6 +69,8 @@ def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
 
 _FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
 _MERGE, _RC = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
+_FUSE = "kernels_src.mhc.pre_big_fuse"
+_FUSE_OP = dict(kernel="mhc_pre_big_fuse", op="mhc_pre_big_fuse_fwd")
 _SPLIT, _SPLIT_R = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.split_mixes_bwd_reduce"
 _SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
 _F32 = {"dtype": "float32"}
@@ -106,6 +108,11 @@ CANDIDATES = (
     Candidate("split_bwd.new", note="staged rows, 64 rows in flight", **_SPLIT_OP),
     Candidate("split_bwd.staged", patches=_before(_SPLIT_R), note="staged rows, reduce as before", **_SPLIT_OP),
     Candidate("split_bwd.reduce", patches=_before(_SPLIT), note="reduce only", **_SPLIT_OP),
+    # pre big fuse: the split partials' loads in flight (1-token rows wait on them), registers held at 64
+    Candidate("big_fuse.control", patches=_before(_FUSE), note="a split at a time", **_FUSE_OP),
+    Candidate("big_fuse.new", note="16 splits in flight, 64 regs", **_FUSE_OP),
+    Candidate("big_fuse.uncapped", patches=_set(_FUSE, MIN_BLOCKS=1), note="16 splits, 158 regs", **_FUSE_OP),
+    Candidate("big_fuse.u4", patches=_set(_FUSE, UNROLL=4, MIN_BLOCKS=4), note="4 vectors a stream, 4 blocks", **_FUSE_OP),
 )  # fmt: skip
 
 
