@@ -69,11 +69,13 @@ def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
 
 _FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
 _MERGE, _RC = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
+_F32 = {"dtype": "float32"}
 _FUSE = "kernels_src.mhc.pre_big_fuse"
 _FUSE_OP = dict(kernel="mhc_pre_big_fuse", op="mhc_pre_big_fuse_fwd")
+_HEAD = "kernels_src.mhc.head_mix_bwd"
+_HEAD_OP = dict(kernel="mhc_head_mix_bwd", op="mhc_head_compute_mix_bwd", values=_F32)
 _SPLIT, _SPLIT_R = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.split_mixes_bwd_reduce"
 _SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
-_F32 = {"dtype": "float32"}
 
 
 def _lane_threads(n: int) -> tuple[tuple[str, str, object], ...]:
@@ -113,6 +115,10 @@ CANDIDATES = (
     Candidate("big_fuse.new", note="16 splits in flight, 64 regs", **_FUSE_OP),
     Candidate("big_fuse.uncapped", patches=_set(_FUSE, MIN_BLOCKS=1), note="16 splits, 158 regs", **_FUSE_OP),
     Candidate("big_fuse.u4", patches=_set(_FUSE, UNROLL=4, MIN_BLOCKS=4), note="4 vectors a stream, 4 blocks", **_FUSE_OP),
+    # head compute mix backward: rounds' loads together, warp-level butterfly steps by shuffles
+    Candidate("head_mix_bwd.control", patches=_before(_HEAD), note="a round at a time, shared butterfly", **_HEAD_OP),
+    Candidate("head_mix_bwd.new", note="4 rounds in flight, shuffles", **_HEAD_OP),
+    Candidate("head_mix_bwd.u1", patches=_set(_HEAD, UNROLL=1), note="shuffles only", **_HEAD_OP),
 )  # fmt: skip
 
 
