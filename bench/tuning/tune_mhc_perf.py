@@ -240,7 +240,8 @@ def _tensors(value) -> list:
 
 
 def _identical(case, tk, inputs: dict) -> str:
-    """Whether the call writes and returns the same bytes as TileKernels' on copies of one input set."""
+    """ "yes" if the call writes and returns the same bytes as TileKernels' on copies of one input set, else how
+    many of the tensors differ and by how much at most."""
     import torch
 
     if tk is None or case.tile_kernels is None:
@@ -249,14 +250,17 @@ def _identical(case, tk, inputs: dict) -> str:
     got = _tensors(case.tkaot(ours)) + _tensors(ours)
     want = _tensors(case.tile_kernels(tk, theirs)) + _tensors(theirs)
     torch.cuda.synchronize()
-    if len(got) != len(want):
-        return "MISMATCH (outputs)"
-    for a, b in zip(got, want, strict=True):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return "MISMATCH (shape)"
-        if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
-            return "MISMATCH"
-    return "yes"
+    if len(got) != len(want) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(got, want, strict=False)):
+        return "MISMATCH (outputs differ in number, shape or dtype)"
+    differ = [
+        (a, b)
+        for a, b in zip(got, want, strict=True)
+        if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    ]
+    if not differ:
+        return "yes"
+    worst = max(float((a.float() - b.float()).abs().max()) for a, b in differ)
+    return f"no: {len(differ)} of {len(got)} tensors, max |diff| {worst:.3g}"
 
 
 def _cases() -> dict:
@@ -268,7 +272,16 @@ def _cases() -> dict:
     return cases
 
 
-def time_candidates(artifacts: Path, out: Path, only: str | None = None) -> None:
+def _row_text(name: str, shape: str, us, tk_us, same: str) -> str:
+    ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
+    us_text = f"{us:8.2f}" if us else f"{'-':>8s}"
+    tk_text = f"{tk_us:8.2f}" if tk_us else f"{'-':>8s}"
+    return f"{name:26s} {shape[:40]:40s} {us_text} {tk_text} {ratio}  {same}"
+
+
+def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget: float = 85.0) -> None:
+    """Time every candidate at its op's bench shapes, in CANDIDATES' order (most important rows first); past
+    `budget` seconds the rest are listed as skipped, so one run stays within its time."""
     import torch
 
     from bench import timing
@@ -276,39 +289,40 @@ def time_candidates(artifacts: Path, out: Path, only: str | None = None) -> None
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "tune_mhc_perf.json"
     tk = _tile_kernels()
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
     cases = _cases()
     rows, log = [], []
+    print(f"{torch.cuda.get_device_name()}; tile_kernels {'yes' if tk else 'no'}; artifacts {artifacts}", flush=True)
     for op in dict.fromkeys(c.op for c in CANDIDATES if not only or only in c.name):
         for case in cases.get(op, []):
+            chosen = [c for c in CANDIDATES if c.op == op and (not only or only in c.name)]
+            if time.perf_counter() - t0 > budget:
+                rows += [(c.name, case.shape, None, None, "skipped (time budget)") for c in chosen]
+                continue
             inputs = rotating_inputs(case, l2)
             tk_us = None
             if tk is not None and case.tile_kernels is not None:
                 tk_us, _ = timing.device_us(lambda a, case=case: case.tile_kernels(tk, a), inputs)
-            for c in CANDIDATES:
-                if c.op != op or (only and only not in c.name):
-                    continue
+            for c in chosen:
                 try:
                     with _launching(c, artifacts):
                         same = _identical(case, tk, inputs[0])
                         us, mode = timing.device_us(case.tkaot, inputs)
                 except Exception as exc:  # a candidate that fails to load or launch is reported, not fatal
-                    rows.append((c.name, case.shape, None, tk_us, f"error: {type(exc).__name__}: {exc}"[:80]))
-                    continue
-                rows.append((c.name, case.shape, us, tk_us, same + ("" if mode == "graph" else " (events)")))
+                    us, mode, same = None, "-", f"error: {type(exc).__name__}: {exc}"[:100]
+                rows.append((c.name, case.shape, us, tk_us, same + ("" if mode in ("graph", "-") else " (events)")))
+                print(_row_text(*rows[-1]), flush=True)
                 log.append({"candidate": c.name, "note": c.note, "op": op, "shape": case.shape, "us": us, "tk_us": tk_us,
                             "identical": same, "mode": mode, "bytes": case.bytes})  # fmt: skip
+                log_path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": log}, indent=1))
             del inputs
             torch.cuda.empty_cache()
-    (out / "tune_mhc_perf.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": log}, indent=1))
-    print(f"{'candidate':26s} {'shape':40s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s}  identical")
-    for name, shape, us, tk_us, same in rows:
-        ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
-        us_text = f"{us:8.2f}" if us else f"{'-':>8s}"
-        tk_text = f"{tk_us:8.2f}" if tk_us else f"{'-':>8s}"
-        print(f"{name:26s} {shape[:40]:40s} {us_text} {tk_text} {ratio}  {same}")
-    print(f"{time.perf_counter() - t0:.0f} s; log in {out / 'tune_mhc_perf.json'}")
+    print(f"\n{'candidate':26s} {'shape':40s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s}  identical to TileKernels")
+    for row in rows:
+        print(_row_text(*row))
+    print(f"{time.perf_counter() - t0:.0f} s; log in {log_path}")
 
 
 def main(argv=None) -> None:
@@ -317,11 +331,12 @@ def main(argv=None) -> None:
     parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
     parser.add_argument("--out", type=Path, required=True, help="build: where the artifact sets go; time: the log's directory")
     parser.add_argument("--only", help="only the candidates whose name contains this")
+    parser.add_argument("--budget", type=float, default=85.0, help="time: seconds after which the rest is skipped")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, args.only)
     else:
-        time_candidates(args.artifacts, args.out, args.only)
+        time_candidates(args.artifacts, args.out, args.only, args.budget)
 
 
 if __name__ == "__main__":
