@@ -7,7 +7,8 @@ alternatives. Each is built into its own artifact set, ARTIFACTS/<candidate>/, o
 
     python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
 
-then timed on the GPU, where tile_kernels imports (its first calls compile):
+(29 sets, 0.6 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
+or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first calls compile):
 
     python -m bench.tuning.tune_mhc_perf --artifacts tune-artifacts/mhc_perf --out DIR
 
