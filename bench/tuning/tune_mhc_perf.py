@@ -1,14 +1,16 @@
 """Time candidate kernels of the slow mHC rows beside TileKernels, at the bench shapes (bench/cases/mhc*.py), and
 check each candidate's output bytes against TileKernels'.
 
-A candidate is one kernel built with some of its module constants changed (or another of its code paths): the
-shipped default ("new"), the kernel shipped before it ("control", where the tree can still build it) and a few
-alternatives. Each is built into its own artifact set, ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
+A candidate is an op's kernels built with some module constants changed, or from an older source: the shipped
+default ("new"), the kernel shipped before it ("control": its source at BEFORE, whose cubins are the prebuilt
+ones of that commit) and a few alternatives. Each is built into its own artifact set, ARTIFACTS/<candidate>/,
+on a CPU with TileLang and nvcc, in a git checkout that has commit BEFORE:
 
     python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
 
 (29 sets, 0.6 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
-or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first calls compile):
+or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first
+calls compile; rows past --budget seconds, 85 by default, are listed as skipped):
 
     python -m bench.tuning.tune_mhc_perf --artifacts tune-artifacts/mhc_perf --out DIR
 
