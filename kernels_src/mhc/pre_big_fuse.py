@@ -28,6 +28,7 @@ THREADS = 128
 VEC = 8  # bf16 elements in 16 bytes
 UNROLL = 2  # vectors a thread has in flight per stream
 SPLITS = 16  # split partials a thread loads before adding them (in split order): one wait for 16 splits, not 16
+SOLO_TOKENS = 264  # up to 2 tokens an SM of an H200: warp 0 only reduces the mixes and runs Sinkhorn (below)
 MIN_BLOCKS = 8  # keeps the registers at 64 (as with a split at a time): 8 blocks an SM at 8192 tokens
 
 
@@ -135,17 +136,22 @@ def build(mhc_mult: int):
                     comb_mix[t, tid] = cm
 
             # layer_input = the pre-mix-weighted sum of the residual streams
+            # With few tokens a block's latency is the kernel's time: warp 0 then leaves the residual streams to the
+            # other warps, whose loads overlap its Sinkhorn (else it would start its share after the Sinkhorn)
             vectors = hidden // VEC
-            for it in T.serial(T.ceildiv(vectors, THREADS * UNROLL)):
+            solo = num_tokens <= SOLO_TOKENS
+            workers = T.if_then_else(solo, THREADS - 32, THREADS)
+            worker = T.if_then_else(solo, tid - 32, tid)
+            for it in T.serial(T.ceildiv(vectors, workers * UNROLL)):
                 for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * THREADS + tid
-                    if v < vectors:
+                    v = (it * UNROLL + u) * workers + worker
+                    if 0 <= worker and v < vectors:
                         for i in T.unroll(m):
                             for k in T.vectorized(VEC):
                                 xv[u, i, k] = residual[t, i, v * VEC + k]
                 for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * THREADS + tid
-                    if v < vectors:
+                    v = (it * UNROLL + u) * workers + worker
+                    if 0 <= worker and v < vectors:
                         for k in T.unroll(VEC):
                             acc[k] = T.float32(0)
                         for i in T.unroll(m):
