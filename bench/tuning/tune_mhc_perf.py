@@ -8,7 +8,7 @@ on a CPU with TileLang and nvcc, in a git checkout that has commit BEFORE:
 
     python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
 
-(29 sets, 0.6 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
+(29 sets, 0.7 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
 or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first
 calls compile; rows past --budget seconds, 85 by default, are listed as skipped):
 
@@ -115,9 +115,10 @@ CANDIDATES = (
     Candidate("split_bwd.reduce", patches=_before(_SPLIT), note="reduce only", **_SPLIT_OP),
     # pre big fuse: the split partials' loads in flight (1-token rows wait on them), registers held at 64
     Candidate("big_fuse.control", patches=_before(_FUSE), note="a split at a time", **_FUSE_OP),
-    Candidate("big_fuse.new", note="16 splits in flight, 64 regs", **_FUSE_OP),
-    Candidate("big_fuse.uncapped", patches=_set(_FUSE, MIN_BLOCKS=1), note="16 splits, 158 regs", **_FUSE_OP),
-    Candidate("big_fuse.u4", patches=_set(_FUSE, UNROLL=4, MIN_BLOCKS=4), note="4 vectors a stream, 4 blocks", **_FUSE_OP),
+    Candidate("big_fuse.new", note="16 splits in flight, 64 regs, warp 0 no residual <= 264 tokens", **_FUSE_OP),
+    Candidate("big_fuse.nosolo", patches=_set(_FUSE, SOLO_TOKENS=0), note="warp 0 always a residual share", **_FUSE_OP),
+    Candidate("big_fuse.solo", patches=_set(_FUSE, SOLO_TOKENS=1 << 30), note="warp 0 never a residual share", **_FUSE_OP),
+    Candidate("big_fuse.uncapped", patches=_set(_FUSE, MIN_BLOCKS=1), note="registers uncapped", **_FUSE_OP),
     # head compute mix backward: rounds' loads together, warp-level butterfly steps by shuffles
     Candidate("head_mix_bwd.control", patches=_before(_HEAD), note="a round at a time, shared butterfly", **_HEAD_OP),
     Candidate("head_mix_bwd.new", note="4 rounds in flight, shuffles", **_HEAD_OP),
