@@ -8,7 +8,7 @@ on a CPU with TileLang and nvcc, in a git checkout that has commit BEFORE:
 
     python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
 
-(29 sets, 0.7 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
+(30 sets, 0.7 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
 or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first
 calls compile; rows past --budget seconds, 85 by default, are listed as skipped):
 
