@@ -9,8 +9,7 @@ p, p + num_sms, p + 2 * num_sms, ... (the caller sums the partial rows). `num_sm
 A thread owns tile elements tid, tid + 128, ... (flattened token-major), so its column is
 tid % mhc_mult when the rate is a power of two up to 128; the block then sums by a butterfly over
 shared memory, pairs 64, 32, ... apart, down to mhc_mult apart for the base and to 1 for the scale (pairs
-within a warp by xor shuffles: the same additions, without a barrier each). A thread loads the elements of
-UNROLL rounds before working on them in order, so it waits for memory once for them, not once a round.
+within a warp by xor shuffles: the same additions, without a barrier each).
 """
 
 import tilelang.language as T
@@ -23,7 +22,7 @@ DECL = HEAD_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py
 THREADS = HEAD_MIX_BWD_THREADS
 STEPS = THREADS.bit_length() - 1  # butterfly steps: 64, 32, ..., 1 apart
 WARP = 32
-UNROLL = 4  # rounds of a tile whose loads a thread issues together
+UNROLL = 1  # rounds of a tile whose loads a thread issues together (H200, 8192 tokens: 2.12 us; 4 rounds 2.55)
 
 
 def build(dtype: str):

@@ -12,8 +12,8 @@ gemm_out_mul[:, t] times r = rsqrt(sum over splits of gemm_out_sqrsum[:, t] / (M
 
 Threads 0 .. 3M²-ish (M * (M + 2)) reduce one mix each (the first M also make the pre mixes); after one
 barrier, warp 0 runs Sinkhorn with one matrix element a lane (element lane % M², row and column sums by
-xor shuffles over the lanes of a row, M/2 .. 1 apart, and of a column, M²/2 .. M apart), then every
-thread applies the pre mix to 16-byte vectors of the hidden dimension. Hidden size, split count and
+xor shuffles over the lanes of a row, M/2 .. 1 apart, and of a column, M²/2 .. M apart), while warps 1..
+apply the pre mix to 16-byte vectors of the hidden dimension. Hidden size, split count and
 Sinkhorn repeats are runtime values; only M is static.
 """
 
@@ -28,7 +28,6 @@ THREADS = 128
 VEC = 8  # bf16 elements in 16 bytes
 UNROLL = 2  # vectors a thread has in flight per stream
 SPLITS = 16  # split partials a thread loads before adding them (in split order): one wait for 16 splits, not 16
-SOLO_TOKENS = 264  # up to 2 tokens an SM of an H200: warp 0 only reduces the mixes and runs Sinkhorn (below)
 MIN_BLOCKS = 8  # keeps the registers at 64 (as with a split at a time): 8 blocks an SM at 8192 tokens
 
 
@@ -136,12 +135,12 @@ def build(mhc_mult: int):
                     comb_mix[t, tid] = cm
 
             # layer_input = the pre-mix-weighted sum of the residual streams
-            # With few tokens a block's latency is the kernel's time: warp 0 then leaves the residual streams to the
-            # other warps, whose loads overlap its Sinkhorn (else it would start its share after the Sinkhorn)
+            # by warps 1.. only: warp 0 runs the Sinkhorn meanwhile, and their loads overlap it (H200, 20 repeats:
+            # 141.96 us at 8192 tokens, 5.27 at 1 token; with warp 0 sharing the streams 145.78 and 7.36, and
+            # sharing them only above 264 tokens 145.69 and 5.28)
             vectors = hidden // VEC
-            solo = num_tokens <= SOLO_TOKENS
-            workers = T.if_then_else(solo, THREADS - 32, THREADS)
-            worker = T.if_then_else(solo, tid - 32, tid)
+            workers = THREADS - 32
+            worker = tid - 32
             for it in T.serial(T.ceildiv(vectors, workers * UNROLL)):
                 for u in T.unroll(UNROLL):
                     v = (it * UNROLL + u) * workers + worker

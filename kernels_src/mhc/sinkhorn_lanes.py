@@ -8,14 +8,11 @@ import tilelang.language as T
 
 from kernels_src.mhc.common import WARP
 
-LANE_THREADS = 128  # 8 tokens a block at mhc 4: 1024 blocks at 8192 tokens, resident in one wave
-
-
-def lane_layout(mhc: int) -> tuple[int, int]:
-    """(lanes a token, tokens a block)."""
+def lane_layout(mhc: int, threads: int) -> tuple[int, int]:
+    """(lanes a token, tokens a block of `threads`)."""
     group = 1 << (mhc * mhc - 1).bit_length()
     assert group <= WARP, "a matrix wider than a warp keeps one thread a token"
-    return group, LANE_THREADS // group
+    return group, threads // group
 
 
 @T.macro
