@@ -1,16 +1,16 @@
 """Time candidate kernels of the slow mHC rows beside TileKernels, at the bench shapes (bench/cases/mhc*.py), and
 check each candidate's output bytes against TileKernels'.
 
-A candidate is an op's kernels built with some module constants changed, or from an older source: the shipped
-default ("new"), the kernel shipped before it ("control": its source at BEFORE, whose cubins are the prebuilt
-ones of that commit) and a few alternatives. Each is built into its own artifact set, ARTIFACTS/<candidate>/,
-on a CPU with TileLang and nvcc, in a git checkout that has commit BEFORE:
+A candidate is an op's kernels built with some module constants changed, with a builder of
+tune_mhc_perf_kernels.py in place of the module's own, or from an older source (Source, a commit): the shipped
+default ("new", the control) and a few alternatives. Each is built into its own artifact set,
+ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
 
-(30 sets, 0.7 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
+(10 sets, 0.2 MB, 2 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
 or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first
-calls compile; rows past --budget seconds, 85 by default, are listed as skipped):
+calls compile; rows past --budget seconds, 55 by default, are listed as skipped):
 
     python -m bench.tuning.tune_mhc_perf --artifacts tune-artifacts/mhc_perf --out DIR
 
@@ -62,8 +62,20 @@ class Source:
     commit: str
 
 
+@dataclass(frozen=True)
+class Builder:
+    """A patch value: a function of bench/tuning/tune_mhc_perf_kernels.py."""
+
+    name: str
+
+
 def _before(module: str) -> tuple[tuple[str, str, object], ...]:
     return ((module, "build", Source(BEFORE)),)
+
+
+def _fn(name: str):
+    """A candidate builder of bench/tuning/tune_mhc_perf_kernels.py (imported when the candidate is built)."""
+    return Builder(name)
 
 
 def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
@@ -81,48 +93,29 @@ _SPLIT, _SPLIT_R = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.split_mix
 _SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
 
 
-def _lane_threads(n: int) -> tuple[tuple[str, str, object], ...]:
-    return tuple((m, "LANE_THREADS", n) for m in (_FWD, _BWD, _LANES))
+_CAND = "bench.tuning.tune_mhc_perf_kernels"  # candidate builders that are not constant changes
 
-
+# Round 1 on an H200 (us; TileKernels in brackets), the shipped kernels now its winners: Sinkhorn forward 256 threads
+# 5.14 (6.08; 128 threads 5.34, 64 5.39, a thread a token 21.14); Sinkhorn backward 28.02 (17.03; 64 threads 27.80,
+# 20 records shared 30.81, a thread a token 61.96); normw_merge_bwd 8 rows 5.85 (5.39; 12 rows 6.81, 24 6.84, 1 12.99);
+# multilayer recompute 1041.64 (826.24; next layer loaded ahead 1053.32, uncapped 1185.30, 5 blocks 1443.25);
+# split_mixes_bwd reduce-only change 7.20 (6.13; staged rows 13.13-13.68); big fuse warp 0 never a residual share
+# 141.96 / 5.27 at 8192 / 1 token (145.77 / 4.87; above 264 tokens only 145.69 / 5.28, always 145.78 / 7.36,
+# uncapped 192.22 / 5.09); head_mix_bwd a round at a time 2.12 (2.28; 4 rounds 2.55).
 CANDIDATES = (
-    # Sinkhorn forward: one thread a token (the control) against one matrix element a lane, 64-256 threads a block
-    Candidate("sinkhorn_fwd.control", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _before(_FWD), "a thread a token"),
-    Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 128 threads"),
-    Candidate("sinkhorn_fwd.t64", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(64), "64 threads"),
-    Candidate("sinkhorn_fwd.t256", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(256), "256 threads"),
-    # Sinkhorn backward: the step records in global scratch (control) or in shared memory
-    Candidate("sinkhorn_bwd.control", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _before(_BWD), "a thread a token"),
-    Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, 38 records shared"),
-    Candidate("sinkhorn_bwd.t64", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _lane_threads(64), "64 threads"),
-    Candidate("sinkhorn_bwd.r20", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _set(_BWD, SHARED_RECORDS=20), "20 records shared"),
-    # norm-weight merge backward: rows a thread has in flight (the control: one)
-    Candidate("normw_merge_bwd.control", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _before(_MERGE), "a row at a time", _F32),
-    Candidate("normw_merge_bwd.new", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", (), "24 rows in flight", _F32),
-    Candidate("normw_merge_bwd.r8", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=8), "8 rows", _F32),
-    Candidate("normw_merge_bwd.r12", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=12), "12 rows", _F32),
-    Candidate("normw_merge_bwd.t64", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, THREADS=64), "64 threads", _F32),
-    # multilayer recompute: the next layer's inputs loaded ahead, registers capped for MIN_BLOCKS blocks an SM
-    Candidate("recompute.control", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _before(_RC), "no loads ahead"),
-    Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "loads ahead, 4 blocks of 128"),
-    Candidate("recompute.uncapped", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=1), "157 regs"),
-    Candidate("recompute.b5", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=5), "5 blocks, spills"),
-    Candidate("recompute.t64", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, THREADS=64, MIN_BLOCKS=8), "64 thr"),
-    # split mixes backward, both launches: token rows staged through shared memory, the reduce's rows in flight
-    Candidate("split_bwd.control", patches=_before(_SPLIT) + _before(_SPLIT_R), note="row a thread, a row at a time", **_SPLIT_OP),
-    Candidate("split_bwd.new", note="staged rows, 64 rows in flight", **_SPLIT_OP),
-    Candidate("split_bwd.staged", patches=_before(_SPLIT_R), note="staged rows, reduce as before", **_SPLIT_OP),
-    Candidate("split_bwd.reduce", patches=_before(_SPLIT), note="reduce only", **_SPLIT_OP),
-    # pre big fuse: the split partials' loads in flight (1-token rows wait on them), registers held at 64
-    Candidate("big_fuse.control", patches=_before(_FUSE), note="a split at a time", **_FUSE_OP),
-    Candidate("big_fuse.new", note="16 splits in flight, 64 regs, warp 0 no residual <= 264 tokens", **_FUSE_OP),
-    Candidate("big_fuse.nosolo", patches=_set(_FUSE, SOLO_TOKENS=0), note="warp 0 always a residual share", **_FUSE_OP),
-    Candidate("big_fuse.solo", patches=_set(_FUSE, SOLO_TOKENS=1 << 30), note="warp 0 never a residual share", **_FUSE_OP),
-    Candidate("big_fuse.uncapped", patches=_set(_FUSE, MIN_BLOCKS=1), note="registers uncapped", **_FUSE_OP),
-    # head compute mix backward: rounds' loads together, warp-level butterfly steps by shuffles
-    Candidate("head_mix_bwd.control", patches=_before(_HEAD), note="a round at a time, shared butterfly", **_HEAD_OP),
-    Candidate("head_mix_bwd.new", note="4 rounds in flight, shuffles", **_HEAD_OP),
-    Candidate("head_mix_bwd.u1", patches=_set(_HEAD, UNROLL=1), note="shuffles only", **_HEAD_OP),
+    Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 256 threads"),
+    # Sinkhorn backward: each round's two step inputs fetched and summed before the gradient reaches them
+    Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, sums with the gradient"),
+    Candidate("sinkhorn_bwd.sums", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _set(_BWD, _build_lanes=_fn("sinkhorn_bwd_sums_first")), "sums first"),
+    Candidate("normw_merge_bwd.new", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", (), "8 rows in flight", _F32),
+    # multilayer recompute: the new residual a stream at a time (101 registers, not 128), capped for 6 blocks (80)
+    Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "all streams together, 128 regs"),
+    Candidate("recompute.stream", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, build=_fn("multilayer_by_stream")), "a stream at a time"),
+    Candidate("recompute.stream6", "mhc_multilayer_recompute", "mhc_multilayer_recompute",
+              _set(_RC, build=_fn("multilayer_by_stream")) + _set(_CAND, RECOMPUTE_MIN_BLOCKS=6), "and 6 blocks, 80 regs"),
+    Candidate("split_bwd.new", note="a row a thread, the reduce's rows in flight", **_SPLIT_OP),
+    Candidate("big_fuse.new", note="16 splits in flight, 64 regs, warp 0 no residual share", **_FUSE_OP),
+    Candidate("head_mix_bwd.new", note="a round at a time, shuffles", **_HEAD_OP),
 )  # fmt: skip
 
 
@@ -151,7 +144,11 @@ def _patched(patches, tmp: Path):
         for module_name, attr, value in patches:
             module = importlib.import_module(module_name)
             saved.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, _build_at(module_name, value.commit, tmp) if isinstance(value, Source) else value)
+            if isinstance(value, Source):
+                value = _build_at(module_name, value.commit, tmp)
+            elif isinstance(value, Builder):
+                value = getattr(importlib.import_module(_CAND), value.name)
+            setattr(module, attr, value)
         yield
     finally:
         for module, attr, value in reversed(saved):
@@ -283,7 +280,7 @@ def _row_text(name: str, shape: str, us, tk_us, same: str) -> str:
     return f"{name:26s} {shape[:40]:40s} {us_text} {tk_text} {ratio}  {same}"
 
 
-def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget: float = 85.0) -> None:
+def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget: float = 55.0) -> None:
     """Time every candidate at its op's bench shapes, in CANDIDATES' order (most important rows first); past
     `budget` seconds the rest are listed as skipped, so one run stays within its time."""
     import torch
@@ -335,7 +332,7 @@ def main(argv=None) -> None:
     parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
     parser.add_argument("--out", type=Path, required=True, help="build: where the artifact sets go; time: the log's directory")
     parser.add_argument("--only", help="only the candidates whose name contains this")
-    parser.add_argument("--budget", type=float, default=85.0, help="time: seconds after which the rest is skipped")
+    parser.add_argument("--budget", type=float, default=55.0, help="time: seconds after which the rest is skipped")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, args.only)
