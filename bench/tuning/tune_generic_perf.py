@@ -12,7 +12,10 @@ residual also the default tiling (which asks has_residual rather than taking the
 has one kernel. Each output (out, scale factors, residual sum, rstd) is compared bit for bit with TileKernels'
 (deterministic for these ops; the specialised variants match it, tests/gpu/test_parity_gpu.py) and with the
 specialised variant's. The generic variants before this change measured (bench/generic.py, H200, the same
-specialised kernels) 98.22, 142.08, 164.03 and 235.90 µs for the four cases in order; CONTROL_US lists them.
+specialised kernels) 98.22, 142.08, 164.03 and 235.90 µs for the four cases in order; after round 1 59.71, 121.00,
+74.08 and 106.62 (CONTROL_US). Then the generic top-k gates (topk_gate, moe_topk_gate_forward with a bias and one
+shared slot, 8192x256 top-8), specialised then generic, every output compared with TileKernels' and the specialised
+variant's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 import tkaot
 from bench.generic import on_generic
 from bench.timing import device_us
+from tkaot._moe import ops as _moe_ops
 from tkaot._quant import fused as _fused
 from tkaot._quant import norm as _norm
 from tkaot._quant import norm_cast as _norm_cast
@@ -42,8 +46,12 @@ CASES = [
     ("norm_cast e4m3/32 ue8m0 residual", "norm_forward_and_per_token_cast", {"round_sf": True, "use_packed_ue8m0": True}, True,
      (RESIDUAL, DEFAULT)),
 ]  # fmt: skip
-CONTROL_US = {"norm_forward": 98.22, "norm_forward residual rstd": 142.08, "norm_cast e4m3/32": 164.03,
-              "norm_cast e4m3/32 ue8m0 residual": 235.90}  # fmt: skip
+# The generic kernels before this branch (round 1's H200 run): norm_cast e4m3/32 then 74.08 (its x loads went out
+# a few at a time), the residual tiling 106.62; topk_gate 12.47 (specialised 9.41) and moe_topk_gate 18.75 (14.80)
+# before the runtime slot bounds left the selection rounds
+CONTROL_US = {"norm_forward": 59.71, "norm_forward residual rstd": 121.00, "norm_cast e4m3/32": 74.08,
+              "norm_cast e4m3/32 ue8m0 residual": 106.62, "topk_gate 8192x256 top-8": 12.47,
+              "moe_topk_gate_forward 8192x256 top-8+1": 18.75}  # fmt: skip
 
 
 def outputs(result, a: dict, residual: bool) -> list[torch.Tensor]:
@@ -63,6 +71,44 @@ def run_once(fn, a: dict, residual: bool) -> list[torch.Tensor]:
     """One call on a fresh copy of a's residual (norm_cast adds into it in place), its outputs."""
     b = dict(a, r=a["r"].clone())
     return outputs(fn(b), b, residual)
+
+
+def routing_rows(tk, log: list[str]) -> list[dict]:
+    """topk_gate and moe_topk_gate_forward (a bias, one shared slot) at 8192x256 top-8, specialised then generic,
+    beside TileKernels; every output compared with TileKernels' and the specialised variant's."""
+    tokens, experts, topk = 8192, 256, 8
+    bias = torch.randn(experts, device="cuda") * 0.1
+    inputs = [{"s": torch.randn(tokens, experts, device="cuda")} for _ in range(16)]
+    cases = [
+        (f"topk_gate {tokens}x{experts} top-{topk}", _moe_ops._TOPK, "topk_gate", lambda m, a: m.moe.topk_gate(a["s"], topk)),
+        (f"moe_topk_gate_forward {tokens}x{experts} top-{topk}+1", _moe_ops._GATE, "moe_topk_gate",
+         lambda m, a: m.moe.moe_topk_gate_forward(a["s"], topk, True, 1, 2.5, 0, bias=bias)),
+    ]  # fmt: skip
+    rows = []
+    for name, kernels, specialised, call in cases:
+        tk_us = want = None
+        if tk is not None:
+            try:
+                want = outputs(call(tk, inputs[0]), {}, False)
+                tk_us, _ = device_us(lambda a, call=call: call(tk, a), inputs)
+            except Exception as error:  # noqa: BLE001 (a TileKernels signature of its own: time ours anyway)
+                log.append(json.dumps({"case": name, "tile_kernels_error": repr(error)}))
+        ours = lambda a, call=call: call(tkaot, a)  # noqa: E731
+        kernels.cache.clear()
+        special_out = outputs(ours(inputs[0]), {}, False)
+        special_us, _ = device_us(ours, inputs)
+        with on_generic(specialised):
+            got = outputs(ours(inputs[0]), {}, False)
+            generic_us, _ = device_us(ours, inputs)
+        kernels.cache.clear()
+        for label, us, out in (("specialised (shipped)", special_us, special_out), ("generic (new default)", generic_us, got)):
+            row = {"case": name, "candidate": label, "us": round(us, 2), "tile_kernels_us": None if tk_us is None else round(tk_us, 2),
+                   "ratio_vs_tk": None if tk_us is None else round(us / tk_us, 3), "ratio_vs_specialised": round(us / special_us, 3),
+                   "identical_tk": "—" if want is None else ("yes" if same_bytes(out, want) else "NO"),
+                   "identical_specialised": "yes" if same_bytes(out, special_out) else "NO"}  # fmt: skip
+            rows.append(row)
+            log.append(json.dumps(row))
+    return rows
 
 
 def main(argv=None) -> None:
@@ -125,6 +171,7 @@ def main(argv=None) -> None:
             rows.append(row)
             log.append(json.dumps(row))
         log.append(json.dumps({"case": name, "control_previous_generic_us": CONTROL_US[name]}))
+    rows += routing_rows(tk, log)
     (out_dir / "tune_generic_perf.jsonl").write_text("\n".join(log) + "\n")
     print(f"{torch.cuda.get_device_name(0)}, {TOKENS}x{HIDDEN} bf16, {time.time() - start:.0f} s")
     print("| case | candidate | µs | TileKernels µs | ratio | /specialised | identical (TK / specialised) | previous generic µs |")

@@ -163,41 +163,46 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
                 rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
 
     @T.macro
-    def load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, v, col, has_residual):
-        # A generic split's vector v: loaded (clamped into the tensor) whatever the width, zeroed outside the row
-        in_row = token < num_tokens and split.in_row(col)
-        for j in T.vectorized(vec):
-            x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
+    def load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
+        # A generic split's vectors: every x vector loaded first (clamped into the tensor, whatever the width), then
+        # the residual added, then the vectors outside the row zeroed. Zeroing a vector waits for its load, so were
+        # it done vector by vector (a predicated move after each load) the loads would go out a few at a time
+        for v in T.unroll(vecs_per_thread):
+            for j in T.vectorized(vec):
+                x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
         if residual_given or has_residual != 0:
-            for j in T.vectorized(vec):
-                r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
-            for j in T.vectorized(vec):
-                x_reg[v, j] = x_reg[v, j] + r_reg[j]
-            if not residual_given and in_row:
+            for v in T.unroll(vecs_per_thread):
                 for j in T.vectorized(vec):
-                    rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
-        if not in_row:
-            for j in T.vectorized(vec):
-                x_reg[v, j] = T.cast(0, dtype)
+                    r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
+                for j in T.vectorized(vec):
+                    x_reg[v, j] = x_reg[v, j] + r_reg[j]
+                if not residual_given and token < num_tokens and split.in_row((v * split.row_threads + lane) * vec):
+                    for j in T.vectorized(vec):
+                        rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+        for v in T.unroll(vecs_per_thread):
+            if not (token < num_tokens and split.in_row((v * split.row_threads + lane) * vec)):
+                for j in T.vectorized(vec):
+                    x_reg[v, j] = T.cast(0, dtype)
 
     @T.macro
     def load_row(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
         # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
         # the residual tiling takes it as given, the other asks has_residual
-        for v in T.unroll(vecs_per_thread):
-            col = (v * split.row_threads + lane) * vec
-            if split.loads_unguarded:
-                load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, v, col, has_residual)
-            elif token < num_tokens and split.in_row(col):
-                for j in T.vectorized(vec):
-                    x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
-                if residual_given:
-                    add_residual(res_row, rout_row, x_reg, r_reg, v)
-                elif has_residual != 0:
-                    add_residual(res_row, rout_row, x_reg, r_reg, v)
-            else:
-                for j in T.vectorized(vec):
-                    x_reg[v, j] = T.cast(0, dtype)
+        if split.loads_unguarded:
+            load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual)
+        else:
+            for v in T.unroll(vecs_per_thread):
+                col = (v * split.row_threads + lane) * vec
+                if token < num_tokens and split.in_row(col):
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
+                    if residual_given:
+                        add_residual(res_row, rout_row, x_reg, r_reg, v)
+                    elif has_residual != 0:
+                        add_residual(res_row, rout_row, x_reg, r_reg, v)
+                else:
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = T.cast(0, dtype)
 
     @T.prim_func
     def norm_cast(

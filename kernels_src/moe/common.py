@@ -112,13 +112,17 @@ def warp_topk_ballot(vals, lane, num_experts, num_topk, out_idx: T.Ref, per, slo
     hit = T.alloc_var(T.uint32)
     winner = T.alloc_var(T.int32)
     slot = T.alloc_var(T.int32)
+    if not isinstance(per, int):
+        # A runtime `per`: the slots past the run, or past the row, start out removed, so each round tests one bit a slot
+        for s in T.unroll(slots):
+            if not (s < per and lane * per + s < num_experts):
+                removed = removed | (T.uint32(1) << T.uint32(s))
     for k in T.unroll(num_topk) if isinstance(num_topk, int) else T.serial(num_topk):
         best = -T.infinity(T.float32)
         best_slot = NONE
         for s in T.unroll(slots):
             if (
-                (isinstance(per, int) or s < per)  # a static `per` is the slot count: every slot is in the run
-                and lane * per + s < num_experts
+                (not isinstance(per, int) or lane * per + s < num_experts)  # a static `per` is the slot count
                 and ((removed >> T.Cast(T.uint32, s)) & T.uint32(1)) == T.uint32(0)
             ):
                 if vals[s] > best or best_slot == NONE:
