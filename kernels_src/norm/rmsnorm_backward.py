@@ -48,6 +48,12 @@ STAGED_TENSORS = 3  # x, out_grad, residual_out_grad
 # weight 97.9 -> 91.8). fp32 rows of 7168 take 7 vectors a thread: too many registers to hold a weight too.
 WEIGHT_IN_REGISTERS = {"bfloat16": True, "float32": False}
 MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
+# The kernel's barriers are its own (build_tools/compile.py applies this to its lowering): a thread reads only the
+# vectors its own cp.async wrote, after its own wait, so the only shared data are the warp sums (row_dot_*: a
+# barrier after writing them and one after reading them) and the slot sums at the end (a barrier before and after
+# writing them). TileLang's inserted barriers (around each staged read and copy: 4 more a row, 6 in all at 7168)
+# are left out.
+PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
 
 
 def build(hidden: int, dtype: str):
@@ -388,6 +394,7 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                                 for j in T.vectorized(vec):
                                     partials[block, col + j] = dw[v, j]
                     else:
+                        T.sync_threads()  # every thread's last staged reads are done: slot_sums may share their memory
                         for v in T.unroll(vecs_per_thread):
                             col = (v * row_threads + lane) * vec
                             if tiling.in_row(col):
@@ -409,6 +416,7 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                                 for j in T.vectorized(vec):
                                     partials[block, col + j] = dw[v, j]
                     else:
+                        T.sync_threads()  # as the static tiling's
                         for v in T.unroll(vecs_per_thread):
                             col = (v * row_threads + lane) * vec
                             if tiling.in_row(col):
