@@ -20,9 +20,11 @@ Runs so far (H200, µs; TileKernels in brackets):
 - round 2, rows staged by cp.async (2 rows ahead bf16, 1 fp32), weight read from L1 twice a row: the CONTROL_US
   below (weight 128.4 (98.1): staging lost 16 µs there while the residual row gained 17 and no weight 6).
 - now: a bf16 thread holds its weight vectors in registers from the start (no L1 reads beside the staged shared
-  memory reads; 127 registers, no spills), and pass 2 over 224 blocks of 32 columns rather than 56 of 128 (the
-  same order of sums, so the same bytes). Staging depth as a tiling was not tried: the loss was in the weight rows
-  alone, and the residual and no-weight rows (same kernel, runtime flags) gained from the staging.
+  memory reads; 127 registers, no spills); pass 1's own barriers, 2 a row at 7168 rather than TileLang's 6 (a
+  thread reads only what its own cp.async wrote; TileKernels also places its own); pass 2 over 224 blocks of 32
+  columns rather than 56 of 128 (the same order of sums, so the same bytes). Staging depth as a tiling was not
+  tried: the loss was in the weight rows alone, and the residual and no-weight rows (same kernel, runtime flags)
+  gained from the staging.
 """
 
 from __future__ import annotations
