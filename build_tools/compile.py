@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,12 @@ def lower(variant: Variant, arch: str):
     if getattr(module, "DECL", None) is not declaration(variant.kernel):
         raise BuildError(f"{module.__name__} does not build kernel {variant.kernel!r}: its DECL is not that declaration")
     target = tvm.target.Target({"kind": "cuda", "arch": ARCHES[arch][0]})
-    with target:
+    # A kernel module's PASS_CONFIGS (TileLang pass options, e.g. its own barriers instead of the inserted ones) apply
+    # to its lowering alone, at the ambient optimisation level
+    configs = getattr(module, "PASS_CONFIGS", None)
+    level = tvm.transform.PassContext.current().opt_level
+    passes = tvm.transform.PassContext(opt_level=level, config=dict(configs)) if configs else nullcontext()
+    with target, passes:
         prim_func = module.build(**variant.params)
         artifact = tilelang.lower(prim_func, target=target)
     device_funcs = list(artifact.device_mod.functions.items())

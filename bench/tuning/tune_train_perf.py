@@ -1,4 +1,4 @@
-"""Time norm_backward's staged pass 1 (kernels_src/norm/rmsnorm_backward.py) beside TileKernels, on both tiers.
+"""Time norm_backward (kernels_src/norm/rmsnorm_backward.py, weight_grad_reduce.py) beside TileKernels, on both tiers.
 
     python -m bench.tuning.tune_train_perf --out DIR
 
@@ -8,9 +8,23 @@ weight and a residual gradient, and without a weight, each on the specialised va
 generic tier's own rows (fp32 7168, bf16 3168). Before timing, each call's outputs are compared: the generic
 variant's bytes against the specialised variant's (they must be identical), and both against TileKernels within
 the parity suite's tolerances (tests/parity_backward_cases.py: both libraries sum rows in their own order).
-The kernel before the staging is not buildable any more; its times in the same bench run are the control
-(bench/RESULTS.md: 112.6 / 163.0 / 322.2 / 130.2 µs for the rows here, TileKernels 97.3 / 118.1 / 181.6 / 53.7).
-Prints a table last (candidate, shape, µs, TileKernels µs, ratio, identical?) and writes DIR/tune_train_perf.log.
+The kernels before are not buildable from this tree; their times on the same rows are the control (CONTROL_US,
+the "before" column). Pass 2 alone (weight_grad_reduce over the op's 264 partial rows) is timed too, on the
+specialised bf16 7168 call's partials: its share of the weight rows.
+Prints a table last (candidate, shape, µs, TileKernels µs, ratio, identical?, before) and writes
+DIR/tune_train_perf.log.
+
+Runs so far (H200, µs; TileKernels in brackets):
+- before staging (bench/RESULTS.md): weight 112.6 (97.3), + residual grad 163.0 (118.1), no weight 97.9,
+  generic fp32 322.2 (181.6), generic 3168 130.2 (53.7).
+- round 2, rows staged by cp.async (2 rows ahead bf16, 1 fp32), weight read from L1 twice a row: the CONTROL_US
+  below (weight 128.4 (98.1): staging lost 16 µs there while the residual row gained 17 and no weight 6).
+- now: a bf16 thread holds its weight vectors in registers from the start (no L1 reads beside the staged shared
+  memory reads; 127 registers, no spills); pass 1's own barriers, 2 a row at 7168 rather than TileLang's 6 (a
+  thread reads only what its own cp.async wrote; TileKernels also places its own); pass 2 over 224 blocks of 32
+  columns rather than 56 of 128 (the same order of sums, so the same bytes). Staging depth as a tiling was not
+  tried: the loss was in the weight rows alone, and the residual and no-weight rows (same kernel, runtime flags)
+  gained from the staging.
 """
 
 from __future__ import annotations
@@ -30,6 +44,14 @@ SETS = 3  # rotating input sets, each larger than L2 at these shapes
 BF16_SUM, F32_SUM = (2**-7, 2**-7), (1e-4, 1e-5)  # tests/parity_backward_cases.py
 WEIGHT_GRAD = {torch.bfloat16: (2**-7, 1e-3), torch.float32: (1e-4, 1e-3)}
 # (name, dtype, hidden, weight, residual gradient, tiers)
+# Round 2's times of the same rows (the kernels before this change), keyed (tier, shape)
+CONTROL_US = {
+    ("specialised", "8192x7168 bf16, weight"): 128.37, ("generic", "8192x7168 bf16, weight"): 153.74,
+    ("specialised", "8192x7168 bf16, weight + residual grad"): 145.70,
+    ("generic", "8192x7168 bf16, weight + residual grad"): 168.55,
+    ("specialised", "8192x7168 bf16, no weight"): 91.83, ("generic", "8192x7168 bf16, no weight"): 110.01,
+    ("generic", "8192x7168 fp32, weight"): 237.73, ("generic", "8192x3168 bf16, weight"): 96.69,
+}  # fmt: skip
 ROWS = [
     ("bf16, weight", torch.bfloat16, 7168, True, False, ("specialised", "generic")),
     ("bf16, weight + residual grad", torch.bfloat16, 7168, True, True, ("specialised", "generic")),
@@ -71,6 +93,25 @@ def _close(got, want, dtype) -> str:
     return "close"
 
 
+def _pass2_us(hidden: int) -> float:
+    """weight_grad_reduce alone, over the op's partial rows of TOKENS bf16 tokens of `hidden` (graph replay)."""
+    from tkaot._op import current_stream
+    from tkaot._quant import norm_backward as nb
+
+    rows_per_block = nb.NORM_BACKWARD_THREADS // nb.norm_backward_tiling(hidden, "bfloat16")[1]
+    num_blocks = min(-(-TOKENS // rows_per_block), nb.NORM_BACKWARD_MAX_BLOCKS)
+    sets = [
+        {"p": torch.randn(num_blocks, hidden, device="cuda"), "w": torch.empty(hidden, dtype=torch.bfloat16, device="cuda")}
+        for _ in range(10)  # 75 MB of partials at 7168: more than L2
+    ]
+    device = torch.cuda.current_device()
+
+    def call(a):
+        nb._PASS2.get(device, "bfloat16")(device, current_stream(device), a["p"].data_ptr(), a["w"].data_ptr(), 0, num_blocks, hidden)
+
+    return device_us(call, sets)[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -99,12 +140,14 @@ def main() -> None:
             torch.cuda.synchronize()
             verdict = f"{identical}, TK {_close(got, want, dtype)}"
             shape = f"{TOKENS}x{hidden} {name}"
-            table.append((tier, shape, us, tk_us, us / tk_us, verdict))
+            table.append((tier, shape, us, tk_us, us / tk_us, verdict, CONTROL_US.get((tier, shape))))
             log.append(f"{tier:11} {shape:38} {us:8.2f} µs ({nbytes / us / 1e6:5.2f} TB/s, {mode}) TK {tk_us:8.2f} {verdict}")
+    for hidden in (7168, 3168):
+        log.append(f"pass 2 alone (weight_grad_reduce, bf16 weight_grad) {TOKENS}x{hidden}: {_pass2_us(hidden):.2f} µs")
     log.append(f"{time.time() - start:.1f} s")
     print("\n".join(log))
-    lines = [f"{'candidate':11} {'shape':38} {'µs':>8} {'TK µs':>8} {'ratio':>6}  identical?"]
-    lines += [f"{c:11} {s:38} {us:8.2f} {tk_us:8.2f} {r:6.2f}  {v}" for c, s, us, tk_us, r, v in table]
+    lines = [f"{'candidate':11} {'shape':38} {'µs':>8} {'TK µs':>8} {'ratio':>6}  {'identical?':22} before"]
+    lines += [f"{c:11} {s:38} {us:8.2f} {tk_us:8.2f} {r:6.2f}  {v:22} {b or '-'}" for c, s, us, tk_us, r, v, b in table]
     print("\n".join(lines))
     (args.out / "tune_train_perf.log").write_text("\n".join(log + lines) + "\n")
 

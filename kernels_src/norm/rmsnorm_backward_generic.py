@@ -9,10 +9,11 @@ order, and a block's row slots are added in slot order; a thread's vectors past 
 
 import tilelang.language as T
 
-from kernels_src.norm.rmsnorm_backward import RuntimeTiling, rmsnorm_backward_kernel
+from kernels_src.norm.rmsnorm_backward import PASS_CONFIGS, RuntimeTiling, rmsnorm_backward_kernel
 from tkaot._quant.kernels import RMSNORM_BACKWARD_GENERIC
 
 DECL = RMSNORM_BACKWARD_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
+__all__ = ["DECL", "PASS_CONFIGS", "build"]  # PASS_CONFIGS: the specialised kernel's barriers, its own
 
 
 def build(dtype: str):
