@@ -60,10 +60,12 @@ ASCEND_SOURCES = {
     "mhc_split_mixes_bwd_reduce": "kernels_src.ascend.mhc_split_mixes_bwd_reduce",
     # casts, backward, generic tiers, engram gate
     "per_block_cast_lossless": "kernels_src.ascend.per_block_cast_lossless",
+    "per_block_cast_generic": "kernels_src.ascend.per_block_cast_generic",
     "batched_transpose_weight_sf": "kernels_src.ascend.batched_transpose_weight_sf",
     "cast_back_generic": "kernels_src.ascend.cast_back_generic",
     "per_token_cast_generic": "kernels_src.ascend.per_token_cast_generic",
     "rmsnorm_backward": "kernels_src.ascend.rmsnorm_backward",
+    "rmsnorm_backward_generic": "kernels_src.ascend.rmsnorm_backward_generic",
     "weight_grad_reduce": "kernels_src.ascend.weight_grad_reduce",
     "swiglu_backward": "kernels_src.ascend.swiglu_backward",
     "moe_topk_gate_backward": "kernels_src.ascend.moe_topk_gate_backward",
