@@ -80,6 +80,10 @@ CASES = {
     "normalize_weight_generic": dict(),
     "engram_gate_fwd": dict(tiling="w4r32t32"),
     "engram_gate_bwd": dict(tiling="w8h4"),
+    "rmsnorm_backward_generic": dict(dtype="bfloat16"),
+    "per_block_cast_generic": dict(in_dtype="bfloat16", fmt="e4m3", sf="fp32", mode="cast"),
+    "per_channel_cast_generic": dict(in_dtype="e4m3", in_sf="fp32_col", sf="fp32"),
+    "per_block_cast_lossless_generic": dict(in_sf="ue8m0_col", sf="ue8m0"),
 }  # fmt: skip
 MORE = [
     ("per_token_cast", {**_PTC, "in_dtype": "float32", "fmt": "e2m1", "group": 32, "sf": "ue8m0", "sf_layout": "col"}),
@@ -106,6 +110,12 @@ MORE = [
     ("swiglu_backward", dict(x_dtype="bfloat16", grad_dtype="float32", fmt="fp32", group=0, sf="none")),
     ("swiglu_generic", dict(dtype="float32", fmt="fp32", sf="none", tiling="wscc2v9b1gkm")),
     ("norm_cast_generic", dict(dtype="float32", sf="fp32", tiling="lean6plbwdgwRL")),
+    ("rmsnorm_backward_generic", dict(dtype="float32")),
+    ("per_block_cast_generic", dict(in_dtype="float32", fmt="e2m1", sf="ue8m0", mode="cast")),
+    ("per_block_cast_generic", dict(in_dtype="bfloat16", fmt="e4m3", sf="pow2", mode="precomputed_sf")),
+    ("per_block_cast_generic", dict(in_dtype="bfloat16", fmt="e2m1", sf="ue8m0", mode="sf_only")),
+    ("per_channel_cast_generic", dict(in_dtype="bfloat16", in_sf="none", sf="ue8m0")),
+    ("per_block_cast_lossless_generic", dict(in_sf="fp32", sf="pow2")),
 ]  # fmt: skip
 LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(batch * ((num_tokens + 1) // 2))", 100896),
@@ -146,6 +156,10 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("((num_tokens + 63) // 64)", 16640),
     ("(num_tokens * hc_mult)", 22048),
     ("num_partials", 59936),
+    ("num_blocks", 148000),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 51264),
+    ("((((num_tokens - 1) // block_m) + 1) * (hidden // 128))", 35328),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 36864),
     ("((num_tokens + 1) // 2)", 66304),
     ("((num_tokens + 3) // 4)", 58240),
     ("(num_tokens * 4)", 66048),
@@ -168,6 +182,12 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("((num_rows + 3) // 4)", 57952),
     ("(((num_rows + 3) // 4) * ((hidden + 1023) // 1024))", 65568),
     ("(batch * num_tokens)", 126496),
+    ("num_blocks", 164384),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 75840),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 49216),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 34880),
+    ("((((num_tokens - 1) // block_m) + 1) * (hidden // 128))", 49664),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 36864),
 ]
 
 
@@ -236,16 +256,10 @@ def test_unsupported_values_are_left_out_with_a_reason(monkeypatch):
     assert kept == [] and list(left) == ["cast: cast has no Ascend kernel yet"]
 
 
-# CUDA kernels with no Ascend source yet; every other has one
-NOT_YET = {
-    "rmsnorm_backward_generic", "per_block_cast_generic", "per_channel_cast_generic", "per_block_cast_lossless_generic",
-}  # fmt: skip
-
-
-def test_every_kernel_has_an_ascend_source_or_is_named_as_not_yet():
+def test_every_kernel_has_an_ascend_source():
     from tkaot._decl import all_kernels
 
-    assert set(ASCEND_SOURCES) == set(all_kernels()) - NOT_YET
+    assert set(ASCEND_SOURCES) == set(all_kernels())
     assert set(CASES) | {kernel for kernel, *_ in MHC} == set(ASCEND_SOURCES)  # each lowers in the contract test
 
 
@@ -266,7 +280,7 @@ def test_generic_ascend_kernels_build_through_the_specialised_builder():
 
     from tkaot._decl import all_kernels
 
-    generics = {name: d.generic_of for name, d in all_kernels().items() if d.generic_of and name not in NOT_YET}
+    generics = {name: d.generic_of for name, d in all_kernels().items() if d.generic_of}
     assert generics and set(generics) <= set(ASCEND_SOURCES)
     for name, specialised in generics.items():
         source = inspect.getsource(importlib.import_module(ASCEND_SOURCES[name]))

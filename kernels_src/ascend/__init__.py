@@ -61,6 +61,8 @@ ASCEND_SOURCES = {
     # casts, backward, generic tiers, engram gate
     "per_block_cast_lossless": "kernels_src.ascend.per_block_cast_lossless",
     "per_block_cast_generic": "kernels_src.ascend.per_block_cast_generic",
+    "per_channel_cast_generic": "kernels_src.ascend.per_channel_cast_generic",
+    "per_block_cast_lossless_generic": "kernels_src.ascend.per_block_cast_lossless_generic",
     "batched_transpose_weight_sf": "kernels_src.ascend.batched_transpose_weight_sf",
     "cast_back_generic": "kernels_src.ascend.cast_back_generic",
     "per_token_cast_generic": "kernels_src.ascend.per_token_cast_generic",

@@ -37,24 +37,18 @@ def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
     return per_block_cast_kernel(hidden, None, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode)
 
 
-def block_shift(size):
-    """log2 of a block side of 32 or 128 (a runtime value): 5 or 7, without a branch."""
-    return 5 + (size >> 6)
-
-
 def per_block_cast_kernel(hidden, width, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
     """The kernel for rows of `hidden` columns in blocks of block_m x block_k: ints, one m block a tile by the
     widest segment of whole k blocks that divides the row (width None); or the generic kernel's runtime values
     (block sides 32 or 128, sf_layout 0 row / 1 col, hidden a multiple of 128), a tile of TILE rows (whole m
-    blocks of either side) by `width` columns (whole k blocks of either side), its blocks found by shifts."""
+    blocks of either side) by `width` columns (whole k blocks of either side), its inverses kept by 32 x 32 cell."""
     generic = width is not None
     fp4 = fmt == "e2m1"
     if generic:
         rows, chunk = TILE, MIN_BLOCK  # the tile's rows; the columns of each row maximum
         segs = hidden // width
-        shift_m, shift_k = block_shift(block_m), block_shift(block_k)
-        tile_m, tile_k = TILE >> shift_m, width >> shift_k  # blocks down and across a tile (runtime)
-        slots_m, slots_k = TILE // MIN_BLOCK, width // MIN_BLOCK  # room for the most blocks a tile holds
+        tile_m = TILE // block_m  # m blocks a tile holds (runtime)
+        slots_m, slots_k = TILE // MIN_BLOCK, width // MIN_BLOCK  # room for the most blocks a tile holds; its cells
     else:
         col_bytes = block_m * (BYTES[in_dtype] + (0 if mode == "sf_only" else 0.5 if fp4 else 1) + 4 / block_k)
         width = segment(hidden, block_k, col_bytes)
@@ -90,8 +84,16 @@ def per_block_cast_kernel(hidden, width, in_dtype, fmt, block_m, block_k, sf, sf
         sf_index, pad = sf_out.index, sf_out.pad
 
     def inverse(inv_ub, i, c):
-        # the inverse scale factor of element (i, c) of the tile
-        return inv_ub[i >> shift_m, c >> shift_k] if generic else inv_ub[c // block_k]
+        # the inverse scale factor of element (i, c) of the tile (generic: of its 32 x 32 cell, so no runtime block
+        # side indexes the elementwise loop)
+        return inv_ub[i // MIN_BLOCK, c // MIN_BLOCK] if generic else inv_ub[c // block_k]
+
+    @T.macro
+    def set_cells(inv_ub, bm, bk, inv):
+        # (generic) the inverse of the tile's block (bm, bk) into each 32 x 32 cell it covers
+        for a in T.serial(block_m // MIN_BLOCK):
+            for e in T.serial(block_k // MIN_BLOCK):
+                inv_ub[(bm * (block_m // MIN_BLOCK) + a) % slots_m, (bk * (block_k // MIN_BLOCK) + e) % slots_k] = inv
 
     def scaled(x_ub, inv_ub, i, c):
         return T.Cast("float32", x_ub[i, c]) * inverse(inv_ub, i, c)
@@ -125,14 +127,14 @@ def per_block_cast_kernel(hidden, width, in_dtype, fmt, block_m, block_k, sf, sf
                             amax[0] = T.max(amax[0], T.abs(T.Cast("float32", x_ub[i, q * chunk + j])))
                         row_max[i, q] = T.if_then_else(row + i < num_tokens, amax[0], T.float32(0))
                 if generic:
-                    # one thread a block of the tile: (bm, bk) among the tile's tile_m x tile_k
+                    # one thread a block of the tile: (bm, bk) among the slots, those in the tile
                     for q in T.Parallel(slots_m * slots_k):
                         bm, bk = q // slots_k, q % slots_k
                         m, kb = mb * tile_m + bm, col // block_k + bk
                         if T.And(T.And(bm * block_m < rows, bk * block_k < width), m < m_blocks):
                             if mode == "precomputed_sf":
                                 inv = T.float32(1.0) / common.decode_sf(out_sf[sf_index(m, kb)], sf)
-                                inv_ub[bm, bk] = T.Cast("float32", T.Cast("bfloat16", inv)) if inv_bf16 else inv
+                                set_cells(inv_ub, bm, bk, T.Cast("float32", T.Cast("bfloat16", inv)) if inv_bf16 else inv)
                             else:
                                 amax[0] = T.float32(0)
                                 for i in T.serial(block_m):
@@ -141,7 +143,7 @@ def per_block_cast_kernel(hidden, width, in_dtype, fmt, block_m, block_k, sf, sf
                                         # for TileLang's barrier analysis, which then sees these reads apart from inv_ub)
                                         amax[0] = T.max(amax[0], row_max[(bm * block_m + i) % rows, (bk * (block_k // chunk) + r) % kbs])
                                 stored, inv = common.scale_factor(amax[0], fmt, sf)
-                                inv_ub[bm, bk] = inv
+                                set_cells(inv_ub, bm, bk, inv)
                                 out_sf[sf_index(m, kb)] = stored
                                 if pad and kb == k_blocks - 1:
                                     # the unused bytes of the row's last word
