@@ -61,6 +61,8 @@ def cast_back_kernel(hidden, width: int | None, in_dtype: str, in_block: str, in
         x_sf: T.StridedTensor[sf_in.shape(sf_rows), (sf_stride, 1), sf_in.dtype],
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
+        if generic:
+            T.assume(hidden > 0)  # as the op checks
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(tiles * segs) as block:
             row = block // segs * rows
