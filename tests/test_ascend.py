@@ -142,8 +142,8 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(((num_tokens * mhc_mult) + 4095) // 4096)", 16384),
     ("(((num_tokens + 31) // 32) * 4)", 93408),
     ("(num_groups * ((((num_sf_k + 3) // 4) * ((num_sf_n + 15) // 16)) + (((num_sf_n + 3) // 4) * ((num_sf_k + 15) // 16))))", 8192),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 49664),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 49664),
+    ("(((num_tokens + 7) // 8) * ((hidden + 1023) // 1024))", 90112),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 53248),
     ("num_blocks", 129568),
     ("((hidden + 1023) // 1024)", 4096),
     ("((num_rows + 7) // 8)", 82528),
@@ -174,11 +174,11 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(((num_tokens + 31) // 32) * 14)", 75840),
     ("(((num_tokens + 127) // 128) * 32)", 49184),
     ("(((num_tokens + 31) // 32) * 7)", 70656),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 75776),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 33280),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 27648),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 77824),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 69632),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 30720),
     ("(((num_tokens + 127) // 128) * 16)", 57376),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 75776),
+    ("(((num_tokens + 3) // 4) * ((hidden + 1023) // 1024))", 51200),
     ("((num_rows + 3) // 4)", 57952),
     ("(((num_rows + 3) // 4) * ((hidden + 1023) // 1024))", 65568),
     ("(batch * num_tokens)", 126496),
@@ -233,8 +233,10 @@ def test_every_ascend_kernel_lowers_to_its_declared_contract(n):
     signature = low.source.split(f"void {spec.symbol}(", 1)[1].split(")", 1)[0]
     # the kernel's own parameter order, each an op argument of the declared type
     assert [p.split()[-1].lstrip("*") for p in signature.split(", ")] == [p.name for p in spec.params]
-    assert {a.name for a in spec.args} == set(decl.args) and {a.name for a in spec.args if a.role == "dim"} == set(decl.dims)
-    assert {p.name for p in spec.params} <= set(decl.args)
+    runtime = set(ascend.runtime_axes(kernel))  # static axes the Ascend kernel takes at run time, as dims
+    assert {a.name for a in spec.args} == set(decl.args) | runtime
+    assert {a.name for a in spec.args if a.role == "dim"} == set(decl.dims) | runtime
+    assert {p.name for p in spec.params} <= set(decl.args) | runtime and set(low.fixed) == runtime
     by_name = {a.name: a for a in spec.args}
     assert all(by_name[p.name].type == p.type for p in spec.params)
     assert spec.block == (1, 1, 1) and 0 < spec.smem <= ascend.UB_LIMIT
@@ -254,6 +256,37 @@ def test_unsupported_values_are_left_out_with_a_reason(monkeypatch):
     monkeypatch.delitem(ASCEND_SOURCES, "cast")
     kept, left = ascend.select([Variant.make("cast", CASES["cast"])])
     assert kept == [] and list(left) == ["cast: cast has no Ascend kernel yet"]
+
+
+def test_variants_differing_only_in_runtime_axes_share_one_lowering(tmp_path, fake_acl):
+    """per_token_cast_generic takes group and sf_layout at run time: variants that differ only in them are lowered once,
+    each entry fixes its values, and the launcher passes them with the op's values and the generic call's hidden."""
+    from tkaot._ascend import pack_plan
+    from tkaot._quant.kernels import PER_TOKEN_CAST
+    from tkaot.registry import ArtifactSet
+
+    a = Variant.make("per_token_cast_generic", {**_PTCG, "group": 32, "sf_layout": "col"})
+    b = Variant.make("per_token_cast_generic", {**_PTCG, "group": 128, "sf_layout": "row"})
+    assert ascend.cache_key(a) == ascend.cache_key(b) != ascend.cache_key(Variant.make("per_token_cast_generic", {**_PTCG, "sf": "fp32"}))
+    lowered, fresh = ascend.lower_all([a, b], 1, ascend.LoweringCache(tmp_path / "cache"))
+    assert fresh == 1 and [low.fixed for low in lowered] == [{"group": 32, "sf_layout": 1}, {"group": 128, "sf_layout": 0}]
+    assert lowered[0].source == lowered[1].source
+    root = ascend_set(tmp_path, lowered)
+    entries = {e["key"]: e for e in json.loads((root / "manifest.json").read_text())["variants"]}
+    assert entries[a.key]["fixed"] == {"group": 32, "sf_layout": 1} and entries[a.key]["source"] == entries[b.key]["source"]
+    again, fresh = ascend.lower_all([b, a], 1, ascend.LoweringCache(tmp_path / "cache"))
+    assert fresh == 0 and [low.fixed for low in again] == [{"group": 128, "sf_layout": 0}, {"group": 32, "sf_layout": 1}]
+
+    # the op binds the specialised kernel's arguments and fixes the generic one's runtime axis (hidden)
+    launch = ArtifactSet(root, "test").kernel("per_token_cast_generic", a.key).bind(PER_TOKEN_CAST.args, fixed={"hidden": 4160})
+    values = dict(x=0x10, x_sf=0x20, out=0x30, out_sf=0x40, num_tokens=37, x_stride=4160, in_sf_stride=1, sf_stride=64)
+    launch(0, 0xABC, *(values[n] for n in PER_TOKEN_CAST.args))
+    fields = dict(f.split("=", 1) for f in fake_acl.read_text().splitlines()[-1].split()[1:])
+    every = {**values, "hidden": 4160, "group": 32, "sf_layout": 1}
+    assert int(fields["blocks"]) == eval(lowered[0].spec.grid[0], {}, dict(every))  # the grammar is Python's
+    packed, (plan, _) = bytes.fromhex(fields["args"]), pack_plan(lowered[0].spec.params)
+    for (code, offset), p in zip(plan, lowered[0].spec.params):
+        assert struct.unpack_from("<" + code, packed, offset)[0] == every[p.name], p.name
 
 
 def test_every_kernel_has_an_ascend_source():

@@ -15,6 +15,7 @@ byte table gives. Data and outputs are declared as words, as on CUDA, and read a
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.quant_in import Side, block_sides
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
 from tkaot._quant.kernels import PER_BLOCK_CAST_LOSSLESS
@@ -45,44 +46,6 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
     if why:
         raise ValueError(f"{DECL.name} for Ascend: {why}")
     return per_block_cast_lossless_kernel(hidden, None, in_block, in_sf, out_block, sf, sf_layout)
-
-
-class Side:
-    """One side of a block: a size (int), or a runtime log2 of it (the generic kernel's); the arithmetic the
-    kernel does with it, so both read alike."""
-
-    def __init__(self, size=None, shift=None):
-        self.size, self.shift = size, shift
-
-    @property
-    def extent(self):
-        return self.size if self.shift is None else 1 << self.shift
-
-    def div(self, x):
-        return x // self.size if self.shift is None else x >> self.shift
-
-    def mul(self, x):
-        return x * self.size if self.shift is None else x << self.shift
-
-    def over(self, inner: "Side"):
-        """How many of `inner` this side holds."""
-        if self.shift is None and inner.shift is None:
-            return self.size // inner.size
-        return 1 << (self.log2 - inner.log2)
-
-    @property
-    def log2(self):
-        return self.size.bit_length() - 1 if self.shift is None else self.shift
-
-
-def block_sides(choices: tuple[str, ...], index):
-    """(rows, codes) Sides of the block choices[index], index a runtime value: each log2 a nibble of a constant
-    word, picked by the index (no branch)."""
-    words = [0, 0]
-    for n, text in enumerate(choices):
-        for side, size in enumerate(common.block_shape(text)):
-            words[side] |= (size.bit_length() - 1) << (4 * n)
-    return tuple(Side(shift=T.Cast("int32", (T.uint32(w) >> T.Cast("uint32", 4 * index)) & T.uint32(15))) for w in words)
 
 
 def per_block_cast_lossless_kernel(hidden, width, in_block, in_sf, out_block, sf, sf_layout):

@@ -43,3 +43,47 @@ class RuntimeSfLayout:
             pack = common.UE8M0_PACK
             return 0, 0, T.if_then_else(col, k // pack, m), T.if_then_else(col, m * pack + k % pack, k)
         return 0, 0, T.if_then_else(col, k, m), T.if_then_else(col, m, k)
+
+
+FIELD = 3  # bits of a block side's log2 in block_sides' words
+
+
+class Side:
+    """One side of a block: a size (int), or a runtime log2 of it (the generic kernel's); the arithmetic the
+    kernel does with it, so both read alike."""
+
+    def __init__(self, size=None, shift=None):
+        self.size, self.shift = size, shift
+
+    @property
+    def extent(self):
+        return self.size if self.shift is None else 1 << self.shift
+
+    def div(self, x):
+        return x // self.size if self.shift is None else x >> self.shift
+
+    def mul(self, x):
+        return x * self.size if self.shift is None else x << self.shift
+
+    def over(self, inner: "Side"):
+        """How many of `inner` this side holds."""
+        if self.shift is None and inner.shift is None:
+            return self.size // inner.size
+        return 1 << (self.log2 - inner.log2)
+
+    @property
+    def log2(self):
+        return self.size.bit_length() - 1 if self.shift is None else self.shift
+
+
+def block_sides(choices: tuple[str, ...], index):
+    """(rows, columns) Sides of the block choices[index], index a runtime value: each side's log2 (at most 7) is a
+    3-bit field of a constant word, picked by the index (no branch)."""
+    if len(choices) * FIELD > 32:
+        raise ValueError(f"{len(choices)} block choices do not fit a word of {FIELD}-bit fields")
+    words = [0, 0]
+    for n, text in enumerate(choices):
+        for side, size in enumerate(common.block_shape(text)):
+            words[side] |= (size.bit_length() - 1) << (FIELD * n)
+    mask = (1 << FIELD) - 1
+    return tuple(Side(shift=T.Cast("int32", (T.uint32(w) >> T.Cast("uint32", FIELD * index)) & T.uint32(mask))) for w in words)
