@@ -77,7 +77,7 @@ def test_swiglu_backward_and_per_token_cast_returns_tile_kernels_fields(launches
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 127, 4097])
-def test_moe_topk_gate_backward_launches_its_one_variant(launches, tokens):  # noqa: F811
+def test_moe_topk_gate_backward_launches_its_default_tiling(launches, tokens):  # noqa: F811
     scores, idx = F32(tokens, 256), I64(tokens, 8)
     out = tkaot.moe.moe_topk_gate_backward(scores, idx, F32(tokens, 8), F32(tokens, 8), 2.5)
     assert out.shape == (tokens, 256) and out.dtype == torch.float32
@@ -86,7 +86,7 @@ def test_moe_topk_gate_backward_launches_its_one_variant(launches, tokens):  # n
         tkaot.moe.moe_topk_gate_backward(scores, idx, F32(tokens, 8), F32(tokens, 8), 2.5, "sqrtsoftplus", BOOL(tokens), F32(1, 256), given)
         is given
     )
-    assert launches == [("moe_topk_gate_backward", "")] * 2
+    assert launches == [("moe_topk_gate_backward", "tiling=scatter4")] * 2
 
 
 # ---- refusals: each call is a valid one with one thing broken

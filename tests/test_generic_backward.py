@@ -45,10 +45,11 @@ SPECIALISED_WIDTHS = (512, 1536, 2048, 4096, 5120, 7168, 8192)  # build_tools/sh
 
 
 def helper_threads(helpers: str, hidden: int) -> int:
-    """Evaluate the tiling's device function (a constant plus `(hidden > W ? A : 0)` terms) at `hidden`."""
+    """Evaluate the tiling's device function (log2 of the threads a row takes: a constant plus `(hidden > W ? A : 0)`
+    terms) at `hidden`, as threads."""
     (body,) = re.findall(r"return (.*);", helpers)
     steps = re.findall(r"\(hidden > (\d+) \? (\d+) : 0\)", body)
-    return int(body.split(" ", 1)[0]) + sum(int(a) for w, a in steps if hidden > int(w))
+    return 1 << (int(body.split(" ", 1)[0]) + sum(int(a) for w, a in steps if hidden > int(w)))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -66,6 +67,7 @@ def test_the_runtime_tiling_is_norm_backward_tiling_at_every_width(dtype):
         if threads < NUM_THREADS:
             slot_floats = max(slot_floats, NUM_THREADS // threads * h)
             assert NUM_THREADS // threads <= tiling.max_slots
+        assert NUM_THREADS // threads * h <= tiling.stage_elems  # a stage's rows fit their region of the buffer
     assert tiling.vectors == most  # the loops run no further than the widest row needs
     assert tiling.slot_floats == slot_floats  # shared memory for every width's row slots, no more
 

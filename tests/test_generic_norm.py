@@ -32,11 +32,10 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def helper_threads(helpers: str, hidden: int) -> int:
-    """Evaluate the split's device function (a sum of `(hidden > W ? A : 0)` terms) at `hidden`."""
-    (body,) = re.findall(r"return (.*);", helpers)
-    return sum(int(a) if hidden > int(w) else 0 for w, a in re.findall(r"\(hidden > (\d+) \? (\d+) : 0\)", body)) + int(
-        body.split(" ", 1)[0]
-    )
+    """Evaluate the split's device function (log2 of the threads: a sum of `(hidden > W ? A : 0)` terms) at `hidden`."""
+    (body,) = re.findall(r"return (\d.*);", helpers)
+    shift = sum(int(a) if hidden > int(w) else 0 for w, a in re.findall(r"\(hidden > (\d+) \? (\d+) : 0\)", body))
+    return 1 << (shift + int(body.split(" ", 1)[0]))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -11,12 +11,19 @@ a (token, head) row:
 Image tokens (has_mask) pass go through to grad_x and get zero grad_kv.
 
 One CTA a partial p, 8 warps, two a head (hc_mult is 4): CTA p takes tokens
-[p * ceil(T / P), (p + 1) * ceil(T / P)). Every sum runs in TileKernels' order (dL/dg: warp w of
-a head sums its lanes' elements in 128-element halves of 256-element groups, then the two warps
-add; grad_w: token by token), so the results are the same bits. The thread that owns a grad_w
-element accumulates it in grad_w_partial itself (each CTA owns its row, which stays in L2),
-so hidden is a runtime value (a multiple of 256).
+[p * ceil(T / P), (p + 1) * ceil(T / P)). Lane l of warp `half` of a head owns, in every 256-element
+group g, elements g * 256 + half * 128 + l * 4 + 0..3. Every sum runs in TileKernels' order (dL/dg:
+a warp sums its lanes' elements group by group, then the two warps add; grad_v: heads in order;
+grad_w: token by token), so the results are the same bits.
+
+With one CTA an SM the kernel lives on bytes in flight: its loads run `depth` groups ahead of their use
+in register rings. The first `keep` groups of a row are unrolled: their go is parked in shared memory
+in the dL/dg pass (grad_v and grad_x read it there, not from L2 again) and their grad_w is summed in
+registers, written once at the end. Groups past `keep` (hidden above keep * 256) take a plain loop
+that reads go again and sums grad_w in grad_w_partial itself, so hidden stays a runtime value.
 """
+
+import re
 
 import tilelang.language as T
 
@@ -28,9 +35,22 @@ DECL = GATE_BWD  # the declaration this module builds (tkaot/_engram/kernels.py)
 HC = 4
 THREADS = HC * 2 * 32
 GROUP = 256  # elements of a head's row two warps cover at once (4 a lane)
+VEC = 4
+
+
+def parse_tiling(tiling: str) -> tuple[int, int]:
+    """Tiling "k<keep>d<depth>": groups of a row kept on chip (6 KB of shared memory a group), groups in flight."""
+    match = re.fullmatch(r"k(\d+)d(\d+)", tiling)
+    if match is None:
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>")
+    keep, depth = int(match[1]), int(match[2])
+    if not (1 <= keep <= 36 and 1 <= depth <= 16):
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36 (216 KB of shared memory), depth 1-16")
+    return keep, depth
 
 
 def build(tiling: str):
+    keep, depth = parse_tiling(tiling)
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
@@ -64,17 +84,25 @@ def build(tiling: str):
             lane = tid % 32
             head = warp // 2
             half = warp % 2
+            own = half * 128 + lane * VEC  # this lane's elements in a group
             groups = hidden // GROUP
             per = T.ceildiv(num_tokens, num_partials)
             start = T.min(per * part, num_tokens)
             end = T.min(per * (part + 1), num_tokens)
             sums = T.alloc_shared((2, HC, 2), T.float32)
-            go = T.alloc_local((4,), T.float32)
-            v = T.alloc_local((4,), T.float32)
-            x = T.alloc_local((4,), T.float32)
-            k = T.alloc_local((4,), T.float32)
-            w = T.alloc_local((4,), T.float32)
-            gv = T.alloc_local((4,), T.float32)
+            go_smem = T.alloc_shared((HC, keep * GROUP), T.bfloat16)
+            w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)
+            grad_w = T.alloc_local((keep, VEC), T.float32)
+            go_ring = T.alloc_local((depth, VEC), T.bfloat16)
+            v_ring = T.alloc_local((depth, VEC), T.bfloat16)
+            x_ring = T.alloc_local((depth, VEC), T.bfloat16)
+            k_ring = T.alloc_local((depth, VEC), T.bfloat16)
+            go = T.alloc_local((VEC,), T.float32)
+            v = T.alloc_local((VEC,), T.float32)
+            x = T.alloc_local((VEC,), T.float32)
+            k = T.alloc_local((VEC,), T.float32)
+            w = T.alloc_local((VEC,), T.float32)
+            gv = T.alloc_local((VEC,), T.float32)
             gates = T.alloc_local((HC,), T.float32)
             acc = T.alloc_local((1,), T.float32)
             r = T.alloc_var(T.float32)
@@ -87,9 +115,14 @@ def build(tiling: str):
             done = T.alloc_var(T.int32)  # unmasked tokens so far: picks the half of `sums` to use
             done = 0
 
-            for g in T.serial(groups):
-                for j in T.vectorized(4):
-                    grad_w_partial[part, head, g * GROUP + half * 128 + lane * 4 + j] = 0.0
+            T.clear(grad_w)
+            for g in T.unroll(keep):  # the weight of the kept groups, read by every token
+                if g < groups:
+                    for j in T.vectorized(VEC):
+                        w_smem[head, g * GROUP + own + j] = weight_fused[head, g * GROUP + own + j]
+            for g in T.serial(keep, groups):  # past `keep`, grad_w is summed in grad_w_partial itself
+                for j in T.vectorized(VEC):
+                    grad_w_partial[part, head, g * GROUP + own + j] = 0.0
 
             for t in T.serial(start, end):
                 if has_mask != 0 and image_token_mask[t]:
@@ -103,16 +136,45 @@ def build(tiling: str):
                                 for j in T.vectorized(8):
                                     grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
-                    # dL/dg of this warp's head: each warp sums its halves, then the two warps add
+                    T.sync_threads()  # the previous token's readers of go_smem are done
+                    # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
-                    for g in T.serial(groups):
-                        e = g * GROUP + half * 128 + lane * 4
-                        for j in T.vectorized(4):
-                            go[j] = grad_out[t, head, e + j]
-                        for j in T.vectorized(4):
-                            v[j] = kv[t, HC, e + j]
-                        for j in T.serial(4):
+                    for u in T.unroll(depth):
+                        if u < groups and u < keep:
+                            for j in T.vectorized(VEC):
+                                go_ring[u, j] = grad_out[t, head, u * GROUP + own + j]
+                            for j in T.vectorized(VEC):
+                                v_ring[u, j] = kv[t, HC, u * GROUP + own + j]
+                    for g in T.unroll(keep):
+                        if g < groups:
+                            for j in T.vectorized(VEC):
+                                go[j] = go_ring[g % depth, j]
+                            for j in T.vectorized(VEC):
+                                v[j] = v_ring[g % depth, j]
+                            for j in T.vectorized(VEC):
+                                go_smem[head, g * GROUP + own + j] = go_ring[g % depth, j]
+                            if g + depth < keep:
+                                if g + depth < groups:
+                                    for j in T.vectorized(VEC):
+                                        go_ring[g % depth, j] = grad_out[t, head, (g + depth) * GROUP + own + j]
+                                    for j in T.vectorized(VEC):
+                                        v_ring[g % depth, j] = kv[t, HC, (g + depth) * GROUP + own + j]
+                            for j in T.serial(VEC):
+                                acc[0] += go[j] * v[j]
+                    for g in T.serial(keep, groups):
+                        for j in T.vectorized(VEC):
+                            go[j] = grad_out[t, head, g * GROUP + own + j]
+                        for j in T.vectorized(VEC):
+                            v[j] = kv[t, HC, g * GROUP + own + j]
+                        for j in T.serial(VEC):
                             acc[0] += go[j] * v[j]
+                    # x and k of the first groups, in flight during the exchange and grad_v
+                    for u in T.unroll(depth):
+                        if u < groups and u < keep:
+                            for j in T.vectorized(VEC):
+                                x_ring[u, j] = hidden_states[t, head, u * GROUP + own + j]
+                            for j in T.vectorized(VEC):
+                                k_ring[u, j] = kv[t, head, u * GROUP + own + j]
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
@@ -132,35 +194,65 @@ def build(tiling: str):
                     # grad_v: every thread, 4 elements at a time, heads summed in order
                     for h in T.unroll(HC):
                         gates[h] = gate_score[t, h]
-                    for i in T.serial(T.ceildiv(hidden, THREADS * 4)):
-                        e = (i * THREADS + tid) * 4
+                    for i in T.serial(T.ceildiv(hidden, THREADS * VEC)):
+                        e = (i * THREADS + tid) * VEC
                         if e < hidden:
                             T.clear(gv)
                             for h in T.unroll(HC):
-                                for j in T.vectorized(4):
-                                    go[j] = grad_out[t, h, e + j]
-                                for j in T.vectorized(4):
+                                if e < keep * GROUP:
+                                    for j in T.vectorized(VEC):
+                                        go[j] = go_smem[h, e + j]
+                                else:
+                                    for j in T.vectorized(VEC):
+                                        go[j] = grad_out[t, h, e + j]
+                                for j in T.vectorized(VEC):
                                     gv[j] += go[j] * gates[h]
-                            for j in T.vectorized(4):
+                            for j in T.vectorized(VEC):
                                 grad_kv[t, HC, e + j] = gv[j]
 
                     # grad_x, grad_k and this token's share of grad_w
                     dot_x = d * rx * rx / T.cast(hidden, T.float32)
                     dot_k = d * rk * rk / T.cast(hidden, T.float32)
-                    for g in T.serial(groups):
-                        e = g * GROUP + half * 128 + lane * 4
-                        for j in T.vectorized(4):
+                    for g in T.unroll(keep):
+                        if g < groups:
+                            for j in T.vectorized(VEC):
+                                go[j] = go_smem[head, g * GROUP + own + j]
+                            for j in T.vectorized(VEC):
+                                x[j] = x_ring[g % depth, j]
+                            for j in T.vectorized(VEC):
+                                k[j] = k_ring[g % depth, j]
+                            for j in T.vectorized(VEC):
+                                w[j] = w_smem[head, g * GROUP + own + j]
+                            if g + depth < keep:
+                                if g + depth < groups:
+                                    for j in T.vectorized(VEC):
+                                        x_ring[g % depth, j] = hidden_states[t, head, (g + depth) * GROUP + own + j]
+                                    for j in T.vectorized(VEC):
+                                        k_ring[g % depth, j] = kv[t, head, (g + depth) * GROUP + own + j]
+                            for j in T.vectorized(VEC):
+                                grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
+                                grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)
+                            for j in T.vectorized(VEC):
+                                grad_w[g, j] = grad_w[g, j] + r * x[j] * k[j]
+                    for g in T.serial(keep, groups):
+                        e = g * GROUP + own
+                        for j in T.vectorized(VEC):
                             go[j] = grad_out[t, head, e + j]
-                        for j in T.vectorized(4):
+                        for j in T.vectorized(VEC):
                             x[j] = hidden_states[t, head, e + j]
-                        for j in T.vectorized(4):
+                        for j in T.vectorized(VEC):
                             k[j] = kv[t, head, e + j]
-                        for j in T.vectorized(4):
+                        for j in T.vectorized(VEC):
                             w[j] = weight_fused[head, e + j]
-                        for j in T.vectorized(4):
+                        for j in T.vectorized(VEC):
                             grad_hidden_states[t, head, e + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                             grad_kv[t, head, e + j] = r * (x[j] * w[j] - k[j] * dot_k)
-                        for j in T.vectorized(4):
+                        for j in T.vectorized(VEC):
                             grad_w_partial[part, head, e + j] = grad_w_partial[part, head, e + j] + r * x[j] * k[j]
+
+            for g in T.unroll(keep):
+                if g < groups:
+                    for j in T.vectorized(VEC):
+                        grad_w_partial[part, head, g * GROUP + own + j] = grad_w[g, j]
 
     return engram_gate_bwd

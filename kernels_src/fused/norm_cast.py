@@ -128,53 +128,73 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
         return T.cast(vectors[v, j], T.float32)
 
     @T.macro
-    def store_sf(out_sf, b, token, gi, stored):
+    def store_sf(sf_row, gi, stored):
         # Group gi's scale factor; packed, the unused bytes of a row's last word are written as 0
         if packed:
-            out_sf[b, token, gi // 4, gi % 4] = stored
+            sf_row.buffer[sf_row.at(gi // 4, gi % 4)] = stored
             if split.static:
                 if num_groups % 4 != 0 and gi == num_groups - 1:
                     for p in T.unroll(num_groups % 4, 4):
-                        out_sf[b, token, num_words - 1, p] = T.uint8(0)
+                        sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
             elif gi == num_groups - 1:
                 for p in T.unroll(1, 4):
                     if p >= num_groups % 4 and num_groups % 4 != 0:
-                        out_sf[b, token, num_words - 1, p] = T.uint8(0)
+                        sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
         else:
-            out_sf[b, token, gi] = stored
+            sf_row.buffer[sf_row.at(gi)] = stored
 
     @T.macro
-    def store_residual_sums(residual_out, x_reg, b, token, lane):
+    def store_residual_sums(rout_row, x_reg, token, lane):
         # With a residual tiling: the thread's residual sums, stored once the row reduction has consumed them
         for v in T.unroll(vecs_per_thread):
             col = (v * split.row_threads + lane) * vec
             if token < num_tokens and split.in_row(col):
                 for j in T.vectorized(vec):
-                    residual_out[b, token, col + j] = x_reg[v, j]
+                    rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
 
     @T.macro
-    def add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col):
+    def add_residual(res_row, rout_row, x_reg, r_reg, v):
         for j in T.vectorized(vec):
-            r_reg[j] = residual[b, token, col + j]
+            r_reg[j] = res_row.buffer[res_row.at(v, j)]
         for j in T.vectorized(vec):
             x_reg[v, j] = x_reg[v, j] + r_reg[j]
         if not residual_given:
             for j in T.vectorized(vec):
-                residual_out[b, token, col + j] = x_reg[v, j]
+                rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
 
     @T.macro
-    def load_row(x, residual, residual_out, x_reg, r_reg, b, token, lane, has_residual):
+    def load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, v, col, has_residual):
+        # A generic split's vector v: loaded (clamped into the tensor) whatever the width, zeroed outside the row
+        in_row = token < num_tokens and split.in_row(col)
+        for j in T.vectorized(vec):
+            x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
+        if residual_given or has_residual != 0:
+            for j in T.vectorized(vec):
+                r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
+            for j in T.vectorized(vec):
+                x_reg[v, j] = x_reg[v, j] + r_reg[j]
+            if not residual_given and in_row:
+                for j in T.vectorized(vec):
+                    rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+        if not in_row:
+            for j in T.vectorized(vec):
+                x_reg[v, j] = T.cast(0, dtype)
+
+    @T.macro
+    def load_row(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
         # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
         # the residual tiling takes it as given, the other asks has_residual
         for v in T.unroll(vecs_per_thread):
             col = (v * split.row_threads + lane) * vec
-            if token < num_tokens and split.in_row(col):
+            if split.loads_unguarded:
+                load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, v, col, has_residual)
+            elif token < num_tokens and split.in_row(col):
                 for j in T.vectorized(vec):
-                    x_reg[v, j] = x[b, token, col + j]
+                    x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
                 if residual_given:
-                    add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
+                    add_residual(res_row, rout_row, x_reg, r_reg, v)
                 elif has_residual != 0:
-                    add_residual(residual, residual_out, x_reg, r_reg, b, token, v, col)
+                    add_residual(res_row, rout_row, x_reg, r_reg, v)
             else:
                 for j in T.vectorized(vec):
                     x_reg[v, j] = T.cast(0, dtype)
@@ -240,7 +260,12 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
                 inv_lean = T.alloc_local((1,), T.float32)
             warp_sums = T.alloc_shared(split.warp_sums_shape, T.float32)
             token = block * split.rows_per_block + split.row(tid)
-            load_row(x, residual, residual_out, x_reg, r_reg, b, token, lane, has_residual)
+            x_row = split.thread_row(x, b, token, lane, "r")
+            res_row = split.thread_row(residual, b, token, lane, "r")
+            rout_row = split.thread_row(residual_out, b, token, lane, "w")
+            out_row = split.thread_row(out, b, token, lane, "w")
+            ob_row = split.thread_row(out_bf16, b, token, lane, "w")
+            load_row(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual)
             if preload and has_weight != 0:
                 for v in T.unroll(vecs_per_thread):
                     col = (v * split.row_threads + lane) * vec
@@ -258,7 +283,7 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
 
             split.reduce(acc, warp_sums, split.row(tid), lane)
             if residual_given:
-                store_residual_sums(residual_out, x_reg, b, token, lane)
+                store_residual_sums(rout_row, x_reg, token, lane)
             inv_rms = T.alloc_var(T.float32, init=T.rsqrt(acc[0] / split.divisor + eps))
             if has_rstd != 0 and lane == 0 and token < num_tokens:
                 rstd[b, token] = inv_rms
@@ -307,20 +332,21 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
                         for j in T.unroll(vec):
                             yb_reg[j] = T.cast(yf[j], T.bfloat16)
                         for j in T.vectorized(vec):
-                            out_bf16[b, token, col + j] = yb_reg[j]
+                            ob_row.buffer[ob_row.at(v, j)] = yb_reg[j]
                     for j in T.vectorized(vec):
                         yf[j] = yf[j] * inv
                     for j in T.vectorized(vec):
                         q_reg[j] = T.cast(yf[j], FP8)
                     if token < num_tokens and in_row:
                         for j in T.vectorized(vec):
-                            out[b, token, col + j] = q_reg[j]
+                            out_row.buffer[out_row.at(v, j)] = q_reg[j]
                         sf_keep[v] = stored
             # The thread's scale factors, stored after its last vector under one branch
             if token < num_tokens and lane % group_lanes == 0:
+                sf_row = split.sf_row(out_sf, b, token)
                 for v in T.unroll(vecs_per_thread):
                     col = (v * split.row_threads + lane) * vec
                     if split.in_row(col):
-                        store_sf(out_sf, b, token, col // GROUP, sf_keep[v])
+                        store_sf(sf_row, col // GROUP, sf_keep[v])
 
     return norm_cast

@@ -54,8 +54,12 @@ def check_static(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str) -
 
 
 def vector_elems(x_dtype: str, grad_dtype: str, fmt: str) -> int:
-    """Columns a lane owns in a chunk: one 16-byte access of the widest of x, act_x_grad and x_grad."""
-    return 16 // max(_BYTES[x_dtype], _BYTES[grad_dtype], 4 if fmt == "fp32" else 2)
+    """Columns a lane owns in a chunk: one 16-byte access of the widest of x, act_x_grad and x_grad; but an fp32
+    act_x_grad beside an FP8 x is read in two 16-byte accesses (at 4 columns a lane, x would be read 4 bytes a lane)."""
+    widest = max(_BYTES[x_dtype], 4 if fmt == "fp32" else 2)
+    if not (x_dtype == "e4m3" and grad_dtype == "float32"):
+        widest = max(widest, _BYTES[grad_dtype])
+    return 16 // widest
 
 
 def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):

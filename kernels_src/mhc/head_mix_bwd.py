@@ -8,7 +8,9 @@ p, p + num_sms, p + 2 * num_sms, ... (the caller sums the partial rows). `num_sm
 
 A thread owns tile elements tid, tid + 128, ... (flattened token-major), so its column is
 tid % mhc_mult when the rate is a power of two up to 128; the block then sums by a butterfly over
-shared memory, pairs 64, 32, ... apart, down to mhc_mult apart for the base and to 1 for the scale.
+shared memory, pairs 64, 32, ... apart, down to mhc_mult apart for the base and to 1 for the scale (pairs
+within a warp by xor shuffles: the same additions, without a barrier each). A thread loads the elements of
+UNROLL rounds before working on them in order, so it waits for memory once for them, not once a round.
 """
 
 import tilelang.language as T
@@ -20,6 +22,8 @@ DECL = HEAD_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py
 
 THREADS = HEAD_MIX_BWD_THREADS
 STEPS = THREADS.bit_length() - 1  # butterfly steps: 64, 32, ..., 1 apart
+WARP = 32
+UNROLL = 4  # rounds of a tile whose loads a thread issues together
 
 
 def build(dtype: str):
@@ -50,24 +54,35 @@ def build(dtype: str):
             g = T.alloc_var(T.float32)
             scale_red = T.alloc_shared((THREADS,), T.float32)
             base_red = T.alloc_shared((THREADS,), T.float32)
+            x = T.alloc_local((UNROLL,), T.float32)
+            dy = T.alloc_local((UNROLL,), T.float32)
+            base = T.alloc_local((UNROLL,), T.float32)
             scale_sum = T.float32(0)
             base_sum = T.float32(0)
             tile = token_block_size * mhc_mult
             tiles = T.ceildiv(num_tokens, token_block_size)
+            rounds = T.ceildiv(tile, THREADS)
             for wave in T.serial(T.ceildiv(tiles, num_sms)):
                 t = wave * num_sms + pid
                 if t < tiles:
-                    for r in T.serial(T.ceildiv(tile, THREADS)):
-                        f = r * THREADS + tid
-                        token = t * token_block_size + f // mhc_mult
-                        j = f % mhc_mult
-                        if f < tile and token < num_tokens:
-                            s = T.sigmoid(input_mix[token, j] * mhc_scale[0] + mhc_base[j])
-                            g = s * (T.float32(1) - s) * output_mix_grad[token, j]
-                            input_mix_grad[token, j] = g * mhc_scale[0]
-                            scale_sum = scale_sum + g * input_mix[token, j]
-                            base_sum = base_sum + g
-            for step in T.serial(STEPS):
+                    for r0 in T.serial(T.ceildiv(rounds, UNROLL)):
+                        for u in T.unroll(UNROLL):
+                            f = (r0 * UNROLL + u) * THREADS + tid
+                            token = t * token_block_size + f // mhc_mult
+                            if f < tile and token < num_tokens:
+                                x[u] = input_mix[token, f % mhc_mult]
+                                dy[u] = output_mix_grad[token, f % mhc_mult]
+                                base[u] = mhc_base[f % mhc_mult]
+                        for u in T.unroll(UNROLL):
+                            f = (r0 * UNROLL + u) * THREADS + tid
+                            token = t * token_block_size + f // mhc_mult
+                            if f < tile and token < num_tokens:
+                                s = T.sigmoid(x[u] * mhc_scale[0] + base[u])
+                                g = s * (T.float32(1) - s) * dy[u]
+                                input_mix_grad[token, f % mhc_mult] = g * mhc_scale[0]
+                                scale_sum = scale_sum + g * x[u]
+                                base_sum = base_sum + g
+            for step in T.serial(STEPS - 5):  # pairs in different warps, through shared memory
                 apart = (THREADS // 2) >> step
                 T.sync_threads()
                 scale_red[tid] = scale_sum
@@ -76,6 +91,12 @@ def build(dtype: str):
                 scale_sum = scale_sum + scale_red[tid ^ apart]
                 if apart >= mhc_mult:
                     base_sum = base_sum + base_red[tid ^ apart]
+            for step in T.unroll(5):  # pairs within a warp
+                apart = (WARP // 2) >> step
+                scale_sum = scale_sum + T.shfl_xor(scale_sum, apart)
+                partner = T.shfl_xor(base_sum, apart)
+                if apart >= mhc_mult:
+                    base_sum = base_sum + partner
             if tid == 0:
                 mhc_scale_grad_partial[pid, 0] = scale_sum
             if tid < mhc_mult:

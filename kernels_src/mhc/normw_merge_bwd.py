@@ -2,7 +2,9 @@
 fn_grad[i, k] += out_fn_grad[i, k] * normw[k]; normw_grad[k] += sum over i of out_fn_grad[i, k] * fn[i, k].
 
 A thread owns one column k and walks the rows in order, the column sum starting from zero and added
-to normw_grad once at the end. Both sizes are runtime values.
+to normw_grad once at the end. Both sizes are runtime values. The rows go ROWS at a time: all their loads
+are issued before the first product, so a thread waits for memory once a chunk, not once a row (m is 24 in
+DeepSeek's models: one chunk; a row at a time spent 12.5 µs at 24 x 28672, waiting 24 times).
 """
 
 import tilelang.language as T
@@ -13,6 +15,7 @@ from tkaot._mhc.kernels import NORMW_MERGE_BWD
 DECL = NORMW_MERGE_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
 THREADS = 128
+ROWS = 24  # rows a thread has in flight
 
 
 def build(dtype: str):
@@ -33,12 +36,22 @@ def build(dtype: str):
             k = block * THREADS + T.get_thread_binding()
             w = T.alloc_var(T.float32)
             total = T.alloc_var(T.float32)
+            f = T.alloc_local((ROWS,), T.float32)
+            g = T.alloc_local((ROWS,), T.float32)
+            acc = T.alloc_local((ROWS,), T.float32)
             if k < n:
                 w = normw[k]
                 total = T.float32(0)
-                for i in T.serial(m):
-                    fn_grad[i, k] = fn_grad[i, k] + out_fn_grad[i, k] * w
-                    total = total + out_fn_grad[i, k] * fn[i, k]
+                for chunk in T.serial(T.ceildiv(m, ROWS)):
+                    for r in T.unroll(ROWS):
+                        if chunk * ROWS + r < m:
+                            g[r] = out_fn_grad[chunk * ROWS + r, k]
+                            f[r] = fn[chunk * ROWS + r, k]
+                            acc[r] = fn_grad[chunk * ROWS + r, k]
+                    for r in T.unroll(ROWS):
+                        if chunk * ROWS + r < m:
+                            fn_grad[chunk * ROWS + r, k] = acc[r] + g[r] * w
+                            total = total + g[r] * f[r]
                 normw_grad[k] = normw_grad[k] + total
 
     return mhc_normw_merge_bwd

@@ -27,6 +27,9 @@ DECL = PRE_BIG_FUSE  # the declaration this module builds (tkaot/_mhc/kernels.py
 THREADS = 128
 VEC = 8  # bf16 elements in 16 bytes
 UNROLL = 2  # vectors a thread has in flight per stream
+SPLITS = 16  # split partials a thread loads before adding them (in split order): one wait for 16 splits, not 16
+SOLO_TOKENS = 264  # up to 2 tokens an SM of an H200: warp 0 only reduces the mixes and runs Sinkhorn (below)
+MIN_BLOCKS = 8  # keeps the registers at 64 (as with a split at a time): 8 blocks an SM at 8192 tokens
 
 
 def _log2(n: int) -> int:
@@ -67,6 +70,7 @@ def build(mhc_mult: int):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % VEC == 0)
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             tid = T.get_thread_binding()
             mixes = T.alloc_shared((mix_count,), T.float32)
             pre = T.alloc_shared((m,), T.float32)
@@ -77,15 +81,24 @@ def build(mhc_mult: int):
             xv = T.alloc_local((UNROLL, m, VEC), T.bfloat16)
             acc = T.alloc_local((VEC,), T.float32)
             out = T.alloc_local((VEC,), T.bfloat16)
+            sq_part = T.alloc_local((SPLITS,), T.float32)
+            mix_part = T.alloc_local((SPLITS,), T.float32)
 
             # the mixes: split sums from zero, times the RMS factor of the token's residual
             if tid < mix_count:
                 squares = T.float32(0)
-                for split in T.serial(n_splits):
-                    squares = squares + gemm_out_sqrsum[split, t]
                 mix = T.float32(0)
-                for split in T.serial(n_splits):
-                    mix = mix + gemm_out_mul[split, t, tid]
+                for chunk in T.serial(T.ceildiv(n_splits, SPLITS)):
+                    for u in T.unroll(SPLITS):
+                        if chunk * SPLITS + u < n_splits:
+                            sq_part[u] = gemm_out_sqrsum[chunk * SPLITS + u, t]
+                            mix_part[u] = gemm_out_mul[chunk * SPLITS + u, t, tid]
+                    for u in T.unroll(SPLITS):
+                        if chunk * SPLITS + u < n_splits:
+                            squares = squares + sq_part[u]
+                    for u in T.unroll(SPLITS):
+                        if chunk * SPLITS + u < n_splits:
+                            mix = mix + mix_part[u]
                 mix = mix * T.rsqrt(squares / T.cast(m * hidden, T.float32) + rms_eps)
                 mixes[tid] = mix
                 if tid < m:
@@ -123,17 +136,22 @@ def build(mhc_mult: int):
                     comb_mix[t, tid] = cm
 
             # layer_input = the pre-mix-weighted sum of the residual streams
+            # With few tokens a block's latency is the kernel's time: warp 0 then leaves the residual streams to the
+            # other warps, whose loads overlap its Sinkhorn (else it would start its share after the Sinkhorn)
             vectors = hidden // VEC
-            for it in T.serial(T.ceildiv(vectors, THREADS * UNROLL)):
+            solo = num_tokens <= SOLO_TOKENS
+            workers = T.if_then_else(solo, THREADS - 32, THREADS)
+            worker = T.if_then_else(solo, tid - 32, tid)
+            for it in T.serial(T.ceildiv(vectors, workers * UNROLL)):
                 for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * THREADS + tid
-                    if v < vectors:
+                    v = (it * UNROLL + u) * workers + worker
+                    if 0 <= worker and v < vectors:
                         for i in T.unroll(m):
                             for k in T.vectorized(VEC):
                                 xv[u, i, k] = residual[t, i, v * VEC + k]
                 for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * THREADS + tid
-                    if v < vectors:
+                    v = (it * UNROLL + u) * workers + worker
+                    if 0 <= worker and v < vectors:
                         for k in T.unroll(VEC):
                             acc[k] = T.float32(0)
                         for i in T.unroll(m):

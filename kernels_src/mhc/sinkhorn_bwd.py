@@ -1,5 +1,10 @@
-"""mhc_sinkhorn backward, one thread per token: replay the forward (sinkhorn_fwd.py) from x, keeping each
-step's input matrix and sums, then walk the steps back.
+"""mhc_sinkhorn backward: replay the forward (sinkhorn_fwd.py) from x, keeping each step's input matrix and
+sums, then walk the steps back.
+
+Where a matrix fits in a warp (mhc <= 5), one matrix element a lane (kernels_src/mhc/sinkhorn_lanes.py), as the
+forward: each lane keeps its element of every step's input in shared memory (SHARED_RECORDS of them, every step
+up to 20 repeats; later steps go to `scratch`), recomputes the sums from them by the same shuffles, and
+keeps the softmax output in a register. Wider matrices keep one thread per token, described below.
 
 Step records go to `scratch`, (repeat, 2, num_tokens, row) fp32 allocated by the op: record (r, 0) holds the
 softmax output for r = 0, else the matrix entering the r-th row normalisation and its row sums; record (r, 1)
@@ -13,15 +18,19 @@ before they are summed (__fmul_rn) and sums add in butterfly order, as in the fo
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import tree_sum
+from kernels_src.mhc.common import WARP, tree_sum
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
+from kernels_src.mhc.sinkhorn_lanes import LANE_THREADS, lane_layout, lane_reduce
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
 from tkaot._mhc.kernels import sinkhorn_record_row as record_row
 
 DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
-THREADS = 64
+THREADS = 64  # one thread a token
+# Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
+# 19 KB a block of LANE_THREADS; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
+SHARED_RECORDS = 38
 
 
 def _mul(a, b):
@@ -61,7 +70,12 @@ def back_through_rows(g, scratch, rec, t, r, token, mhc: int, eps):
 
 
 def build(mhc_mult: int):
-    mhc = mhc_mult  # streams a token
+    return _build_lanes(mhc_mult) if mhc_mult * mhc_mult <= WARP else _build_per_thread(mhc_mult)
+
+
+def _build_per_thread(mhc_mult: int):
+    """One thread a token (the module's docstring)."""
+    mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     repeat = T.dynamic("repeat")
     mm = mhc * mhc
@@ -122,5 +136,108 @@ def build(mhc_mult: int):
                         g[i * mhc + k] = (g[i * mhc + k] - sums[i]) * rec[i * mhc + k]
                 for k in T.vectorized(mm):
                     grad_input[token, k] = g[k]
+
+    return sinkhorn_bwd
+
+
+def _add(a, b):
+    return a + b
+
+
+def _build_lanes(mhc_mult: int):
+    """One matrix element a lane (the module's docstring)."""
+    mhc = mhc_mult
+    num_tokens = T.dynamic("num_tokens")
+    repeat = T.dynamic("repeat")
+    mm = mhc * mhc
+    row_words = record_row(mhc)
+    group, per_block = lane_layout(mhc)
+
+    @T.macro
+    def keep(records, scratch, m, r, half: int, tid, token, e, live):
+        """m becomes record (r, half), r >= 1: the input of step r's row (0) or column (1) normalisation."""
+        if 2 * r - 2 + half < SHARED_RECORDS:
+            records[2 * r - 2 + half, tid] = m[0]
+        elif live:
+            scratch[r, half, token, e] = m[0]
+
+    @T.macro
+    def fetch(records, scratch, m, r, half: int, tid, token, e, live):
+        m[0] = T.float32(0)
+        if 2 * r - 2 + half < SHARED_RECORDS:
+            m[0] = records[2 * r - 2 + half, tid]
+        elif live:
+            m[0] = scratch[r, half, token, e]
+
+    @T.macro
+    def back_through(g, m, s, t, prod, first_lane, stride: int, eps):
+        """g = the gradient at the input m of a normalisation along the lines from first_lane, stride apart."""
+        lane_reduce(s, m[0], first_lane, mhc, stride, _add)
+        prod[0] = _mul(g[0], m[0])
+        lane_reduce(t, prod[0], first_lane, mhc, stride, _add)
+        t[0] = t[0] / (s[0] + eps)
+        g[0] = (g[0] - t[0]) / (s[0] + eps)
+
+    @T.prim_func
+    def sinkhorn_bwd(
+        grad_output: T.Tensor[(num_tokens, mm), T.float32],
+        x: T.Tensor[(num_tokens, mm), T.float32],
+        grad_input: T.Tensor[(num_tokens, mm), T.float32],
+        scratch: T.Tensor[(repeat, 2, num_tokens, row_words), T.float32],
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, per_block), threads=LANE_THREADS) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
+            tid = T.get_thread_binding()
+            e = tid % group  # the element (e // mhc, e % mhc) of token `token`
+            token = block * per_block + tid // group
+            live = token < num_tokens and e < mm
+            first = tid % WARP - e  # the lane of the token's element 0
+            row = first + e // mhc * mhc  # the lane of element 0 of this lane's row
+            col = first + e % mhc  # and of its column
+            records = T.alloc_shared((SHARED_RECORDS, LANE_THREADS), T.float32)
+            p = T.alloc_local((1,), T.float32)  # the softmax output
+            m = T.alloc_local((1,), T.float32)  # the forward's matrix, then each step's input
+            g = T.alloc_local((1,), T.float32)
+            prod = T.alloc_local((1,), T.float32)
+            s = T.alloc_local((1,), T.float32)
+            t = T.alloc_local((1,), T.float32)
+
+            # Every lane takes part in the shuffles; lanes past the tokens or the matrix work on zeros
+            m[0] = T.float32(0)
+            g[0] = T.float32(0)
+            if live:
+                m[0] = x[token, e]
+                g[0] = grad_output[token, e]
+            lane_reduce(s, m[0], row, mhc, 1, T.max)
+            m[0] = T.exp(m[0] - s[0])
+            lane_reduce(s, m[0], row, mhc, 1, _add)
+            p[0] = m[0] / s[0]
+            m[0] = p[0] + eps
+            lane_reduce(s, m[0], col, mhc, mhc, _add)
+            m[0] = m[0] / (s[0] + eps)
+            for r in T.serial(1, repeat):
+                keep(records, scratch, m, r, 0, tid, token, e, live)
+                lane_reduce(s, m[0], row, mhc, 1, _add)
+                m[0] = m[0] / (s[0] + eps)
+                keep(records, scratch, m, r, 1, tid, token, e, live)
+                lane_reduce(s, m[0], col, mhc, mhc, _add)
+                m[0] = m[0] / (s[0] + eps)
+
+            for back in T.serial(repeat):
+                if back == repeat - 1:
+                    m[0] = p[0] + eps  # the first column normalisation's input
+                else:
+                    fetch(records, scratch, m, repeat - 1 - back, 1, tid, token, e, live)
+                back_through(g, m, s, t, prod, col, mhc, eps)
+                if back < repeat - 1:
+                    fetch(records, scratch, m, repeat - 1 - back, 0, tid, token, e, live)
+                    back_through(g, m, s, t, prod, row, 1, eps)
+            prod[0] = _mul(g[0], p[0])
+            lane_reduce(t, prod[0], row, mhc, 1, _add)
+            g[0] = (g[0] - t[0]) * p[0]
+            if live:
+                grad_input[token, e] = g[0]
 
     return sinkhorn_bwd

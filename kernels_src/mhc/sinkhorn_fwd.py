@@ -1,21 +1,27 @@
-"""mhc_sinkhorn forward, one thread per token's (mhc, mhc) fp32 matrix, held in registers:
+"""mhc_sinkhorn forward of each token's (mhc, mhc) fp32 matrix:
   x = softmax over each row (max subtracted, exp, divided by the row sum) + eps
   x = x / (column sums + eps)
   then repeat - 1 times: x = x / (row sums + eps); x = x / (column sums + eps)
 `repeat` and `eps` are runtime values. Every row or column sum adds in butterfly order
 (kernels_src/mhc/common.py tree_sum), the order TileLang's all-reduce uses when a matrix is spread one
 element a thread, so results match such kernels bit for bit; exp is expf, divisions are IEEE.
+
+Where a matrix fits in a warp (mhc <= 5), one matrix element a lane (kernels_src/mhc/sinkhorn_lanes.py): an
+IEEE division's code ends in a branch to its slow path, so a thread's divisions run one after another and
+only many threads hide their latency (a thread per token left 2 warps an SM at 8192 tokens, 3.6x slower).
+Wider matrices keep one thread per token, the matrix in its registers.
 """
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import tree_sum
+from kernels_src.mhc.common import WARP, tree_sum
+from kernels_src.mhc.sinkhorn_lanes import LANE_THREADS, lane_layout, lane_reduce
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._mhc.kernels import SINKHORN_FWD
 
 DECL = SINKHORN_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
-THREADS = 64  # few tokens a block, so that 8192 tokens reach every SM
+THREADS = 64  # one thread a token: few tokens a block, so that 8192 tokens reach every SM
 
 
 def row_sum(x, i, mhc: int):
@@ -62,7 +68,12 @@ def softmax_rows(x, sums, mhc: int):
 
 
 def build(mhc_mult: int):
-    mhc = mhc_mult  # streams a token
+    return _build_lanes(mhc_mult) if mhc_mult * mhc_mult <= WARP else _build_per_thread(mhc_mult)
+
+
+def _build_per_thread(mhc_mult: int):
+    """One thread a token (the module's docstring)."""
+    mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     mm = mhc * mhc
 
@@ -94,3 +105,54 @@ def build(mhc_mult: int):
                     comb_res_mix_out[token, k] = x[k]
 
     return sinkhorn_fwd
+
+
+def _build_lanes(mhc_mult: int):
+    """One matrix element a lane, row and column sums by shuffles (kernels_src/mhc/sinkhorn_lanes.py)."""
+    mhc = mhc_mult
+    num_tokens = T.dynamic("num_tokens")
+    mm = mhc * mhc
+    group, per_block = lane_layout(mhc)
+
+    @T.prim_func
+    def sinkhorn_fwd(
+        comb_res_mix: T.Tensor[(num_tokens, mm), T.float32],
+        comb_res_mix_out: T.Tensor[(num_tokens, mm), T.float32],
+        repeat: T.int32,
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, per_block), threads=LANE_THREADS) as block:
+            T.import_source(PDL_SOURCE)
+            pdl_entry()
+            tid = T.get_thread_binding()
+            e = tid % group  # the element (e // mhc, e % mhc) of token `token`
+            token = block * per_block + tid // group
+            first = tid % WARP - e  # the lane of the token's element 0
+            row = first + e // mhc * mhc  # the lane of element 0 of this lane's row
+            col = first + e % mhc  # and of its column
+            x = T.alloc_local((1,), T.float32)
+            total = T.alloc_local((1,), T.float32)
+            # Every lane takes part in the shuffles; lanes past the tokens or the matrix work on zeros
+            x[0] = T.float32(0)
+            if token < num_tokens and e < mm:
+                x[0] = comb_res_mix[token, e]
+            lane_reduce(total, x[0], row, mhc, 1, T.max)
+            x[0] = T.exp(x[0] - total[0])
+            lane_reduce(total, x[0], row, mhc, 1, _add)
+            x[0] = x[0] / total[0]
+            x[0] = x[0] + eps
+            lane_reduce(total, x[0], col, mhc, mhc, _add)
+            x[0] = x[0] / (total[0] + eps)
+            for _ in T.serial(repeat - 1):
+                lane_reduce(total, x[0], row, mhc, 1, _add)
+                x[0] = x[0] / (total[0] + eps)
+                lane_reduce(total, x[0], col, mhc, mhc, _add)
+                x[0] = x[0] / (total[0] + eps)
+            if token < num_tokens and e < mm:
+                comb_res_mix_out[token, e] = x[0]
+
+    return sinkhorn_fwd
+
+
+def _add(a, b):
+    return a + b

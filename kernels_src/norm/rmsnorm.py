@@ -69,18 +69,38 @@ def rmsnorm_kernel(split, dtype: str, with_weight: bool, with_residual: bool, wi
             acc = T.alloc_local((1,), "float32")
             warp_sums = T.alloc_shared(split.warp_sums_shape, "float32")
 
+            x_row = split.thread_row(x, b, token, lane, "r")
+            res_row = split.thread_row(residual, b, token, lane, "r")
+            rout_row = split.thread_row(residual_out, b, token, lane, "w")
+            out_row = split.thread_row(out, b, token, lane, "w")
             for v in T.unroll(vecs_per_thread):
                 col = (v * split.row_threads + lane) * vec
-                if token < num_tokens and split.in_row(col):
+                if split.loads_unguarded:
+                    # A generic split: loaded (clamped into the tensor) whatever the width, zeroed outside the row
                     for j in T.vectorized(vec):
-                        x_reg[v, j] = x[b, token, col + j]
+                        x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
                     if with_residual:
                         for j in T.vectorized(vec):
-                            r_reg[j] = residual[b, token, col + j]
+                            r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
+                        for j in T.vectorized(vec):
+                            x_reg[v, j] = x_reg[v, j] + r_reg[j]
+                    if token < num_tokens and split.in_row(col):
+                        if with_residual:
+                            for j in T.vectorized(vec):
+                                rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+                    else:
+                        for j in T.vectorized(vec):
+                            x_reg[v, j] = T.cast(0, dtype)
+                elif token < num_tokens and split.in_row(col):
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
+                    if with_residual:
+                        for j in T.vectorized(vec):
+                            r_reg[j] = res_row.buffer[res_row.at(v, j)]
                         for j in T.vectorized(vec):
                             x_reg[v, j] = x_reg[v, j] + r_reg[j]
                         for j in T.vectorized(vec):
-                            residual_out[b, token, col + j] = x_reg[v, j]
+                            rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
                 else:
                     for j in T.vectorized(vec):
                         x_reg[v, j] = T.cast(0, dtype)
@@ -106,11 +126,11 @@ def rmsnorm_kernel(split, dtype: str, with_weight: bool, with_residual: bool, wi
                         for j in T.vectorized(vec):
                             w_reg[j] = weight[col + j]
                         for j in T.vectorized(vec):
-                            out[b, token, col + j] = T.cast(
+                            out_row.buffer[out_row.at(v, j)] = T.cast(
                                 T.cast(x_reg[v, j], "float32") * inv_rms * (T.cast(w_reg[j], "float32") * out_scale), dtype
                             )
                     else:
                         for j in T.vectorized(vec):
-                            out[b, token, col + j] = T.cast(T.cast(x_reg[v, j], "float32") * inv_rms * out_scale, dtype)
+                            out_row.buffer[out_row.at(v, j)] = T.cast(T.cast(x_reg[v, j], "float32") * inv_rms * out_scale, dtype)
 
     return rmsnorm

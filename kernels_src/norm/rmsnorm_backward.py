@@ -5,10 +5,18 @@ With xhat = x * rstd, g = out_grad * out_scale and gw = g * weight (g without a 
     weight_grad = sum over rows of xhat * g
 A row is spread over `row_threads` threads (tkaot/_quant/kernels.py: norm_backward_tiling; a block of 256
 threads holds several rows when they are short); each thread holds whole 16-byte vectors of x and out_grad
-in registers in their own dtype, so both are read once (the weight is read again for each row, from L1);
-the row's dot product is reduced with warp shuffles, then across warps through shared memory. The grid is a fixed
-number of blocks (num_blocks, chosen by the op) that stride over the rows, so a thread owns the same
-columns in every row it visits and accumulates their weight gradient in registers; at the end a block
+(x in registers across the row; out_grad read from the stage again after the reduction) in their own dtype,
+so both are read from global memory once (the weight is read again for each row, from L1);
+the row's dot product is reduced with warp shuffles, then across warps through shared memory.
+The rows a block visits next are staged in shared memory by cp.async, STAGES rows ahead of each row slot (x,
+out_grad and residual_out_grad; each thread copies and later reads only its own vectors), and each row's rstd
+is read one row ahead: the loads of the next rows are in flight while a row is reduced and written, rather
+than one row's loads, then its reduction, then its stores (TileKernels stages its rows likewise).
+Every product that meets a sum is an explicit fused multiply-add or a product rounded on its own (__fmaf_rn),
+so the compiler cannot contract the two tiers' code differently: x_grad = fma(-xhat, mean, gw) * rstd (+ the
+residual gradient as the fma's addend).
+The grid is a fixed number of blocks (num_blocks, chosen by the op) that stride over the rows, so a thread owns
+the same columns in every row it visits and accumulates their weight gradient in registers; at the end a block
 adds its row slots in a fixed order and writes one partial row, partials[block, :]. Pass 2
 (kernels_src/norm/weight_grad_reduce.py) adds the partials in a fixed order: the result does not
 depend on timing. Tokens, blocks, strides, out_scale and whether there is a weight or a residual
@@ -29,6 +37,10 @@ DECL = RMSNORM_BACKWARD  # the declaration this module builds (tkaot/_quant/kern
 
 NUM_THREADS = NORM_BACKWARD_THREADS
 MIN_BLOCKS_PER_SM = 2  # caps registers at 128 a thread (no spills but fp32 rows of 8192: a few bytes)
+# Rows staged ahead of each row slot, per dtype: the most that keep 2 blocks an SM (the op's grid) with x,
+# out_grad and residual_out_grad of the widest row (8192 elements a slot's stage) staged: 96 KiB a block
+STAGES = {"bfloat16": 2, "float32": 1}
+STAGED_TENSORS = 3  # x, out_grad, residual_out_grad
 MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
 
 
@@ -46,6 +58,7 @@ class StaticTiling:
         self.hidden = hidden
         self.vec, self.row_threads, self.vectors = norm_backward_tiling(hidden, dtype)
         self.slots = NUM_THREADS // self.row_threads
+        self.stage_elems = self.slots * hidden  # one tensor's rows of a stage
         self.lanes = min(self.row_threads, 32)
         self.row_warps = self.row_threads // self.lanes
         self.exact = hidden % (self.vec * self.row_threads) == 0  # every thread's vectors are in range
@@ -60,6 +73,9 @@ class StaticTiling:
 
     def mean(self, total):
         return total / T.float32(self.hidden)
+
+    def lane_and_slot(self, tid):
+        return tid % self.row_threads, tid // self.row_threads
 
 
 class RuntimeTiling:
@@ -79,15 +95,20 @@ class RuntimeTiling:
         self.hidden = hidden
         self.vec = 16 // (2 if dtype == "bfloat16" else 4)
         first, steps, self.vectors, self.slot_floats = _thread_steps(dtype)
-        c_threads, before = str(first), first
+        # log2 of the threads a row takes: rows, lanes and slots are shifts and masks of it, never divisions (a
+        # division by a runtime value in the address of every access costs more than the access)
+        low = first.bit_length() - 1
+        c_shift, high = str(low), low
         for width, factor in steps:
-            c_threads += f" + (hidden > {width} ? {before * (factor - 1)} : 0)"
-            before *= factor
-        name = f"tkaot_norm_backward_row_threads_{dtype}"
-        self.helpers = f"__device__ __forceinline__ int {name}(int hidden) {{\n    return {c_threads};\n}}\n"
-        self.row_threads = T.min(T.max(T.call_pure_extern("int32", name, hidden), first), before)
+            c_shift += f" + (hidden > {width} ? {factor.bit_length() - 1} : 0)"
+            high += factor.bit_length() - 1
+        name = f"tkaot_norm_backward_row_shift_{dtype}"
+        self.helpers = f"__device__ __forceinline__ int {name}(int hidden) {{\n    return {c_shift};\n}}\n"
+        self.shift = T.min(T.max(T.call_pure_extern("int32", name, hidden), low), high)
+        self.row_threads = T.shift_left(1, self.shift)
         self.max_slots = NUM_THREADS // first
-        self.slots = NUM_THREADS // self.row_threads
+        self.slots = T.shift_right(NUM_THREADS, self.shift)
+        self.stage_elems = MAX_HIDDEN  # slots * hidden is at most a row of 256 threads' vectors: 8192 elements
         self.row_warps = T.shift_right(self.row_threads, 5)  # 0 below a warp a row
 
     def in_row(self, col):
@@ -98,6 +119,9 @@ class RuntimeTiling:
 
     def mean(self, total):
         return total / T.cast(self.hidden, "float32")  # IEEE division, as by the static one
+
+    def lane_and_slot(self, tid):
+        return T.bitwise_and(tid, self.row_threads - 1), T.shift_right(tid, self.shift)
 
 
 def _thread_steps(dtype: str) -> tuple[int, tuple[tuple[int, int], ...], int, int]:
@@ -152,10 +176,19 @@ def row_dot_runtime(acc, warp_sums, sub, lane, row_threads, row_warps):
         T.sync_threads()  # read before the next row writes warp_sums
 
 
+def _fma(a, b, c):
+    return T.call_extern("float32", "__fmaf_rn", a, b, c)
+
+
+def _mul(a, b):
+    return T.call_extern("float32", "__fmul_rn", a, b)
+
+
 def rmsnorm_backward_kernel(tiling, dtype: str):
     """The kernel over a tiling: StaticTiling (specialised) or RuntimeTiling (generic); the same sums in the same order."""
     hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
     row_threads, slots = tiling.row_threads, tiling.slots
+    stages, region = STAGES[dtype], tiling.stage_elems
     if tiling.static:
         warps_shape, slots_shape = (slots, tiling.row_warps), (slots, hidden)
     else:
@@ -164,6 +197,13 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
     num_tokens = T.dynamic("num_tokens")
     num_blocks = T.dynamic("num_blocks")
     og_stride, x_stride, rg_stride = T.dynamic("out_grad_stride"), T.dynamic("x_stride"), T.dynamic("residual_out_grad_stride")
+
+    def token_of(it, block, sub):
+        return (it * num_blocks + block) * slots + sub
+
+    def staged(stage, tensor, sub, col):
+        """Flat index of a vector's first element in the staging buffer: (stage, tensor, row slot, column)."""
+        return (stage * STAGED_TENSORS + tensor) * region + sub * hidden + col
 
     @T.macro
     def load_weight(weight, w_in, col):
@@ -174,6 +214,19 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
         else:
             for j in T.unroll(vec):
                 w_in[j] = T.cast(0, dtype)
+
+    @T.macro
+    def stage_row(src, stage_buf, tensor, stage, sub, token, lane):
+        # The thread's own vectors of row `token` (zeros past the last token) into its slot of the stage
+        for v in T.unroll(vecs_per_thread):
+            col = (v * row_threads + lane) * vec
+            if tiling.in_row(col):
+                T.ptx_cp_async(
+                    T.access_ptr(stage_buf[staged(stage, tensor, sub, col)], "w", vec),
+                    T.access_ptr(src[T.min(token, num_tokens - 1), col], "r", vec),
+                    vec,
+                    token < num_tokens,
+                )
 
     @T.prim_func
     def rmsnorm_backward(
@@ -199,8 +252,7 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
             T.assume(x_stride % vec == 0)
             T.assume(rg_stride % vec == 0)
             tid = T.get_thread_binding()
-            lane = tid % row_threads
-            sub = tid // row_threads
+            lane, sub = tiling.lane_and_slot(tid)
             x_in = T.alloc_local((vecs_per_thread, vec), dtype)
             g_in = T.alloc_local((vecs_per_thread, vec), dtype)
             w_in = T.alloc_local((vec,), dtype)
@@ -208,33 +260,54 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
             r_in = T.alloc_local((vec,), dtype)
             res = T.alloc_local((vec,), dtype)
             acc = T.alloc_local((1,), T.float32)
+            stage_buf = T.alloc_shared((stages * STAGED_TENSORS * region,), dtype)
             warp_sums = T.alloc_shared(warps_shape, T.float32)
             slot_sums = T.alloc_shared(slots_shape, T.float32)
             r = T.alloc_var(T.float32)
+            r_next = T.alloc_var(T.float32)
             xh = T.alloc_var(T.float32)
             g = T.alloc_var(T.float32)
+            t = T.alloc_var(T.float32)
 
             for v in T.unroll(vecs_per_thread):
                 for j in T.unroll(vec):
                     dw[v, j] = 0.0
 
+            # The first `stages` rows of each slot, one commit group a row
+            for s in T.unroll(stages):
+                stage_row(x, stage_buf, 0, s, sub, token_of(s, block, sub), lane)
+                stage_row(out_grad, stage_buf, 1, s, sub, token_of(s, block, sub), lane)
+                if has_residual != 0:
+                    stage_row(residual_out_grad, stage_buf, 2, s, sub, token_of(s, block, sub), lane)
+                T.ptx_commit_group()
+            r_next = 0.0
+            if token_of(0, block, sub) < num_tokens:
+                r_next = rstd[token_of(0, block, sub)]
+
             for it in T.serial(T.ceildiv(num_tokens, num_blocks * slots)):
-                token = (it * num_blocks + block) * slots + sub
-                r = 0.0
-                if token < num_tokens:
-                    r = rstd[token]
+                token = token_of(it, block, sub)
+                ahead = token_of(it + stages, block, sub)  # the row this iteration stages in its place
+                stage = it % stages
+                r = r_next
+                r_next = 0.0
+                if token_of(it + 1, block, sub) < num_tokens:
+                    r_next = rstd[token_of(it + 1, block, sub)]
+                T.ptx_wait_group(stages - 1)  # this row's group has landed: the thread reads its own vectors
                 acc[0] = 0.0
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
                     if token < num_tokens and tiling.in_row(col):
                         for j in T.vectorized(vec):
-                            x_in[v, j] = x[token, col + j]
+                            x_in[v, j] = stage_buf[staged(stage, 0, sub, col) + j]
                         for j in T.vectorized(vec):
-                            g_in[v, j] = out_grad[token, col + j]
+                            g_in[v, j] = stage_buf[staged(stage, 1, sub, col) + j]
                     else:
                         for j in T.unroll(vec):
                             x_in[v, j] = T.cast(0, dtype)
                             g_in[v, j] = T.cast(0, dtype)
+                # x read: the stage takes x of the row `stages` ahead (out_grad and the residual gradient, which are
+                # read again after the reduction rather than held in registers across it, at the end of the row)
+                stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
                 for v in T.unroll(vecs_per_thread):
                     if tiling.live(v):  # a runtime tiling's vectors past the count: not the thread's, not added
                         col = (v * row_threads + lane) * vec
@@ -244,9 +317,9 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                             xh = T.cast(x_in[v, j], T.float32) * r
                             g = T.cast(g_in[v, j], T.float32) * out_scale
                             if has_weight != 0:
-                                dw[v, j] += xh * g
-                                g = g * T.cast(w_in[j], T.float32)
-                            acc[0] += xh * g
+                                dw[v, j] = _fma(xh, g, dw[v, j])
+                                g = _mul(g, T.cast(w_in[j], T.float32))
+                            acc[0] = _fma(xh, g, acc[0])
 
                 # The row's dot product in every thread of the row (shuffles, then warps through shared memory)
                 if tiling.static:
@@ -258,22 +331,30 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
                     if token < num_tokens and tiling.in_row(col):
+                        for j in T.vectorized(vec):
+                            g_in[0, j] = stage_buf[staged(stage, 1, sub, col) + j]
                         if has_residual != 0:
                             for j in T.vectorized(vec):
-                                r_in[j] = residual_out_grad[token, col + j]
+                                r_in[j] = stage_buf[staged(stage, 2, sub, col) + j]
                         if has_weight != 0:
                             load_weight(weight, w_in, col)
                         for j in T.unroll(vec):
                             xh = T.cast(x_in[v, j], T.float32) * r
-                            g = T.cast(g_in[v, j], T.float32) * out_scale
+                            g = T.cast(g_in[0, j], T.float32) * out_scale
                             if has_weight != 0:
-                                g = g * T.cast(w_in[j], T.float32)
+                                g = _mul(g, T.cast(w_in[j], T.float32))
+                            t = _fma(-xh, mean, g)
                             if has_residual != 0:
-                                res[j] = T.cast((g - xh * mean) * r + T.cast(r_in[j], T.float32), dtype)
+                                res[j] = T.cast(_fma(t, r, T.cast(r_in[j], T.float32)), dtype)
                             else:
-                                res[j] = T.cast((g - xh * mean) * r, dtype)
+                                res[j] = T.cast(_mul(t, r), dtype)
                         for j in T.vectorized(vec):
                             x_grad[token, col + j] = res[j]
+                stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
+                if has_residual != 0:
+                    stage_row(residual_out_grad, stage_buf, 2, stage, sub, ahead, lane)
+                T.ptx_commit_group()
+            T.ptx_wait_group(0)
 
             if has_weight != 0:
                 # The block's row slots added in slot order, one partial row a block

@@ -185,7 +185,8 @@ def sinkhorn_record_row(mhc_mult: int) -> int:
 
 
 # The backward replays the forward, keeping every step's matrix and sums in `scratch`,
-# (repeat, 2, num_tokens, sinkhorn_record_row(mhc_mult)) fp32, allocated by the op
+# (repeat, 2, num_tokens, sinkhorn_record_row(mhc_mult)) fp32, allocated by the op (the CUDA kernel for
+# mhc_mult <= 5 keeps the steps of up to 20 repeats in shared memory instead)
 SINKHORN_BWD = KernelDecl(
     name="mhc_sinkhorn_bwd", source="kernels_src.mhc.sinkhorn_bwd", axes=(MHC,),
     params=("grad_output", "x", "grad_input", "scratch", "eps"), dims=("num_tokens", "repeat"), ops=(_M + "mhc_sinkhorn_bwd",),

@@ -75,7 +75,9 @@ def mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat: int, eps: float):
         repeat: an int >= 1; eps: a float.
 
     The forward is replayed from x, its steps kept in a scratch buffer of repeat * 2 * num_tokens * 4 *
-    (mhc * mhc + mhc, rounded up to 4) bytes (26 MB at 8192 tokens, mhc 4, 20 repeats). Returns None.
+    (mhc * mhc + mhc, rounded up to 4) bytes (26 MB at 8192 tokens, mhc 4, 20 repeats), allocated every call; the
+    CUDA kernel for mhc <= 5 keeps the steps of up to 20 repeats in shared memory and uses it only beyond.
+    Returns None.
     """
     if is_compiling():
         return _traced_mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat, eps)

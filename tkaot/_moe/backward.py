@@ -1,12 +1,12 @@
 """tkaot.moe.moe_topk_gate_backward: the logits' gradient of moe_topk_gate_forward, on the moe_topk_gate_backward
-kernel (kernels_src/moe/moe_topk_gate_backward.py), one variant for every expert and slot count."""
+kernel (kernels_src/moe/moe_topk_gate_backward.py), one variant (its default tiling) for every expert and slot count."""
 
 from __future__ import annotations
 
 import torch
 
 from tkaot._compile import is_compiling, traced
-from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE_BACKWARD
+from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_GATE_BWD_TILINGS, MOE_TOPK_GATE_BACKWARD
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, Rule, Signature, Tensor, lazy_checker
 
@@ -49,6 +49,7 @@ SIGNATURE = Signature(
 _check = lazy_checker(SIGNATURE, globals(), "_check")
 
 _KERNEL = OpKernels(SIGNATURE.op, MOE_TOPK_GATE_BACKWARD)
+_TILING = MOE_GATE_BWD_TILINGS["default"]
 
 
 def moe_topk_gate_backward(
@@ -96,7 +97,7 @@ def moe_topk_gate_backward(
         out_ptr = out.data_ptr()
     if num_tokens == 0:
         return out
-    _KERNEL.get(device)(
+    _KERNEL.get(device, _TILING)(
         device, current_stream(device),
         scores_ptr, idx_ptr, weights_ptr, grad_ptr, mask_ptr, h_ptr, out_ptr, float(routed_scaling_factor),
         0 if grad_scores_sum is None else 1, num_tokens // num_seqs if num_seqs else 1, num_tokens, num_experts, num_topk,

@@ -56,17 +56,21 @@ NORMALIZE_WEIGHT = KernelDecl(
 # Any number of weights a token, one variant
 NORMALIZE_WEIGHT_GENERIC = NORMALIZE_WEIGHT.generic("normalize_weight_generic", "kernels_src.moe.normalize_weight_generic", ("num_topk",))
 
-# ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant.
+# ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant a
+# tiling (tokens a block, route gradients gathered in shared memory). The tilings past the default are the candidates
+# of bench/tuning/tune_bwd2_perf.py (one small variant each), to be dropped once an H200 run has picked one.
+MOE_GATE_BWD_TILINGS = {"default": "scatter4", "tune_1": "scatter1", "tune_2": "scatter2", "tune_8": "scatter8"}
 MOE_TOPK_GATE_BACKWARD = KernelDecl(
     name="moe_topk_gate_backward",
     source="kernels_src.moe.moe_topk_gate_backward",
-    axes=(),
+    axes=(tiling_axis(MOE_GATE_BWD_TILINGS),),
     params=(
         "scores", "topk_idx", "topk_weights", "grad_topk_weights", "mask", "grad_scores_sum", "grad_logits",
         "routed_scaling_factor", "has_aux", "tokens_per_seq",
     ),
     dims=("num_tokens", "num_experts", "num_topk"),
     ops=("tkaot.moe.moe_topk_gate_backward",),
+    tilings=MOE_GATE_BWD_TILINGS,
 )  # fmt: skip
 # ---- end of the backward kernels
 

@@ -1,0 +1,347 @@
+"""Time candidate kernels of the slow mHC rows beside TileKernels, at the bench shapes (bench/cases/mhc*.py), and
+check each candidate's output bytes against TileKernels'.
+
+A candidate is an op's kernels built with some module constants changed, or from an older source: the shipped
+default ("new"), the kernel shipped before it ("control": its source at BEFORE, whose cubins are the prebuilt
+ones of that commit) and a few alternatives. Each is built into its own artifact set, ARTIFACTS/<candidate>/,
+on a CPU with TileLang and nvcc, in a git checkout that has commit BEFORE:
+
+    python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
+
+(30 sets, 0.7 MB, 3.5 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
+or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first
+calls compile; rows past --budget seconds, 85 by default, are listed as skipped):
+
+    python -m bench.tuning.tune_mhc_perf --artifacts tune-artifacts/mhc_perf --out DIR
+
+Each candidate's launcher replaces the op's own for its rows (OpKernels' cache), so the op's validation and
+argument packing are the shipped ones. "identical" compares every tensor the call writes, and what it returns,
+byte for byte with TileKernels' on one input set; timing is bench/run.py's (CUDA-graph replay over rotating
+inputs larger than L2, median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ARTIFACTS = "tune-artifacts/mhc_perf"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # also its artifact set's directory
+    kernel: str  # the declaration's name (kernels: the op's kernels, all built with the patches and launched)
+    op: str  # the bench case's op (bench/cases/mhc*.py)
+    patches: tuple[tuple[str, str, object], ...] = ()  # (module, attribute, value) set while it is built
+    note: str = ""
+    values: dict = field(default_factory=lambda: {"mhc_mult": 4})
+    also: tuple[str, ...] = ()  # more kernels of the op
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return (self.kernel, *self.also)
+
+
+# The kernels as shipped before these candidates (main at 2eeec7c): the controls are built from that source
+BEFORE = "2eeec7c"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A patch value: the `build` of this kernel module as it was at a commit (read with git show)."""
+
+    commit: str
+
+
+def _before(module: str) -> tuple[tuple[str, str, object], ...]:
+    return ((module, "build", Source(BEFORE)),)
+
+
+def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
+    return tuple((module, k, v) for k, v in values.items())
+
+
+_FWD, _BWD, _LANES = "kernels_src.mhc.sinkhorn_fwd", "kernels_src.mhc.sinkhorn_bwd", "kernels_src.mhc.sinkhorn_lanes"
+_MERGE, _RC = "kernels_src.mhc.normw_merge_bwd", "kernels_src.mhc.multilayer_recompute"
+_F32 = {"dtype": "float32"}
+_FUSE = "kernels_src.mhc.pre_big_fuse"
+_FUSE_OP = dict(kernel="mhc_pre_big_fuse", op="mhc_pre_big_fuse_fwd")
+_HEAD = "kernels_src.mhc.head_mix_bwd"
+_HEAD_OP = dict(kernel="mhc_head_mix_bwd", op="mhc_head_compute_mix_bwd", values=_F32)
+_SPLIT, _SPLIT_R = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.split_mixes_bwd_reduce"
+_SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
+
+
+def _lane_threads(n: int) -> tuple[tuple[str, str, object], ...]:
+    return tuple((m, "LANE_THREADS", n) for m in (_FWD, _BWD, _LANES))
+
+
+CANDIDATES = (
+    # Sinkhorn forward: one thread a token (the control) against one matrix element a lane, 64-256 threads a block
+    Candidate("sinkhorn_fwd.control", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _before(_FWD), "a thread a token"),
+    Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 128 threads"),
+    Candidate("sinkhorn_fwd.t64", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(64), "64 threads"),
+    Candidate("sinkhorn_fwd.t256", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", _lane_threads(256), "256 threads"),
+    # Sinkhorn backward: the step records in global scratch (control) or in shared memory
+    Candidate("sinkhorn_bwd.control", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _before(_BWD), "a thread a token"),
+    Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, 38 records shared"),
+    Candidate("sinkhorn_bwd.t64", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _lane_threads(64), "64 threads"),
+    Candidate("sinkhorn_bwd.r20", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _set(_BWD, SHARED_RECORDS=20), "20 records shared"),
+    # norm-weight merge backward: rows a thread has in flight (the control: one)
+    Candidate("normw_merge_bwd.control", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _before(_MERGE), "a row at a time", _F32),
+    Candidate("normw_merge_bwd.new", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", (), "24 rows in flight", _F32),
+    Candidate("normw_merge_bwd.r8", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=8), "8 rows", _F32),
+    Candidate("normw_merge_bwd.r12", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, ROWS=12), "12 rows", _F32),
+    Candidate("normw_merge_bwd.t64", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", _set(_MERGE, THREADS=64), "64 threads", _F32),
+    # multilayer recompute: the next layer's inputs loaded ahead, registers capped for MIN_BLOCKS blocks an SM
+    Candidate("recompute.control", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _before(_RC), "no loads ahead"),
+    Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "loads ahead, 4 blocks of 128"),
+    Candidate("recompute.uncapped", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=1), "157 regs"),
+    Candidate("recompute.b5", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, MIN_BLOCKS=5), "5 blocks, spills"),
+    Candidate("recompute.t64", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, THREADS=64, MIN_BLOCKS=8), "64 thr"),
+    # split mixes backward, both launches: token rows staged through shared memory, the reduce's rows in flight
+    Candidate("split_bwd.control", patches=_before(_SPLIT) + _before(_SPLIT_R), note="row a thread, a row at a time", **_SPLIT_OP),
+    Candidate("split_bwd.new", note="staged rows, 64 rows in flight", **_SPLIT_OP),
+    Candidate("split_bwd.staged", patches=_before(_SPLIT_R), note="staged rows, reduce as before", **_SPLIT_OP),
+    Candidate("split_bwd.reduce", patches=_before(_SPLIT), note="reduce only", **_SPLIT_OP),
+    # pre big fuse: the split partials' loads in flight (1-token rows wait on them), registers held at 64
+    Candidate("big_fuse.control", patches=_before(_FUSE), note="a split at a time", **_FUSE_OP),
+    Candidate("big_fuse.new", note="16 splits in flight, 64 regs, warp 0 no residual <= 264 tokens", **_FUSE_OP),
+    Candidate("big_fuse.nosolo", patches=_set(_FUSE, SOLO_TOKENS=0), note="warp 0 always a residual share", **_FUSE_OP),
+    Candidate("big_fuse.solo", patches=_set(_FUSE, SOLO_TOKENS=1 << 30), note="warp 0 never a residual share", **_FUSE_OP),
+    Candidate("big_fuse.uncapped", patches=_set(_FUSE, MIN_BLOCKS=1), note="registers uncapped", **_FUSE_OP),
+    # head compute mix backward: rounds' loads together, warp-level butterfly steps by shuffles
+    Candidate("head_mix_bwd.control", patches=_before(_HEAD), note="a round at a time, shared butterfly", **_HEAD_OP),
+    Candidate("head_mix_bwd.new", note="4 rounds in flight, shuffles", **_HEAD_OP),
+    Candidate("head_mix_bwd.u1", patches=_set(_HEAD, UNROLL=1), note="shuffles only", **_HEAD_OP),
+)  # fmt: skip
+
+
+# ---- build (CPU: TileLang, nvcc)
+
+
+def _build_at(module_name: str, commit: str, tmp: Path):
+    """`build` of the kernel module as it was at `commit`, loaded from a file (TileLang reads the functions' source)."""
+    import importlib.util
+    import subprocess
+
+    path = module_name.replace(".", "/") + ".py"
+    text = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
+    file = tmp / f"{module_name.rsplit('.', 1)[-1]}_{commit}.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"{module_name}_{commit}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build
+
+
+@contextlib.contextmanager
+def _patched(patches, tmp: Path):
+    saved = []
+    try:
+        for module_name, attr, value in patches:
+            module = importlib.import_module(module_name)
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, _build_at(module_name, value.commit, tmp) if isinstance(value, Source) else value)
+        yield
+    finally:
+        for module, attr, value in reversed(saved):
+            setattr(module, attr, value)
+
+
+def build(out: Path, only: str | None = None) -> None:
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+    from build_tools.ops import Variant
+
+    t0 = time.perf_counter()
+    # A cache of its own: patched constants do not change a kernel's source hash, so a shared cache would mix them up
+    with tempfile.TemporaryDirectory(prefix="tune-mhc-cache-") as cache:
+        for c in CANDIDATES:
+            if only and only not in c.name:
+                continue
+            t = time.perf_counter()
+            with _patched(c.patches, Path(cache)):
+                variants = [Variant.make(k, c.values) for k in c.kernels]
+                build_variants(variants, out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
+            print(f"{c.name:28s} built in {time.perf_counter() - t:5.1f} s", flush=True)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
+
+
+# ---- time (GPU)
+
+
+class _Every(dict):
+    """An OpKernels cache that answers every key with one launcher."""
+
+    def __init__(self, launcher):
+        super().__init__()
+        self.launcher = launcher
+
+    def get(self, key, default=None):
+        return self.launcher
+
+    def __getitem__(self, key):
+        return self.launcher
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def _op_kernels(kernel: str) -> list:
+    """Every OpKernels of tkaot's mHC ops that launches `kernel`."""
+    from tkaot._op import OpKernels
+
+    found = []
+    for name in ("big_fuse", "expand", "head_mix", "norm_fn", "post", "pre_apply_mix", "recompute", "sinkhorn", "split_mixes"):
+        module = importlib.import_module(f"tkaot._mhc.{name}")
+        found += [v for v in vars(module).values() if isinstance(v, OpKernels) and v.kernel == kernel]
+    return found
+
+
+@contextlib.contextmanager
+def _launching(candidate: Candidate, artifacts: Path):
+    """Launch the candidate's builds of its kernels wherever tkaot's ops launch those kernels."""
+    from tkaot._kernel import Kernel
+
+    set_dir = artifacts / candidate.name
+    manifest = json.loads((set_dir / "manifest.json").read_text())
+    saved = []
+    for name in candidate.kernels:
+        (entry,) = [e for e in manifest["variants"] if e["kernel"] == name]
+        cubin = set_dir / "cubins" / f"{entry['cubin']}.cubin"
+        kernel = Kernel(name, entry["key"], entry["launch"], cubin, entry["cubin"], candidate.name)
+        for opk in _op_kernels(name):
+            saved.append((opk, opk.cache))
+            opk.cache = _Every(kernel.bind(opk.args))
+    try:
+        yield
+    finally:
+        for opk, cache in saved:
+            opk.cache = cache
+
+
+def _tensors(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _identical(case, tk, inputs: dict) -> str:
+    """ "yes" if the call writes and returns the same bytes as TileKernels' on copies of one input set, else how
+    many of the tensors differ and by how much at most."""
+    import torch
+
+    if tk is None or case.tile_kernels is None:
+        return "no TK"
+    ours, theirs = copy.deepcopy(inputs), copy.deepcopy(inputs)
+    got = _tensors(case.tkaot(ours)) + _tensors(ours)
+    want = _tensors(case.tile_kernels(tk, theirs)) + _tensors(theirs)
+    torch.cuda.synchronize()
+    if len(got) != len(want) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(got, want, strict=False)):
+        return "MISMATCH (outputs differ in number, shape or dtype)"
+    differ = [
+        (a, b)
+        for a, b in zip(got, want, strict=True)
+        if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    ]
+    if not differ:
+        return "yes"
+    worst = max(float((a.float() - b.float()).abs().max()) for a, b in differ)
+    return f"no: {len(differ)} of {len(got)} tensors, max |diff| {worst:.3g}"
+
+
+def _cases() -> dict:
+    from bench.cases import mhc, mhc_fused
+
+    cases = {}
+    for c in mhc.cases() + mhc_fused.cases():
+        cases.setdefault(c.op, []).append(c)
+    return cases
+
+
+def _row_text(name: str, shape: str, us, tk_us, same: str) -> str:
+    ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
+    us_text = f"{us:8.2f}" if us else f"{'-':>8s}"
+    tk_text = f"{tk_us:8.2f}" if tk_us else f"{'-':>8s}"
+    return f"{name:26s} {shape[:40]:40s} {us_text} {tk_text} {ratio}  {same}"
+
+
+def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget: float = 85.0) -> None:
+    """Time every candidate at its op's bench shapes, in CANDIDATES' order (most important rows first); past
+    `budget` seconds the rest are listed as skipped, so one run stays within its time."""
+    import torch
+
+    from bench import timing
+    from bench.run import _tile_kernels, rotating_inputs
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "tune_mhc_perf.json"
+    tk = _tile_kernels()
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    cases = _cases()
+    rows, log = [], []
+    print(f"{torch.cuda.get_device_name()}; tile_kernels {'yes' if tk else 'no'}; artifacts {artifacts}", flush=True)
+    for op in dict.fromkeys(c.op for c in CANDIDATES if not only or only in c.name):
+        for case in cases.get(op, []):
+            chosen = [c for c in CANDIDATES if c.op == op and (not only or only in c.name)]
+            if time.perf_counter() - t0 > budget:
+                rows += [(c.name, case.shape, None, None, "skipped (time budget)") for c in chosen]
+                continue
+            inputs = rotating_inputs(case, l2)
+            tk_us = None
+            if tk is not None and case.tile_kernels is not None:
+                tk_us, _ = timing.device_us(lambda a, case=case: case.tile_kernels(tk, a), inputs)
+            for c in chosen:
+                try:
+                    with _launching(c, artifacts):
+                        same = _identical(case, tk, inputs[0])
+                        us, mode = timing.device_us(case.tkaot, inputs)
+                except Exception as exc:  # a candidate that fails to load or launch is reported, not fatal
+                    us, mode, same = None, "-", f"error: {type(exc).__name__}: {exc}"[:100]
+                rows.append((c.name, case.shape, us, tk_us, same + ("" if mode in ("graph", "-") else " (events)")))
+                print(_row_text(*rows[-1]), flush=True)
+                log.append({"candidate": c.name, "note": c.note, "op": op, "shape": case.shape, "us": us, "tk_us": tk_us,
+                            "identical": same, "mode": mode, "bytes": case.bytes})  # fmt: skip
+                log_path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": log}, indent=1))
+            del inputs
+            torch.cuda.empty_cache()
+    print(f"\n{'candidate':26s} {'shape':40s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s}  identical to TileKernels")
+    for row in rows:
+        print(_row_text(*row))
+    print(f"{time.perf_counter() - t0:.0f} s; log in {log_path}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("build", "time"), default="time")
+    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--out", type=Path, required=True, help="build: where the artifact sets go; time: the log's directory")
+    parser.add_argument("--only", help="only the candidates whose name contains this")
+    parser.add_argument("--budget", type=float, default=85.0, help="time: seconds after which the rest is skipped")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out, args.only)
+    else:
+        time_candidates(args.artifacts, args.out, args.only, args.budget)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
