@@ -7,7 +7,10 @@ the dynamic Unified Buffer bytes) and is checked against the kernel's declaratio
 The set gets `sources/<sha256>.asc`, the TileLang headers those sources include (`include/`) and
 manifest.json, one entry a variant, in the CUDA sets' schema: the launch spec's grid is (block count, 1,
 1), its block (1, 1, 1) and its shared memory the dynamic UB bytes; `source` names the source by sha256,
-`requires` lists runtime arguments the kernel takes only one value of.
+`requires` lists runtime arguments the kernel takes only one value of. An Ascend module may take some of its
+declaration's static axes at run time (`RUNTIME_AXES`): the variants that differ only in those share one
+lowering and one source, and each one's entry lists its values of them under `fixed` (an int axis's value, a
+string axis's index among its choices), which the launcher passes after the op's arguments.
 
 Stage 2 (a host with CANN, no TileLang): every source is compiled by `bisheng --npu-arch=dav-3510
 --cce-aicore-only` and linked by `ld.lld -m aicorelinux` into an executable CCE ELF,
@@ -22,6 +25,7 @@ same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -33,11 +37,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 from build_tools.artifacts import atomic_write, default_cache_dir, manifest_text, read_manifest, sha256
 from build_tools.compile import BuildError, check_declared, expr_text, op_args, tilelang_version
 from build_tools.ops import REPO_ROOT, Variant, declaration
+from tkaot._decl import runtime_value
 from kernels_src.ascend import ASCEND_SOURCES
 from tkaot import __version__
 from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec, Param
@@ -130,12 +135,31 @@ class Lowered:
     spec: LaunchSpec
     source: str  # AscendC
     requires: dict
+    fixed: dict  # the static axes the kernel takes at run time -> this variant's runtime values of them
+
+
+def runtime_axes(kernel: str) -> tuple[str, ...]:
+    """The static axes of the kernel's declaration that its Ascend module takes at run time (RUNTIME_AXES)."""
+    return tuple(getattr(ascend_module(kernel), "RUNTIME_AXES", ()))
+
+
+def build_static(variant: Variant) -> dict:
+    """The static values the Ascend module builds the variant from: all but its runtime axes."""
+    runtime = runtime_axes(variant.kernel)
+    return {k: v for k, v in variant.static if k not in runtime}
+
+
+def fixed_values(variant: Variant) -> dict:
+    """The variant's values of the axes its Ascend kernel takes at run time, as the kernel takes them."""
+    decl = declaration(variant.kernel)
+    return {a: runtime_value(decl.axis(a), variant.params[a]) for a in runtime_axes(variant.kernel)}
 
 
 def cache_key(variant: Variant) -> str:
+    """The lowering's key: the same for variants that differ only in axes the kernel takes at run time."""
     inputs = {
         "kernel": variant.kernel,
-        "static": [[k, v] for k, v in variant.static],
+        "static": [[k, v] for k, v in build_static(variant).items()],
         "source": source_sha256(variant.kernel),
         "arch": ARCH,
         "tilelang": tilelang_version(),
@@ -154,16 +178,16 @@ def lower(variant: Variant) -> Lowered:
     target = tvm.target.Target({"kind": "ascend"})
     try:
         with target:
-            prim_func = module.build(**variant.params)
+            prim_func = module.build(**build_static(variant))
             artifact = tilelang.lower(prim_func, target=target)
     except Exception as exc:  # TileLang raises many types; name the variant
         raise BuildError(f"{where}: lowering failed: {type(exc).__name__}: {exc}") from exc
-    spec = launch_spec(prim_func, artifact, declaration(variant.kernel), where)
+    spec = launch_spec(prim_func, artifact, declaration(variant.kernel), where, runtime_axes(variant.kernel))
     requires = dict(getattr(module, "REQUIRES", {}))
     unknown = sorted(set(requires) - {a.name for a in spec.args})
     if unknown:
         raise BuildError(f"{where}: REQUIRES names {unknown}, which are not the kernel's arguments")
-    return Lowered(variant, spec, artifact.kernel_source, requires)
+    return Lowered(variant, spec, artifact.kernel_source, requires, fixed_values(variant))
 
 
 def host_launch(host_mod, symbol: str) -> tuple[list[str], object, object]:
@@ -189,9 +213,13 @@ def host_launch(host_mod, symbol: str) -> tuple[list[str], object, object]:
     return names, args[-2], args[-1]
 
 
-def launch_spec(prim_func, artifact, decl, where: str) -> LaunchSpec:
-    """The launch spec of a lowered Ascend kernel, checked against its declaration and the UB limit."""
+def launch_spec(prim_func, artifact, decl, where: str, runtime: tuple[str, ...] = ()) -> LaunchSpec:
+    """The launch spec of a lowered Ascend kernel, checked against its declaration (plus the static axes it takes
+    at run time, as dims) and the UB limit."""
     args = op_args(prim_func)
+    if runtime:  # the contract check_declared reads: the declaration's arguments, and these as dims
+        dims = (*decl.dims, *runtime)
+        decl = SimpleNamespace(name=decl.name, dims=dims, args=(*decl.params, *dims))
     check_declared(args, decl, where)
     functions = list(artifact.device_mod.functions.items())
     if len(functions) != 1:
@@ -238,7 +266,7 @@ class LoweringCache:
             data = json.loads(self._path(key).read_text())
             if sha256(data["source"].encode()) != data["source_sha256"]:
                 return None
-            return Lowered(variant, LaunchSpec.from_json(data["launch"]), data["source"], data["requires"])
+            return Lowered(variant, LaunchSpec.from_json(data["launch"]), data["source"], data["requires"], fixed_values(variant))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -257,10 +285,15 @@ def _lower_in_worker(variant: Variant) -> Lowered:
 
 
 def lower_all(variants: list[Variant], jobs: int, cache: LoweringCache, progress=None) -> tuple[list[Lowered], int]:
-    """Stage 1 for every variant: (results, how many were lowered rather than read from the cache)."""
-    done, todo = [], []
+    """Stage 1 for every variant: (results, how many lowerings were made rather than read from the cache). Variants
+    that share a lowering (they differ only in axes their kernel takes at run time) are lowered once."""
+    done, todo, sharing = [], [], {}  # sharing: key -> the variants after the first that share its lowering
     for v in variants:
         key = cache_key(v)
+        if key in sharing:
+            sharing[key].append(v)
+            continue
+        sharing[key] = []
         hit = cache.get(v, key)
         if hit is None:
             todo.append((v, key))
@@ -286,6 +319,12 @@ def lower_all(variants: list[Variant], jobs: int, cache: LoweringCache, progress
             done.append(lowered)
             if progress:
                 progress(v, False)
+    first = {cache_key(low.variant): low for low in done}
+    for key, others in sharing.items():
+        for v in others:  # the shared lowering, with the variant's own runtime values
+            done.append(dataclasses.replace(first[key], variant=v, fixed=fixed_values(v)))
+            if progress:
+                progress(v, True)
     return done, len(todo)
 
 
@@ -299,6 +338,8 @@ def entry(lowered: Lowered) -> dict:
     }
     if lowered.requires:
         data["requires"] = dict(sorted(lowered.requires.items()))
+    if lowered.fixed:
+        data["fixed"] = dict(lowered.fixed)
     return data
 
 

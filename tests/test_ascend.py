@@ -71,7 +71,7 @@ CASES = {
     "rmsnorm_backward": dict(hidden=7168, dtype="bfloat16"),
     "weight_grad_reduce": dict(dtype="float32"),
     "swiglu_backward": dict(x_dtype="e4m3", grad_dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0"),
-    "moe_topk_gate_backward": dict(),
+    "moe_topk_gate_backward": dict(tiling="scatter4"),
     "rmsnorm_generic": dict(dtype="bfloat16", with_weight=True, with_residual=True, with_rstd=True),
     "norm_cast_generic": dict(dtype="bfloat16", sf="ue8m0", tiling="lean8nlbwdgw"),
     "swiglu_generic": dict(dtype="bfloat16", fmt="e4m3", sf="fp32", tiling="wscc2v9b1g"),
@@ -80,6 +80,10 @@ CASES = {
     "normalize_weight_generic": dict(),
     "engram_gate_fwd": dict(tiling="w4x32b8"),
     "engram_gate_bwd": dict(tiling="k32d8"),
+    "rmsnorm_backward_generic": dict(dtype="bfloat16"),
+    "per_block_cast_generic": dict(in_dtype="bfloat16", fmt="e4m3", sf="fp32", mode="cast"),
+    "per_channel_cast_generic": dict(in_dtype="e4m3", in_sf="fp32_col", sf="fp32"),
+    "per_block_cast_lossless_generic": dict(in_sf="ue8m0_col", sf="ue8m0"),
 }  # fmt: skip
 MORE = [
     ("per_token_cast", {**_PTC, "in_dtype": "float32", "fmt": "e2m1", "group": 32, "sf": "ue8m0", "sf_layout": "col"}),
@@ -106,6 +110,12 @@ MORE = [
     ("swiglu_backward", dict(x_dtype="bfloat16", grad_dtype="float32", fmt="fp32", group=0, sf="none")),
     ("swiglu_generic", dict(dtype="float32", fmt="fp32", sf="none", tiling="wscc2v9b1gkm")),
     ("norm_cast_generic", dict(dtype="float32", sf="fp32", tiling="lean6plbwdgwRL")),
+    ("rmsnorm_backward_generic", dict(dtype="float32")),
+    ("per_block_cast_generic", dict(in_dtype="float32", fmt="e2m1", sf="ue8m0", mode="cast")),
+    ("per_block_cast_generic", dict(in_dtype="bfloat16", fmt="e4m3", sf="pow2", mode="precomputed_sf")),
+    ("per_block_cast_generic", dict(in_dtype="bfloat16", fmt="e2m1", sf="ue8m0", mode="sf_only")),
+    ("per_channel_cast_generic", dict(in_dtype="bfloat16", in_sf="none", sf="ue8m0")),
+    ("per_block_cast_lossless_generic", dict(in_sf="fp32", sf="pow2")),
 ]  # fmt: skip
 LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(batch * ((num_tokens + 1) // 2))", 100896),
@@ -132,8 +142,8 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(((num_tokens * mhc_mult) + 4095) // 4096)", 16384),
     ("(((num_tokens + 31) // 32) * 4)", 93408),
     ("(num_groups * ((((num_sf_k + 3) // 4) * ((num_sf_n + 15) // 16)) + (((num_sf_n + 3) // 4) * ((num_sf_k + 15) // 16))))", 8192),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 49664),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 49664),
+    ("(((num_tokens + 7) // 8) * ((hidden + 1023) // 1024))", 90112),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 53248),
     ("num_blocks", 129568),
     ("((hidden + 1023) // 1024)", 4096),
     ("((num_rows + 7) // 8)", 82528),
@@ -146,6 +156,10 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("((num_tokens + 63) // 64)", 16640),
     ("(num_tokens * hc_mult)", 22048),
     ("num_partials", 59936),
+    ("num_blocks", 148000),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 51264),
+    ("((((num_tokens - 1) // block_m) + 1) * (hidden // 128))", 35328),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 36864),
     ("((num_tokens + 1) // 2)", 66304),
     ("((num_tokens + 3) // 4)", 58240),
     ("(num_tokens * 4)", 66048),
@@ -160,14 +174,20 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(((num_tokens + 31) // 32) * 14)", 75840),
     ("(((num_tokens + 127) // 128) * 32)", 49184),
     ("(((num_tokens + 31) // 32) * 7)", 70656),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 75776),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 33280),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 27648),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 77824),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 69632),
+    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 30720),
     ("(((num_tokens + 127) // 128) * 16)", 57376),
-    ("(((num_tokens + 15) // 16) * ((hidden + 1023) // 1024))", 75776),
+    ("(((num_tokens + 3) // 4) * ((hidden + 1023) // 1024))", 51200),
     ("((num_rows + 3) // 4)", 57952),
     ("(((num_rows + 3) // 4) * ((hidden + 1023) // 1024))", 65568),
     ("(batch * num_tokens)", 126496),
+    ("num_blocks", 164384),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 75840),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 49216),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 34880),
+    ("((((num_tokens - 1) // block_m) + 1) * (hidden // 128))", 49664),
+    ("(((num_tokens + 127) // 128) * (hidden // 128))", 36864),
 ]
 
 
@@ -213,8 +233,10 @@ def test_every_ascend_kernel_lowers_to_its_declared_contract(n):
     signature = low.source.split(f"void {spec.symbol}(", 1)[1].split(")", 1)[0]
     # the kernel's own parameter order, each an op argument of the declared type
     assert [p.split()[-1].lstrip("*") for p in signature.split(", ")] == [p.name for p in spec.params]
-    assert {a.name for a in spec.args} == set(decl.args) and {a.name for a in spec.args if a.role == "dim"} == set(decl.dims)
-    assert {p.name for p in spec.params} <= set(decl.args)
+    runtime = set(ascend.runtime_axes(kernel))  # static axes the Ascend kernel takes at run time, as dims
+    assert {a.name for a in spec.args} == set(decl.args) | runtime
+    assert {a.name for a in spec.args if a.role == "dim"} == set(decl.dims) | runtime
+    assert {p.name for p in spec.params} <= set(decl.args) | runtime and set(low.fixed) == runtime
     by_name = {a.name: a for a in spec.args}
     assert all(by_name[p.name].type == p.type for p in spec.params)
     assert spec.block == (1, 1, 1) and 0 < spec.smem <= ascend.UB_LIMIT
@@ -236,16 +258,41 @@ def test_unsupported_values_are_left_out_with_a_reason(monkeypatch):
     assert kept == [] and list(left) == ["cast: cast has no Ascend kernel yet"]
 
 
-# CUDA kernels with no Ascend source yet; every other has one
-NOT_YET = {
-    "rmsnorm_backward_generic", "per_block_cast_generic", "per_channel_cast_generic", "per_block_cast_lossless_generic",
-}  # fmt: skip
+def test_variants_differing_only_in_runtime_axes_share_one_lowering(tmp_path, fake_acl):
+    """per_token_cast_generic takes group and sf_layout at run time: variants that differ only in them are lowered once,
+    each entry fixes its values, and the launcher passes them with the op's values and the generic call's hidden."""
+    from tkaot._ascend import pack_plan
+    from tkaot._quant.kernels import PER_TOKEN_CAST
+    from tkaot.registry import ArtifactSet
+
+    a = Variant.make("per_token_cast_generic", {**_PTCG, "group": 32, "sf_layout": "col"})
+    b = Variant.make("per_token_cast_generic", {**_PTCG, "group": 128, "sf_layout": "row"})
+    assert ascend.cache_key(a) == ascend.cache_key(b) != ascend.cache_key(Variant.make("per_token_cast_generic", {**_PTCG, "sf": "fp32"}))
+    lowered, fresh = ascend.lower_all([a, b], 1, ascend.LoweringCache(tmp_path / "cache"))
+    assert fresh == 1 and [low.fixed for low in lowered] == [{"group": 32, "sf_layout": 1}, {"group": 128, "sf_layout": 0}]
+    assert lowered[0].source == lowered[1].source
+    root = ascend_set(tmp_path, lowered)
+    entries = {e["key"]: e for e in json.loads((root / "manifest.json").read_text())["variants"]}
+    assert entries[a.key]["fixed"] == {"group": 32, "sf_layout": 1} and entries[a.key]["source"] == entries[b.key]["source"]
+    again, fresh = ascend.lower_all([b, a], 1, ascend.LoweringCache(tmp_path / "cache"))
+    assert fresh == 0 and [low.fixed for low in again] == [{"group": 128, "sf_layout": 0}, {"group": 32, "sf_layout": 1}]
+
+    # the op binds the specialised kernel's arguments and fixes the generic one's runtime axis (hidden)
+    launch = ArtifactSet(root, "test").kernel("per_token_cast_generic", a.key).bind(PER_TOKEN_CAST.args, fixed={"hidden": 4160})
+    values = dict(x=0x10, x_sf=0x20, out=0x30, out_sf=0x40, num_tokens=37, x_stride=4160, in_sf_stride=1, sf_stride=64)
+    launch(0, 0xABC, *(values[n] for n in PER_TOKEN_CAST.args))
+    fields = dict(f.split("=", 1) for f in fake_acl.read_text().splitlines()[-1].split()[1:])
+    every = {**values, "hidden": 4160, "group": 32, "sf_layout": 1}
+    assert int(fields["blocks"]) == eval(lowered[0].spec.grid[0], {}, dict(every))  # the grammar is Python's
+    packed, (plan, _) = bytes.fromhex(fields["args"]), pack_plan(lowered[0].spec.params)
+    for (code, offset), p in zip(plan, lowered[0].spec.params):
+        assert struct.unpack_from("<" + code, packed, offset)[0] == every[p.name], p.name
 
 
-def test_every_kernel_has_an_ascend_source_or_is_named_as_not_yet():
+def test_every_kernel_has_an_ascend_source():
     from tkaot._decl import all_kernels
 
-    assert set(ASCEND_SOURCES) == set(all_kernels()) - NOT_YET
+    assert set(ASCEND_SOURCES) == set(all_kernels())
     assert set(CASES) | {kernel for kernel, *_ in MHC} == set(ASCEND_SOURCES)  # each lowers in the contract test
 
 
@@ -266,7 +313,7 @@ def test_generic_ascend_kernels_build_through_the_specialised_builder():
 
     from tkaot._decl import all_kernels
 
-    generics = {name: d.generic_of for name, d in all_kernels().items() if d.generic_of and name not in NOT_YET}
+    generics = {name: d.generic_of for name, d in all_kernels().items() if d.generic_of}
     assert generics and set(generics) <= set(ASCEND_SOURCES)
     for name, specialised in generics.items():
         source = inspect.getsource(importlib.import_module(ASCEND_SOURCES[name]))

@@ -148,6 +148,9 @@ class AscendKernel:
         self.kernel, self.key, self.origin, self.root = kernel, key, origin, root
         self.spec = LaunchSpec.from_json(entry.get("launch"))
         self.requires = dict(entry.get("requires", {}))
+        # static axes this variant's kernel takes as runtime values (one kernel serving several variants): their
+        # values, passed after the op's
+        self.fixed = dict(entry.get("fixed", {}))
         self.binary = entry.get("binary")
         self.binary_path = os.path.join(root, "binaries", f"{self.binary}.o") if self.binary else None
         self.functions: dict[int, object] = {}
@@ -189,11 +192,10 @@ class AscendKernel:
 
     def bind(self, arg_names: tuple[str, ...], kind: str | None = None, pdl: bool | None = None, fixed=None):
         """launcher(device, stream, *values in arg_names order); the stream argument is ignored (torch_npu's current
-        stream of the device is used). Refuses a set without binaries here, before any call."""
-        if fixed:
-            raise ArtifactError(f"{self}: Ascend sets have no generic variants")
+        stream of the device is used). `fixed`: arguments given once, here (a generic kernel's runtime axes), as are
+        the entry's own fixed values. Refuses a set without binaries here, before any call."""
         self.read_binary()
-        return AscendLauncher(self, arg_names)
+        return AscendLauncher(self, arg_names, {**dict(fixed or {}), **self.fixed})
 
 
 def pack_plan(params) -> tuple[list[tuple[str, int]], int]:
@@ -213,17 +215,21 @@ def pack_plan(params) -> tuple[list[tuple[str, int]], int]:
 class AscendLauncher:
     """Packs one op's values into the kernel's host arguments and launches it."""
 
-    def __init__(self, kernel: AscendKernel, arg_names: tuple[str, ...]):
+    def __init__(self, kernel: AscendKernel, arg_names: tuple[str, ...], constants: dict | None = None):
         spec = kernel.spec
+        constants = dict(constants or {})
         position = {name: i for i, name in enumerate(arg_names)}
-        missing = [p.name for p in spec.params if p.name not in position]
+        missing = [p.name for p in spec.params if p.name not in position and p.name not in constants]
         if missing:
             raise ArtifactError(f"{kernel}: the kernel needs {missing}, which the op does not supply")
         plan, self.size = pack_plan(spec.params)
-        self.fields = [(code, offset, position[p.name]) for (code, offset), p in zip(plan, spec.params)]
+        fields = list(zip(plan, spec.params))
+        self.fields = [(code, offset, position[p.name]) for (code, offset), p in fields if p.name not in constants]
+        # values fixed at bind: packed once into each thread's buffer
+        self.constants = [(code, offset, constants[p.name]) for (code, offset), p in fields if p.name in constants]
         self.requires = [(position[name], name, value) for name, value in kernel.requires.items()]
         dims = {a.name for a in spec.args if a.role == "dim"}
-        self.grid = compile_grid(spec.grid, arg_names, dims)
+        self.grid = compile_grid(spec.grid, arg_names, dims, {n: v for n, v in constants.items() if n in dims})
         self.kernel, self.ub = kernel, spec.smem
         self._tls = threading.local()
 
@@ -247,6 +253,8 @@ class AscendLauncher:
             cfg = ffi.new("aclrtLaunchKernelCfg *")
             cfg.attrs, cfg.numAttrs = attr, 1
             self._tls.buffers, self._tls.attr = (buf, cfg), attr
+            for code, offset, value in self.constants:
+                struct.pack_into("=" + code, ffi.buffer(buf, self.size), offset, value)
         view = ffi.buffer(buf, self.size)
         for code, offset, pos in self.fields:
             struct.pack_into("=" + code, view, offset, values[pos])

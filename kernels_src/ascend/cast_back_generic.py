@@ -13,6 +13,9 @@ from tkaot._quant.kernels import CAST_BACK_GENERIC
 DECL = CAST_BACK_GENERIC
 REQUIRES = dict(REQUIRES)
 SEGMENT = 1024  # columns a block takes: a multiple of every block width
+# The input block is a runtime value too (its index among the axis's choices), so the variants that differ only in
+# it share one kernel (build_tools/ascend.py: each variant's entry fixes its value)
+RUNTIME_AXES = ("in_block",)
 
 
 def unsupported(in_dtype, in_block, in_sf, out_dtype) -> str | None:
@@ -20,5 +23,5 @@ def unsupported(in_dtype, in_block, in_sf, out_dtype) -> str | None:
     return None
 
 
-def build(in_dtype: str, in_block: str, in_sf: str, out_dtype: str):
-    return cast_back_kernel(T.dynamic("hidden"), SEGMENT, in_dtype, in_block, in_sf, out_dtype)
+def build(in_dtype: str, in_sf: str, out_dtype: str):
+    return cast_back_kernel(T.dynamic("hidden"), SEGMENT, in_dtype, T.dynamic("in_block"), in_sf, out_dtype)

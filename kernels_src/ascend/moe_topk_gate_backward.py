@@ -24,12 +24,13 @@ TOKENS = 8  # tokens a block, a warp each
 PER_LANE = MAX_EXPERTS // WARP
 
 
-def unsupported() -> str | None:
+def unsupported(tiling: str) -> str | None:
     """Why this module does not build these static values (None: it does)."""
     return None
 
 
-def build():
+def build(tiling: str):
+    # (the CUDA kernel's tilings; this kernel is the same for every one of them)
     num_tokens, num_experts, num_topk = T.dynamic("num_tokens"), T.dynamic("num_experts"), T.dynamic("num_topk")
 
     @T.prim_func

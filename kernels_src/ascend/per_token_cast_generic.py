@@ -16,6 +16,9 @@ from tkaot._quant.kernels import PER_TOKEN_CAST_GENERIC
 DECL = PER_TOKEN_CAST_GENERIC
 REQUIRES = dict(REQUIRES)
 SEGMENT = 1024  # columns a block takes: a multiple of every group and input block width
+# The group and the sf layout are runtime values here too, so the variants that differ only in them share one
+# kernel (build_tools/ascend.py: each variant's entry fixes their values): a quarter of the default set's lowerings
+RUNTIME_AXES = ("group", "sf_layout")
 
 
 def unsupported(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic) -> str | None:
@@ -23,5 +26,6 @@ def unsupported(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stoc
     return None
 
 
-def build(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
+def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
+    group, sf_layout = T.dynamic("group"), T.dynamic("sf_layout")
     return per_token_cast_kernel(T.dynamic("hidden"), SEGMENT, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)

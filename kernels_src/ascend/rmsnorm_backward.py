@@ -16,6 +16,7 @@ CUDA's, so results may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.rms import chunks, mean_divisor
 from kernels_src.ascend.tile import chunk, rows_per_block
 from tkaot._quant.kernels import RMSNORM_BACKWARD
 
@@ -30,13 +31,26 @@ def unsupported(hidden, dtype) -> str | None:
 
 
 def build(hidden: int, dtype: str):
+    return rmsnorm_backward_kernel(hidden, hidden, dtype)
+
+
+def rmsnorm_backward_kernel(hidden, width: int, dtype: str):
+    """The kernel for rows of `hidden` columns (an int, or the generic kernel's runtime value) in tiles `width`
+    columns wide (hidden itself, or the widest row the generic kernel takes): copies clipped to the row, the
+    chunks of columns up to the row's end (rms.py's chunks), the tiles' columns past it zeros."""
+    whole = isinstance(hidden, int)
     elem = 2 if dtype == "bfloat16" else 4
-    rows = rows_per_block(hidden * elem, 3)  # x, out_grad (then x_grad), residual_out_grad
-    cols = chunk(hidden)
-    num_chunks = hidden // cols
+    rows = rows_per_block(width * elem, 3)  # x, out_grad (then x_grad), residual_out_grad
+    cols = chunk(width)
+    num_chunks = chunks(hidden, cols)
+    divisor = T.float32(hidden) if whole else mean_divisor(hidden)
 
     num_tokens, num_blocks = T.dynamic("num_tokens"), T.dynamic("num_blocks")
     og_stride, x_stride, rg_stride = T.dynamic("out_grad_stride"), T.dynamic("x_stride"), T.dynamic("residual_out_grad_stride")
+
+    def live(token, c):
+        # element (token, c) exists: its token, and (a runtime width) its column in the row
+        return token < num_tokens if whole else T.And(token < num_tokens, c < hidden)
 
     @T.prim_func
     def rmsnorm_backward(
@@ -51,26 +65,38 @@ def build(hidden: int, dtype: str):
         has_weight: T.int32,
         has_residual: T.int32,
     ):
+        if not whole:
+            T.assume(T.And(hidden > 0, hidden <= width))  # as the op checks
         with T.Kernel(num_blocks) as block:
-            x_ub = T.alloc_shared((rows, hidden), dtype)
-            g_ub = T.alloc_shared((rows, hidden), dtype)  # out_grad, then x_grad
-            rg_ub = T.alloc_shared((rows, hidden), dtype)
-            w_ub = T.alloc_shared((hidden,), dtype)
-            dw_ub = T.alloc_shared((hidden,), T.float32)
+            x_ub = T.alloc_shared((rows, width), dtype)
+            g_ub = T.alloc_shared((rows, width), dtype)  # out_grad, then x_grad
+            rg_ub = T.alloc_shared((rows, width), dtype)
+            w_ub = T.alloc_shared((width,), dtype)
+            dw_ub = T.alloc_shared((width,), T.float32)
             rstd_ub = T.alloc_shared((rows,), T.float32)
+            if not whole:
+                # columns past a row's end hold zeros, which no copy overwrites: their products add nothing to the
+                # dot products and their x_grad stays zero (copies are clipped to the row)
+                with T.SimtVF(threads=THREADS):
+                    for i, c in T.Parallel(rows, width):
+                        x_ub[i, c] = T.cast(0, dtype)
+                        g_ub[i, c] = T.cast(0, dtype)
+                        rg_ub[i, c] = T.cast(0, dtype)
+                    for c in T.Parallel(width):
+                        w_ub[c] = T.cast(0, dtype)
             if has_weight != 0:
-                T.copy(weight[0:hidden], w_ub)
+                T.copy(weight[0:hidden], w_ub[0:hidden])
             with T.SimtVF(threads=THREADS):
-                for c in T.Parallel(hidden):
+                for c in T.Parallel(width):
                     dw_ub[c] = T.float32(0)
             for it in T.serial(T.ceildiv(num_tokens, num_blocks * rows)):
                 row = (it * num_blocks + block) * rows
                 if row < num_tokens:  # the last round may leave a block without rows
-                    T.copy(x[row : row + rows, :], x_ub)
-                    T.copy(out_grad[row : row + rows, :], g_ub)
+                    T.copy(x[row : row + rows, 0:hidden], x_ub[:, 0:hidden])
+                    T.copy(out_grad[row : row + rows, 0:hidden], g_ub[:, 0:hidden])
                     T.copy(rstd[row : row + rows], rstd_ub)
                     if has_residual != 0:
-                        T.copy(residual_out_grad[row : row + rows, :], rg_ub)
+                        T.copy(residual_out_grad[row : row + rows, 0:hidden], rg_ub[:, 0:hidden])
                     with T.SimtVF(threads=THREADS):
                         prods = T.alloc_fragment((rows, cols), T.float32)
                         part = T.alloc_fragment((rows,), T.float32)
@@ -86,12 +112,12 @@ def build(hidden: int, dtype: str):
                             for i in T.Parallel(rows):
                                 mean[i] += part[i]
                         for i in T.Parallel(rows):
-                            mean[i] = mean[i] / T.float32(hidden)
+                            mean[i] = mean[i] / divisor
                         if has_weight != 0:
                             # the tile's rows in order (rows past the last token hold no data)
-                            for c in T.Parallel(hidden):
+                            for c in T.Parallel(width):
                                 for i in T.serial(rows):
-                                    if row + i < num_tokens:
+                                    if live(row + i, c):
                                         xh = T.cast(x_ub[i, c], "float32") * rstd_ub[i]
                                         dw_ub[c] = dw_ub[c] + xh * (T.cast(g_ub[i, c], "float32") * out_scale)
                         for k in T.serial(num_chunks):
@@ -102,8 +128,8 @@ def build(hidden: int, dtype: str):
                                 gw = T.if_then_else(has_weight != 0, g * T.cast(w_ub[c], "float32"), g)
                                 dx = (gw - xh * mean[i]) * rstd_ub[i]
                                 g_ub[i, c] = T.cast(T.if_then_else(has_residual != 0, dx + T.cast(rg_ub[i, c], "float32"), dx), dtype)
-                    T.copy(g_ub, x_grad[row : row + rows, :])
+                    T.copy(g_ub[:, 0:hidden], x_grad[row : row + rows, 0:hidden])
             if has_weight != 0:
-                T.copy(dw_ub, partials[block, :])
+                T.copy(dw_ub[0:hidden], partials[block, 0:hidden])
 
     return rmsnorm_backward
