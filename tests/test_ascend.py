@@ -78,8 +78,8 @@ CASES = {
     "topk_gate_generic": dict(tiling="ballot4"),
     "moe_topk_gate_generic": dict(tiling="ballot4"),
     "normalize_weight_generic": dict(),
-    "engram_gate_fwd": dict(tiling="w4x32b8"),
-    "engram_gate_bwd": dict(tiling="k32d8"),
+    "engram_gate_fwd": dict(tiling="w4x28b6"),
+    "engram_gate_bwd": dict(tiling="k28d12"),
 }  # fmt: skip
 MORE = [
     ("per_token_cast", {**_PTC, "in_dtype": "float32", "fmt": "e2m1", "group": 32, "sf": "ue8m0", "sf_layout": "col"}),
