@@ -295,7 +295,11 @@ def build_async(slice_: int, depth: int):
             token = row // hc_mult
             head = row % hc_mult
             col = lane * VEC
-            if (flags & MASK) != 0 and image_token_mask[token]:
+            masked = T.alloc_var(T.bool)
+            masked = False
+            if (flags & MASK) != 0:  # the mask is read only when passed (its pointer is null otherwise)
+                masked = image_token_mask[token]
+            if masked:
                 if (flags & IN_PLACE) == 0:
                     for c in T.serial(chunks):
                         for j in T.vectorized(VEC):
