@@ -23,14 +23,16 @@ from pathlib import Path
 
 import torch
 
-# Candidates (kernels_src/engram/gate_fwd.py): 4 warps, x slice 32 chunks, 8 chunks in flight (the default,
-# 151 registers: 12 warps an SM); slice 28 and 6 in flight (118 registers, 4 CTAs of 57 KB: 16 warps an SM if the
-# carveout gives 228 KB); 4 in flight (fewer registers, less in flight); 2 warps a CTA (a barrier shared by 2
-# warps, not 4); 12 in flight (203 registers: 8 warps an SM, deeper rings).
-CANDIDATES = ("w4x32b8", "w4x28b6", "w4x32b4", "w2x32b8", "w4x32b12")
-# Backward (one CTA an SM): 32 groups kept, 8 in flight (the default, 251 registers); 4 in flight (236, no spills);
-# 28 kept and 12 in flight (255 registers, 32 bytes spilled); 28 kept, 8 in flight.
-BWD_CANDIDATES = ("k32d8", "k32d4", "k28d12", "k28d8")
+# Forward candidates (kernels_src/engram/gate_fwd.py). The shipped w4x28b6 (register rings, 4 warps a CTA) and the
+# one shipped before it, w4x32b8, as the control; then the cp.async form, one warp a CTA and a row a CTA, nothing in
+# flight held in registers (a register ring of loads waits on a few shared scoreboards, so deeper rings ran slower):
+# a28d4 (x of 28 chunks parked, 4 chunks in flight, 23 KB: 9 warps an SM), a28d8 (8 in flight, 31 KB: 7 warps an SM),
+# a0d8 (no x parked: x read again in pass 2, hoped from L2; 17 KB: 13 warps an SM).
+# Measured losers (8192x4x7168, TileKernels 402 µs): w4x32b4 801, w2x32b8 772, w4x32b12 898 µs.
+CANDIDATES = ("w4x28b6", "w4x32b8", "a28d4", "a28d8", "a0d8")
+# Backward (one CTA an SM): 28 groups kept and 12 in flight (shipped, 255 registers, 32 bytes spilled); 32 kept, 8 in
+# flight (shipped before). Measured losers (TileKernels 667 µs): k32d4 1759, k28d8 1458 µs.
+BWD_CANDIDATES = ("k28d12", "k32d8")
 TOKENS, HC, HIDDEN = 8192, 4, 7168
 EPS, CLAMP = 1e-20, 1e-6
 SHAPES = ((TOKENS, False), (TOKENS, True), (1, False))  # (tokens, save_for_backward)

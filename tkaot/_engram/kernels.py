@@ -15,15 +15,15 @@ MAX_NGRAM = 8
 # The gate holds a head's fused weight row in shared memory (fp32): hidden at most 16384, a multiple of 256
 MAX_GATE_HIDDEN = 16384
 # Gate forward (kernels_src/engram/gate_fwd.py, "w<warps>x<slice>b<depth>"): 4 warps a CTA, one (token, head) row
-# a warp, x parked in shared memory for the first 32 chunks of 256, loads 8 chunks ahead (151 registers: 12 warps
-# an SM, about 96 KB in flight). w4r32t32 before it (x in 190 registers, loads not run ahead: 8 warps an SM) ran at
-# 1.57 TB/s; candidates: bench/tuning/tune_engram_perf.py
-GATE_FWD_TILINGS = {"default": "w4x32b8"}
+# a warp, x parked in shared memory for the first 28 chunks of 256, loads 6 chunks ahead in register rings (118
+# registers). Measured on the H200 at 8192x4x7168 (TileKernels 402 µs): w4x28b6 603, w4x32b8 620 (shipped before),
+# w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; the cp.async forms "a<slice>d<depth>": bench/tuning/tune_engram_perf.py
+GATE_FWD_TILINGS = {"default": "w4x28b6"}
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
-# weight-gradient partial; the first 32 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
-# loads 8 groups ahead (251 registers, no spills). w8h4 before it (8-byte loads not run ahead, grad_w summed in
-# global memory) took 3.5x TileKernels' time; candidates: bench/tuning/tune_engram_perf.py
-GATE_BWD_TILINGS = {"default": "k32d8"}
+# weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
+# loads 12 groups ahead (255 registers, 32 bytes spilled). Measured on the H200 at 8192x4x7168 (TileKernels 667 µs):
+# k28d12 1225, k32d8 1472 (shipped before), k28d8 1458, k32d4 1759 µs
+GATE_BWD_TILINGS = {"default": "k28d12"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
