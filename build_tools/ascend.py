@@ -42,9 +42,9 @@ from types import ModuleType, SimpleNamespace
 from build_tools.artifacts import atomic_write, default_cache_dir, manifest_text, read_manifest, sha256
 from build_tools.compile import BuildError, check_declared, expr_text, op_args, tilelang_version
 from build_tools.ops import REPO_ROOT, Variant, declaration
-from tkaot._decl import runtime_value
 from kernels_src.ascend import ASCEND_SOURCES
 from tkaot import __version__
+from tkaot._decl import runtime_value
 from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec, Param
 
 ARCH = "ascend950"

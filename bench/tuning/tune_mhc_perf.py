@@ -106,11 +106,13 @@ CANDIDATES = (
     Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 256 threads"),
     # Sinkhorn backward: each round's two step inputs fetched and summed before the gradient reaches them
     Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, sums with the gradient"),
-    Candidate("sinkhorn_bwd.sums", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", _set(_BWD, _build_lanes=_fn("sinkhorn_bwd_sums_first")), "sums first"),
+    Candidate("sinkhorn_bwd.sums", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd",
+              _set(_BWD, _build_lanes=_fn("sinkhorn_bwd_sums_first")), "sums first"),
     Candidate("normw_merge_bwd.new", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", (), "8 rows in flight", _F32),
     # multilayer recompute: the new residual a stream at a time (101 registers, not 128), capped for 6 blocks (80)
     Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "all streams together, 128 regs"),
-    Candidate("recompute.stream", "mhc_multilayer_recompute", "mhc_multilayer_recompute", _set(_RC, build=_fn("multilayer_by_stream")), "a stream at a time"),
+    Candidate("recompute.stream", "mhc_multilayer_recompute", "mhc_multilayer_recompute",
+              _set(_RC, build=_fn("multilayer_by_stream")), "a stream at a time"),
     Candidate("recompute.stream6", "mhc_multilayer_recompute", "mhc_multilayer_recompute",
               _set(_RC, build=_fn("multilayer_by_stream")) + _set(_CAND, RECOMPUTE_MIN_BLOCKS=6), "and 6 blocks, 80 regs"),
     Candidate("split_bwd.new", note="a row a thread, the reduce's rows in flight", **_SPLIT_OP),

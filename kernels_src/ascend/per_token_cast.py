@@ -217,7 +217,10 @@ def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, 
                         for i in T.serial(rows):
                             for w in T.serial(T.ceildiv(groups, THREADS)):
                                 if group_in_range(i, w * THREADS + t, row, col):
-                                    group_pass(x_ub, back_ub if separate_back else x_ub, scale_ub, inv_ub, out_sf, amax, row, col, i, w * THREADS + t)
+                                    group_pass(
+                                        x_ub, back_ub if separate_back else x_ub, scale_ub, inv_ub, out_sf, amax, row, col, i,
+                                        w * THREADS + t,
+                                    )
                 else:
                     # (row, group) pairs dealt round-robin to all threads: one uniform loop, no partial barrier
                     for t in T.Parallel(THREADS):

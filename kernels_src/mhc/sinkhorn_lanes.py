@@ -8,6 +8,7 @@ import tilelang.language as T
 
 from kernels_src.mhc.common import WARP
 
+
 def lane_layout(mhc: int, threads: int) -> tuple[int, int]:
     """(lanes a token, tokens a block of `threads`)."""
     group = 1 << (mhc * mhc - 1).bit_length()
