@@ -36,17 +36,6 @@ CHUNK = 32 * VEC  # elements a warp reads at once
 SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
-def parse_async_tiling(tiling: str) -> tuple[int, int] | None:
-    """Tiling "a<slice>d<depth>": one warp a CTA, loads by cp.async into shared memory (None: not this form)."""
-    match = re.fullmatch(r"a(\d+)d(\d+)", tiling)
-    if match is None:
-        return None
-    slice_, depth = map(int, match.groups())
-    if not (0 <= slice_ <= MAX_GATE_HIDDEN // CHUNK and 2 <= depth <= 16):
-        raise ValueError(f"engram_gate_fwd tiling {tiling!r}: slice 0-64, depth 2-16")
-    return slice_, depth
-
-
 def parse_tiling(tiling: str) -> tuple[int, int, int]:
     """Tiling "w<warps>x<slice>b<depth>": warps a CTA, chunks of x a warp parks in shared memory, chunks in flight."""
     match = re.fullmatch(r"w(\d+)x(\d+)b(\d+)", tiling)
@@ -59,8 +48,6 @@ def parse_tiling(tiling: str) -> tuple[int, int, int]:
 
 
 def build(tiling: str):
-    if (async_tiling := parse_async_tiling(tiling)) is not None:
-        return build_async(*async_tiling)
     warps, slice_, depth = parse_tiling(tiling)
     w_depth = depth // 2
     threads = warps * 32
@@ -214,153 +201,5 @@ def build(tiling: str):
                                         x_ring[u, j] = hidden_states[token, head, (c + depth) * CHUNK + col + j]
                             for j in T.vectorized(VEC):
                                 output[token, head, c * CHUNK + col + j] = x_local[j] + gate * v_local[j]
-
-    return engram_gate_fwd
-
-
-def build_async(slice_: int, depth: int):
-    """One warp a CTA and a (token, head) row a CTA; x, k, v and the weight reach shared memory by cp.async, one
-    commit group a chunk, `depth` chunks ahead: a load in flight holds no register and no scoreboard, and a lane
-    reads back only the vectors it copied itself, so the wait on its own groups is the only synchronisation.
-    x of the first `slice_` chunks stays in shared memory for pass 2; later chunks go through the ring and are
-    read again in pass 2. Sums in the order of `build`'s kernel: the same bits."""
-    num_tokens = T.dynamic("num_tokens")
-    hc_mult = T.dynamic("hc_mult")
-    hidden = T.dynamic("hidden")
-    rows = (num_tokens, hc_mult)
-    parked = max(slice_, 1)  # a 0-chunk slice still declares a buffer
-
-    @T.macro
-    def cp(dst, src, n):
-        T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n)
-
-    @T.macro
-    def stage_pass1(c, chunks, token, head, col, hidden_states, kv, weight_fused, x_park, kx_ring, w_ring):
-        """Chunk c of x, k and the weight in flight, one commit group (empty past the row: the waits count chunks)."""
-        if c < chunks:
-            if c < slice_:
-                cp(x_park[c * CHUNK + col], hidden_states[token, head, c * CHUNK + col], VEC)
-            else:
-                cp(kx_ring[c % depth, 1, col], hidden_states[token, head, c * CHUNK + col], VEC)
-            cp(kx_ring[c % depth, 0, col], kv[token, head, c * CHUNK + col], VEC)
-            for h in T.unroll(2):
-                cp(w_ring[c % depth, col + h * 4], weight_fused[head, c * CHUNK + col + h * 4], 4)
-        T.ptx_commit_group()
-
-    @T.macro
-    def stage_pass2(c, chunks, token, head, hc_mult, col, hidden_states, kv, kx_ring):
-        """Chunk c of v (and of x past the slice) in flight, one commit group."""
-        if c < chunks:
-            if c >= slice_:
-                cp(kx_ring[c % depth, 1, col], hidden_states[token, head, c * CHUNK + col], VEC)
-            cp(kx_ring[c % depth, 0, col], kv[token, hc_mult, c * CHUNK + col], VEC)
-        T.ptx_commit_group()
-
-    @T.prim_func
-    def engram_gate_fwd(
-        hidden_states: T.Tensor[(num_tokens, hc_mult, hidden), T.bfloat16],
-        kv: T.Tensor[(num_tokens, hc_mult + 1, hidden), T.bfloat16],
-        weight_fused: T.Tensor[(hc_mult, hidden), T.float32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        output: T.Tensor[(num_tokens, hc_mult, hidden), T.bfloat16],
-        dot: T.Tensor[rows, T.float32],
-        gate_score: T.Tensor[rows, T.float32],
-        rstd_x: T.Tensor[rows, T.float32],
-        rstd_k: T.Tensor[rows, T.float32],
-        eps: T.float32,
-        clamp_value: T.float32,
-        scalar: T.float32,
-        flags: T.int32,
-    ):
-        with T.Kernel(num_tokens * hc_mult, threads=32) as row:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
-            T.assume(hidden % CHUNK == 0)
-            T.assume(hidden <= MAX_GATE_HIDDEN)
-            lane = T.get_thread_binding()
-            chunks = hidden // CHUNK
-            x_park = T.alloc_shared((parked * CHUNK,), T.bfloat16)
-            kx_ring = T.alloc_shared((depth, 2, CHUNK), T.bfloat16)  # [slot, 0]: k, then v; [slot, 1]: x past the slice
-            w_ring = T.alloc_shared((depth, CHUNK), T.float32)
-            x_local = T.alloc_local((VEC,), T.float32)
-            k_local = T.alloc_local((VEC,), T.float32)
-            w_local = T.alloc_local((VEC,), T.float32)
-            sum_x = T.alloc_local((1,), T.float32)
-            sum_k = T.alloc_local((1,), T.float32)
-            sum_d = T.alloc_local((1,), T.float32)
-            total_x = T.alloc_var(T.float32)
-            total_k = T.alloc_var(T.float32)
-            total_d = T.alloc_var(T.float32)
-            gate = T.alloc_var(T.float32)
-            token = row // hc_mult
-            head = row % hc_mult
-            col = lane * VEC
-            masked = T.alloc_var(T.bool)
-            masked = False
-            if (flags & MASK) != 0:  # the mask is read only when passed (its pointer is null otherwise)
-                masked = image_token_mask[token]
-            if masked:
-                if (flags & IN_PLACE) == 0:
-                    for c in T.serial(chunks):
-                        for j in T.vectorized(VEC):
-                            output[token, head, c * CHUNK + col + j] = hidden_states[token, head, c * CHUNK + col + j]
-                if (flags & SAVE) != 0 and lane == 0:
-                    dot[token, head] = 0.0
-                    gate_score[token, head] = 0.0
-                    rstd_x[token, head] = 0.0
-                    rstd_k[token, head] = 0.0
-            else:
-                # pass 1: the three sums, chunk c read once its group has landed
-                T.clear(sum_x)
-                T.clear(sum_k)
-                T.clear(sum_d)
-                for u in T.unroll(depth - 1):
-                    stage_pass1(u, chunks, token, head, col, hidden_states, kv, weight_fused, x_park, kx_ring, w_ring)
-                for c in T.serial(chunks):
-                    stage_pass1(c + depth - 1, chunks, token, head, col, hidden_states, kv, weight_fused, x_park, kx_ring, w_ring)
-                    T.ptx_wait_group(depth - 1)
-                    if c < slice_:
-                        for j in T.vectorized(VEC):
-                            x_local[j] = x_park[c * CHUNK + col + j]
-                    else:
-                        for j in T.vectorized(VEC):
-                            x_local[j] = kx_ring[c % depth, 1, col + j]
-                    for j in T.vectorized(VEC):
-                        k_local[j] = kx_ring[c % depth, 0, col + j]
-                    for j in T.vectorized(VEC):
-                        w_local[j] = w_ring[c % depth, col + j]
-                    for j in T.serial(VEC):
-                        sum_x[0] += x_local[j] * x_local[j]
-                        sum_k[0] += k_local[j] * k_local[j]
-                        sum_d[0] += x_local[j] * w_local[j] * k_local[j]
-                T.ptx_wait_group(0)  # the ring is free: v (and x past the slice) go in flight during the reduction
-                for u in T.unroll(depth - 1):
-                    stage_pass2(u, chunks, token, head, hc_mult, col, hidden_states, kv, kx_ring)
-                total_x = T.warp_reduce_sum(sum_x[0])
-                total_k = T.warp_reduce_sum(sum_k[0])
-                total_d = T.warp_reduce_sum(sum_d[0])
-                total_x = T.rsqrt(total_x / T.cast(hidden, T.float32) + eps)
-                total_k = T.rsqrt(total_k / T.cast(hidden, T.float32) + eps)
-                gate = total_d * total_x * total_k * scalar
-                gate = T.sigmoid(T.copysign(T.sqrt(T.clamp(T.abs(gate), clamp_value, T.infinity(T.float32))), gate))
-                if (flags & SAVE) != 0 and lane == 0:
-                    dot[token, head] = total_d
-                    gate_score[token, head] = gate
-                    rstd_x[token, head] = total_x
-                    rstd_k[token, head] = total_k
-                # pass 2: out = x + gate * v
-                for c in T.serial(chunks):
-                    stage_pass2(c + depth - 1, chunks, token, head, hc_mult, col, hidden_states, kv, kx_ring)
-                    T.ptx_wait_group(depth - 1)
-                    if c < slice_:
-                        for j in T.vectorized(VEC):
-                            x_local[j] = x_park[c * CHUNK + col + j]
-                    else:
-                        for j in T.vectorized(VEC):
-                            x_local[j] = kx_ring[c % depth, 1, col + j]
-                    for j in T.vectorized(VEC):
-                        k_local[j] = kx_ring[c % depth, 0, col + j]
-                    for j in T.vectorized(VEC):
-                        output[token, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
 
     return engram_gate_fwd

@@ -17,7 +17,7 @@ MAX_GATE_HIDDEN = 16384
 # Gate forward (kernels_src/engram/gate_fwd.py, "w<warps>x<slice>b<depth>"): 4 warps a CTA, one (token, head) row
 # a warp, x parked in shared memory for the first 28 chunks of 256, loads 6 chunks ahead in register rings (118
 # registers). Measured on the H200 at 8192x4x7168 (TileKernels 402 µs): w4x28b6 603, w4x32b8 620 (shipped before),
-# w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; the cp.async forms "a<slice>d<depth>": bench/tuning/tune_engram_perf.py
+# w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async into shared memory, a warp a CTA: 621-931 µs (deleted)
 GATE_FWD_TILINGS = {"default": "w4x28b6"}
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
 # weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
