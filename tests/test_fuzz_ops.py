@@ -36,7 +36,7 @@ from tests.fuzz import (  # noqa: E402, F401 (launches: the fixture)
 )
 from tkaot._moe import backward as moe_backward  # noqa: E402
 from tkaot._moe import ops as moe_ops  # noqa: E402
-from tkaot._moe.kernels import MOE_TOPK_GATE, MOE_TOPK_GATE_BACKWARD, NORMALIZE_WEIGHT, TOPK_GATE  # noqa: E402
+from tkaot._moe.kernels import MOE_GATE_BWD_TILINGS, MOE_TOPK_GATE, MOE_TOPK_GATE_BACKWARD, NORMALIZE_WEIGHT, TOPK_GATE  # noqa: E402
 from tkaot._quant import fused, norm, norm_backward, norm_cast, swiglu, swiglu_backward  # noqa: E402
 from tkaot._quant.kernels import NORM_CAST, RMSNORM, RMSNORM_BACKWARD, SWIGLU, SWIGLU_BACKWARD, WEIGHT_GRAD_REDUCE  # noqa: E402
 from tkaot._transform import rotary  # noqa: E402
@@ -482,7 +482,7 @@ def moe_topk_gate_backward(draw):
             "mask": meta(n, dtype=BOOL),
             "grad_scores_sum": meta(n - 1 if n > 2 else 3, experts, dtype=F32),
         }  # noqa: E501
-    made = [] if n == 0 else [(MOE_TOPK_GATE_BACKWARD, {})]
+    made = [] if n == 0 else [(MOE_TOPK_GATE_BACKWARD, {"tiling": MOE_GATE_BWD_TILINGS["default"]})]
     return Call("moe.moe_topk_gate_backward", kwargs, made, moe_backward.SIGNATURE, breaks=breaks)
 
 

@@ -282,7 +282,8 @@ def test_every_prebuilt_kernel_launches_alike_both_ways(driver):
             values = values_for(spec, arg_names, rng, dims=(1, 70000))
             abi, compiled = launch_both(driver, spec, arg_names, values)
             want = expected(spec, arg_names, values, pdl=spec.pdl and _kernel.PDL_ALLOWED)
-            assert [c[1:] for c in compiled] == [c[1:] for c in abi] == [want]
+            # random sizes can make a grid empty (e.g. hidden 2 of a per-128-column grid): then neither launches
+            assert [c[1:] for c in compiled] == [c[1:] for c in abi] == ([] if want is None else [want])
 
 
 @needs_ext
