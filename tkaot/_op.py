@@ -24,6 +24,7 @@ import torch
 from tkaot._ascend import with_npu_streams
 from tkaot._decl import KernelDecl, build_command, generic_kernel
 from tkaot._kernel import Launcher
+from tkaot._validate import Signature, lazy_checker
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 from tkaot.registry import REGISTRY
 
@@ -142,3 +143,10 @@ class OpKernels:
             except ValueError as refused:
                 return str(refused)
         return ""
+
+
+def op_parts(namespace: dict, *ops: tuple[Signature, KernelDecl]) -> tuple[tuple, ...]:
+    """For each (signature, kernel) of an op module (namespace: its globals()): the signature's lazy checker, which puts
+    the checker in its own place in `namespace` at the first call (tkaot/_validate.py), and the kernel's OpKernels for
+    the signature's op."""
+    return tuple((lazy_checker(sig, namespace), OpKernels(sig.op, decl)) for sig, decl in ops)

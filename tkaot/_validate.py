@@ -396,13 +396,16 @@ def _source(sig: Signature) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", env
 
 
-def lazy_checker(sig: Signature, namespace: dict, name: str):
-    """A stand-in for `sig`'s checker, bound as `name` in `namespace` (an op module's globals(), or a dict of an op's
-    checkers): its first call writes the checker and puts it in the stand-in's place, so every later call reaches it in
-    one lookup and importing an op module compiles nothing."""
+def lazy_checker(sig: Signature, namespace: dict, name=None):
+    """A stand-in for `sig`'s checker in `namespace` (an op module's globals(), or a dict of an op's checkers), bound
+    there as `name` or, without one, under the names that hold it at its first call: that call writes the checker and
+    puts it in the stand-in's place, so every later call reaches it in one lookup and importing an op module compiles
+    nothing."""
 
     def first_call(*args):
-        namespace[name] = check = sig.checker()
+        check = sig.checker()
+        for key in [name] if name is not None else [k for k, v in namespace.items() if v is first_call]:
+            namespace[key] = check
         return check(*args)
 
     return first_call

@@ -13,8 +13,8 @@ import torch
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
 from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_BWD_TILINGS, GATE_FWD, GATE_FWD_TILINGS, GRAD_W_REDUCE, MAX_GATE_HIDDEN
-from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Rule, Signature, Tensor, lazy_checker
+from tkaot._op import current_stream, op_parts
+from tkaot._validate import Rule, Signature, Tensor
 
 __all__ = ["engram_gate_bwd", "engram_gate_fwd", "fused_weight", "grad_w_reduce"]
 
@@ -118,15 +118,9 @@ REDUCE_SIGNATURE = Signature(
     ),  # fmt: skip
 )
 
-_check_fused = lazy_checker(FUSED_SIGNATURE, globals(), "_check_fused")
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-_check_reduce = lazy_checker(REDUCE_SIGNATURE, globals(), "_check_reduce")
-
-_FUSED = OpKernels(FUSED_SIGNATURE.op, FUSED_WEIGHT)
-_FWD = OpKernels(FWD_SIGNATURE.op, GATE_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, GATE_BWD)
-_REDUCE = OpKernels(REDUCE_SIGNATURE.op, GRAD_W_REDUCE)
+(_check_fused, _FUSED), (_check_fwd, _FWD), (_check_bwd, _BWD), (_check_reduce, _REDUCE) = op_parts(
+    globals(), (FUSED_SIGNATURE, FUSED_WEIGHT), (FWD_SIGNATURE, GATE_FWD), (BWD_SIGNATURE, GATE_BWD), (REDUCE_SIGNATURE, GRAD_W_REDUCE)
+)
 
 
 def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,8 @@ import torch
 
 from tkaot._compile import is_compiling, traced
 from tkaot._engram.kernels import ENGRAM_HASH, MAX_NGRAM
-from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Rule, Signature, Tensor, lazy_checker
+from tkaot._op import current_stream, op_parts
+from tkaot._validate import Rule, Signature, Tensor
 
 __all__ = ["engram_hash"]
 
@@ -36,8 +36,7 @@ SIGNATURE = Signature(
     ),
 )  # fmt: skip
 
-_check = lazy_checker(SIGNATURE, globals(), "_check")
-_HASH = OpKernels(SIGNATURE.op, ENGRAM_HASH)
+[(_check, _HASH)] = op_parts(globals(), (SIGNATURE, ENGRAM_HASH))
 
 
 def engram_hash(

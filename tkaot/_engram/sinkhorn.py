@@ -14,8 +14,8 @@ import torch
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
 from tkaot._engram.kernels import SINKHORN_FINALIZE, SINKHORN_HEAD_DIMS, SINKHORN_MOMENTUM, SINKHORN_STEP, SINKHORN_STEP_REDUCE
-from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Rule, Signature, Tensor, lazy_checker
+from tkaot._op import current_stream, op_parts
+from tkaot._validate import Rule, Signature, Tensor
 
 __all__ = ["engram_sinkhorn_finalize", "engram_sinkhorn_momentum_update", "engram_sinkhorn_step", "engram_sinkhorn_step_reduce"]
 
@@ -76,15 +76,10 @@ FINALIZE_SIGNATURE = Signature(
     rules=(_HEAD_DIM, _ROWS),
 )
 
-_check_momentum = lazy_checker(MOMENTUM_SIGNATURE, globals(), "_check_momentum")
-_check_step = lazy_checker(STEP_SIGNATURE, globals(), "_check_step")
-_check_reduce = lazy_checker(REDUCE_SIGNATURE, globals(), "_check_reduce")
-_check_finalize = lazy_checker(FINALIZE_SIGNATURE, globals(), "_check_finalize")
-
-_MOMENTUM = OpKernels(MOMENTUM_SIGNATURE.op, SINKHORN_MOMENTUM)
-_STEP = OpKernels(STEP_SIGNATURE.op, SINKHORN_STEP)
-_REDUCE = OpKernels(REDUCE_SIGNATURE.op, SINKHORN_STEP_REDUCE)
-_FINALIZE = OpKernels(FINALIZE_SIGNATURE.op, SINKHORN_FINALIZE)
+(_check_momentum, _MOMENTUM), (_check_step, _STEP), (_check_reduce, _REDUCE), (_check_finalize, _FINALIZE) = op_parts(
+    globals(), (MOMENTUM_SIGNATURE, SINKHORN_MOMENTUM), (STEP_SIGNATURE, SINKHORN_STEP),
+    (REDUCE_SIGNATURE, SINKHORN_STEP_REDUCE), (FINALIZE_SIGNATURE, SINKHORN_FINALIZE),
+)  # fmt: skip
 
 
 def engram_sinkhorn_momentum_update(

@@ -8,8 +8,8 @@ import torch
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.common import BF16, MAX_I24, f32, float_rule, int_rules
 from tkaot._mhc.kernels import MAX_BIG_FUSE_MULT, PRE_BIG_FUSE
-from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Rule, Signature, Tensor, lazy_checker
+from tkaot._op import current_stream, op_parts
+from tkaot._validate import Rule, Signature, Tensor
 
 __all__ = ["mhc_pre_big_fuse_fwd"]
 
@@ -49,8 +49,7 @@ SIGNATURE = Signature(
     env={"_RATES": RATES},
 )  # fmt: skip
 
-_check = lazy_checker(SIGNATURE, globals(), "_check")
-_FUSE = OpKernels(SIGNATURE.op, PRE_BIG_FUSE)
+[(_check, _FUSE)] = op_parts(globals(), (SIGNATURE, PRE_BIG_FUSE))
 
 
 def mhc_pre_big_fuse_fwd(

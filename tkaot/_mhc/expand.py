@@ -5,8 +5,8 @@ from __future__ import annotations
 from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import BF16, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import EXPAND_BWD, EXPAND_FWD
-from tkaot._op import OpKernels
-from tkaot._validate import Signature, Tensor, lazy_checker
+from tkaot._op import op_parts
+from tkaot._validate import Signature, Tensor
 
 __all__ = ["expand_to_mhc_bwd", "expand_to_mhc_fwd"]
 
@@ -31,10 +31,7 @@ def _signature(op: str, row: str, streams: str) -> Signature:
 
 FWD_SIGNATURE = _signature("expand_to_mhc_fwd", "x", "o")
 BWD_SIGNATURE = _signature("expand_to_mhc_bwd", "x_grad", "o_grad")
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-_FWD = OpKernels(FWD_SIGNATURE.op, EXPAND_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, EXPAND_BWD)
+(_check_fwd, _FWD), (_check_bwd, _BWD) = op_parts(globals(), (FWD_SIGNATURE, EXPAND_FWD), (BWD_SIGNATURE, EXPAND_BWD))
 
 
 def expand_to_mhc_fwd(x, o):

@@ -7,8 +7,8 @@ import torch
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.common import f32, float_rule, int_rules, like
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS, HEAD_MIX_FWD
-from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Rule, Signature, lazy_checker
+from tkaot._op import current_stream, op_parts
+from tkaot._validate import Rule, Signature
 
 __all__ = ["mhc_head_compute_mix_fwd", "mhc_head_compute_mix_bwd"]
 
@@ -55,11 +55,7 @@ BWD_SIGNATURE = Signature(
     ),
 )  # fmt: skip
 
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-
-_FWD = OpKernels(FWD_SIGNATURE.op, HEAD_MIX_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, HEAD_MIX_BWD)
+(_check_fwd, _FWD), (_check_bwd, _BWD) = op_parts(globals(), (FWD_SIGNATURE, HEAD_MIX_FWD), (BWD_SIGNATURE, HEAD_MIX_BWD))
 
 
 def mhc_head_compute_mix_fwd(

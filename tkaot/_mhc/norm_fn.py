@@ -8,8 +8,8 @@ import torch
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._mhc.common import MAX_I24, f32, float_rule, int_rules, like
 from tkaot._mhc.kernels import NORMW_MERGE_BWD, NORMW_MERGE_FWD, REDUCE_PARTIALS_BWD, REDUCE_PARTIALS_FWD
-from tkaot._op import OpKernels, current_stream
-from tkaot._validate import Rule, Signature, lazy_checker
+from tkaot._op import OpKernels, current_stream, op_parts
+from tkaot._validate import Rule, Signature
 
 __all__ = [
     "mhc_fn_normw_merge_fwd", "mhc_fn_normw_merge_bwd", "mhc_reduce_partials_and_rmsnorm_fwd",
@@ -76,15 +76,11 @@ REDUCE_BWD_SIGNATURE = Signature(
     ),
 )
 
-_check_merge_fwd = lazy_checker(MERGE_FWD_SIGNATURE, globals(), "_check_merge_fwd")
-_check_merge_bwd = lazy_checker(MERGE_BWD_SIGNATURE, globals(), "_check_merge_bwd")
-_check_reduce_fwd = lazy_checker(REDUCE_FWD_SIGNATURE, globals(), "_check_reduce_fwd")
-_check_reduce_bwd = lazy_checker(REDUCE_BWD_SIGNATURE, globals(), "_check_reduce_bwd")
-
-_MERGE_FWD = OpKernels(MERGE_FWD_SIGNATURE.op, NORMW_MERGE_FWD)
-_MERGE_BWD = OpKernels(MERGE_BWD_SIGNATURE.op, NORMW_MERGE_BWD)
-_REDUCE_FWD = OpKernels(REDUCE_FWD_SIGNATURE.op, REDUCE_PARTIALS_FWD)
-_REDUCE_BWD = OpKernels(REDUCE_BWD_SIGNATURE.op, REDUCE_PARTIALS_BWD)
+((_check_merge_fwd, _MERGE_FWD), (_check_merge_bwd, _MERGE_BWD),
+ (_check_reduce_fwd, _REDUCE_FWD), (_check_reduce_bwd, _REDUCE_BWD)) = op_parts(
+    globals(), (MERGE_FWD_SIGNATURE, NORMW_MERGE_FWD), (MERGE_BWD_SIGNATURE, NORMW_MERGE_BWD),
+    (REDUCE_FWD_SIGNATURE, REDUCE_PARTIALS_FWD), (REDUCE_BWD_SIGNATURE, REDUCE_PARTIALS_BWD),
+)  # fmt: skip
 
 
 def _launcher(kernels: OpKernels, device: int):

@@ -7,8 +7,8 @@ import torch
 from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import POST_BWD, POST_FWD
-from tkaot._op import OpKernels
-from tkaot._validate import Let, Signature, Tensor, lazy_checker
+from tkaot._op import op_parts
+from tkaot._validate import Let, Signature, Tensor
 
 __all__ = ["mhc_post_bwd", "mhc_post_fwd"]
 
@@ -43,10 +43,7 @@ BWD_SIGNATURE = Signature(
     dims=("rows", "hidden", "mhc"),
     rules=(mhc_rule("d_o"), hidden_rule("d_o"), *_RULES),
 )
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-_FWD = OpKernels(FWD_SIGNATURE.op, POST_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, POST_BWD)
+(_check_fwd, _FWD), (_check_bwd, _BWD) = op_parts(globals(), (FWD_SIGNATURE, POST_FWD), (BWD_SIGNATURE, POST_BWD))
 
 
 def mhc_post_fwd(

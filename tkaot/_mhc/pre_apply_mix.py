@@ -7,8 +7,8 @@ import torch
 from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_FWD
-from tkaot._op import OpKernels
-from tkaot._validate import Signature, Tensor, lazy_checker
+from tkaot._op import op_parts
+from tkaot._validate import Signature, Tensor
 
 __all__ = ["mhc_pre_apply_mix_bwd", "mhc_pre_apply_mix_fwd"]
 
@@ -38,10 +38,7 @@ BWD_SIGNATURE = Signature(
     dims=("num_tokens", "hidden", "mhc"),
     rules=_RULES,
 )
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-_FWD = OpKernels(FWD_SIGNATURE.op, PRE_APPLY_MIX_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, PRE_APPLY_MIX_BWD)
+(_check_fwd, _FWD), (_check_bwd, _BWD) = op_parts(globals(), (FWD_SIGNATURE, PRE_APPLY_MIX_FWD), (BWD_SIGNATURE, PRE_APPLY_MIX_BWD))
 
 
 def mhc_pre_apply_mix_fwd(x, mix, o):

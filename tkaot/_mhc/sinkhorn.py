@@ -8,8 +8,8 @@ import torch
 from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import F32, current_stream, float_rule, int_rules, launcher, mhc_rule
 from tkaot._mhc.kernels import SINKHORN_BWD, SINKHORN_FWD, sinkhorn_record_row
-from tkaot._op import OpKernels
-from tkaot._validate import Rule, Signature, Tensor, lazy_checker
+from tkaot._op import op_parts
+from tkaot._validate import Rule, Signature, Tensor
 
 __all__ = ["mhc_sinkhorn_bwd", "mhc_sinkhorn_fwd"]
 
@@ -39,10 +39,7 @@ BWD_SIGNATURE = Signature(
     dims=("num_tokens", "mhc"),
     rules=(_square("grad_output"), mhc_rule("grad_output"), *int_rules("repeat", "1", "_MAX_I32"), float_rule("eps")),
 )
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-_FWD = OpKernels(FWD_SIGNATURE.op, SINKHORN_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, SINKHORN_BWD)
+(_check_fwd, _FWD), (_check_bwd, _BWD) = op_parts(globals(), (FWD_SIGNATURE, SINKHORN_FWD), (BWD_SIGNATURE, SINKHORN_BWD))
 
 
 def mhc_sinkhorn_fwd(comb_res_mix, comb_res_mix_out, repeat: int, eps: float):

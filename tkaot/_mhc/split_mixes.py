@@ -8,8 +8,8 @@ import torch
 from tkaot._compile import is_compiling, traced
 from tkaot._mhc.common import F32, current_stream, f32, float_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD, SPLIT_MIXES_BWD_REDUCE, SPLIT_MIXES_FWD
-from tkaot._op import OpKernels
-from tkaot._validate import Rule, Signature, lazy_checker
+from tkaot._op import OpKernels, op_parts
+from tkaot._validate import Rule, Signature
 
 __all__ = ["mhc_pre_split_mixes_bwd", "mhc_pre_split_mixes_fwd"]
 
@@ -69,10 +69,7 @@ BWD_SIGNATURE = Signature(
     dims=("num_tokens", "mhc"),
     rules=(*_mixes_rules("pre_layer_mix_grad"), _comb_rule("comb_res_mix_grad"), float_rule("mhc_post_mult_value")),
 )
-_check_fwd = lazy_checker(FWD_SIGNATURE, globals(), "_check_fwd")
-_check_bwd = lazy_checker(BWD_SIGNATURE, globals(), "_check_bwd")
-_FWD = OpKernels(FWD_SIGNATURE.op, SPLIT_MIXES_FWD)
-_BWD = OpKernels(BWD_SIGNATURE.op, SPLIT_MIXES_BWD)
+(_check_fwd, _FWD), (_check_bwd, _BWD) = op_parts(globals(), (FWD_SIGNATURE, SPLIT_MIXES_FWD), (BWD_SIGNATURE, SPLIT_MIXES_BWD))
 _BWD_REDUCE = OpKernels(BWD_SIGNATURE.op, SPLIT_MIXES_BWD_REDUCE)
 
 
