@@ -137,14 +137,9 @@ def swiglu_rows(l2: int, tokens: int = 8192) -> list[dict]:
         def call(a, fmt=fmt, group=group, extra=extra):
             return tkaot.quant.swiglu_forward_and_per_token_cast(a["x"], fmt, group, **extra)
 
-        label = f"swiglu {tokens}x{hidden} {name}"
-        specialised, generic = both_us(label, _swiglu._SWIGLU, "swiglu", inputs, call)
-        ratio = generic / specialised
         out_bytes = 1 if fmt == "e4m3" else 2 if fmt == "bf16" else 4
-        tbps = tokens * hidden * (2 * dtype.itemsize + out_bytes) / (generic * 1e-6) / 1e12
-        over = "" if ratio <= TARGET else " (over)"
-        print(f"| {label} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{over} | {tbps:.2f} |", flush=True)
-        rows.append({"options": label, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+        moved = tokens * hidden * (2 * dtype.itemsize + out_bytes)
+        rows.append(routing_row(f"swiglu {tokens}x{hidden} {name}", _swiglu._SWIGLU, "swiglu", inputs, call, moved))
     return rows
 
 
@@ -153,8 +148,8 @@ def both_us(name: str, kernels, specialised: str, inputs: list[dict], call) -> t
     `kernels`), each checked to be the kernel that ran."""
 
     def launched() -> str:
-        (launcher,) = {id(v): v for v in kernels.cache.values()}.values()
-        return getattr(launcher, "__self__", launcher).kernel.kernel
+        (kernel,) = {getattr(launcher, "__self__", launcher).kernel.kernel for launcher in kernels.cache.values()}
+        return kernel
 
     kernels.cache.clear()
     call(inputs[0])
@@ -167,12 +162,17 @@ def both_us(name: str, kernels, specialised: str, inputs: list[dict], call) -> t
     return special_us, generic_us
 
 
-def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call) -> dict:
-    """One op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
-    special_us, generic_us = both_us(name, kernels, specialised, inputs, call)
+def result_row(name: str, special_us: float, generic_us: float, moved: float | None = None) -> dict:
+    """Print a table row (the generic variant's TB/s when the bytes `moved` are given) and return its record."""
     ratio = generic_us / special_us
-    print(f"| {name} | {special_us:.2f} | {generic_us:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | — |", flush=True)
+    tbps = "—" if moved is None else f"{moved / (generic_us * 1e-6) / 1e12:.2f}"
+    print(f"| {name} | {special_us:.2f} | {generic_us:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps} |", flush=True)
     return {"options": name, "specialised_us": round(special_us, 3), "generic_us": round(generic_us, 3), "ratio": round(ratio, 3)}
+
+
+def routing_row(name: str, kernels, specialised: str, inputs: list[dict], call, moved: float | None = None) -> dict:
+    """One op (its OpKernels `kernels`) on the specialised variant and on the generic one, same inputs."""
+    return result_row(name, *both_us(name, kernels, specialised, inputs, call), moved)
 
 
 def gate_rows(l2: int, tokens: int = 8192, experts: int = 256, topk: int = 8) -> list[dict]:
@@ -224,24 +224,7 @@ def norm_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]:
         def call(a, fn=fn, call_args=call_args, kwargs=kwargs, residual=residual):
             return fn(a["x"], weight, *call_args, residual=a["r"] if residual else None, **kwargs)
 
-        def launched(kernels=kernels) -> str:
-            (kernel,) = {getattr(launcher, "__self__", launcher).kernel.kernel for launcher in kernels.cache.values()}
-            return kernel
-
-        kernels.cache.clear()
-        call(inputs[0])
-        assert launched() == specialised_kernel, f"{name}: no specialised variant at {hidden}"
-        specialised, _ = timing.device_us(call, inputs)
-        with on_generic(specialised_kernel):
-            call(inputs[0])
-            assert launched() == specialised_kernel + "_generic"
-            generic, _ = timing.device_us(call, inputs)
-        ratio = generic / specialised
-        tbps = tokens * hidden * per_element / (generic * 1e-6) / 1e12
-        print(
-            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
-        )
-        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+        rows.append(routing_row(name, kernels, specialised_kernel, inputs, call, tokens * hidden * per_element))
     return rows
 
 
@@ -273,24 +256,7 @@ def norm_backward_rows(tokens: int = TOKENS, hidden: int = HIDDEN) -> list[dict]
         def call(a, with_weight=with_weight, residual=residual):
             return tkaot.quant.norm_backward(a["dy"], a["x"], weight if with_weight else None, a["rstd"], a["dr"] if residual else None)
 
-        def launched() -> str:
-            (kernel,) = {getattr(launcher, "__self__", launcher).kernel.kernel for launcher in _norm_backward._PASS1.cache.values()}
-            return kernel
-
-        _norm_backward._PASS1.cache.clear()
-        call(inputs[0])
-        assert launched() == "rmsnorm_backward", f"{name}: no specialised variant at {hidden}"
-        specialised, _ = timing.device_us(call, inputs)
-        with on_generic("rmsnorm_backward"):
-            call(inputs[0])
-            assert launched() == "rmsnorm_backward_generic"
-            generic, _ = timing.device_us(call, inputs)
-        ratio = generic / specialised
-        tbps = tokens * hidden * per_element / (generic * 1e-6) / 1e12
-        print(
-            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
-        )
-        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
+        rows.append(routing_row(name, _norm_backward._PASS1, "rmsnorm_backward", inputs, call, tokens * hidden * per_element))
     return rows
 
 
@@ -309,24 +275,8 @@ def cast_back_rows(l2: int) -> list[dict]:
         def call(a, fmt=fmt):
             return tkaot.quant.per_token_cast_back(a["x"], fmt, 128)
 
-        def launched() -> str:
-            (launcher,) = _casts._CAST_BACK["tkaot.quant.per_token_cast_back"].cache.values()
-            return getattr(launcher, "__self__", launcher).kernel.kernel
-
-        _casts._CAST_BACK["tkaot.quant.per_token_cast_back"].cache.clear()
-        call(inputs[0])
-        assert launched() == "cast_back", f"{name}: no specialised variant"
-        specialised, _ = timing.device_us(call, inputs)
-        with on_generic("cast_back"):
-            call(inputs[0])
-            assert launched() == "cast_back_generic"
-            generic, _ = timing.device_us(call, inputs)
-        ratio = generic / specialised
-        tbps = TOKENS * HIDDEN * (1 + 2 + 4 / 128) / (generic * 1e-6) / 1e12
-        print(f"| cast_back {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |",
-              flush=True)  # fmt: skip
-        rows.append({"options": f"cast_back {name}", "specialised_us": round(specialised, 3), "generic_us": round(generic, 3),
-                     "ratio": round(ratio, 3)})  # fmt: skip
+        kernels, moved = _casts._CAST_BACK["tkaot.quant.per_token_cast_back"], TOKENS * HIDDEN * (1 + 2 + 4 / 128)
+        rows.append(routing_row(f"cast_back {name}", kernels, "cast_back", inputs, call, moved))
     return rows
 
 
@@ -381,12 +331,7 @@ def main(argv=None) -> None:
         with on_generic():
             assert launched_kernel(call_args, kwargs, inputs[0]["x"]) == "per_token_cast_generic"
             generic, _ = timing.device_us(call, inputs)
-        ratio = generic / specialised
-        tbps = TOKENS * HIDDEN * per_element / (generic * 1e-6) / 1e12
-        rows.append({"options": name, "specialised_us": round(specialised, 3), "generic_us": round(generic, 3), "ratio": round(ratio, 3)})
-        print(
-            f"| {name} | {specialised:.2f} | {generic:.2f} | {ratio:.2f}{'' if ratio <= TARGET else ' (over)'} | {tbps:.2f} |", flush=True
-        )
+        rows.append(result_row(name, specialised, generic, TOKENS * HIDDEN * per_element))
     rows.append(topk_gate_row(l2))
     rows += swiglu_rows(l2)
     rows += gate_rows(l2)

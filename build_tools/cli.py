@@ -1,7 +1,8 @@
-"""The build wing of tkaot-build: ops, plan, build, wheel. It only parses into Variants.
+"""The build wing of tkaot-build: ops, plan, build, wheel and merge (BUILD_COMMANDS). Each parses its options into
+Variants or paths and leaves the work to build_tools' modules.
 
-These commands join the one `tkaot-build` group (tkaot/cli.py, which holds the serving
-commands) where the build extra is installed; `main` here is that whole group.
+These commands join the one `tkaot-build` group (tkaot/cli.py, which holds the serving commands: sets, check,
+inspect, verify) where the build extra is installed; `main` here is that whole group.
 """
 
 from __future__ import annotations

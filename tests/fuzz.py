@@ -45,6 +45,8 @@ PREBUILT = Path(__file__).resolve().parent.parent / "prebuilt" / "sm90"
 BF16, F32, F16, F8, E5M2 = torch.bfloat16, torch.float32, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
 I8, I32, I64, BOOL = torch.int8, torch.int32, torch.int64, torch.bool
 # wrong dtypes to try, in order: the first one a tensor does not list is its dtype break
+NAMES = {BF16: "bfloat16", F32: "float32"}  # the declarations' names of the float dtypes
+FLOATS = st.sampled_from([BF16, F32])
 WRONG_DTYPES = (F16, torch.float64, BF16, F32, I32, I8, BOOL, I64, F8)
 _ERROR = re.compile(r"tkaot\.\w+\.\w+: ")
 
@@ -271,11 +273,16 @@ class Cases:
 
         return register
 
+    def cases(self, draw_call, ops: dict, built: str = "all"):
+        """Register ops whose valid calls one function draws: draw_call(draw, arg) for each arg -> op of `ops`."""
+        for arg, op in ops.items():
+            self.case(op, built)(lambda draw, arg=arg: draw_call(draw, arg))
+
     def valid_test(self):
-        return valid_calls_test(self.strategies)
+        return per_op_test(self.strategies, check_valid_call, "test_valid_calls_launch_their_declared_variants")
 
     def invalid_test(self):
-        return invalid_calls_test(self.strategies)
+        return per_op_test(self.strategies, check_invalid_calls, "test_invalid_calls_raise_before_any_launch")
 
 
 @functools.cache
@@ -371,54 +378,48 @@ def launches(monkeypatch):
     return recorded
 
 
-def valid_calls_test(cases: dict):
-    """The test that each op's valid calls make exactly their launches, on variants that resolve."""
+def per_op_test(cases: dict, check, name: str):
+    """A test, parametrized by op, that runs check(launches, call, built) on each call drawn from the op's strategy."""
 
     @pytest.mark.parametrize("op", sorted(cases))
-    def test_valid_calls_launch_their_declared_variants(launches, op):
+    def test(launches, op):
         calls, built = cases[op]
 
         @SETTINGS
         @given(call=calls)
         def run(call):
-            launches.clear()
-            result = call.run()
-            made = list(launches)
-            expected = call.expected()
-            assert made == expected or (call.empty and not made), f"{call}: launched {made}, expected {expected}"
-            if (call.built or built) == "all":
-                missing = [launch for launch in launches if launches.served[launch] == "missing"]
-                assert not missing, f"{call}: no variant of the default set serves {missing}"
-            if call.check is not None:
-                call.check(result)
+            check(launches, call, built)
 
         run()
 
-    return test_valid_calls_launch_their_declared_variants
+    test.__name__ = test.__qualname__ = name
+    return test
 
 
-def invalid_calls_test(cases: dict):
-    """The test that each op refuses each of its calls' breaks, clearly and before any launch."""
+def check_valid_call(launches, call, built) -> None:
+    """A valid call makes exactly its launches, on variants that resolve."""
+    launches.clear()
+    result = call.run()
+    made = list(launches)
+    expected = call.expected()
+    assert made == expected or (call.empty and not made), f"{call}: launched {made}, expected {expected}"
+    if (call.built or built) == "all":
+        missing = [launch for launch in launches if launches.served[launch] == "missing"]
+        assert not missing, f"{call}: no variant of the default set serves {missing}"
+    if call.check is not None:
+        call.check(result)
 
-    @pytest.mark.parametrize("op", sorted(cases))
-    def test_invalid_calls_raise_before_any_launch(launches, op):
-        calls, _ = cases[op]
 
-        @SETTINGS
-        @given(call=calls)
-        def run(call):
-            breaks = call.all_breaks()
-            assert breaks, f"{call}: nothing to break"
-            for label, kwargs in breaks:
-                launches.clear()
-                try:
-                    call.run(kwargs)
-                except (ValueError, TypeError) as error:
-                    assert _ERROR.match(str(error)), f"{call} with {label}: unclear error {error!r}"
-                else:
-                    raise AssertionError(f"{call} with {label}: accepted")
-                assert not launches, f"{call} with {label}: launched {launches}"
-
-        run()
-
-    return test_invalid_calls_raise_before_any_launch
+def check_invalid_calls(launches, call, _built) -> None:
+    """Each of the call's breaks raises a clear error before any launch."""
+    breaks = call.all_breaks()
+    assert breaks, f"{call}: nothing to break"
+    for label, kwargs in breaks:
+        launches.clear()
+        try:
+            call.run(kwargs)
+        except (ValueError, TypeError) as error:
+            assert _ERROR.match(str(error)), f"{call} with {label}: unclear error {error!r}"
+        else:
+            raise AssertionError(f"{call} with {label}: accepted")
+        assert not launches, f"{call} with {label}: launched {launches}"

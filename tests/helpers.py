@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -19,6 +20,31 @@ def meta(*shape, dtype=torch.bfloat16, strides=None) -> torch.Tensor:
     if strides is None:
         return torch.empty(*shape, dtype=dtype, device="meta")
     return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+
+def serve_ops(monkeypatch, registry, modules=(), kernels=(), path=None) -> None:
+    """The ops launch through `registry` (the artifacts at `path` on TKAOT_PATH, when given) with no fallback announced
+    yet and TKAOT_STRICT unset; the op `modules` get stream 0 and the OpKernels `kernels` empty caches."""
+    monkeypatch.setattr(_op, "REGISTRY", registry)
+    monkeypatch.setattr(_op, "_WARNED", set())
+    for module in modules:
+        monkeypatch.setattr(module, "current_stream", lambda device: 0)
+    for op_kernels in kernels:
+        monkeypatch.setattr(op_kernels, "cache", {})
+    monkeypatch.delenv("TKAOT_STRICT", raising=False)
+    if path is not None:
+        monkeypatch.setenv("TKAOT_PATH", str(path))
+
+
+def build_by_kernel(out, variants, build_cache) -> tuple:
+    """Build `variants` for sm90 into the folder `out` through the session's build cache: (out, {kernel: its manifest
+    entry})."""
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+
+    build_variants(variants, out, "sm90", jobs=1, cache=BuildCache(build_cache))
+    manifest = json.loads((out / "manifest.json").read_text())
+    return out, {e["kernel"]: e for e in manifest["variants"]}
 
 
 def record_launches(monkeypatch, modules, with_args: bool = False) -> list:

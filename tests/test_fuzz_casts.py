@@ -12,7 +12,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.fuzz import BF16, E5M2, F8, F16, F32, I8, I32, Call, Cases, choices, launches, meta, padded_rows, tokens  # noqa: E402, F401
+from tests.fuzz import BF16, E5M2, F8, F16, F32, FLOATS, I8, I32, NAMES, Call, Cases, choices, launches, meta, padded_rows, tokens  # noqa: E402, F401
 from tkaot._quant import casts, weight_casts  # noqa: E402
 from tkaot._quant.cast_common import IN_BLOCKS  # noqa: E402
 from tkaot._quant.kernels import (  # noqa: E402
@@ -28,8 +28,6 @@ from tkaot._quant.kernels import (  # noqa: E402
 )
 
 CASES = Cases()
-NAMES = {BF16: "bfloat16", F32: "float32"}
-FLOATS = st.sampled_from([BF16, F32])
 SF_DTYPES = {"fp32": F32, "pow2": F32, "ue8m0": I32, "e4m3": F8}
 IN_SF_DTYPES = {"fp32": F32, "ue8m0": I32, "e4m3": F8}  # a pre-quantized input's sf kinds
 FMT_DTYPES = {"e4m3": F8, "e2m1": I8}
@@ -123,6 +121,21 @@ def pair_breaks(x: tuple, block: tuple, block_arg: str | None) -> dict:
     return found
 
 
+def mode_buffers(draw, mode: str, data, sf, kwargs: dict) -> dict:
+    """The buffers a cast of `mode` may be given, put in kwargs: "cast" an out (data, sf) pair, "sf_only" an out_sf,
+    "precomputed_sf" its sf and an out; returns the Signature paths of a given out."""
+    if mode == "cast" and draw(st.booleans()):  # its tensors found through the Signature's unpacking of out
+        kwargs["out"] = (data if draw(st.booleans()) else None, sf if draw(st.booleans()) else None)
+    elif mode == "sf_only" and draw(st.booleans()):
+        kwargs["out_sf"] = sf
+    elif mode == "precomputed_sf":
+        kwargs["sf"] = sf
+        if draw(st.booleans()):
+            kwargs["out"] = data
+            return {"out_x": ("out",)}
+    return {}
+
+
 # ---- per-token casts ----
 
 PER_TOKEN_OPS = {
@@ -170,17 +183,10 @@ def per_token_call(draw, mode: str) -> Call:
         kwargs["stochastic_cast"] = True
     data = meta(n, out_cols, dtype=FMT_DTYPES[fmt])
     sf = sf_tensor(n, sf_cols(groups, kind), SF_DTYPES[kind], col_major, draw(st.sampled_from([0, 1, 4])))
+    paths.update(mode_buffers(draw, mode, data, sf, kwargs))
     if mode == "cast":
-        if draw(st.booleans()):  # its tensors found through the Signature's unpacking of out
-            kwargs["out"] = (data if draw(st.booleans()) else None, sf if draw(st.booleans()) else None)
         breaks.update(out_breaks(data, sf))
-    elif mode == "sf_only" and draw(st.booleans()):
-        kwargs["out_sf"] = sf
     elif mode == "precomputed_sf":
-        kwargs["sf"] = sf
-        if draw(st.booleans()):
-            kwargs["out"] = data
-            paths = {"out_x": ("out",)}
         breaks.update({
             "a column-major sf asked": {"use_tma_aligned_col_major_sf": True},
             "a packed sf": {"round_sf": True, "use_packed_ue8m0": True, "use_e4m3_sf": False,
@@ -213,24 +219,7 @@ def per_token_call(draw, mode: str) -> Call:
     return Call(op, kwargs, [(PER_TOKEN_CAST, key)], sigs["tkaot." + op], paths=paths, breaks=breaks, built=built)
 
 
-@CASES.case("quant.per_token_cast")
-def per_token_cast(draw):
-    return per_token_call(draw, "cast")
-
-
-@CASES.case("quant.per_token_cast_with_sf_only")
-def per_token_cast_with_sf_only(draw):
-    return per_token_call(draw, "sf_only")
-
-
-@CASES.case("quant.per_token_cast_with_precomputed_sf")
-def per_token_cast_with_precomputed_sf(draw):
-    return per_token_call(draw, "precomputed_sf")
-
-
-@CASES.case("quant.per_token_cast_and_cast_back")
-def per_token_cast_and_cast_back(draw):
-    return per_token_call(draw, "round_trip")
+CASES.cases(per_token_call, PER_TOKEN_OPS)
 
 
 # ---- cast backs ----
@@ -262,14 +251,7 @@ def cast_back_call(draw, op: str) -> Call:
     return Call(op, kwargs, [(CAST_BACK, key)], sig, paths={"x_data": ("x", 0), "x_sf": ("x", 1)}, breaks=breaks)
 
 
-@CASES.case("quant.cast_back", built="listed")
-def cast_back(draw):
-    return cast_back_call(draw, "quant.cast_back")
-
-
-@CASES.case("quant.per_token_cast_back", built="listed")
-def per_token_cast_back(draw):
-    return cast_back_call(draw, "quant.per_token_cast_back")
+CASES.cases(cast_back_call, {op: op for op in ("quant.cast_back", "quant.per_token_cast_back")}, built="listed")
 
 
 # ---- per-block casts ----
@@ -291,16 +273,7 @@ def per_block_call(draw, mode: str) -> Call:
     m_blocks, k_blocks = -(-n // block[0]), hidden // block[1]
     data = meta(n, hidden // 2 if fmt == "e2m1" else hidden, dtype=FMT_DTYPES[fmt])
     sf = sf_tensor(m_blocks, sf_cols(k_blocks, kind), SF_DTYPES[kind], col_major, draw(st.sampled_from([0, 2])))
-    paths = {}
-    if mode == "cast" and draw(st.booleans()):  # its tensors found through the Signature's unpacking of out
-        kwargs["out"] = (data if draw(st.booleans()) else None, sf if draw(st.booleans()) else None)
-    elif mode == "sf_only" and draw(st.booleans()):
-        kwargs["out_sf"] = sf
-    elif mode == "precomputed_sf":
-        kwargs["sf"] = sf
-        if draw(st.booleans()):
-            kwargs["out"] = data
-            paths = {"out_x": ("out",)}
+    paths = mode_buffers(draw, mode, data, sf, kwargs)
     breaks = {
         "block_size (64, 128)": {"block_size": (64, 128)},
         "block_size 128": {"block_size": 128},
@@ -323,19 +296,7 @@ def per_block_call(draw, mode: str) -> Call:
     return Call(op, kwargs, [(PER_BLOCK_CAST, key)], casts.PER_BLOCK_SIGNATURES["tkaot." + op], paths=paths, breaks=breaks)
 
 
-@CASES.case("quant.per_block_cast", built="listed")
-def per_block_cast(draw):
-    return per_block_call(draw, "cast")
-
-
-@CASES.case("quant.per_block_cast_with_sf_only", built="listed")
-def per_block_cast_with_sf_only(draw):
-    return per_block_call(draw, "sf_only")
-
-
-@CASES.case("quant.per_block_cast_with_precomputed_sf", built="listed")
-def per_block_cast_with_precomputed_sf(draw):
-    return per_block_call(draw, "precomputed_sf")
+CASES.cases(per_block_call, PER_BLOCK_OPS, built="listed")
 
 
 # ---- per_channel_cast ----

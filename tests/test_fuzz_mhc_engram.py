@@ -55,7 +55,6 @@ from tkaot._mhc.kernels import (  # noqa: E402
 from tkaot._validate import MAX_I32  # noqa: E402
 
 CASES = Cases()
-NAMES = {BF16: "bfloat16", F32: "float32"}
 MULTS = (1, 2, 3, 4, 8, 24)  # mhc_mult: 4 in DeepSeek's models
 
 

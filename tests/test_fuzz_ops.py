@@ -21,8 +21,10 @@ from tests.fuzz import (  # noqa: E402, F401 (launches: the fixture)
     F8,
     F32,
     FAMILIES,
+    FLOATS,
     I32,
     I64,
+    NAMES,
     Call,
     Cases,
     choices,
@@ -43,8 +45,6 @@ from tkaot._transform import rotary  # noqa: E402
 from tkaot._transform.kernels import ROTARY  # noqa: E402
 
 CASES = Cases()
-NAMES = {BF16: "bfloat16", F32: "float32"}
-FLOATS = st.sampled_from([BF16, F32])
 
 
 def vec(dtype) -> int:

@@ -18,6 +18,7 @@ import torch
 from click.testing import CliRunner
 
 import tkaot
+from tests.helpers import serve_ops
 from tests.test_launcher import FUNCTION, SIZES, driver  # noqa: F401 (driver: the fake driver fixture)
 from tkaot import _op
 from tkaot._decl import all_kernels, build_command, generic_kernel
@@ -218,12 +219,7 @@ def test_check_reports_specialised_generic_and_missing(tmp_path):
 def test_topk_gate_256_experts_top6_runs_on_the_generic_gate(monkeypatch, registry, fake_cuda, driver):  # noqa: F811
     from tkaot._moe import ops
 
-    monkeypatch.setattr(_op, "REGISTRY", registry)
-    monkeypatch.setattr(_op, "_WARNED", set())
-    monkeypatch.setattr(ops, "current_stream", lambda device: 0)
-    monkeypatch.setattr(ops._TOPK, "cache", {})
-    monkeypatch.delenv("TKAOT_STRICT", raising=False)
-    monkeypatch.setenv("TKAOT_PATH", str(PREBUILT))
+    serve_ops(monkeypatch, registry, [ops], [ops._TOPK], PREBUILT)
     scores = torch.empty(4097, 256, device="meta")
     with pytest.warns(GenericVariantWarning, match=r"no specialised topk_gate variant \[num_experts=256,num_topk=6,tiling=ballot4\]"):
         assert tkaot.moe.topk_gate(scores, 6).shape == (4097, 6)

@@ -22,9 +22,8 @@ from build_tools.artifacts import BuildCache
 from build_tools.build import build_variants
 from build_tools.ops import Variant
 from tests.fuzz import default_set, launches  # noqa: F401 (launches: a fixture)
-from tests.helpers import F32, FP8, meta
+from tests.helpers import F32, FP8, meta, serve_ops
 from tests.test_launcher import FUNCTION, SIZES, driver  # noqa: F401 (driver: the fake driver fixture)
-from tkaot import _op
 from tkaot._decl import build_command
 from tkaot._quant.kernels import (
     NORM_BACKWARD_MAX_BLOCKS,
@@ -160,12 +159,7 @@ def served(monkeypatch, registry, fake_cuda, built_set, driver):  # noqa: F811 (
     """norm_backward on meta tensors against the built set; returns the fake driver."""
     from tkaot._quant import norm_backward
 
-    monkeypatch.setattr(_op, "REGISTRY", registry)
-    monkeypatch.setattr(_op, "_WARNED", set())
-    monkeypatch.setattr(norm_backward, "current_stream", lambda device: 0)
-    monkeypatch.setattr(norm_backward._PASS1, "cache", {})
-    monkeypatch.delenv("TKAOT_STRICT", raising=False)
-    monkeypatch.setenv("TKAOT_PATH", str(built_set))
+    serve_ops(monkeypatch, registry, [norm_backward], [norm_backward._PASS1], built_set)
     return driver
 
 

@@ -17,10 +17,11 @@ import pytest
 import torch
 
 import tkaot
+from tests.helpers import serve_ops
 from tests.test_launcher import FUNCTION, SIZES, driver  # noqa: F401 (driver: the fake driver fixture)
 from tkaot import _op
 from tkaot._decl import build_command
-from tkaot._quant.kernels import NORM_CAST, NORM_CAST_GENERIC, RMSNORM, RMSNORM_GENERIC
+from tkaot._quant.kernels import NORM_CAST_GENERIC, RMSNORM_GENERIC
 from tkaot.errors import GenericVariantWarning, VariantNotBuilt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,13 +75,7 @@ def served(monkeypatch, registry, fake_cuda, driver):  # noqa: F811 (the importe
     """The norm ops on meta tensors against the prebuilt set; returns the fake driver."""
     from tkaot._quant import norm, norm_cast
 
-    monkeypatch.setattr(_op, "REGISTRY", registry)
-    monkeypatch.setattr(_op, "_WARNED", set())
-    for module, kernels in ((norm, norm._NORM), (norm_cast, norm_cast._NORM_CAST)):
-        monkeypatch.setattr(module, "current_stream", lambda device: 0)
-        monkeypatch.setattr(kernels, "cache", {})
-    monkeypatch.delenv("TKAOT_STRICT", raising=False)
-    monkeypatch.setenv("TKAOT_PATH", str(PREBUILT))
+    serve_ops(monkeypatch, registry, [norm, norm_cast], [norm._NORM, norm_cast._NORM_CAST], PREBUILT)
     return driver
 
 
@@ -108,6 +103,28 @@ def rows_per_block(hidden: int, dtype: str) -> int:
     return 128 // threads
 
 
+def assert_generic_once(served, call, kernels: _op.OpKernels, generic, values: tuple, hidden: int, dtype: str) -> None:
+    """call(*lead) at an unbuilt width warns once, naming the specialised variant and its build command, and runs on the
+    `generic` kernel; later calls do not warn; the grid has the specialised kernel's rows a block, and the kernel gets
+    hidden."""
+    name, key = kernels.kernel, kernels.key(values)
+    with pytest.warns(GenericVariantWarning) as caught:
+        call(5)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"no specialised {name} variant [{key}]" in message and build_command(name, key, "sm90") in message
+    kernel = launcher_kernel(kernels, values)
+    assert (kernel.kernel, kernel.key) == (generic.name, generic.key(values[1:]))
+    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
+    served.calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call(2, 37)
+    (record,) = served.calls
+    assert record[1] == FUNCTION and record[2] == (-(-37 // rows_per_block(hidden, dtype)), 2, 1)
+    assert sizes_sent(kernel, record) == (hidden, 37, 2)
+
+
 def test_a_built_norm_stays_specialised(served):
     from tkaot._quant import norm
 
@@ -124,28 +141,12 @@ def test_norm_forward_at_an_unbuilt_width_runs_on_the_generic_kernel(served, hid
 
     torch_dtype = DTYPES[dtype]
     values = (hidden, dtype, True, True, True)
-    key = RMSNORM.key(values)
 
     def call(*lead):
         x = meta(*lead, hidden, dtype=torch_dtype)
         return tkaot.quant.norm_forward(x, meta(hidden, dtype=torch_dtype), 1e-6, meta(*lead, hidden, dtype=torch_dtype), with_rstd=True)
 
-    with pytest.warns(GenericVariantWarning) as caught:
-        call(5)
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert f"no specialised rmsnorm variant [{key}]" in message and build_command("rmsnorm", key, "sm90") in message
-    kernel = launcher_kernel(norm._NORM, values)
-    assert (kernel.kernel, kernel.key) == ("rmsnorm_generic", RMSNORM_GENERIC.key(values[1:]))
-    # once per variant; the grid has the specialised kernel's rows a block, and the kernel gets hidden
-    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
-    served.calls.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        call(2, 37)
-    (record,) = served.calls
-    assert record[1] == FUNCTION and record[2] == (-(-37 // rows_per_block(hidden, dtype)), 2, 1)
-    assert sizes_sent(kernel, record) == (hidden, 37, 2)
+    assert_generic_once(served, call, norm._NORM, RMSNORM_GENERIC, values, hidden, dtype)
 
 
 # sf kind -> norm_forward_and_per_token_cast's keywords that ask for it
@@ -163,28 +164,13 @@ def test_norm_cast_at_an_unbuilt_width_runs_on_the_generic_kernel(served, hidden
     torch_dtype = DTYPES[dtype]
     tiling = _fused.NORM_CAST_RESIDUAL_TILING if residual else _fused.NORM_CAST_TILING
     values = (hidden, dtype, sf, tiling)
-    key = NORM_CAST.key(values)
 
     def call(*lead):
         x = meta(*lead, hidden, dtype=torch_dtype)
         r = meta(*lead, hidden, dtype=torch_dtype) if residual else None
         return tkaot.quant.norm_forward_and_per_token_cast(x, meta(hidden, dtype=torch_dtype), 1e-6, "e4m3", 32, r, **SF_KWARGS[sf])
 
-    with pytest.warns(GenericVariantWarning) as caught:
-        call(5)
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert f"no specialised norm_cast variant [{key}]" in message and build_command("norm_cast", key, "sm90") in message
-    kernel = launcher_kernel(norm_cast._NORM_CAST, values)
-    assert (kernel.kernel, kernel.key) == ("norm_cast_generic", NORM_CAST_GENERIC.key(values[1:]))
-    served.sizes = [SIZES[p.type] for p in kernel.spec.params]
-    served.calls.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        call(2, 37)
-    (record,) = served.calls
-    assert record[2] == (-(-37 // rows_per_block(hidden, dtype)), 2, 1)
-    assert sizes_sent(kernel, record) == (hidden, 37, 2)
+    assert_generic_once(served, call, norm_cast._NORM_CAST, NORM_CAST_GENERIC, values, hidden, dtype)
 
 
 def test_strict_mode_refuses_the_norm_fallbacks(served, monkeypatch):

@@ -8,17 +8,14 @@ before any launch. Meta tensors stand in for CUDA ones (device 0) and a recorder
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 import tkaot
-from build_tools.artifacts import BuildCache
-from build_tools.build import build_variants
 from build_tools.sweep import read_shapeset, resolve_shapeset, sweep
-from tests.helpers import meta, record_launches
+from tests.helpers import build_by_kernel, meta, record_launches
 from tkaot import _model_shapes, _op
 from tkaot._kernel import Kernel
 from tkaot._mhc import expand, post, pre_apply_mix, sinkhorn, split_mixes
@@ -41,10 +38,7 @@ def op_kernels() -> dict[str, _op.OpKernels]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, build_cache):
-    out = tmp_path_factory.mktemp("mhc-art")
-    build_variants(DEFAULT, out, "sm90", jobs=1, cache=BuildCache(build_cache))
-    manifest = json.loads((out / "manifest.json").read_text())
-    return out, {e["kernel"]: e for e in manifest["variants"]}
+    return build_by_kernel(tmp_path_factory.mktemp("mhc-art"), DEFAULT, build_cache)
 
 
 def test_the_default_set_builds_every_kernel_once_at_expansion_4():

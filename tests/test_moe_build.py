@@ -15,9 +15,8 @@ import pytest
 import torch
 
 import tkaot
-from build_tools.artifacts import BuildCache
-from build_tools.build import build_variants
 from build_tools.ops import Variant
+from tests.helpers import build_by_kernel, serve_ops
 from tests.test_launcher import SIZES, driver  # noqa: F401 (driver: the fake driver fixture)
 from tkaot._decl import generic_kernel
 from tkaot._kernel import Kernel
@@ -37,10 +36,7 @@ API = Path(__file__).resolve().parent / "data" / "tile_kernels_2.1.0_api.json"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, build_cache):
-    out = tmp_path_factory.mktemp("moe-art")
-    build_variants(BUILT, out, "sm90", jobs=1, cache=BuildCache(build_cache))
-    manifest = json.loads((out / "manifest.json").read_text())
-    return out, {e["kernel"]: e for e in manifest["variants"]}
+    return build_by_kernel(tmp_path_factory.mktemp("moe-art"), BUILT, build_cache)
 
 
 def bound(out: Path, entry: dict, args: tuple[str, ...]):
@@ -456,15 +452,7 @@ def test_topk_and_normalize_references():
 @pytest.fixture
 def served(built, monkeypatch, registry, fake_cuda, driver):  # noqa: F811 (driver: the imported fixture)
     """The ops on meta tensors against the variants built above (on TKAOT_PATH); returns the fake driver."""
-    from tkaot import _op
-
-    monkeypatch.setattr(_op, "REGISTRY", registry)
-    monkeypatch.setattr(_op, "_WARNED", set())
-    monkeypatch.setattr(moe_ops, "current_stream", lambda device: 0)
-    for kernels in (moe_ops._GATE, moe_ops._NORMALIZE):
-        monkeypatch.setattr(kernels, "cache", {})
-    monkeypatch.delenv("TKAOT_STRICT", raising=False)
-    monkeypatch.setenv("TKAOT_PATH", str(built[0]))
+    serve_ops(monkeypatch, registry, [moe_ops], [moe_ops._GATE, moe_ops._NORMALIZE], built[0])
     return driver
 
 

@@ -108,21 +108,16 @@ def _swiglu_cases() -> list[Case]:
             tkaot=lambda a: tkaot.quant.swiglu_backward(a["x"], a["dy"], "bf16", topk_weights=a["w"], do_recompute=True),
             tile_kernels=lambda tk, a: tk.quant.swiglu_backward(a["x"], a["dy"], "bf16", topk_weights=a["w"], do_recompute=True),
         ),
-        Case(
-            op="swiglu_backward_and_per_token_cast",
-            shape=f"{TOKENS}x{2 * hidden} e4m3/128 -> bf16 + e4m3/128",
-            bytes=TOKENS * 2 * hidden * (1 + 2 + 1) + TOKENS * hidden * 2 + TOKENS * (2 * hidden // 128) * 8,
-            make=make_fp8,
-            tkaot=lambda a: tkaot.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy"], "e4m3", 128),
-            tile_kernels=lambda tk, a: tk.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy"], "e4m3", 128),
-        ),
-        Case(
-            op="swiglu_backward_and_per_token_cast",
-            shape=f"{TOKENS}x{2 * hidden} e4m3/128, fp32 grad -> bf16 + e4m3/128",
-            bytes=TOKENS * 2 * hidden * (1 + 2 + 1) + TOKENS * hidden * 4 + TOKENS * (2 * hidden // 128) * 8,
-            make=make_fp8,
-            tkaot=lambda a: tkaot.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy32"], "e4m3", 128),
-            tile_kernels=lambda tk, a: tk.quant.swiglu_backward_and_per_token_cast(a["xq"], a["dy32"], "e4m3", 128),
+        *(
+            Case(
+                op="swiglu_backward_and_per_token_cast",
+                shape=f"{TOKENS}x{2 * hidden} e4m3/128{label} -> bf16 + e4m3/128",
+                bytes=TOKENS * 2 * hidden * (1 + 2 + 1) + TOKENS * hidden * grad_bytes + TOKENS * (2 * hidden // 128) * 8,
+                make=make_fp8,
+                tkaot=lambda a, dy=dy: tkaot.quant.swiglu_backward_and_per_token_cast(a["xq"], a[dy], "e4m3", 128),
+                tile_kernels=lambda tk, a, dy=dy: tk.quant.swiglu_backward_and_per_token_cast(a["xq"], a[dy], "e4m3", 128),
+            )
+            for dy, label, grad_bytes in (("dy", "", 2), ("dy32", ", fp32 grad", 4))
         ),
         Case(
             op="swiglu_backward_and_per_token_cast",

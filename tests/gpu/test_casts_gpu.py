@@ -24,9 +24,9 @@ TOKENS = [1, 3, 127, 4097]
 SHAPESET = Path(__file__).resolve().parents[2] / "build_tools/shapesets/quant.toml"
 
 
-def shapeset_variants(kernel: str) -> list[dict]:
-    """The variants of `kernel` that quant.toml builds (every axis is named in its tables)."""
-    tables = tomllib.loads(SHAPESET.read_text()).get(kernel, [])
+def shapeset_variants(kernel: str, shapeset: Path = SHAPESET) -> list[dict]:
+    """The variants of `kernel` that a shape set (quant.toml unless named) builds (every axis is named in its tables)."""
+    tables = tomllib.loads(shapeset.read_text()).get(kernel, [])
     seen, out = set(), []
     for table in tables:
         names = list(table)

@@ -47,12 +47,7 @@ WIDTHS = (64, 128, 192, 640, 1536, 2880, 4160, 5120, 7168, 9216, 16384)
 
 def generic_combos() -> list[dict]:
     """The option combinations the default set builds generic variants for (quant.toml)."""
-    tables = tomllib.loads(SHAPESET.read_text())["per_token_cast_generic"]
-    out = []
-    for table in tables:
-        values = [v if isinstance(v, list) else [v] for v in table.values()]
-        out += [dict(zip(table, combo)) for combo in itertools.product(*values)]
-    return out
+    return shapeset_variants("per_token_cast_generic")
 
 
 def combo_id(v: dict) -> str:
@@ -424,12 +419,7 @@ SWIGLU_SF_FLAGS = {"fp32": {}, "pow2": {"round_sf": True}, "ue8m0": {"round_sf":
 
 def swiglu_variants() -> list[dict]:
     """The specialised swiglu variants the default set builds (fused.toml)."""
-    tables = tomllib.loads(FUSED_SHAPESET.read_text())["swiglu"]
-    out = []
-    for table in tables:
-        values = [v if isinstance(v, list) else [v] for v in table.values()]
-        out += [dict(zip(table, combo)) for combo in itertools.product(*values)]
-    return out
+    return shapeset_variants("swiglu", FUSED_SHAPESET)
 
 
 def swiglu_options(tokens: int, i: int, clamp: bool) -> dict:
@@ -848,19 +838,9 @@ def per_channel_input(tokens: int, hidden: int, in_dtype: str, in_block: str, in
 
 def run_per_channel(x, group, block_m: int, kind: str) -> dict:
     """per_channel_cast's outputs, allocated poisoned (the op takes no out buffers)."""
-    empty = torch.empty
-
-    def poisoned_empty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        t.untyped_storage().fill_(0xFF)
-        return t
-
-    torch.empty = poisoned_empty
-    try:
+    with poisoned_allocations():
         data, sf = tkaot.quant.per_channel_cast(x, "e4m3", block_m, round_sf=kind != "fp32", num_per_channels=group,
                                                 use_packed_ue8m0=kind == "ue8m0")  # fmt: skip
-    finally:
-        torch.empty = empty
     return {"x": data, "sf": sf}
 
 
@@ -895,18 +875,8 @@ LOSSLESS_OUT = [tuple(int(n) for n in b.split("x")) for b in ("1x16", "1x32", "1
 
 def run_lossless(pair, in_block, out_block, sf: str, layout: str) -> dict:
     flags = dict(use_tma_aligned_col_major_sf=layout == "col", round_sf=sf == "ue8m0", use_packed_ue8m0=sf == "ue8m0")
-    empty = torch.empty
-
-    def poisoned_empty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        t.untyped_storage().fill_(0xFF)
-        return t
-
-    torch.empty = poisoned_empty
-    try:
+    with poisoned_allocations():
         data, out_sf = tkaot.quant.per_block_cast_lossless(pair, "e4m3", in_block, out_block, **flags)
-    finally:
-        torch.empty = empty
     return {"x": data, "sf": out_sf}
 
 
