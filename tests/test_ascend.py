@@ -71,7 +71,7 @@ CASES = {
     "rmsnorm_backward": dict(hidden=7168, dtype="bfloat16"),
     "weight_grad_reduce": dict(dtype="float32"),
     "swiglu_backward": dict(x_dtype="e4m3", grad_dtype="bfloat16", fmt="e4m3", group=128, sf="ue8m0"),
-    "moe_topk_gate_backward": dict(tiling="ahead4"),
+    "moe_topk_gate_backward": dict(tiling="scatter4"),
     "rmsnorm_generic": dict(dtype="bfloat16", with_weight=True, with_residual=True, with_rstd=True),
     "norm_cast_generic": dict(dtype="bfloat16", sf="ue8m0", tiling="lean8nlbwdgw"),
     "swiglu_generic": dict(dtype="bfloat16", fmt="e4m3", sf="fp32", tiling="wscc2v9b1g"),

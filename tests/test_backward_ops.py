@@ -86,7 +86,7 @@ def test_moe_topk_gate_backward_launches_its_default_tiling(launches, tokens):  
         tkaot.moe.moe_topk_gate_backward(scores, idx, F32(tokens, 8), F32(tokens, 8), 2.5, "sqrtsoftplus", BOOL(tokens), F32(1, 256), given)
         is given
     )
-    assert launches == [("moe_topk_gate_backward", "tiling=ahead4")] * 2
+    assert launches == [("moe_topk_gate_backward", "tiling=scatter4")] * 2
 
 
 # ---- refusals: each call is a valid one with one thing broken

@@ -8,7 +8,7 @@ is set add the gradient of u / sum(u):
     du[e] += (h[e] - <h, u> / sum(u)) / sum(u)
 and dlogits = du * dsqrt(softplus)/dx, recovered from u as (1 - exp(-u^2)) / (2u) (0 at u = 0; logit_grad).
 
-One warp a token, WARPS tokens a block (the tiling, "ahead<WARPS>"): lane l holds experts l, l + 32, ... (up to
+One warp a token, `warps` tokens a block (the tiling, "scatter<warps>"): lane l holds experts l, l + 32, ... (up to
 MAX_EXPERTS), so every sum is a warp shuffle reduction (16, 8, 4, 2, 1 lanes apart, the order of moe_topk_gate's
 sums); lane k holds slot k. The kernel is latency-bound (8192 tokens are two waves of warps on an H200), so every
 global load a token needs is issued first, together: its scores row, its slots, and with the aux term its mask and
@@ -28,7 +28,7 @@ from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE_BACKWARD
 DECL = MOE_TOPK_GATE_BACKWARD  # the declaration this module builds (tkaot/_moe/kernels.py)
 
 PER_LANE = MAX_EXPERTS // WARP
-TILING_PREFIX = "ahead"  # "ahead<tokens a block>"
+TILING_PREFIX = "scatter"  # "scatter<tokens a block>": route gradients scattered through shared memory
 
 # d/dx sqrt(softplus(x)) = (1 - exp(-v)) / (2u), v = u^2. Below v = 1, where 1 - exp(-v) cancels, u * Q(v) with
 # Q(v) ~ (1 - exp(-v)) / (2v): a degree-6 least-squares fit of ours (weights 1/Q at 4000 Chebyshev nodes of [0, 1],
