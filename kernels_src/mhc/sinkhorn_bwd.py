@@ -2,9 +2,11 @@
 sums, then walk the steps back.
 
 Where a matrix fits in a warp (mhc <= 5), one matrix element a lane (kernels_src/mhc/sinkhorn_lanes.py), as the
-forward: each lane keeps its element of every step's input in shared memory (SHARED_RECORDS of them, every step
-up to 20 repeats; later steps go to `scratch`), recomputes the sums from them by the same shuffles, and
-keeps the softmax output in a register. Wider matrices keep one thread per token, described below.
+forward: each lane keeps its element of every step's input, and its line's denominator (sum + eps, one copy a
+line), in shared memory (SHARED_RECORDS steps, every step up to 20 repeats; later steps go to `scratch`, the
+denominators where the sums are), so the way back reduces only the products; the softmax output stays in a
+register. The common repeat count (UNROLLED_REPEAT) runs an unrolled copy of the steps. Wider matrices keep one
+thread per token, described below.
 
 Step records go to `scratch`, (repeat, 2, num_tokens, row) fp32 allocated by the op: record (r, 0) holds the
 softmax output for r = 0, else the matrix entering the r-th row normalisation and its row sums; record (r, 1)
@@ -30,7 +32,7 @@ DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py
 THREADS = 64  # one thread a token
 LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 us; 64 threads 27.8, within noise)
 # Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
-# 19 KB a block of LANE_THREADS; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
+# 19 KB a block of LANE_THREADS, and 5 KB of denominators; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
 SHARED_RECORDS = 38
 # The repeat count DeepSeek's models use: a copy of the steps unrolled for it
 UNROLLED_REPEAT = 20
@@ -166,7 +168,8 @@ def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
         the denominator of its line."""
         if 2 * r - 2 + half < SHARED_RECORDS:
             records[2 * r - 2 + half, tid] = m[0]
-            denoms[2 * r - 2 + half, slot, line] = d[0]
+            if e < mm:  # lanes past the matrix (mhc 3, 5) would write over line 0's
+                denoms[2 * r - 2 + half, slot, line] = d[0]
         elif live:
             scratch[r, half, token, e] = m[0]
             scratch[r, half, token, mm + line] = d[0]
@@ -192,10 +195,10 @@ def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
         g[0] = (g[0] - t[0]) / d[0]
 
     @T.macro
-    def steps(steps_loop, rep, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline, cline, token, e,
+    def steps(steps_loop, repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline, cline, token, e,
               live, row, col, eps):  # fmt: skip
         """The forward replay from the first column normalisation's output in m, then the steps back."""
-        for r in steps_loop(1, rep):
+        for r in steps_loop(1, repeat):
             lane_reduce(d, m[0], row, mhc, 1, _add)
             d[0] = d[0] + eps
             keep(records, denoms, scratch, m, d, r, 0, tid, slot, rline, token, e, live)
@@ -204,15 +207,15 @@ def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
             d[0] = d[0] + eps
             keep(records, denoms, scratch, m, d, r, 1, tid, slot, cline, token, e, live)
             m[0] = m[0] / d[0]
-        for back in steps_loop(rep):
-            if back == rep - 1:
+        for back in steps_loop(repeat):
+            if back == repeat - 1:
                 m[0] = p[0] + eps  # the first column normalisation's input
                 d[0] = d0[0]
             else:
-                fetch(records, denoms, scratch, m, d, rep - 1 - back, 1, tid, slot, cline, token, e, live)
+                fetch(records, denoms, scratch, m, d, repeat - 1 - back, 1, tid, slot, cline, token, e, live)
             back_through(g, m, d, t, prod, col, mhc)
-            if back < rep - 1:
-                fetch(records, denoms, scratch, m, d, rep - 1 - back, 0, tid, slot, rline, token, e, live)
+            if back < repeat - 1:
+                fetch(records, denoms, scratch, m, d, repeat - 1 - back, 0, tid, slot, rline, token, e, live)
                 back_through(g, m, d, t, prod, row, 1)
 
     def unrolled(start, stop=None):
