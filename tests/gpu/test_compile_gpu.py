@@ -75,6 +75,28 @@ def test_reduce_overhead_replays_the_decode_step_exactly():
         assert_identical(got, run_step(decode.step, state, q0, k0), f"trial {trial}")
 
 
+def test_reduce_overhead_over_static_state_replays_cuda_graphs():
+    """The step's state marked static (bench.decode.mark_static): Inductor keeps CUDA graphs (the in-place rotary writes
+    static inputs), and the replays give eager's bits as the state changes in place."""
+    from torch._dynamo.utils import counters
+
+    tokens = 8
+    state = decode.mark_static(decode.make_state(tokens, seed=2))
+    torch._dynamo.reset()
+    skips = counters["inductor"]["cudagraph_skips"]
+    compiled = torch.compile(decode.step, fullgraph=True, mode="reduce-overhead")
+    for trial in range(5):  # warm-up, recording, then replays
+        fresh = decode.make_state(tokens, seed=70 + trial)
+        q0, k0 = fresh["q"].clone(), fresh["k"].clone()
+        for name, value in fresh.items():
+            state[name].copy_(value)
+        got = run_step(compiled, state, q0, k0)
+        for name, value in fresh.items():
+            state[name].copy_(value)
+        assert_identical(got, run_step(decode.step, state, q0, k0), f"trial {trial}")
+    assert counters["inductor"]["cudagraph_skips"] == skips
+
+
 def test_dynamic_token_count_is_bit_identical_to_eager():
     torch._dynamo.reset()
     compiled = torch.compile(decode.step, fullgraph=True, dynamic=True)
