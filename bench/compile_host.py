@@ -2,9 +2,10 @@
 
 The direct call is the public op (tkaot.quant.norm_forward(...)); the custom-op path is torch.ops.tkaot.<op>.o<n>(...):
 the dispatcher, then the op's real kernel (tkaot/_compile.py: written per op from its schema, it converts the arguments
-back, calls the public op and picks the new tensors out). The decode step of bench.decode is timed eager and as the graph
-of custom ops Dynamo captures (run as is, no Inductor), for the per-step cost of the custom-op path. Both run on the no-driver CPU setup of bench.host_overhead. For scale, the dispatch alone of a do-nothing
-op registered both ways: torch.library.custom_op, and the lower-level torch.library.Library.impl tkaot uses.
+back, calls the public op and picks the new tensors out). All run on the no-driver CPU
+setup of bench.host_overhead; the decode step of bench.decode too, eager and as the graph of custom ops Dynamo captures
+(run as is, no Inductor): the per-step cost of the custom-op path. For scale, the dispatch alone of a do-nothing op
+registered both ways: torch.library.custom_op, and the lower-level torch.library.Library.impl tkaot uses.
 
     TKAOT_HOST_CLOCK=cpu python -m bench.compile_host
 """
