@@ -3,7 +3,8 @@
 A plain call of a public op runs straight through its own code (validation, allocation, launch): no
 dispatcher. While torch.compile or torch.export traces (`torch.compiler.is_compiling()`, the first
 line of every op), the op hands its arguments to its `TracedOp` instead, which puts one custom-op call
-into the graph. The custom op's real kernel is the public op itself; its fake kernel, used for tracing,
+into the graph. The custom op's real kernel is the public op itself, behind a few lines written for the op's schema at
+registration (arguments by name, conversions back inline: the dispatcher is most of its cost); its fake kernel, used for tracing,
 is the op's *fake*: a small function with the op's parameters (after a first `new`) that allocates the
 outputs the op would return, through `new`, with the op's exact shapes, dtypes and strides, and returns
 the op's result structure (given buffers and inputs in their places, None where the op returns None).
@@ -149,19 +150,22 @@ def _new_tensors(result, inputs: tuple):
     custom op returns them (the real kernel's end)."""
     if result is None:
         return None
-    if isinstance(result, torch.Tensor):
+    if not isinstance(result, (tuple, list)):
         for t in inputs:
             if t is result:
                 return None
         return result
     outs = []
-    for leaf in _leaves(result):
-        if isinstance(leaf, torch.Tensor):
-            for t in inputs:
-                if t is leaf:
-                    break
-            else:
-                outs.append(leaf)
+    for item in result:
+        if item is None:
+            continue
+        for leaf in _leaves(item) if isinstance(item, (tuple, list)) else (item,):
+            if isinstance(leaf, torch.Tensor):
+                for t in inputs:
+                    if t is leaf:
+                        break
+                else:
+                    outs.append(leaf)
     return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
 
 
