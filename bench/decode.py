@@ -100,13 +100,19 @@ def cudagraph_skips() -> int:
     return counters["inductor"]["cudagraph_skips"]
 
 
-def compiled_us(state: dict, **options) -> tuple[float, int]:
-    """Per-step µs of torch.compile(step, fullgraph=True, **options) over state, and whether Inductor skipped CUDA graphs."""
+def compiled_us(state: dict, unguarded: bool = False, **options) -> tuple[float, int, float | None]:
+    """Per-step µs of torch.compile(step, fullgraph=True, **options) over state, how many graphs Inductor compiled
+    without CUDA graphs, and the per-step µs again with guards skipped where the cache holds one entry
+    (torch.compiler.set_stance(skip_guard_eval_unsafe=True): a user's choice once shapes settle), if asked."""
     torch._dynamo.reset()
     skips = cudagraph_skips()
     compiled = torch.compile(step, fullgraph=True, **options)
     us = per_step_us(lambda: compiled(state))
-    return us, cudagraph_skips() - skips
+    skipped = cudagraph_skips() - skips
+    if not unguarded:
+        return us, skipped, None
+    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+        return us, skipped, per_step_us(lambda: compiled(state))
 
 
 # session 10 on the H200, before this change (µs a step): compiled, reduce-overhead over plain inputs
@@ -125,19 +131,22 @@ def main() -> None:
         replay = per_step_us(graph.replay)
         del graph
         # torch.compile: the step as one graph of tkaot custom ops (Inductor), then as CUDA graphs (reduce-overhead)
-        compiled, _ = compiled_us(state)
-        plain, plain_skips = compiled_us(state, mode="reduce-overhead")
-        static, static_skips = compiled_us(mark_static(make_state(tokens)), mode="reduce-overhead")
+        compiled, _, _ = compiled_us(state)
+        plain, plain_skips, _ = compiled_us(state, mode="reduce-overhead")
+        static, static_skips, static_unguarded = compiled_us(mark_static(make_state(tokens)), True, mode="reduce-overhead")
         results[tokens] = {
             "eager_us_per_step": round(eager, 2), "graph_us_per_step": round(replay, 2), "compiled_us_per_step": round(compiled, 2),
             "reduce_overhead_us_per_step": round(plain, 2), "reduce_overhead_cudagraph_skipped": bool(plain_skips),
             "reduce_overhead_static_us_per_step": round(static, 2), "reduce_overhead_static_cudagraph_skipped": bool(static_skips),
+            "reduce_overhead_static_skip_guards_us_per_step": round(static_unguarded, 2),
             "ops_per_step": 6,
         }  # fmt: skip
         before = BEFORE[tokens]
-        rows.append((tokens, eager, replay, before[0], compiled, before[1], plain, static, "skipped" if static_skips else "replayed"))
+        graphs = "skipped" if static_skips else "replayed"
+        rows.append((tokens, eager, replay, before[0], compiled, before[1], plain, static, static_unguarded, graphs))
     print(json.dumps({"decode_step": results}))
-    head = ("tokens", "eager", "hand graph", "compiled before", "compiled", "r-o before", "r-o plain", "r-o static", "static graphs")
+    head = ("tokens", "eager", "hand graph", "compiled before", "compiled", "r-o before", "r-o plain", "r-o static", "r-o static no guards",
+            "static graphs")  # fmt: skip
     print(" | ".join(head))
     for row in rows:
         print(" | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row))
