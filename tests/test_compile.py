@@ -406,7 +406,8 @@ def test_static_state_is_all_static_inputs_and_the_rotary_needs_no_clone(no_laun
 
     def forward_compiler(gm, inputs):
         seen["static"] = torch._guards.TracingContext.get().fw_metadata.static_input_indices
-        reinplace_inplaceable_ops(FakeTensorUpdater(gm), gm.graph)
+        takes_module = "gm" in inspect.signature(FakeTensorUpdater).parameters  # a GraphModule in torch 2.13, a Graph before
+        reinplace_inplaceable_ops(FakeTensorUpdater(gm if takes_module else gm.graph), gm.graph)
         seen["clones"] = {
             n.args[0].name(): n.meta.get("only_clone_these_tensors")
             for n in gm.graph.nodes
