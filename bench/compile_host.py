@@ -68,14 +68,6 @@ def step_cases() -> dict:
     return {"decode step (6 ops) direct": lambda: decode.step(state), "decode step (6 ops) torch.ops": lambda: gm.forward(*args)}
 
 
-# session 10 (the real kernel's generic unflatten / result walk), the same no-driver run on the H200 host
-BEFORE = {
-    "norm_forward direct": 4.8, "norm_forward torch.ops": 12.6, "per_token_cast direct": 5.1, "per_token_cast torch.ops": 25.4,
-    "moe_topk_gate_forward direct": 9.5, "moe_topk_gate_forward torch.ops": 30.0, "dispatch floor: custom_op": 16.6,
-    "dispatch floor: Library.impl": 6.5,
-}  # fmt: skip
-
-
 def main() -> None:
     patch_for_cpu()
     import tkaot
@@ -85,13 +77,13 @@ def main() -> None:
         if not name.startswith("_"):
             result[name] = round(per_call_us(fn, n=1000 if name.startswith("decode") else 20000), 3)
     print(json.dumps(result, indent=1))
-    print("case | before µs | now µs | over direct now")
+    print("case | µs | over direct")
     for name, us in result.items():
         if name == "launcher":
             continue
         direct = result.get(name.replace("torch.ops", "direct")) if name.endswith("torch.ops") else None
         over = f"{us - direct:+.1f}" if direct is not None else ""
-        print(f"{name} | {BEFORE.get(name, '')} | {us:.1f} | {over}")
+        print(f"{name} | {us:.1f} | {over}")
 
 
 if __name__ == "__main__":

@@ -115,10 +115,6 @@ def compiled_us(state: dict, unguarded: bool = False, **options) -> tuple[float,
         return us, skipped, per_step_us(lambda: compiled(state))
 
 
-# session 10 on the H200, before this change (µs a step): compiled, reduce-overhead over plain inputs
-BEFORE = {1: (411, 452), 8: (405, 548), 64: (455, 396)}
-
-
 def main() -> None:
     results, rows = {}, []
     for tokens in (1, 8, 64):
@@ -141,12 +137,10 @@ def main() -> None:
             "reduce_overhead_static_skip_guards_us_per_step": round(static_unguarded, 2),
             "ops_per_step": 6,
         }  # fmt: skip
-        before = BEFORE[tokens]
         graphs = "skipped" if static_skips else "replayed"
-        rows.append((tokens, eager, replay, before[0], compiled, before[1], plain, static, static_unguarded, graphs))
+        rows.append((tokens, eager, replay, compiled, plain, static, static_unguarded, graphs))
     print(json.dumps({"decode_step": results}))
-    head = ("tokens", "eager", "hand graph", "compiled before", "compiled", "r-o before", "r-o plain", "r-o static", "r-o static no guards",
-            "static graphs")  # fmt: skip
+    head = ("tokens", "eager", "hand graph", "compiled", "r-o plain", "r-o static", "r-o static no guards", "static graphs")
     print(" | ".join(head))
     for row in rows:
         print(" | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row))
