@@ -7,17 +7,13 @@ products back; the last block's copies stop at numel.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import FUSED_WEIGHT
 
 DECL = FUSED_WEIGHT
-REQUIRES: dict[str, int] = {}
 BLOCK = 8192
 THREADS = 256
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(dtype: str):

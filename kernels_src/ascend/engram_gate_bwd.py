@@ -20,18 +20,14 @@ it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GATE_BWD
 
 DECL = GATE_BWD
-REQUIRES: dict[str, int] = {}
 HC = 4
 THREADS = 128
 SEGMENT = 1024  # columns of each head a pass takes at a time
-
-
-def unsupported(tiling) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(tiling: str):

@@ -14,18 +14,14 @@ runtime values. The sums run in another order than TileKernels', so results may 
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GATE_FWD
 
 DECL = GATE_FWD
-REQUIRES: dict[str, int] = {}
 THREADS = 128
 SEGMENT = 2048  # columns a pass takes at a time
 SAVE, MASK, IN_PLACE = 1, 2, 4
-
-
-def unsupported(tiling) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(tiling: str):

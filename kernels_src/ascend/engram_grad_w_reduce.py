@@ -9,17 +9,13 @@ a runtime value like the element count, has no bound a tile could hold).
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
 DECL = GRAD_W_REDUCE
-REQUIRES: dict[str, int] = {}
 COLUMNS = 1024  # columns a block
 THREADS = 256
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(dtype: str):

@@ -10,17 +10,13 @@ output. Tokens, layers and tables are runtime values; the n-gram order is static
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import ENGRAM_HASH
 
 DECL = ENGRAM_HASH
-REQUIRES: dict[str, int] = {}
 ELEMS = 2048
 THREADS = 256
-
-
-def unsupported(max_ngram_size) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(max_ngram_size: int):

@@ -9,17 +9,13 @@ the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import rows_per_block
 from tkaot._engram.kernels import SINKHORN_FINALIZE
 
 DECL = SINKHORN_FINALIZE
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(head_dim) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(head_dim: int):

@@ -8,17 +8,13 @@ both results back; the last block's copies stop at numel. beta1, 1 - beta1 and n
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_MOMENTUM
 
 DECL = SINKHORN_MOMENTUM
-REQUIRES: dict[str, int] = {}
 BLOCK = 4096
 THREADS = 256
-
-
-def unsupported(grad_dtype, momentum_dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(grad_dtype: str, momentum_dtype: str):

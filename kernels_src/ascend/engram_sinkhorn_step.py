@@ -12,16 +12,12 @@ norms may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP
 
 DECL = SINKHORN_STEP
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(head_dim) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(head_dim: int):

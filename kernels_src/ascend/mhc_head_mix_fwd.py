@@ -7,17 +7,13 @@ exp(-x))) with column j = element % mhc_mult, and the results go back; the expan
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import HEAD_MIX_FWD
 
 DECL = HEAD_MIX_FWD
-REQUIRES: dict[str, int] = {}
 ELEMS = 4096
 THREADS = 256
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(dtype: str):

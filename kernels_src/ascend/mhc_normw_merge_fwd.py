@@ -6,17 +6,13 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
 DECL = NORMW_MERGE_FWD
-REQUIRES: dict[str, int] = {}
 SPAN = 4096  # columns a block
 THREADS = 256
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(dtype: str):

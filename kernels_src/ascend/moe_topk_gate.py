@@ -14,6 +14,7 @@ region directly; the scores go out through the Unified Buffer.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
@@ -42,9 +43,7 @@ def sqrt_softplus(x):
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
-    why = unsupported(num_experts, num_topk, tiling)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(num_experts, num_topk, tiling))
     return moe_topk_gate_kernel(num_experts, num_topk, num_experts)
 
 

@@ -15,18 +15,14 @@ results may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._moe.kernels import MAX_EXPERTS, MOE_TOPK_GATE_BACKWARD
 
 DECL = MOE_TOPK_GATE_BACKWARD
-REQUIRES: dict[str, int] = {}
 WARP = 32
 TOKENS = 8  # tokens a block, a warp each
 PER_LANE = MAX_EXPERTS // WARP
-
-
-def unsupported(tiling: str) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(tiling: str):

@@ -15,21 +15,17 @@ CUDA's, so rstd (and through it y) may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import NORM_CAST
 
 DECL = NORM_CAST
-REQUIRES: dict[str, int] = {}
 THREADS = 128
 GROUP = 32
 PACK = 4  # packed UE8M0: four exponent bytes a word
-
-
-def unsupported(hidden, dtype, sf, tiling) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(hidden: int, dtype: str, sf: str, tiling: str):

@@ -7,16 +7,12 @@ the one moe_topk_gate divides by, bit for bit.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._moe.kernels import NORMALIZE_WEIGHT
 
 DECL = NORMALIZE_WEIGHT
-REQUIRES: dict[str, int] = {}
 TOKENS = 64
-
-
-def unsupported(num_topk) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(num_topk: int):

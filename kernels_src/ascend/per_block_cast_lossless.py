@@ -15,6 +15,7 @@ byte table gives. Data and outputs are declared as words, as on CUDA, and read a
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.quant_in import Side, block_sides
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -42,9 +43,7 @@ def unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout) -> str | None
 
 
 def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
-    why = unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout))
     return per_block_cast_lossless_kernel(hidden, None, in_block, in_sf, out_block, sf, sf_layout)
 
 

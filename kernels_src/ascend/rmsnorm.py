@@ -10,18 +10,14 @@ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
 from tkaot._quant.kernels import RMSNORM
 
 DECL = RMSNORM
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(hidden, dtype, with_weight, with_residual, with_rstd) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):

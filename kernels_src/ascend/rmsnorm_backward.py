@@ -16,18 +16,14 @@ CUDA's, so results may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import chunks, mean_divisor
 from kernels_src.ascend.tile import chunk, rows_per_block
 from tkaot._quant.kernels import RMSNORM_BACKWARD
 
 DECL = RMSNORM_BACKWARD
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(hidden, dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(hidden: int, dtype: str):

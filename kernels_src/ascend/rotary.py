@@ -12,17 +12,13 @@ so int64 positions are read through their low word, as on CUDA.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._transform.kernels import ROTARY
 
 DECL = ROTARY
-REQUIRES: dict[str, int] = {}
 ROWS = 32  # head rows a block
 THREADS = 128
-
-
-def unsupported(rot_dim, dtype, interleaved) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(rot_dim: int, dtype: str, interleaved: bool):

@@ -15,6 +15,7 @@ factors are not built (`unsupported`).
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU
@@ -42,9 +43,7 @@ def unsupported(hidden, dtype, fmt, group, sf, tiling) -> str | None:
 
 
 def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
-    why = unsupported(hidden, dtype, fmt, group, sf, tiling)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, dtype, fmt, group, sf, tiling))
     return swiglu_kernel(hidden, hidden, group, dtype, fmt, sf)
 
 

@@ -21,6 +21,7 @@ differ from CUDA's in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.tile import rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU_BACKWARD
@@ -55,9 +56,7 @@ def silu_refined(g, s, den):
 
 
 def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
-    why = unsupported(x_dtype, grad_dtype, fmt, group, sf)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(x_dtype, grad_dtype, fmt, group, sf))
     x_t, out_t = _DTYPES[x_dtype], _OUT[fmt]
     quantized = fmt == "e4m3"
     packed = sf == "ue8m0"
