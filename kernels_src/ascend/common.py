@@ -1,7 +1,8 @@
 """What every Ascend kernel module says the same way: the module that takes every value its declaration allows
-(`REQUIRES`, `unsupported`), the refusal a builder raises for a value it does not build, and the grid of blocks
-that each take a run of `width` elements. Plain Python over TileLang expressions: nothing here names a buffer or a
-variable of the lowered kernel, so a kernel written with these lowers as it did written out.
+(`REQUIRES`, `unsupported`), the refusal a builder raises for a value it does not build, argument types as
+factories, a tile staged into the Unified Buffer, and a column's split-K sum. A tile or variable made here is named
+by the kernel statement that takes it, and a macro is given Vars only under their own names (TileLang names a Var
+after the macro parameter it is bound to), so a kernel written with these lowers as it did written out.
 """
 
 from tilelang.ascend import language as T
@@ -20,6 +21,25 @@ def refuse(decl, why: str | None) -> None:
         raise ValueError(f"{decl.name} for Ascend: {why}")
 
 
-def runs(count, width: int):
-    """A grid of blocks over `count` elements, `width` a block: (the block count, the first element of `block`)."""
-    return T.ceildiv(count, width), lambda block: block * width
+def fp32(*shape):
+    """A float32 tensor type of this shape, as a factory: a prim_func annotation calls it, so every argument gets a
+    buffer of its own (arguments that share one buffer object lose their names)."""
+    return lambda: T.Tensor[shape, T.float32]
+
+
+def stage(region, shape, dtype, cols=None):
+    """A Unified Buffer tile of `shape` holding `region` (a slice of a global tensor), copied in by DMA (into the
+    tile's first `cols` columns where given). The statement that takes the result names the tile."""
+    tile = T.alloc_shared(shape, dtype)
+    T.evaluate(T.copy(region, tile if cols is None else tile[:, 0:cols]))  # a statement: this is no macro
+    return tile
+
+
+@T.macro
+def sum_column(acc, partials, first, j):
+    """acc[0] = the sum over p of partials[p, first + j], p = 0, 1, ... in order from zero (zero past the last
+    column): one SIMT thread's column of a split-K sum, the CUDA kernels' order."""
+    acc[0] = T.float32(0)
+    if first + j < partials.shape[1]:
+        for p in T.serial(partials.shape[0]):
+            acc[0] = acc[0] + partials[p, first + j]

@@ -8,6 +8,7 @@ products back; the last block's copies stop at numel.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import FUSED_WEIGHT
 
@@ -27,11 +28,9 @@ def build(dtype: str):
     ):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
-            h_ub = T.alloc_shared((BLOCK,), dtype)
-            e_ub = T.alloc_shared((BLOCK,), dtype)
+            h_ub = stage(weight_hidden[first : first + BLOCK], (BLOCK,), dtype)
+            e_ub = stage(weight_embed[first : first + BLOCK], (BLOCK,), dtype)
             f_ub = T.alloc_shared((BLOCK,), T.float32)
-            T.copy(weight_hidden[first : first + BLOCK], h_ub)
-            T.copy(weight_embed[first : first + BLOCK], e_ub)
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
                     f_ub[j] = T.Cast("float32", h_ub[j]) * T.Cast("float32", e_ub[j])

@@ -10,6 +10,7 @@ a runtime value like the element count, has no bound a tile could hold).
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage, sum_column
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
@@ -31,21 +32,14 @@ def build(dtype: str):
     ):
         with T.Kernel(T.ceildiv(numel, COLUMNS)) as block:
             first = block * COLUMNS
-            wh_ub = T.alloc_shared((COLUMNS,), dtype)
-            we_ub = T.alloc_shared((COLUMNS,), dtype)
-            gh_ub = T.alloc_shared((COLUMNS,), T.float32)
-            ge_ub = T.alloc_shared((COLUMNS,), T.float32)
-            T.copy(weight_hidden[first : first + COLUMNS], wh_ub)
-            T.copy(weight_embed[first : first + COLUMNS], we_ub)
-            T.copy(grad_weight_hidden[first : first + COLUMNS], gh_ub)
-            T.copy(grad_weight_embed[first : first + COLUMNS], ge_ub)
+            wh_ub = stage(weight_hidden[first : first + COLUMNS], (COLUMNS,), dtype)
+            we_ub = stage(weight_embed[first : first + COLUMNS], (COLUMNS,), dtype)
+            gh_ub = stage(grad_weight_hidden[first : first + COLUMNS], (COLUMNS,), T.float32)
+            ge_ub = stage(grad_weight_embed[first : first + COLUMNS], (COLUMNS,), T.float32)
             with T.SimtVF(threads=THREADS):
                 acc = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(COLUMNS):
-                    acc[0] = T.float32(0)
-                    if first + j < numel:
-                        for p in T.serial(num_partials):
-                            acc[0] = acc[0] + grad_w_partial[p, first + j]
+                    sum_column(acc, grad_w_partial, first, j)
                     gh_ub[j] = gh_ub[j] + acc[0] * T.Cast("float32", we_ub[j])
                     ge_ub[j] = ge_ub[j] + acc[0] * T.Cast("float32", wh_ub[j])
             T.copy(gh_ub, grad_weight_hidden[first : first + COLUMNS])

@@ -10,6 +10,7 @@ the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import rows_per_block
 from tkaot._engram.kernels import SINKHORN_FINALIZE
@@ -33,12 +34,9 @@ def build(head_dim: int):
     ):
         with T.Kernel(T.ceildiv(num_rows, rows)) as block:
             first = block * rows
-            m_ub = T.alloc_shared((rows, head_dim), T.float32)
-            cs_ub = T.alloc_shared((head_dim,), T.float32)
-            rs_ub = T.alloc_shared((rows,), T.float32)
-            T.copy(matrix[first : first + rows, :], m_ub)
-            T.copy(col_scale[0:head_dim], cs_ub)
-            T.copy(row_scale[first : first + rows], rs_ub)
+            m_ub = stage(matrix[first : first + rows, :], (rows, head_dim), T.float32)
+            cs_ub = stage(col_scale[0:head_dim], (head_dim,), T.float32)
+            rs_ub = stage(row_scale[first : first + rows], (rows,), T.float32)
             with T.SimtVF(threads=THREADS):
                 squares = T.alloc_fragment((rows, head_dim), T.float32)
                 norm = T.alloc_fragment((rows,), T.float32)

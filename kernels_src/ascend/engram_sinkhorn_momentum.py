@@ -9,6 +9,7 @@ both results back; the last block's copies stop at numel. beta1, 1 - beta1 and n
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_MOMENTUM
 
@@ -35,11 +36,9 @@ def build(grad_dtype: str, momentum_dtype: str):
     ):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
-            g_ub = T.alloc_shared((BLOCK,), grad_dtype)
-            m_ub = T.alloc_shared((BLOCK,), momentum_dtype)
+            g_ub = stage(grad[first : first + BLOCK], (BLOCK,), grad_dtype)
+            m_ub = stage(momentum_buffer[first : first + BLOCK], (BLOCK,), momentum_dtype)
             s_ub = T.alloc_shared((BLOCK,), T.float32)
-            T.copy(grad[first : first + BLOCK], g_ub)
-            T.copy(momentum_buffer[first : first + BLOCK], m_ub)
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
                     g = T.Cast("float32", g_ub[j])

@@ -13,6 +13,7 @@ norms may differ from it in the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP
 
@@ -34,9 +35,8 @@ def build(head_dim: int):
     ):
         with T.Kernel(num_partials) as part:
             x_ub = T.alloc_shared((1, head_dim), T.float32)
-            cs_ub = T.alloc_shared((head_dim,), T.float32)
+            cs_ub = stage(col_scale[0:head_dim], (head_dim,), T.float32)
             sums_ub = T.alloc_shared((head_dim,), T.float32)
-            T.copy(col_scale[0:head_dim], cs_ub)
             with T.SimtVF(threads=THREADS):
                 for c in T.Parallel(head_dim):
                     sums_ub[c] = T.float32(0)

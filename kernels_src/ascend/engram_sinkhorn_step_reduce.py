@@ -8,6 +8,7 @@ read from global memory directly, the sums go out through the Unified Buffer.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import sum_column
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
 
@@ -30,10 +31,7 @@ def build(dtype: str):
             with T.SimtVF(threads=THREADS):
                 acc = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(COLUMNS):
-                    acc[0] = T.float32(0)
-                    if first + j < head_dim:
-                        for p in T.serial(num_partials):
-                            acc[0] = acc[0] + col_sumsq_partial[p, first + j]
+                    sum_column(acc, col_sumsq_partial, first, j)
                     sums_ub[j] = acc[0]
             T.copy(sums_ub, col_sumsq[first : first + COLUMNS])
 

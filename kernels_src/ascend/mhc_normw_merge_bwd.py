@@ -10,6 +10,7 @@ gradients go through the Unified Buffer. Both sizes are runtime values.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
@@ -31,10 +32,8 @@ def build(dtype: str):
     ):
         with T.Kernel(T.ceildiv(n, COLUMNS)) as block:
             first = block * COLUMNS
-            w_ub = T.alloc_shared((COLUMNS,), T.float32)
-            wg_ub = T.alloc_shared((COLUMNS,), T.float32)
-            T.copy(normw[first : first + COLUMNS], w_ub)
-            T.copy(normw_grad[first : first + COLUMNS], wg_ub)
+            w_ub = stage(normw[first : first + COLUMNS], (COLUMNS,), T.float32)
+            wg_ub = stage(normw_grad[first : first + COLUMNS], (COLUMNS,), T.float32)
             with T.SimtVF(threads=THREADS):
                 total = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(COLUMNS):

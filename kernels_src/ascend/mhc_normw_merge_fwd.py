@@ -7,6 +7,7 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
@@ -28,10 +29,8 @@ def build(dtype: str):
         with T.Kernel(m * runs) as block:
             row = block // runs
             first = block % runs * SPAN
-            fn_ub = T.alloc_shared((1, SPAN), T.float32)
-            w_ub = T.alloc_shared((SPAN,), T.float32)
-            T.copy(fn[row : row + 1, first : first + SPAN], fn_ub)
-            T.copy(normw[first : first + SPAN], w_ub)
+            fn_ub = stage(fn[row : row + 1, first : first + SPAN], (1, SPAN), T.float32)
+            w_ub = stage(normw[first : first + SPAN], (SPAN,), T.float32)
             with T.SimtVF(threads=THREADS):
                 for i, k in T.Parallel(1, SPAN):
                     fn_ub[i, k] = fn_ub[i, k] * w_ub[k]

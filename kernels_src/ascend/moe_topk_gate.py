@@ -14,7 +14,7 @@ region directly; the scores go out through the Unified Buffer.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse
+from kernels_src.ascend.common import refuse, stage
 from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
@@ -81,9 +81,8 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            logits_ub = T.alloc_shared((TOKENS, max_experts), T.float32)
+            logits_ub = stage(logits[first : first + TOKENS, 0:num_experts], (TOKENS, max_experts), T.float32, cols=num_experts)
             scores_ub = T.alloc_shared((TOKENS, max_experts), T.float32)
-            T.copy(logits[first : first + TOKENS, 0:num_experts], logits_ub[:, 0:num_experts])
             with T.SimtVF(threads=TOKENS * WARP):
                 vals = T.alloc_local((per,), T.float32)
                 route = T.alloc_var(T.int32)

@@ -16,6 +16,7 @@ results may differ from it in the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._moe.kernels import MAX_EXPERTS, MOE_TOPK_GATE_BACKWARD
 
@@ -45,9 +46,8 @@ def build(tiling: str):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            u_ub = T.alloc_shared((TOKENS, MAX_EXPERTS), T.float32)
+            u_ub = stage(scores[first : first + TOKENS, 0:num_experts], (TOKENS, MAX_EXPERTS), T.float32, cols=num_experts)
             grad_ub = T.alloc_shared((TOKENS, MAX_EXPERTS), T.float32)
-            T.copy(scores[first : first + TOKENS, 0:num_experts], u_ub[:, 0:num_experts])
             with T.SimtVF(threads=TOKENS * WARP):
                 u = T.alloc_local((PER_LANE,), T.float32)
                 du = T.alloc_local((PER_LANE,), T.float32)

@@ -8,6 +8,7 @@ the one moe_topk_gate divides by, bit for bit.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._moe.kernels import NORMALIZE_WEIGHT
 
@@ -33,10 +34,9 @@ def normalize_weight_kernel(num_topk, max_topk: int):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            w_ub = T.alloc_shared((TOKENS, max_topk), T.float32)
+            w_ub = stage(topk_weights[first : first + TOKENS, 0:num_topk], (TOKENS, max_topk), T.float32, cols=num_topk)
             out_ub = T.alloc_shared((TOKENS, max_topk), T.float32)
             den_ub = T.alloc_shared((TOKENS,), T.float32)
-            T.copy(topk_weights[first : first + TOKENS, 0:num_topk], w_ub[:, 0:num_topk])
             with T.SimtVF(threads=TOKENS):
                 part = T.alloc_local((max_topk,), T.float32)
                 total = T.alloc_var(T.float32)
