@@ -21,10 +21,15 @@ def refuse(decl, why: str | None) -> None:
         raise ValueError(f"{decl.name} for Ascend: {why}")
 
 
-def fp32(*shape):
-    """A float32 tensor type of this shape, as a factory: a prim_func annotation calls it, so every argument gets a
+def tensor(dtype, *shape):
+    """A tensor type of this dtype and shape, as a factory: a prim_func annotation calls it, so every argument gets a
     buffer of its own (arguments that share one buffer object lose their names)."""
-    return lambda: T.Tensor[shape, T.float32]
+    return lambda: T.Tensor[shape, dtype]
+
+
+def fp32(*shape):
+    """A float32 tensor type of this shape, as a factory (`tensor`)."""
+    return tensor(T.float32, *shape)
 
 
 def stage(region, shape, dtype, cols=None):

@@ -8,7 +8,7 @@ products back; the last block's copies stop at numel.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import stage
+from kernels_src.ascend.common import fp32, stage, tensor
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import FUSED_WEIGHT
 
@@ -19,13 +19,10 @@ THREADS = 256
 
 def build(dtype: str):
     numel = T.dynamic("numel")
+    weights = tensor(dtype, numel)
 
     @T.prim_func
-    def engram_fused_weight(
-        weight_hidden: T.Tensor[(numel,), dtype],
-        weight_embed: T.Tensor[(numel,), dtype],
-        weight_fused: T.Tensor[(numel,), T.float32],
-    ):
+    def engram_fused_weight(weight_hidden: weights, weight_embed: weights, weight_fused: fp32(numel)):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
             h_ub = stage(weight_hidden[first : first + BLOCK], (BLOCK,), dtype)

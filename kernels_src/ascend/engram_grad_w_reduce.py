@@ -10,7 +10,7 @@ a runtime value like the element count, has no bound a tile could hold).
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import stage, sum_column
+from kernels_src.ascend.common import fp32, stage, sum_column, tensor
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
@@ -21,14 +21,15 @@ THREADS = 256
 
 def build(dtype: str):
     num_partials, numel = T.dynamic("num_partials"), T.dynamic("numel")
+    weights, grads = tensor(dtype, numel), fp32(numel)
 
     @T.prim_func
     def engram_grad_w_reduce(
-        grad_w_partial: T.Tensor[(num_partials, numel), T.float32],
-        weight_hidden: T.Tensor[(numel,), dtype],
-        weight_embed: T.Tensor[(numel,), dtype],
-        grad_weight_hidden: T.Tensor[(numel,), T.float32],
-        grad_weight_embed: T.Tensor[(numel,), T.float32],
+        grad_w_partial: fp32(num_partials, numel),
+        weight_hidden: weights,
+        weight_embed: weights,
+        grad_weight_hidden: grads,
+        grad_weight_embed: grads,
     ):
         with T.Kernel(T.ceildiv(numel, COLUMNS)) as block:
             first = block * COLUMNS

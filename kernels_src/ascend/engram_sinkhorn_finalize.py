@@ -10,7 +10,7 @@ the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import stage
+from kernels_src.ascend.common import fp32, stage
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import rows_per_block
 from tkaot._engram.kernels import SINKHORN_FINALIZE
@@ -22,13 +22,14 @@ THREADS = 128
 def build(head_dim: int):
     rows = rows_per_block(head_dim * 4, 2)
     num_rows = T.dynamic("num_rows")
+    matrices = fp32(num_rows, head_dim)
 
     @T.prim_func
     def engram_sinkhorn_finalize(
-        matrix: T.Tensor[(num_rows, head_dim), T.float32],
-        row_scale: T.Tensor[(num_rows,), T.float32],
-        col_scale: T.Tensor[(head_dim,), T.float32],
-        out: T.Tensor[(num_rows, head_dim), T.float32],
+        matrix: matrices,
+        row_scale: fp32(num_rows),
+        col_scale: fp32(head_dim),
+        out: matrices,
         eps: T.float32,
         alpha: T.float32,
     ):

@@ -13,7 +13,7 @@ norms may differ from it in the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import stage
+from kernels_src.ascend.common import fp32, stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP
 
@@ -23,14 +23,15 @@ THREADS = 128
 
 def build(head_dim: int):
     num_rows, num_partials = T.dynamic("num_rows"), T.dynamic("num_partials")
+    per_row = fp32(num_rows)
 
     @T.prim_func
     def engram_sinkhorn_step(
-        matrix: T.Tensor[(num_rows, head_dim), T.float32],
-        row_scale: T.Tensor[(num_rows,), T.float32],
-        col_scale: T.Tensor[(head_dim,), T.float32],
-        row_norm: T.Tensor[(num_rows,), T.float32],
-        col_sumsq_partial: T.Tensor[(num_partials, head_dim), T.float32],
+        matrix: fp32(num_rows, head_dim),
+        row_scale: per_row,
+        col_scale: fp32(head_dim),
+        row_norm: per_row,
+        col_sumsq_partial: fp32(num_partials, head_dim),
         eps: T.float32,
     ):
         with T.Kernel(num_partials) as part:

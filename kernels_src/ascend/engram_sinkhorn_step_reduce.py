@@ -8,7 +8,7 @@ read from global memory directly, the sums go out through the Unified Buffer.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import sum_column
+from kernels_src.ascend.common import sum_column, tensor
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
 
@@ -21,10 +21,7 @@ def build(dtype: str):
     num_partials, head_dim = T.dynamic("num_partials"), T.dynamic("head_dim")
 
     @T.prim_func
-    def engram_sinkhorn_step_reduce(
-        col_sumsq_partial: T.Tensor[(num_partials, head_dim), dtype],
-        col_sumsq: T.Tensor[(head_dim,), dtype],
-    ):
+    def engram_sinkhorn_step_reduce(col_sumsq_partial: tensor(dtype, num_partials, head_dim), col_sumsq: tensor(dtype, head_dim)):
         with T.Kernel(T.ceildiv(head_dim, COLUMNS)) as block:
             first = block * COLUMNS
             sums_ub = T.alloc_shared((COLUMNS,), dtype)

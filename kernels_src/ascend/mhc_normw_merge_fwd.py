@@ -7,7 +7,7 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import stage
+from kernels_src.ascend.common import fp32, stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
@@ -18,13 +18,10 @@ THREADS = 256
 
 def build(dtype: str):
     m, n = T.dynamic("m"), T.dynamic("n")
+    rows, weights = fp32(m, n), fp32(n)
 
     @T.prim_func
-    def mhc_normw_merge_fwd(
-        fn: T.Tensor[(m, n), T.float32],
-        normw: T.Tensor[(n,), T.float32],
-        out_fn: T.Tensor[(m, n), T.float32],
-    ):
+    def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
         runs = T.ceildiv(n, SPAN)
         with T.Kernel(m * runs) as block:
             row = block // runs
