@@ -14,7 +14,7 @@ region directly; the scores go out through the Unified Buffer.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse, stage
+from kernels_src.ascend.common import fp32, refuse, stage, tensor
 from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
@@ -58,22 +58,23 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
     num_logical_experts = T.dynamic("num_logical_experts")
     num_duplicates = T.dynamic("num_duplicates")
     unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+    per_expert, token_mask = fp32(num_tokens, num_experts), tensor(T.bool, num_tokens)
 
     @T.prim_func
     def moe_topk_gate(
-        logits: T.Tensor[(num_tokens, num_experts), T.float32],
-        bias: T.Tensor[(num_experts,), T.float32],
-        image_bias: T.Tensor[(num_experts,), T.float32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        mask: T.Tensor[(num_tokens,), T.bool],
-        fix_routing_mask: T.Tensor[(num_tokens,), T.bool],
-        force_random: T.Tensor[(num_tokens,), T.bool],
-        to_physical_map: T.Tensor[(num_logical_experts, num_duplicates), T.int32],
-        logical_count: T.Tensor[(num_logical_experts,), T.int32],
-        topk_idx: T.Tensor[(num_tokens, num_physical_topk), T.int64],
-        topk_weights: T.Tensor[(num_tokens, num_physical_topk), T.float32],
+        logits: per_expert,
+        bias: fp32(num_experts),
+        image_bias: fp32(num_experts),
+        image_token_mask: token_mask,
+        mask: token_mask,
+        fix_routing_mask: token_mask,
+        force_random: token_mask,
+        to_physical_map: tensor(T.int32, num_logical_experts, num_duplicates),
+        logical_count: tensor(T.int32, num_logical_experts),
+        topk_idx: tensor(T.int64, num_tokens, num_physical_topk),
+        topk_weights: fp32(num_tokens, num_physical_topk),
         unmapped_topk_idx: T.StridedTensor[(num_tokens, num_topk), (unmapped_stride, 1), T.int64],
-        scores: T.Tensor[(num_tokens, num_experts), T.float32],
+        scores: per_expert,
         num_shared_experts: T.int32,
         routed_scaling_factor: T.float32,
         ep_rank: T.int32,
