@@ -9,7 +9,7 @@ both results back; the last block's copies stop at numel. beta1, 1 - beta1 and n
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import stage
+from kernels_src.ascend.common import fp32, stage, tensor
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_MOMENTUM
 
@@ -27,9 +27,9 @@ def build(grad_dtype: str, momentum_dtype: str):
 
     @T.prim_func
     def engram_sinkhorn_momentum(
-        grad: T.Tensor[(numel,), grad_dtype],
-        momentum_buffer: T.Tensor[(numel,), momentum_dtype],
-        sinkhorn_input: T.Tensor[(numel,), T.float32],
+        grad: tensor(grad_dtype, numel),
+        momentum_buffer: tensor(momentum_dtype, numel),
+        sinkhorn_input: fp32(numel),
         beta1: T.float32,
         one_minus_beta1: T.float32,
         nesterov: T.int32,

@@ -15,7 +15,7 @@ factors are not built (`unsupported`).
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse
+from kernels_src.ascend.common import refuse, tensor
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU
@@ -84,11 +84,11 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
     @T.prim_func
     def swiglu(
         x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
-        out: T.Tensor[(num_rows, hidden), out_dtype],
+        out: tensor(out_dtype, num_rows, hidden),
         out_sf: T.StridedTensor[sf_shape, sf_strides, T.float32],
-        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
+        psum_num_tokens_per_expert: tensor(T.int32, num_experts),
         topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
-        clamped_count: T.Tensor[(4,), T.int64],
+        clamped_count: tensor(T.int64, 4),
         has_psum: T.int32,
         alignment: T.int32,
         search_steps: T.int32,
