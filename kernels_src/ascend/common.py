@@ -1,8 +1,10 @@
-"""What every Ascend kernel module says the same way: the module that takes every value its declaration allows
-(`REQUIRES`, `unsupported`), the refusal a builder raises for a value it does not build, argument types as
-factories, a tile staged into the Unified Buffer, and a column's split-K sum. A tile or variable made here is named
-by the kernel statement that takes it, and a macro is given Vars only under their own names (TileLang names a Var
-after the macro parameter it is bound to), so a kernel written with these lowers as it did written out.
+"""What the Ascend kernel modules write the same way: the answers of a module that takes every value its declaration
+allows (`REQUIRES`, `unsupported`), the refusal a builder raises for a value it does not build, argument types as
+factories, a block's place in a two-level grid, a tile staged into the Unified Buffer and a column's split-K sum.
+
+A tile or variable made here is named by the kernel statement that takes it, and a macro here is given Vars only
+under their own names (TileLang names a Var after the macro parameter it is bound to), so a kernel written with these
+lowers to the TIR it had written out.
 """
 
 from tilelang.ascend import language as T
@@ -30,6 +32,13 @@ def tensor(dtype, *shape):
 def fp32(*shape):
     """A float32 tensor type of this shape, as a factory (`tensor`)."""
     return tensor(T.float32, *shape)
+
+
+def split_block(block, count, width, outer_width=None):
+    """Where `block` starts in a grid whose blocks run `count` to a row of tiles: (its row, times `outer_width` where
+    given; its first element along the row, `width` a block)."""
+    outer = block // count if outer_width is None else block // count * outer_width
+    return outer, block % count * width
 
 
 def stage(region, shape, dtype, cols=None):

@@ -11,7 +11,7 @@ output. Tokens, layers and tables are runtime values; the n-gram order is static
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import tensor
+from kernels_src.ascend.common import split_block, tensor
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import ENGRAM_HASH
 
@@ -40,8 +40,7 @@ def build(max_ngram_size: int):
         T.assume(num_tables > 0)
         chunks = T.ceildiv(num_tokens * cols, ELEMS)
         with T.Kernel(num_layers * chunks) as block:
-            layer = block // chunks
-            first = block % chunks * ELEMS
+            layer, first = split_block(block, chunks, ELEMS)
             out_ub = T.alloc_shared((ELEMS,), T.int32)
             with T.SimtVF(threads=THREADS):
                 hashed = T.alloc_var(T.int64)

@@ -20,7 +20,7 @@ the build's check of the lowered arguments against the declaration catches any t
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32
+from kernels_src.ascend.common import fp32, split_block
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import UB_BUDGET
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
@@ -66,7 +66,7 @@ def segment_grid(args: Args, columns: int):
 
 def segment_of(block, args: Args, columns: int):
     """(token, first column) of a block of that grid."""
-    return block // T.ceildiv(args.hidden, columns), block % T.ceildiv(args.hidden, columns) * columns
+    return split_block(block, T.ceildiv(args.hidden, columns), columns)
 
 
 def as_f32(value):

@@ -7,7 +7,7 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import fp32, split_block, stage
 from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
@@ -24,8 +24,7 @@ def build(dtype: str):
     def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
         runs = T.ceildiv(n, SPAN)
         with T.Kernel(m * runs) as block:
-            row = block // runs
-            first = block % runs * SPAN
+            row, first = split_block(block, runs, SPAN)
             fn_ub = stage(fn[row : row + 1, first : first + SPAN], (1, SPAN), T.float32)
             w_ub = stage(normw[first : first + SPAN], (SPAN,), T.float32)
             with T.SimtVF(threads=THREADS):

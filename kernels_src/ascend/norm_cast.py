@@ -16,6 +16,7 @@ CUDA's, so rstd (and through it y) may differ from it in the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import split_block
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
@@ -102,8 +103,7 @@ def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
     ):
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(batch * tiles) as block:
-            b = block // tiles
-            row = block % tiles * rows
+            b, row = split_block(block, tiles, rows)
             x_ub = T.alloc_shared((rows, width), dtype)
             y_ub = T.alloc_shared((rows, width), dtype)  # the residual, then y
             yb_ub = T.alloc_shared((rows, width), T.bfloat16) if bf16_own else y_ub

@@ -11,6 +11,7 @@ from it in the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import split_block
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
@@ -52,8 +53,7 @@ def rmsnorm_kernel(hidden, width: int, dtype: str, with_weight: bool, with_resid
     ):
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(batch * tiles) as block:
-            b = block // tiles
-            row = block % tiles * rows
+            b, row = split_block(block, tiles, rows)
             x_ub = T.alloc_shared((rows, width), dtype)
             res_ub = T.alloc_shared((rows, width), dtype)
             out_ub = T.alloc_shared((rows, width), dtype)

@@ -15,7 +15,7 @@ factors are not built (`unsupported`).
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse, tensor
+from kernels_src.ascend.common import refuse, split_block, tensor
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU
@@ -100,8 +100,7 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
     ):
         with T.Kernel(blocks) as block:
             if segmented:
-                row = block // segs * rows
-                col = block % segs * width
+                row, col = split_block(block, segs, width, rows)
                 span = T.min(width, hidden - col)  # the segment's columns in the row
             else:
                 row = block * rows
