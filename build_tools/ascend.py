@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from build_tools import ops
 from build_tools.artifacts import atomic_write, default_cache_dir, manifest_text, read_manifest, sha256
 from build_tools.compile import BuildError, check_declared, expr_text, op_args, tilelang_version
-from build_tools import ops
 from build_tools.ops import REPO_ROOT, Variant, declaration
 from kernels_src.ascend import ASCEND_SOURCES
 from tkaot import __version__

@@ -302,7 +302,9 @@ def estimate(variants: list, arch: str, cache) -> tuple[list[PlanRow], list[str]
     rows, notes = [], []
     for kernel, kernel_variants in sorted(by_kernel.items()):
         source = source_sha256(kernel)
-        cached = sum(cache.get(v, arch, cache_key(v, arch, source), source) is not None for v in kernel_variants)
+        # variants differing only in axes their kernel takes at run time (RUNTIME_AXES) share a key, so one cubin
+        keys = {cache_key(v, arch, source): v for v in kernel_variants}
+        cached = sum(cache.get(v, arch, key, source) is not None for key, v in keys.items())
         if kernel not in sizes:
             notes.append(f"{kernel}: no built cubin to measure; assumed {mean_size / 1e3:.0f} kB each")
         if kernel not in COMPILE_SECONDS:
@@ -313,8 +315,8 @@ def estimate(variants: list, arch: str, cache) -> tuple[list[PlanRow], list[str]
                 kernel,
                 len(kernel_variants),
                 cached,
-                len(kernel_variants) * sizes.get(kernel, mean_size),
-                (len(kernel_variants) - cached) * per_variant,
+                len(keys) * sizes.get(kernel, mean_size),
+                (len(keys) - cached) * per_variant,
             )
         )
     return rows, notes

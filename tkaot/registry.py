@@ -154,7 +154,9 @@ class ArtifactSet:
 # How tkaot-build writes a manifest's variants (build_tools/artifacts.py): one entry a line, keys sorted (a cubin that
 # serves several variants: each entry's values of the axes the kernel takes at run time under "fixed")
 _VARIANTS_OPEN, _VARIANTS_CLOSE = ' "variants": [\n', "\n ]\n}\n"
-_VARIANT_LINE = re.compile(r'  \{"cubin": "[0-9a-f]{64}", (?:"fixed": \{[^{}]*\}, )?"kernel": "([a-z0-9_]+)", "key": "([^"\\]*)", "launch": ')
+_VARIANT_LINE = re.compile(
+    r'  \{"cubin": "[0-9a-f]{64}", (?:"fixed": \{[^{}]*\}, )?"kernel": "([a-z0-9_]+)", "key": "([^"\\]*)", "launch": '
+)
 
 
 def _parse_json(text: str, path: Path):

@@ -124,7 +124,8 @@ def build(in_dtype, in_sf, out_dtype):
                             for j in T.unroll(vec):
                                 scale[u, j] = common.decode_sf(x_sf[sf_at(per_channel_sf, token, m_shift, col + j)], per_channel_sf.kind)
                         else:
-                            scale[u, 0] = common.decode_sf(x_sf[sf_at(per_block, token, m_shift, T.shift_right(col, k_shift))], per_block.kind)
+                            at = sf_at(per_block, token, m_shift, T.shift_right(col, k_shift))
+                            scale[u, 0] = common.decode_sf(x_sf[at], per_block.kind)
                 for u in T.unroll(ROWS):
                     token = first_row + u * slots
                     if token < num_tokens:

@@ -2,12 +2,13 @@
 per_token_cast_generic, so the two write the same bytes.
 
 A thread holds `count` vectors of `vec` elements, each inside one group and one input scale
-block. The group and the sf layout may be runtime values (the generic kernel's): the lanes sharing a
-group are then a runtime power of two, their shuffles taken under a branch the same in every lane. The kernel's tiling says only where they lie: vector u is at (token, col) = at(u), and it
+block. The kernel's tiling says only where they lie: vector u is at (token, col) = at(u), and it
 is read and written where in_range(token). Everything else is here: all loads issued before any
 math, the group amax (the lanes sharing a group reduce it with warp shuffles), the scale factor
 (with one_scale, lane i of a group forms the scale of the group's vector i and the others fetch it
-with a shuffle), scaling, rounding, and the stores of values and scale factors.
+with a shuffle), scaling, rounding, and the stores of values and scale factors. The group and the
+sf layout may be runtime values (the generic kernel's): the lanes sharing a group are then a runtime
+power of two, their shuffles taken under a branch the same in every lane.
 """
 
 from __future__ import annotations
