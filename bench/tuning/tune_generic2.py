@@ -18,17 +18,13 @@ per-token ones then one cubin per group and layout, the cast back one per block.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
 import tkaot
-from bench.generic import CASES, CAST_BACK_CASES, on_generic
-from bench.timing import device_us
-from bench.tuning.tune_generic_perf import outputs, same_bytes
+from bench.generic import CASES, CAST_BACK_CASES
+from bench.tuning.tune_generic_perf import print_table, specialised_then_generic, start
 from tkaot._moe import ops as _moe_ops
 from tkaot._quant import casts as _casts
 from tkaot._quant import norm_cast as _norm_cast
@@ -66,58 +62,14 @@ def cases() -> list[tuple]:
     return found
 
 
-def forget(kernels) -> None:
-    """The op's bound launchers, so its next call looks its kernel up again."""
-    _casts._PLANS.clear()
-    if kernels is not None:
-        kernels.cache.clear()
-
-
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        import tile_kernels as tk
-    except ImportError:
-        tk = None
-    table, log, start = [], [], time.time()
+    out_dir, tk = start(argv)
+    rows, log, begun = [], [], time.time()
     for name, kernels, specialised, inputs, call in cases():
-        tk_us = want = None
-        if tk is not None:
-            try:
-                want = outputs(call(tk, inputs[0]), {}, False)
-                tk_us, _ = device_us(lambda a, call=call: call(tk, a), inputs)
-            except Exception as error:  # noqa: BLE001 (a TileKernels signature of its own: time ours anyway)
-                log.append(json.dumps({"case": name, "tile_kernels_error": repr(error)}))
-        ours = lambda a, call=call: call(tkaot, a)  # noqa: E731
-        forget(kernels)
-        special_out = outputs(ours(inputs[0]), {}, False)
-        special_us, _ = device_us(ours, inputs)
-        with on_generic(specialised):
-            got = outputs(ours(inputs[0]), {}, False)
-            generic_us, _ = device_us(ours, inputs)
-        forget(kernels)
-        for label, us, out in (("specialised (shipped)", special_us, special_out), ("generic (new default)", generic_us, got)):
-            row = {"case": name, "candidate": label, "us": round(us, 2), "tile_kernels_us": None if tk_us is None else round(tk_us, 2),
-                   "ratio_vs_tk": None if tk_us is None else round(us / tk_us, 3), "ratio_vs_specialised": round(us / special_us, 3),
-                   "identical_tk": "—" if want is None else ("yes" if same_bytes(out, want) else "NO"),
-                   "identical_specialised": "yes" if same_bytes(out, special_out) else "NO",
-                   "control_generic_us": CONTROL_US[name] if label.startswith("generic") else None}  # fmt: skip
-            table.append(row)
-            log.append(json.dumps(row))
+        rows += specialised_then_generic(tk, log, name, kernels, specialised, inputs, call)
     (out_dir / "tune_generic2.jsonl").write_text("\n".join(log) + "\n")
-    print(f"{torch.cuda.get_device_name(0)}, {time.time() - start:.0f} s")
-    print("| case | candidate | µs | TileKernels µs | ratio | /specialised | identical (TK / specialised) | previous generic µs |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |")
-    for r in table:
-        tk_text = "—" if r["tile_kernels_us"] is None else f"{r['tile_kernels_us']:.2f}"
-        ratio = "—" if r["ratio_vs_tk"] is None else f"{r['ratio_vs_tk']:.2f}"
-        control = "" if r["control_generic_us"] is None else f"{r['control_generic_us']:.2f}"
-        print(f"| {r['case']} | {r['candidate']} | {r['us']:.2f} | {tk_text} | {ratio} | {r['ratio_vs_specialised']:.2f} | "
-              f"{r['identical_tk']} / {r['identical_specialised']} | {control} |")  # fmt: skip
+    print(f"{torch.cuda.get_device_name(0)}, {time.time() - begun:.0f} s")
+    print_table(rows, CONTROL_US)
 
 
 if __name__ == "__main__":
