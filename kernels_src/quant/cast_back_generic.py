@@ -75,7 +75,7 @@ def build(in_dtype, in_sf, out_dtype):
     # The scale factors of either kind of block (a per-channel block's UE8M0 pack four token blocks a word): the
     # buffer leads with a unit dim binding the runtime block; its other extents bound every block's indices
     per_block = common.SfLayout.from_input(in_sf, hidden)
-    per_channel_sf = common.SfLayout.from_input(in_sf, hidden, pack_m=True)
+    per_channel_sf = common.SfLayout.from_input(in_sf, hidden, pack_m=True) if per_channel_in else None
     sf_shape, sf_strides = (in_block, num_tokens + hidden, 4 * (num_tokens + hidden)), (1, sf_stride, 1)
     segs = T.ceildiv(hidden, SEG_THREADS * vec)
 
