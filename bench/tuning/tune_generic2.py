@@ -4,7 +4,8 @@ runtime value (one cubin serving the variants that differ only in those: RUNTIME
 kernels_src/quant/{per_token_cast,cast_back}_generic.py), and the rows still over 1.25x
 (norm_forward_and_per_token_cast e4m3/32, normalize_weight 8192x9, swiglu bf16 with weights and a clamp).
 
-The per-token cast and cast back generic variants of bench/tuning/tune_generic2.toml hold this source tree's kernel; the specialised
+The per-token cast, cast back and weight normalisation generic variants of bench/tuning/tune_generic2.toml hold
+this source tree's kernels (normalize_weight_generic: the body of the fewest slots holding the call's weights); the specialised
 ones, and the other generic kernels, come from the default set on TKAOT_PATH after them:
 
     tkaot-build build --shapeset bench/tuning/tune_generic2.toml --arch sm90 --out tune-artifacts/generic2
