@@ -1,9 +1,11 @@
 """Host cost of the custom-op path (what a compiled graph without CUDA graphs calls) beside the direct call, on CPU.
 
 The direct call is the public op (tkaot.quant.norm_forward(...)); the custom-op path is torch.ops.tkaot.<op>.o<n>(...):
-the dispatcher, then the op's real kernel (tkaot/_compile.py: unflatten the arguments, call the public op, pick the new
-tensors out). Both run on the no-driver CPU setup of bench.host_overhead. For scale, the dispatch alone of a do-nothing
-op registered both ways: torch.library.custom_op, and the lower-level torch.library.Library.impl tkaot uses.
+the dispatcher, then the op's real kernel (tkaot/_compile.py: written per op from its schema, it converts the arguments
+back, calls the public op and picks the new tensors out). All run on the no-driver CPU
+setup of bench.host_overhead; the decode step of bench.decode too, eager and as the graph of custom ops Dynamo captures
+(run as is, no Inductor): the per-step cost of the custom-op path. For scale, the dispatch alone of a do-nothing op
+registered both ways: torch.library.custom_op, and the lower-level torch.library.Library.impl tkaot uses.
 
     TKAOT_HOST_CLOCK=cpu python -m bench.compile_host
 """
@@ -44,7 +46,26 @@ def cases() -> dict:
     out["dispatch floor: Library.impl"] = lambda: torch.ops.tkaot_bench.noop_library.default(x)
     out["no dispatch: the same python call"] = lambda: x.new_empty(0)
     out["_keep"] = library  # the registration lives as long as the cases
+    out.update(step_cases())
     return out
+
+
+def step_cases() -> dict:
+    """bench.decode's step over CPU stand-ins: eager, and the graph of custom ops Dynamo captures, called directly."""
+    from bench import decode
+
+    state = {k: v.normal_() if v.is_floating_point() else v.zero_() for k, v in decode.empty_state(1, device="cpu").items()}
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(decode.step, fullgraph=True, backend=backend)(state)
+    (gm,) = graphs
+    args = [state[node.target[len("L_s_") : -1]] for node in gm.graph.nodes if node.op == "placeholder"]
+    return {"decode step (6 ops) direct": lambda: decode.step(state), "decode step (6 ops) torch.ops": lambda: gm.forward(*args)}
 
 
 def main() -> None:
@@ -54,8 +75,15 @@ def main() -> None:
     result = {"launcher": tkaot.launcher_kind()}
     for name, fn in cases().items():
         if not name.startswith("_"):
-            result[name] = round(per_call_us(fn), 3)
+            result[name] = round(per_call_us(fn, n=1000 if name.startswith("decode") else 20000), 3)
     print(json.dumps(result, indent=1))
+    print("case | µs | over direct")
+    for name, us in result.items():
+        if name == "launcher":
+            continue
+        direct = result.get(name.replace("torch.ops", "direct")) if name.endswith("torch.ops") else None
+        over = f"{us - direct:+.1f}" if direct is not None else ""
+        print(f"{name} | {us:.1f} | {over}")
 
 
 if __name__ == "__main__":

@@ -83,13 +83,16 @@ BUILD_INFO = "build-info.json"
 
 
 def variant_entry(compiled: CompiledVariant) -> dict:
-    return {
+    entry = {
         "kernel": compiled.variant.kernel,
         "key": compiled.variant.key,
         "static": {k: v for k, v in compiled.variant.static},
         "launch": compiled.spec.to_json(),
         "cubin": sha256(compiled.cubin),
     }
+    if compiled.fixed:  # the static axes the kernel takes at run time: the launcher passes these after the op's arguments
+        entry["fixed"] = dict(compiled.fixed)
+    return entry
 
 
 def read_manifest(out_dir: Path) -> dict | None:

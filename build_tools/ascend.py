@@ -37,14 +37,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
+from build_tools import ops
 from build_tools.artifacts import atomic_write, default_cache_dir, manifest_text, read_manifest, sha256
 from build_tools.compile import BuildError, check_declared, expr_text, op_args, tilelang_version
 from build_tools.ops import REPO_ROOT, Variant, declaration
 from kernels_src.ascend import ASCEND_SOURCES
 from tkaot import __version__
-from tkaot._decl import runtime_value
 from tkaot._spec import MANIFEST_SCHEMA, LaunchSpec, Param
 
 ARCH = "ascend950"
@@ -140,19 +140,17 @@ class Lowered:
 
 def runtime_axes(kernel: str) -> tuple[str, ...]:
     """The static axes of the kernel's declaration that its Ascend module takes at run time (RUNTIME_AXES)."""
-    return tuple(getattr(ascend_module(kernel), "RUNTIME_AXES", ()))
+    return ops.runtime_axes(ascend_module(kernel))
 
 
 def build_static(variant: Variant) -> dict:
     """The static values the Ascend module builds the variant from: all but its runtime axes."""
-    runtime = runtime_axes(variant.kernel)
-    return {k: v for k, v in variant.static if k not in runtime}
+    return ops.build_static(variant, runtime_axes(variant.kernel))
 
 
 def fixed_values(variant: Variant) -> dict:
     """The variant's values of the axes its Ascend kernel takes at run time, as the kernel takes them."""
-    decl = declaration(variant.kernel)
-    return {a: runtime_value(decl.axis(a), variant.params[a]) for a in runtime_axes(variant.kernel)}
+    return ops.fixed_values(variant, runtime_axes(variant.kernel))
 
 
 def cache_key(variant: Variant) -> str:
@@ -217,10 +215,7 @@ def launch_spec(prim_func, artifact, decl, where: str, runtime: tuple[str, ...] 
     """The launch spec of a lowered Ascend kernel, checked against its declaration (plus the static axes it takes
     at run time, as dims) and the UB limit."""
     args = op_args(prim_func)
-    if runtime:  # the contract check_declared reads: the declaration's arguments, and these as dims
-        dims = (*decl.dims, *runtime)
-        decl = SimpleNamespace(name=decl.name, dims=dims, args=(*decl.params, *dims))
-    check_declared(args, decl, where)
+    check_declared(args, decl, where, runtime)
     functions = list(artifact.device_mod.functions.items())
     if len(functions) != 1:
         raise BuildError(f"{where}: expected one device kernel, TileLang made {len(functions)}")

@@ -42,12 +42,17 @@ def build_variants(
     cache = cache or BuildCache()
     done: list[CompiledVariant] = []
     todo: list[tuple[Variant, str]] = []
+    sharing: dict[str, list[Variant]] = {}  # key -> the variants that share its cubin (RUNTIME_AXES), the compiled one first
     hashes = {k: source_sha256(k) for k in {v.kernel for v in variants}}
     for v in variants:
         key = cache_key(v, arch, hashes[v.kernel])
+        if key in sharing:
+            sharing[key].append(v)
+            continue
+        sharing[key] = [v]
         hit = cache.get(v, arch, key, hashes[v.kernel])
         if hit is not None:
-            done.append(hit)
+            done.append(hit.serving(v))
             if progress:
                 progress(v, True)
         else:
@@ -76,5 +81,11 @@ def build_variants(
                     # The first failure ends the build: the variants not started are dropped, not compiled first
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
+    compiled_for = {c.variant: c for c in done}
+    for first, *others in sharing.values():
+        for v in others:  # the shared cubin, launched with the variant's own runtime values
+            done.append(compiled_for[first].serving(v))
+            if progress:
+                progress(v, True)
     manifest = write_artifacts(Path(out_dir), arch, done)
     return BuildReport(built=len(todo), cached=len(variants) - len(todo), manifest=manifest)

@@ -9,6 +9,7 @@ order is the generated kernel's own.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -21,7 +22,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_tools.ops import Variant, declaration, load_kernel_module, source_sha256
+from build_tools.ops import Variant, build_static, declaration, fixed_values, load_kernel_module, runtime_axes, source_sha256
 from tkaot._decl import KernelDecl
 from tkaot._spec import Arg, LaunchSpec, Param
 
@@ -77,12 +78,19 @@ def nvcc_command(arch: str) -> list[str]:
 LAUNCH_SPEC_VERSION = 2
 
 
+def kernel_runtime_axes(kernel: str) -> tuple[str, ...]:
+    """The static axes of the kernel's declaration that its CUDA module takes at run time (RUNTIME_AXES)."""
+    return runtime_axes(load_kernel_module(kernel))
+
+
 def cache_key(variant: Variant, arch: str, source: str | None = None) -> str:
     """Everything that decides the cubin's bytes, hashed: the kernel's declaration and sources (ops.source_sha256),
-    its static values, the arch, TileLang and nvcc versions and flags."""
+    its static values but those its module takes at run time (variants differing only in those share the key, so
+    one lowering and one cubin), the arch, TileLang and nvcc versions and flags."""
+    runtime = kernel_runtime_axes(variant.kernel)
     inputs = {
         "kernel": variant.kernel,
-        "static": [[k, v] for k, v in variant.static],
+        "static": [[k, v] for k, v in build_static(variant, runtime).items()],
         "source": source or source_sha256(variant.kernel),  # callers hashing many variants pass it once
         "arch": arch,
         "tilelang": tilelang_version(),
@@ -101,6 +109,11 @@ class CompiledVariant:
     cubin: bytes
     cache_key: str
     source_sha256: str
+    fixed: dict = dataclasses.field(default_factory=dict)  # the values of the axes the kernel takes at run time
+
+    def serving(self, variant: Variant) -> CompiledVariant:
+        """This compiled kernel as it serves `variant`, which shares its cache key: with the variant's own fixed values."""
+        return dataclasses.replace(self, variant=variant, fixed=fixed_values(variant, kernel_runtime_axes(variant.kernel)))
 
 
 def lower(variant: Variant, arch: str):
@@ -118,7 +131,7 @@ def lower(variant: Variant, arch: str):
     level = tvm.transform.PassContext.current().opt_level
     passes = tvm.transform.PassContext(opt_level=level, config=dict(configs)) if configs else nullcontext()
     with target, passes:
-        prim_func = module.build(**variant.params)
+        prim_func = module.build(**build_static(variant, runtime_axes(module)))
         artifact = tilelang.lower(prim_func, target=target)
     device_funcs = list(artifact.device_mod.functions.items())
     if len(device_funcs) != 1:
@@ -177,12 +190,13 @@ def op_args(prim_func) -> tuple[Arg, ...]:
     return tuple(args)
 
 
-def check_declared(args: tuple[Arg, ...], decl: KernelDecl, where: str) -> None:
-    """The lowered kernel's op-facing arguments and dynamic dims must be the declaration's (as sets)."""
+def check_declared(args: tuple[Arg, ...], decl: KernelDecl, where: str, runtime: tuple[str, ...] = ()) -> None:
+    """The lowered kernel's op-facing arguments and dynamic dims must be the declaration's (as sets), plus the static
+    axes its module takes at run time (`runtime`, its RUNTIME_AXES) as dims."""
     problems = []
     for what, have, want in (
-        ("arguments", {a.name for a in args}, set(decl.args)),
-        ("dynamic dims", {a.name for a in args if a.role == "dim"}, set(decl.dims)),
+        ("arguments", {a.name for a in args}, {*decl.args, *runtime}),
+        ("dynamic dims", {a.name for a in args if a.role == "dim"}, {*decl.dims, *runtime}),
     ):
         if have != want:
             extra, missing = sorted(have - want), sorted(want - have)
@@ -198,7 +212,7 @@ def launch_spec(variant: Variant, prim_func, device_func, kernel_source: str, de
     if "__grid_constant__" in kernel_source or "CUtensorMap" in kernel_source:
         raise BuildError(f"{where}: the kernel takes a host-encoded TMA descriptor, which the runtime cannot fill yet")
     args = op_args(prim_func)
-    check_declared(args, decl or declaration(variant.kernel), where)
+    check_declared(args, decl or declaration(variant.kernel), where, kernel_runtime_axes(variant.kernel))
     by_name = {a.name: a for a in args}
     params = []
     for p in func.params:
@@ -275,4 +289,4 @@ def compile_variant(variant: Variant, arch: str = "sm90") -> CompiledVariant:
     spec = launch_spec(variant, prim_func, device_func, source)
     cubin = nvcc_compile(source, arch, f"{variant.kernel} [{variant.key}]")
     source = source_sha256(variant.kernel)
-    return CompiledVariant(variant, arch, spec, cubin, cache_key(variant, arch, source), source)
+    return CompiledVariant(variant, arch, spec, cubin, cache_key(variant, arch, source), source).serving(variant)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from build_tools.imports import imported_names
-from tkaot._decl import Axis, KernelDecl, all_kernels, build_command, format_value
+from tkaot._decl import Axis, KernelDecl, all_kernels, build_command, format_value, runtime_value
 
 __all__ = [
     "KERNEL_MODULES",
@@ -59,6 +59,24 @@ def kernel_axes(kernel: str) -> tuple[Axis, ...]:
 def load_kernel_module(kernel: str) -> ModuleType:
     """The kernel's TileLang module (imports TileLang)."""
     return importlib.import_module(declaration(kernel).source)
+
+
+def runtime_axes(module: ModuleType) -> tuple[str, ...]:
+    """The static axes of a kernel's declaration that its module (CUDA or Ascend) takes at run time (its
+    RUNTIME_AXES): the variants that differ only in those share one lowering, each launched with its own values."""
+    return tuple(getattr(module, "RUNTIME_AXES", ()))
+
+
+def build_static(variant: Variant, runtime: tuple[str, ...]) -> dict:
+    """The static values a module builds the variant from: all but the axes it takes at run time."""
+    return {k: v for k, v in variant.static if k not in runtime}
+
+
+def fixed_values(variant: Variant, runtime: tuple[str, ...]) -> dict:
+    """The variant's values of the axes its kernel takes at run time, as the kernel takes them (an int axis's value,
+    a string axis's index among its choices): the manifest entry's `fixed`, passed after the op's arguments."""
+    decl = declaration(variant.kernel)
+    return {a: runtime_value(decl.axis(a), variant.params[a]) for a in runtime}
 
 
 def _module_file(name: str) -> Path:

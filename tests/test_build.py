@@ -194,3 +194,29 @@ def test_expr_text_rejects_unknown_vars():
     var = tvm.tirx.Var("secret", "int32")
     with pytest.raises(BuildError):
         expr_text(var, {"num_tokens"})
+
+
+def test_runtime_axes_share_one_cubin_and_each_entry_fixes_its_values(tmp_path, build_cache):
+    """cast_back_generic takes the input block at run time (its RUNTIME_AXES): variants differing only in it are one
+    lowering and one cubin, each manifest entry naming its block's index among the axis's choices; the runtime reads it."""
+    from build_tools.compile import cache_key
+    from tkaot._quant.kernels import CAST_BACK_BLOCKS
+    from tkaot.registry import _VARIANT_LINE, ArtifactSet
+
+    blocks = ("1x128", "128x128", "32x1")
+    shared = [Variant.make("cast_back_generic", dict(in_dtype="e4m3", in_block=b, in_sf="ue8m0", out_dtype="bfloat16")) for b in blocks]
+    other = Variant.make("cast_back_generic", dict(in_dtype="e4m3", in_block="1x128", in_sf="fp32", out_dtype="bfloat16"))
+    assert len({cache_key(v, "sm90") for v in shared}) == 1 and cache_key(other, "sm90") != cache_key(shared[0], "sm90")
+    report = build_variants([*shared, other], tmp_path, "sm90", jobs=1, cache=BuildCache(build_cache))
+    assert report.built + report.cached == 4 and report.built in (0, 2)  # two cubins: the shared one and the other sf kind's
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    entries = {e["key"]: e for e in manifest["variants"]}
+    assert len({entries[v.key]["cubin"] for v in shared}) == 1 and entries[other.key]["cubin"] != entries[shared[0].key]["cubin"]
+    for v, block in zip(shared, blocks):
+        assert entries[v.key]["fixed"] == {"in_block": CAST_BACK_BLOCKS.index(block)}
+        spec = LaunchSpec.from_json(entries[v.key]["launch"])
+        assert "in_block" in {a.name for a in spec.args if a.role == "dim"} and "in_block" in {p.name for p in spec.params}
+    lines = [line for line in (tmp_path / "manifest.json").read_text().splitlines() if line.startswith('  {"cubin"')]
+    assert len(lines) == 4 and all(_VARIANT_LINE.match(line) for line in lines)  # the registry's one-line fast path
+    kernel = ArtifactSet(tmp_path, "test").kernel("cast_back_generic", shared[1].key)
+    assert kernel.fixed == {"in_block": CAST_BACK_BLOCKS.index("128x128")}

@@ -392,6 +392,37 @@ def test_decode_step_runs_through_aot_eager_on_meta_tensors(no_launch):
     assert same and rstd.shape == (4,)
 
 
+def test_static_state_is_all_static_inputs_and_the_rotary_needs_no_clone(no_launch):
+    """bench.decode.mark_static: every state tensor is a static input of the functionalised graph (what lets CUDA graph
+    trees replay a step that writes q and k), and Inductor's reinplacing leaves no op a clone to make (the in-place
+    rotary writes the inputs themselves)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.fx_passes.reinplace import reinplace_inplaceable_ops
+    from torch._inductor.fx_utils import FakeTensorUpdater
+
+    from bench.decode import mark_static
+
+    seen = {}
+
+    def forward_compiler(gm, inputs):
+        seen["static"] = torch._guards.TracingContext.get().fw_metadata.static_input_indices
+        takes_module = "gm" in inspect.signature(FakeTensorUpdater).parameters  # a GraphModule in torch 2.13, a Graph before
+        reinplace_inplaceable_ops(FakeTensorUpdater(gm if takes_module else gm.graph), gm.graph)
+        seen["clones"] = {
+            n.args[0].name(): n.meta.get("only_clone_these_tensors")
+            for n in gm.graph.nodes
+            if n.target is torch.ops.higher_order.auto_functionalized_v2
+        }
+        return gm.forward
+
+    torch._dynamo.reset()
+    state = mark_static(empty_state(3, device="meta"))
+    backend = aot_autograd(fw_compiler=forward_compiler, keep_inference_input_mutations=True)
+    torch.compile(step, fullgraph=True, backend=backend)(state)
+    assert seen["static"] == list(range(len(state)))
+    assert "tkaot::apply_rotary.o0" in seen["clones"] and not any(seen["clones"].values())
+
+
 def test_mhc_and_engram_ops_trace_and_functionalise_on_meta_tensors(no_launch):
     """Written tensor lists (mhc_multilayer_recompute's Tensor(a!)[]), an op that writes its input only when asked
     (engram_gate_fwd's inplace) and per-SM partials (engram_sinkhorn_step), through aot_eager: what eager returns."""

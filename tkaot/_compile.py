@@ -3,7 +3,8 @@
 A plain call of a public op runs straight through its own code (validation, allocation, launch): no
 dispatcher. While torch.compile or torch.export traces (`torch.compiler.is_compiling()`, the first
 line of every op), the op hands its arguments to its `TracedOp` instead, which puts one custom-op call
-into the graph. The custom op's real kernel is the public op itself; its fake kernel, used for tracing,
+into the graph. The custom op's real kernel is the public op itself, behind a few lines written for the op's schema at
+registration (arguments by name, conversions back inline: the dispatcher is most of its cost); its fake kernel, used for tracing,
 is the op's *fake*: a small function with the op's parameters (after a first `new`) that allocates the
 outputs the op would return, through `new`, with the op's exact shapes, dtypes and strides, and returns
 the op's result structure (given buffers and inputs in their places, None where the op returns None).
@@ -138,6 +139,36 @@ def _fill(result, outs: list):
     return result
 
 
+def _pairs(tensors: list, given: list) -> list:
+    """A `pairs?` argument back from the schema: the given pairs' tensors, two a pair, and which were given."""
+    tensors = iter(tensors)
+    return [(next(tensors), next(tensors)) if g else None for g in given]
+
+
+def _new_tensors(result, inputs: tuple):
+    """The tensors of an op's result (a tensor, None, or nested tuples / lists) that are not among its inputs, as the
+    custom op returns them (the real kernel's end)."""
+    if result is None:
+        return None
+    if not isinstance(result, (tuple, list)):
+        for t in inputs:
+            if t is result:
+                return None
+        return result
+    outs = []
+    for item in result:
+        if item is None:
+            continue
+        for leaf in _leaves(item) if isinstance(item, (tuple, list)) else (item,):
+            if isinstance(leaf, torch.Tensor):
+                for t in inputs:
+                    if t is leaf:
+                        break
+                else:
+                    outs.append(leaf)
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def _returns(outs: list):
     """Tensors as a custom op with a fixed count of Tensor returns hands them back."""
     return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
@@ -170,6 +201,7 @@ class TracedOp:
         self._lists = tuple(
             i for i, (_, plain_type, _) in enumerate(schema_kinds) if plain_type.startswith("Tensor") and "[]" in plain_type
         )
+        self._real = self._make_real()
 
     def schema_args(self) -> str:
         args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
@@ -222,8 +254,7 @@ class TracedOp:
                 second = next(flat)
                 value = None if value is None and second is None else (value, second)
             elif kind == "pairs?":
-                given, tensors = next(flat), iter(value)
-                value = [(next(tensors), next(tensors)) if g else None for g in given]
+                value = _pairs(value, next(flat))
             elif kind == "ints" or (kind == "ints?" and value is not None):
                 value = tuple(value)
             values.append(value)
@@ -231,26 +262,47 @@ class TracedOp:
 
     # ---- the kernels and the traced call
 
-    def _real(self, *flat):
-        """The real kernel: the public op itself; returns the tensors it allocated (not its inputs), in result order."""
+    def _make_real(self):
+        """The real kernel, written for this op's schema: the schema arguments by name, the conversions back to the public
+        values inline (no per-call walk over the parameter kinds), the public op called, its new tensors handed back."""
+        args, lines, given, lists = [], [], [], []
+        for name, kind in self.params:
+            for suffix, plain_type, _ in _KINDS[kind]:
+                args.append(name + suffix)
+                if plain_type.startswith("Tensor") and "[]" in plain_type:
+                    lists.append(name + suffix)
+                elif plain_type.startswith("Tensor"):
+                    given.append(name + suffix)
+            if kind == "tensors":
+                lines.append(f"{name} = {name}[0] if len({name}) == 1 else tuple({name})")
+            elif kind in ("pair", "ints"):
+                lines.append(f"{name} = tuple({name})")
+            elif kind == "ints?":
+                lines.append(f"{name} = None if {name} is None else tuple({name})")
+            elif kind == "pair?":
+                lines.append(f"{name} = None if {name}0 is None and {name}1 is None else ({name}0, {name}1)")
+            elif kind == "pairs?":
+                lines.append(f"{name} = _pairs({name}, {name}_given)")
+        scope = {"_op": self.fn, "_compiler": torch.compiler, "_pairs": _pairs, "_new_tensors": _new_tensors}
+        scope["_compiling_real"], scope["_inputs"] = self._compiling_real, None
+        if set(scope) & set(args):
+            raise ValueError(f"{self.qualname}: parameters {sorted(set(scope) & set(args))} clash with the real kernel's names")
+        values = ", ".join(name for name, _ in self.params)
+        inputs = "(" + "".join(f"{g}, " for g in given) + "".join(f"*{g}, " for g in lists) + ")"  # before the conversions
+        source = "\n    ".join(
+            [f"def _real({', '.join(args)}):", "if _compiler._is_compiling_flag:", f"    return _compiling_real({', '.join(args)})",
+             f"_inputs = {inputs}", *lines, f"return _new_tensors(_op({values}), _inputs)"]
+        )  # fmt: skip
+        exec(compile(source, f"<real kernel of {self.qualname}>", "exec"), scope)
+        return scope["_real"]
+
+    def _compiling_real(self, *flat):
+        """The real kernel while a compiler runs kernels as it compiles: launch, do not trace again."""
         values = self.unflatten(flat) if self._converts else flat
-        if is_compiling():  # a compiler running kernels while it compiles: launch, do not trace again
-            result = _run_uncompiled(self.fn, values)
-        else:
-            result = self.fn(*values)
-        if result is None:
-            return None
-        given = {id(v) for v in flat}
+        given = tuple(v for v in flat if isinstance(v, torch.Tensor))
         for i in self._lists:
-            given.update(map(id, flat[i]))
-        outs = []
-        for leaf in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(leaf, torch.Tensor):
-                if id(leaf) not in given:
-                    outs.append(leaf)
-            elif isinstance(leaf, (tuple, list)):
-                outs += [t for t in _leaves(leaf) if isinstance(t, torch.Tensor) and id(t) not in given]
-        return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+            given += tuple(flat[i])
+        return _new_tensors(_run_uncompiled(self.fn, values), given)
 
     def _fake_kernel(self, *flat):
         """The fake kernel: what the fake allocates, in result order."""

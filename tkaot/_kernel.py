@@ -69,10 +69,14 @@ PDL_ALLOWED = _pdl_allowed()
 class Kernel:
     """A built variant: where its cubin is, how to launch it, and its loaded functions per device."""
 
-    def __init__(self, kernel: str, key: str, spec: LaunchSpec | dict, cubin_path: str, cubin_sha256: str, origin: str):
+    def __init__(
+        self, kernel: str, key: str, spec: LaunchSpec | dict, cubin_path: str, cubin_sha256: str, origin: str, fixed: Mapping | None = None
+    ):
         """`spec`: the LaunchSpec, or its manifest JSON, parsed and checked when first needed (preloading a whole
-        set reads only each variant's symbol and shared memory size)."""
+        set reads only each variant's symbol and shared memory size). `fixed`: the manifest entry's values of the
+        static axes the kernel takes at run time (a cubin that serves several variants), passed at every launch."""
         self.kernel, self.key = kernel, key
+        self.fixed = dict(fixed or {})
         self._spec, self._spec_json = (spec, None) if isinstance(spec, LaunchSpec) else (None, spec)
         self.cubin_path, self.cubin_sha256, self.origin = str(cubin_path), cubin_sha256, origin
         self._modules: dict[int, _cuda.Module] = {}
@@ -135,7 +139,7 @@ class Kernel:
         """
         kind = kind or LAUNCHER_KIND
         pdl = self.spec.pdl and PDL_ALLOWED if pdl is None else pdl
-        fixed = dict(fixed or {})
+        fixed = {**dict(fixed or {}), **self.fixed}
         if pdl and not self.spec.pdl:
             raise ValueError(f"{self} does not wait for the kernel before it, so it cannot be launched with PDL")
         if kind == "abi":

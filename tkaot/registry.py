@@ -113,7 +113,7 @@ class ArtifactSet:
         if self.arch == ASCEND_ARCH:  # Ascend hook: binaries (or only sources) and their launcher, tkaot/_ascend.py
             return AscendKernel(kernel, key, entry, str(self.root), self.origin)
         cubin = os.path.join(self._cubins, entry["cubin"] + ".cubin")
-        return Kernel(kernel, key, entry.get("launch"), cubin, entry["cubin"], self.origin)
+        return Kernel(kernel, key, entry.get("launch"), cubin, entry["cubin"], self.origin, entry.get("fixed"))
 
     def _text(self) -> str:
         path = self.root / "manifest.json"
@@ -151,9 +151,12 @@ class ArtifactSet:
             self._index = {(e["kernel"], e["key"]): e for e in data.get("variants", [])}
 
 
-# How tkaot-build writes a manifest's variants (build_tools/artifacts.py): one entry a line, keys sorted
+# How tkaot-build writes a manifest's variants (build_tools/artifacts.py): one entry a line, keys sorted (a cubin that
+# serves several variants: each entry's values of the axes the kernel takes at run time under "fixed")
 _VARIANTS_OPEN, _VARIANTS_CLOSE = ' "variants": [\n', "\n ]\n}\n"
-_VARIANT_LINE = re.compile(r'  \{"cubin": "[0-9a-f]{64}", "kernel": "([a-z0-9_]+)", "key": "([^"\\]*)", "launch": ')
+_VARIANT_LINE = re.compile(
+    r'  \{"cubin": "[0-9a-f]{64}", (?:"fixed": \{[^{}]*\}, )?"kernel": "([a-z0-9_]+)", "key": "([^"\\]*)", "launch": '
+)
 
 
 def _parse_json(text: str, path: Path):

@@ -31,6 +31,7 @@ import tkaot
 from bench.generic import on_generic
 from bench.timing import device_us
 from tkaot._moe import ops as _moe_ops
+from tkaot._quant import casts as _casts
 from tkaot._quant import fused as _fused
 from tkaot._quant import norm as _norm
 from tkaot._quant import norm_cast as _norm_cast
@@ -86,32 +87,49 @@ def routing_rows(tk, log: list[str]) -> list[dict]:
     ]  # fmt: skip
     rows = []
     for name, kernels, specialised, call in cases:
-        tk_us = want = None
-        if tk is not None:
-            try:
-                want = outputs(call(tk, inputs[0]), {}, False)
-                tk_us, _ = device_us(lambda a, call=call: call(tk, a), inputs)
-            except Exception as error:  # noqa: BLE001 (a TileKernels signature of its own: time ours anyway)
-                log.append(json.dumps({"case": name, "tile_kernels_error": repr(error)}))
-        ours = lambda a, call=call: call(tkaot, a)  # noqa: E731
-        kernels.cache.clear()
-        special_out = outputs(ours(inputs[0]), {}, False)
-        special_us, _ = device_us(ours, inputs)
-        with on_generic(specialised):
-            got = outputs(ours(inputs[0]), {}, False)
-            generic_us, _ = device_us(ours, inputs)
-        kernels.cache.clear()
-        for label, us, out in (("specialised (shipped)", special_us, special_out), ("generic (new default)", generic_us, got)):
-            row = {"case": name, "candidate": label, "us": round(us, 2), "tile_kernels_us": None if tk_us is None else round(tk_us, 2),
-                   "ratio_vs_tk": None if tk_us is None else round(us / tk_us, 3), "ratio_vs_specialised": round(us / special_us, 3),
-                   "identical_tk": "—" if want is None else ("yes" if same_bytes(out, want) else "NO"),
-                   "identical_specialised": "yes" if same_bytes(out, special_out) else "NO"}  # fmt: skip
-            rows.append(row)
-            log.append(json.dumps(row))
+        rows += specialised_then_generic(tk, log, name, kernels, specialised, inputs, call)
     return rows
 
 
-def main(argv=None) -> None:
+def specialised_then_generic(tk, log: list[str], name: str, kernels, specialised: str, inputs: list[dict], call) -> list[dict]:
+    """One case's rows: call(module, inputs) on the specialised kernel `specialised`, then on its generic one (the
+    op's OpKernels `kernels`, or None where clearing bench.generic's plans suffices), beside TileKernels (`tk`, or
+    None); each output compared with TileKernels' and the specialised variant's. Each row is also logged."""
+    tk_us = want = None
+    if tk is not None:
+        try:
+            want = outputs(call(tk, inputs[0]), {}, False)
+            tk_us, _ = device_us(lambda a: call(tk, a), inputs)
+        except Exception as error:  # noqa: BLE001 (a TileKernels signature of its own: time ours anyway)
+            log.append(json.dumps({"case": name, "tile_kernels_error": repr(error)}))
+    ours = lambda a: call(tkaot, a)  # noqa: E731
+    forget(kernels)
+    special_out = outputs(ours(inputs[0]), {}, False)
+    special_us, _ = device_us(ours, inputs)
+    with on_generic(specialised):
+        got = outputs(ours(inputs[0]), {}, False)
+        generic_us, _ = device_us(ours, inputs)
+    forget(kernels)
+    rows = []
+    for label, us, out in (("specialised (shipped)", special_us, special_out), ("generic (new default)", generic_us, got)):
+        row = {"case": name, "candidate": label, "us": round(us, 2), "tile_kernels_us": None if tk_us is None else round(tk_us, 2),
+               "ratio_vs_tk": None if tk_us is None else round(us / tk_us, 3), "ratio_vs_specialised": round(us / special_us, 3),
+               "identical_tk": "—" if want is None else ("yes" if same_bytes(out, want) else "NO"),
+               "identical_specialised": "yes" if same_bytes(out, special_out) else "NO"}  # fmt: skip
+        rows.append(row)
+        log.append(json.dumps(row))
+    return rows
+
+
+def forget(kernels) -> None:
+    """The op's bound launchers (and the casts' plans), so its next call looks its kernel up again."""
+    _casts._PLANS.clear()
+    if kernels is not None:
+        kernels.cache.clear()
+
+
+def start(argv) -> tuple[Path, object]:
+    """(the --out directory, made; tile_kernels, or None where it does not import)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -121,6 +139,23 @@ def main(argv=None) -> None:
         import tile_kernels as tk
     except ImportError:
         tk = None
+    return out_dir, tk
+
+
+def print_table(rows: list[dict], control_us: dict) -> None:
+    """The rows as a table, each generic candidate beside its case's previous generic µs (control_us)."""
+    print("| case | candidate | µs | TileKernels µs | ratio | /specialised | identical (TK / specialised) | previous generic µs |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |")
+    for r in rows:
+        tk_text = "—" if r["tile_kernels_us"] is None else f"{r['tile_kernels_us']:.2f}"
+        ratio = "—" if r["ratio_vs_tk"] is None else f"{r['ratio_vs_tk']:.2f}"
+        control = f"{control_us[r['case']]:.2f}" if r["candidate"].startswith("generic") else ""
+        print(f"| {r['case']} | {r['candidate']} | {r['us']:.2f} | {tk_text} | {ratio} | {r['ratio_vs_specialised']:.2f} | "
+              f"{r['identical_tk']} / {r['identical_specialised']} | {control} |")  # fmt: skip
+
+
+def main(argv=None) -> None:
+    out_dir, tk = start(argv)
     torch.manual_seed(0)
     weight = torch.randn(HIDDEN, device="cuda").to(torch.bfloat16)
 
@@ -128,7 +163,7 @@ def main(argv=None) -> None:
         return torch.randn(TOKENS, HIDDEN, device="cuda").to(torch.bfloat16)
 
     inputs = [{"x": rows_bf16(), "r": rows_bf16()} for _ in range(SETS)]
-    rows, log, start = [], [], time.time()
+    rows, log, begun = [], [], time.time()
     for name, op, kwargs, residual, tilings in CASES:
 
         def ours(a, op=op, kwargs=kwargs, residual=residual):
@@ -173,15 +208,8 @@ def main(argv=None) -> None:
         log.append(json.dumps({"case": name, "control_previous_generic_us": CONTROL_US[name]}))
     rows += routing_rows(tk, log)
     (out_dir / "tune_generic_perf.jsonl").write_text("\n".join(log) + "\n")
-    print(f"{torch.cuda.get_device_name(0)}, {TOKENS}x{HIDDEN} bf16, {time.time() - start:.0f} s")
-    print("| case | candidate | µs | TileKernels µs | ratio | /specialised | identical (TK / specialised) | previous generic µs |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |")
-    for r in rows:
-        tk_text = "—" if r["tile_kernels_us"] is None else f"{r['tile_kernels_us']:.2f}"
-        ratio = "—" if r["ratio_vs_tk"] is None else f"{r['ratio_vs_tk']:.2f}"
-        control = f"{CONTROL_US[r['case']]:.2f}" if r["candidate"].startswith("generic") else ""
-        print(f"| {r['case']} | {r['candidate']} | {r['us']:.2f} | {tk_text} | {ratio} | {r['ratio_vs_specialised']:.2f} | "
-              f"{r['identical_tk']} / {r['identical_specialised']} | {control} |")  # fmt: skip
+    print(f"{torch.cuda.get_device_name(0)}, {TOKENS}x{HIDDEN} bf16, {time.time() - begun:.0f} s")
+    print_table(rows, CONTROL_US)
 
 
 if __name__ == "__main__":

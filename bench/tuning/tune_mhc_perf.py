@@ -1,14 +1,14 @@
 """Time candidate kernels of the slow mHC rows beside TileKernels, at the bench shapes (bench/cases/mhc*.py), and
 check each candidate's output bytes against TileKernels'.
 
-A candidate is an op's kernels built with some module constants changed, with a builder of
-tune_mhc_perf_kernels.py in place of the module's own, or from an older source (Source, a commit): the shipped
+A candidate is an op's kernels built with some module constants changed, with builder options (Options: the
+shipped `build` called with keyword arguments), or from an older source (Source, a commit): the shipped
 default ("new", the control) and a few alternatives. Each is built into its own artifact set,
 ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_mhc_perf build --out tune-artifacts/mhc_perf
 
-(10 sets, 0.2 MB, 2 minutes on two shared cores; the build CLI's shape sets cannot patch module constants
+(6 sets, 0.1 MB, a minute on two shared cores; the build CLI's shape sets cannot patch module constants
 or build an older source, hence this command), then timed on the GPU, where tile_kernels imports (its first
 calls compile; rows past --budget seconds, 55 by default, are listed as skipped):
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import importlib
 import json
 import sys
@@ -63,19 +64,18 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Builder:
-    """A patch value: a function of bench/tuning/tune_mhc_perf_kernels.py."""
+class Options:
+    """A patch value for a module's `build`: the shipped one, called with these keyword arguments."""
 
-    name: str
+    values: tuple[tuple[str, object], ...]
+
+
+def options(module: str, **values) -> tuple[tuple[str, str, object], ...]:
+    return ((module, "build", Options(tuple(values.items()))),)
 
 
 def _before(module: str) -> tuple[tuple[str, str, object], ...]:
     return ((module, "build", Source(BEFORE)),)
-
-
-def _fn(name: str):
-    """A candidate builder of bench/tuning/tune_mhc_perf_kernels.py (imported when the candidate is built)."""
-    return Builder(name)
 
 
 def _set(module: str, **values) -> tuple[tuple[str, str, object], ...]:
@@ -93,8 +93,6 @@ _SPLIT, _SPLIT_R = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.split_mix
 _SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
 
 
-_CAND = "bench.tuning.tune_mhc_perf_kernels"  # candidate builders that are not constant changes
-
 # Round 1 on an H200 (us; TileKernels in brackets), the shipped kernels now its winners: Sinkhorn forward 256 threads
 # 5.14 (6.08; 128 threads 5.34, 64 5.39, a thread a token 21.14); Sinkhorn backward 28.02 (17.03; 64 threads 27.80,
 # 20 records shared 30.81, a thread a token 61.96); normw_merge_bwd 8 rows 5.85 (5.39; 12 rows 6.81, 24 6.84, 1 12.99);
@@ -104,17 +102,8 @@ _CAND = "bench.tuning.tune_mhc_perf_kernels"  # candidate builders that are not 
 # uncapped 192.22 / 5.09); head_mix_bwd a round at a time 2.12 (2.28; 4 rounds 2.55).
 CANDIDATES = (
     Candidate("sinkhorn_fwd.new", "mhc_sinkhorn_fwd", "mhc_sinkhorn_fwd", (), "an element a lane, 256 threads"),
-    # Sinkhorn backward: each round's two step inputs fetched and summed before the gradient reaches them
-    Candidate("sinkhorn_bwd.new", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd", (), "an element a lane, sums with the gradient"),
-    Candidate("sinkhorn_bwd.sums", "mhc_sinkhorn_bwd", "mhc_sinkhorn_bwd",
-              _set(_BWD, _build_lanes=_fn("sinkhorn_bwd_sums_first")), "sums first"),
+    # Sinkhorn backward, multilayer recompute: bench/tuning/tune_mhc2.py
     Candidate("normw_merge_bwd.new", "mhc_normw_merge_bwd", "mhc_fn_normw_merge_bwd", (), "8 rows in flight", _F32),
-    # multilayer recompute: the new residual a stream at a time (101 registers, not 128), capped for 6 blocks (80)
-    Candidate("recompute.new", "mhc_multilayer_recompute", "mhc_multilayer_recompute", (), "all streams together, 128 regs"),
-    Candidate("recompute.stream", "mhc_multilayer_recompute", "mhc_multilayer_recompute",
-              _set(_RC, build=_fn("multilayer_by_stream")), "a stream at a time"),
-    Candidate("recompute.stream6", "mhc_multilayer_recompute", "mhc_multilayer_recompute",
-              _set(_RC, build=_fn("multilayer_by_stream")) + _set(_CAND, RECOMPUTE_MIN_BLOCKS=6), "and 6 blocks, 80 regs"),
     Candidate("split_bwd.new", note="a row a thread, the reduce's rows in flight", **_SPLIT_OP),
     Candidate("big_fuse.new", note="16 splits in flight, 64 regs, warp 0 no residual share", **_FUSE_OP),
     Candidate("head_mix_bwd.new", note="a round at a time, shuffles", **_HEAD_OP),
@@ -148,8 +137,8 @@ def _patched(patches, tmp: Path):
             saved.append((module, attr, getattr(module, attr)))
             if isinstance(value, Source):
                 value = _build_at(module_name, value.commit, tmp)
-            elif isinstance(value, Builder):
-                value = getattr(importlib.import_module(_CAND), value.name)
+            elif isinstance(value, Options):
+                value = functools.partial(getattr(module, attr), **dict(value.values))
             setattr(module, attr, value)
         yield
     finally:
@@ -157,7 +146,7 @@ def _patched(patches, tmp: Path):
             setattr(module, attr, value)
 
 
-def build(out: Path, only: str | None = None) -> None:
+def build(out: Path, only: str | None = None, candidates: tuple = CANDIDATES) -> None:
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
     from build_tools.ops import Variant
@@ -165,7 +154,7 @@ def build(out: Path, only: str | None = None) -> None:
     t0 = time.perf_counter()
     # A cache of its own: patched constants do not change a kernel's source hash, so a shared cache would mix them up
     with tempfile.TemporaryDirectory(prefix="tune-mhc-cache-") as cache:
-        for c in CANDIDATES:
+        for c in candidates:
             if only and only not in c.name:
                 continue
             t = time.perf_counter()
@@ -282,8 +271,11 @@ def _row_text(name: str, shape: str, us, tk_us, same: str) -> str:
     return f"{name:26s} {shape[:40]:40s} {us_text} {tk_text} {ratio}  {same}"
 
 
-def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget: float = 55.0) -> None:
-    """Time every candidate at its op's bench shapes, in CANDIDATES' order (most important rows first); past
+def time_candidates(
+    artifacts: Path, out: Path, only: str | None = None, budget: float = 55.0, candidates: tuple = CANDIDATES,
+    log_name: str = "tune_mhc_perf.json",
+) -> None:  # fmt: skip
+    """Time every candidate at its op's bench shapes, in `candidates`' order (most important rows first); past
     `budget` seconds the rest are listed as skipped, so one run stays within its time."""
     import torch
 
@@ -292,15 +284,15 @@ def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget:
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "tune_mhc_perf.json"
+    log_path = out / log_name
     tk = _tile_kernels()
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
     cases = _cases()
     rows, log = [], []
     print(f"{torch.cuda.get_device_name()}; tile_kernels {'yes' if tk else 'no'}; artifacts {artifacts}", flush=True)
-    for op in dict.fromkeys(c.op for c in CANDIDATES if not only or only in c.name):
+    for op in dict.fromkeys(c.op for c in candidates if not only or only in c.name):
         for case in cases.get(op, []):
-            chosen = [c for c in CANDIDATES if c.op == op and (not only or only in c.name)]
+            chosen = [c for c in candidates if c.op == op and (not only or only in c.name)]
             if time.perf_counter() - t0 > budget:
                 rows += [(c.name, case.shape, None, None, "skipped (time budget)") for c in chosen]
                 continue
@@ -328,18 +320,20 @@ def time_candidates(artifacts: Path, out: Path, only: str | None = None, budget:
     print(f"{time.perf_counter() - t0:.0f} s; log in {log_path}")
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, candidates: tuple = CANDIDATES, artifacts: str = ARTIFACTS, log_name: str = "tune_mhc_perf.json",
+         description: str = __doc__) -> None:  # fmt: skip
+    """The command line of this script, and of tuning scripts that pass their own candidates (tune_mhc2.py)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("command", nargs="?", choices=("build", "time"), default="time")
-    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--artifacts", type=Path, default=Path(artifacts), help="the candidates' artifact sets")
     parser.add_argument("--out", type=Path, required=True, help="build: where the artifact sets go; time: the log's directory")
     parser.add_argument("--only", help="only the candidates whose name contains this")
     parser.add_argument("--budget", type=float, default=55.0, help="time: seconds after which the rest is skipped")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out, args.only)
+        build(args.out, args.only, candidates)
     else:
-        time_candidates(args.artifacts, args.out, args.only, args.budget)
+        time_candidates(args.artifacts, args.out, args.only, args.budget, candidates, log_name)
 
 
 if __name__ == "__main__":

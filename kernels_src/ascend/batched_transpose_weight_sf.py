@@ -10,20 +10,16 @@ copy writes the chunk (its last one clipped to the row).
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.quant import common
 from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF
 
 DECL = BATCHED_TRANSPOSE_WEIGHT_SF
-REQUIRES: dict[str, int] = {}
 THREADS = 256
 CHUNK = 2048  # words of an output row a block fills
 PACK = common.UE8M0_PACK
 WORD = "uint32"
-
-
-def unsupported(block_size) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(block_size: int):

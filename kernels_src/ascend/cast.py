@@ -9,6 +9,7 @@ of (element index, value), so it rounds each element the way the CUDA kernel doe
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.quant import common
 from tkaot._quant.kernels import CAST, STOCHASTIC_PAIRS
 
@@ -30,9 +31,7 @@ def unsupported(in_dtype, out_dtype, stochastic) -> str | None:
 
 
 def build(in_dtype: str, out_dtype: str, stochastic: bool):
-    why = unsupported(in_dtype, out_dtype, stochastic)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(in_dtype, out_dtype, stochastic))
     src, dst = _DTYPE[in_dtype], _DTYPE[out_dtype]
     n = T.dynamic("n")
 

@@ -8,6 +8,7 @@ E4M3; row- or column-major; blocks of one or many rows), then writes every eleme
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse, split_block
 from kernels_src.ascend.quant_in import BYTES, STORAGE, Side, block_sides, decode
 from kernels_src.ascend.tile import rows_per_block, segment
 from kernels_src.quant import common
@@ -27,9 +28,7 @@ def unsupported(hidden, in_dtype, in_block, in_sf, out_dtype) -> str | None:
 
 
 def build(hidden: int, in_dtype: str, in_block: str, in_sf: str, out_dtype: str):
-    why = unsupported(hidden, in_dtype, in_block, in_sf, out_dtype)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, in_dtype, in_block, in_sf, out_dtype))
     return cast_back_kernel(hidden, None, in_dtype, in_block, in_sf, out_dtype)
 
 
@@ -80,8 +79,7 @@ def cast_back_kernel(hidden, width: int | None, in_dtype: str, in_block, in_sf: 
             T.assume(hidden > 0)  # as the op checks
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(tiles * segs) as block:
-            row = block // segs * rows
-            col = block % segs * width
+            row, col = split_block(block, segs, width, rows)
             x_ub = T.alloc_shared((rows, width // per), storage)
             out_ub = T.alloc_shared((rows, width), out_dtype)
             scale_ub = T.alloc_shared((rows, scales), T.float32)

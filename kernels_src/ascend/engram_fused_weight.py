@@ -7,35 +7,27 @@ products back; the last block's copies stop at numel.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import FUSED_WEIGHT
 
 DECL = FUSED_WEIGHT
-REQUIRES: dict[str, int] = {}
 BLOCK = 8192
 THREADS = 256
 
 
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(dtype: str):
     numel = T.dynamic("numel")
+    weights = tensor(dtype, numel)
 
     @T.prim_func
-    def engram_fused_weight(
-        weight_hidden: T.Tensor[(numel,), dtype],
-        weight_embed: T.Tensor[(numel,), dtype],
-        weight_fused: T.Tensor[(numel,), T.float32],
-    ):
+    def engram_fused_weight(weight_hidden: weights, weight_embed: weights, weight_fused: fp32(numel)):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
-            h_ub = T.alloc_shared((BLOCK,), dtype)
-            e_ub = T.alloc_shared((BLOCK,), dtype)
+            h_ub = stage(weight_hidden[first : first + BLOCK], (BLOCK,), dtype)
+            e_ub = stage(weight_embed[first : first + BLOCK], (BLOCK,), dtype)
             f_ub = T.alloc_shared((BLOCK,), T.float32)
-            T.copy(weight_hidden[first : first + BLOCK], h_ub)
-            T.copy(weight_embed[first : first + BLOCK], e_ub)
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
                     f_ub[j] = T.Cast("float32", h_ub[j]) * T.Cast("float32", e_ub[j])

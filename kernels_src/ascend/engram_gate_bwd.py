@@ -20,39 +20,37 @@ it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GATE_BWD
 
 DECL = GATE_BWD
-REQUIRES: dict[str, int] = {}
 HC = 4
 THREADS = 128
 SEGMENT = 1024  # columns of each head a pass takes at a time
 
 
-def unsupported(tiling) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(tiling: str):
     num_tokens, hidden, num_partials = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_partials")
-    rows = (num_tokens, HC)
+    streams, kvs = tensor(T.bfloat16, num_tokens, HC, hidden), tensor(T.bfloat16, num_tokens, HC + 1, hidden)
+    per_row = fp32(num_tokens, HC)
     segments = T.ceildiv(hidden, SEGMENT)
 
     @T.prim_func
     def engram_gate_bwd(
-        grad_out: T.Tensor[(num_tokens, HC, hidden), T.bfloat16],
-        hidden_states: T.Tensor[(num_tokens, HC, hidden), T.bfloat16],
-        kv: T.Tensor[(num_tokens, HC + 1, hidden), T.bfloat16],
-        weight_fused: T.Tensor[(HC, hidden), T.float32],
-        dot: T.Tensor[rows, T.float32],
-        gate_score: T.Tensor[rows, T.float32],
-        rstd_x: T.Tensor[rows, T.float32],
-        rstd_k: T.Tensor[rows, T.float32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        grad_hidden_states: T.Tensor[(num_tokens, HC, hidden), T.bfloat16],
-        grad_kv: T.Tensor[(num_tokens, HC + 1, hidden), T.bfloat16],
-        grad_w_partial: T.Tensor[(num_partials, HC, hidden), T.float32],
+        grad_out: streams,
+        hidden_states: streams,
+        kv: kvs,
+        weight_fused: fp32(HC, hidden),
+        dot: per_row,
+        gate_score: per_row,
+        rstd_x: per_row,
+        rstd_k: per_row,
+        image_token_mask: tensor(T.bool, num_tokens),
+        grad_hidden_states: streams,
+        grad_kv: kvs,
+        grad_w_partial: fp32(num_partials, HC, hidden),
         clamp_value: T.float32,
         scalar: T.float32,
         has_mask: T.int32,

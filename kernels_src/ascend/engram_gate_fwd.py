@@ -14,36 +14,33 @@ runtime values. The sums run in another order than TileKernels', so results may 
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GATE_FWD
 
 DECL = GATE_FWD
-REQUIRES: dict[str, int] = {}
 THREADS = 128
 SEGMENT = 2048  # columns a pass takes at a time
 SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
-def unsupported(tiling) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(tiling: str):
     num_tokens, hc_mult, hidden = T.dynamic("num_tokens"), T.dynamic("hc_mult"), T.dynamic("hidden")
-    rows = (num_tokens, hc_mult)
+    streams, per_row = tensor(T.bfloat16, num_tokens, hc_mult, hidden), fp32(num_tokens, hc_mult)
     segments = T.ceildiv(hidden, SEGMENT)
 
     @T.prim_func
     def engram_gate_fwd(
-        hidden_states: T.Tensor[(num_tokens, hc_mult, hidden), T.bfloat16],
-        kv: T.Tensor[(num_tokens, hc_mult + 1, hidden), T.bfloat16],
-        weight_fused: T.Tensor[(hc_mult, hidden), T.float32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        output: T.Tensor[(num_tokens, hc_mult, hidden), T.bfloat16],
-        dot: T.Tensor[rows, T.float32],
-        gate_score: T.Tensor[rows, T.float32],
-        rstd_x: T.Tensor[rows, T.float32],
-        rstd_k: T.Tensor[rows, T.float32],
+        hidden_states: streams,
+        kv: tensor(T.bfloat16, num_tokens, hc_mult + 1, hidden),
+        weight_fused: fp32(hc_mult, hidden),
+        image_token_mask: tensor(T.bool, num_tokens),
+        output: streams,
+        dot: per_row,
+        gate_score: per_row,
+        rstd_x: per_row,
+        rstd_k: per_row,
         eps: T.float32,
         clamp_value: T.float32,
         scalar: T.float32,

@@ -9,47 +9,38 @@ a runtime value like the element count, has no bound a tile could hold).
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage, sum_column, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
 DECL = GRAD_W_REDUCE
-REQUIRES: dict[str, int] = {}
 COLUMNS = 1024  # columns a block
 THREADS = 256
 
 
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(dtype: str):
     num_partials, numel = T.dynamic("num_partials"), T.dynamic("numel")
+    weights, grads = tensor(dtype, numel), fp32(numel)
 
     @T.prim_func
     def engram_grad_w_reduce(
-        grad_w_partial: T.Tensor[(num_partials, numel), T.float32],
-        weight_hidden: T.Tensor[(numel,), dtype],
-        weight_embed: T.Tensor[(numel,), dtype],
-        grad_weight_hidden: T.Tensor[(numel,), T.float32],
-        grad_weight_embed: T.Tensor[(numel,), T.float32],
+        grad_w_partial: fp32(num_partials, numel),
+        weight_hidden: weights,
+        weight_embed: weights,
+        grad_weight_hidden: grads,
+        grad_weight_embed: grads,
     ):
         with T.Kernel(T.ceildiv(numel, COLUMNS)) as block:
             first = block * COLUMNS
-            wh_ub = T.alloc_shared((COLUMNS,), dtype)
-            we_ub = T.alloc_shared((COLUMNS,), dtype)
-            gh_ub = T.alloc_shared((COLUMNS,), T.float32)
-            ge_ub = T.alloc_shared((COLUMNS,), T.float32)
-            T.copy(weight_hidden[first : first + COLUMNS], wh_ub)
-            T.copy(weight_embed[first : first + COLUMNS], we_ub)
-            T.copy(grad_weight_hidden[first : first + COLUMNS], gh_ub)
-            T.copy(grad_weight_embed[first : first + COLUMNS], ge_ub)
+            wh_ub = stage(weight_hidden[first : first + COLUMNS], (COLUMNS,), dtype)
+            we_ub = stage(weight_embed[first : first + COLUMNS], (COLUMNS,), dtype)
+            gh_ub = stage(grad_weight_hidden[first : first + COLUMNS], (COLUMNS,), T.float32)
+            ge_ub = stage(grad_weight_embed[first : first + COLUMNS], (COLUMNS,), T.float32)
             with T.SimtVF(threads=THREADS):
                 acc = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(COLUMNS):
-                    acc[0] = T.float32(0)
-                    if first + j < numel:
-                        for p in T.serial(num_partials):
-                            acc[0] = acc[0] + grad_w_partial[p, first + j]
+                    sum_column(acc, grad_w_partial, first, j)
                     gh_ub[j] = gh_ub[j] + acc[0] * T.Cast("float32", we_ub[j])
                     ge_ub[j] = ge_ub[j] + acc[0] * T.Cast("float32", wh_ub[j])
             T.copy(gh_ub, grad_weight_hidden[first : first + COLUMNS])

@@ -10,17 +10,14 @@ output. Tokens, layers and tables are runtime values; the n-gram order is static
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import split_block, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import ENGRAM_HASH
 
 DECL = ENGRAM_HASH
-REQUIRES: dict[str, int] = {}
 ELEMS = 2048
 THREADS = 256
-
-
-def unsupported(max_ngram_size) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(max_ngram_size: int):
@@ -28,21 +25,22 @@ def build(max_ngram_size: int):
     num_tokens, num_layers, num_tables = T.dynamic("num_tokens"), T.dynamic("num_layers"), T.dynamic("num_tables")
     cols = orders * num_tables
 
+    tables = tensor(T.int32, num_layers, cols)
+
     @T.prim_func
     def engram_hash(
-        ngram_token_ids: T.Tensor[(num_tokens, max_ngram_size), T.int32],
-        multipliers: T.Tensor[(num_layers, max_ngram_size), T.int64],
-        vocab_sizes: T.Tensor[(num_layers, cols), T.int32],
-        offsets: T.Tensor[(num_layers, cols), T.int32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        output: T.Tensor[(num_layers, num_tokens, cols), T.int32],
+        ngram_token_ids: tensor(T.int32, num_tokens, max_ngram_size),
+        multipliers: tensor(T.int64, num_layers, max_ngram_size),
+        vocab_sizes: tables,
+        offsets: tables,
+        image_token_mask: tensor(T.bool, num_tokens),
+        output: tensor(T.int32, num_layers, num_tokens, cols),
         has_mask: T.int32,
     ):
         T.assume(num_tables > 0)
         chunks = T.ceildiv(num_tokens * cols, ELEMS)
         with T.Kernel(num_layers * chunks) as block:
-            layer = block // chunks
-            first = block % chunks * ELEMS
+            layer, first = split_block(block, chunks, ELEMS)
             out_ub = T.alloc_shared((ELEMS,), T.int32)
             with T.SimtVF(threads=THREADS):
                 hashed = T.alloc_var(T.int64)

@@ -9,40 +9,35 @@ the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import rows_per_block
 from tkaot._engram.kernels import SINKHORN_FINALIZE
 
 DECL = SINKHORN_FINALIZE
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(head_dim) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(head_dim: int):
     rows = rows_per_block(head_dim * 4, 2)
     num_rows = T.dynamic("num_rows")
+    matrices = fp32(num_rows, head_dim)
 
     @T.prim_func
     def engram_sinkhorn_finalize(
-        matrix: T.Tensor[(num_rows, head_dim), T.float32],
-        row_scale: T.Tensor[(num_rows,), T.float32],
-        col_scale: T.Tensor[(head_dim,), T.float32],
-        out: T.Tensor[(num_rows, head_dim), T.float32],
+        matrix: matrices,
+        row_scale: fp32(num_rows),
+        col_scale: fp32(head_dim),
+        out: matrices,
         eps: T.float32,
         alpha: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_rows, rows)) as block:
             first = block * rows
-            m_ub = T.alloc_shared((rows, head_dim), T.float32)
-            cs_ub = T.alloc_shared((head_dim,), T.float32)
-            rs_ub = T.alloc_shared((rows,), T.float32)
-            T.copy(matrix[first : first + rows, :], m_ub)
-            T.copy(col_scale[0:head_dim], cs_ub)
-            T.copy(row_scale[first : first + rows], rs_ub)
+            m_ub = stage(matrix[first : first + rows, :], (rows, head_dim), T.float32)
+            cs_ub = stage(col_scale[0:head_dim], (head_dim,), T.float32)
+            rs_ub = stage(row_scale[first : first + rows], (rows,), T.float32)
             with T.SimtVF(threads=THREADS):
                 squares = T.alloc_fragment((rows, head_dim), T.float32)
                 norm = T.alloc_fragment((rows,), T.float32)

@@ -8,17 +8,14 @@ both results back; the last block's copies stop at numel. beta1, 1 - beta1 and n
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_MOMENTUM
 
 DECL = SINKHORN_MOMENTUM
-REQUIRES: dict[str, int] = {}
 BLOCK = 4096
 THREADS = 256
-
-
-def unsupported(grad_dtype, momentum_dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(grad_dtype: str, momentum_dtype: str):
@@ -30,20 +27,18 @@ def build(grad_dtype: str, momentum_dtype: str):
 
     @T.prim_func
     def engram_sinkhorn_momentum(
-        grad: T.Tensor[(numel,), grad_dtype],
-        momentum_buffer: T.Tensor[(numel,), momentum_dtype],
-        sinkhorn_input: T.Tensor[(numel,), T.float32],
+        grad: tensor(grad_dtype, numel),
+        momentum_buffer: tensor(momentum_dtype, numel),
+        sinkhorn_input: fp32(numel),
         beta1: T.float32,
         one_minus_beta1: T.float32,
         nesterov: T.int32,
     ):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
-            g_ub = T.alloc_shared((BLOCK,), grad_dtype)
-            m_ub = T.alloc_shared((BLOCK,), momentum_dtype)
+            g_ub = stage(grad[first : first + BLOCK], (BLOCK,), grad_dtype)
+            m_ub = stage(momentum_buffer[first : first + BLOCK], (BLOCK,), momentum_dtype)
             s_ub = T.alloc_shared((BLOCK,), T.float32)
-            T.copy(grad[first : first + BLOCK], g_ub)
-            T.copy(momentum_buffer[first : first + BLOCK], m_ub)
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
                     g = T.Cast("float32", g_ub[j])

@@ -12,35 +12,32 @@ norms may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP
 
 DECL = SINKHORN_STEP
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(head_dim) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(head_dim: int):
     num_rows, num_partials = T.dynamic("num_rows"), T.dynamic("num_partials")
+    per_row = fp32(num_rows)
 
     @T.prim_func
     def engram_sinkhorn_step(
-        matrix: T.Tensor[(num_rows, head_dim), T.float32],
-        row_scale: T.Tensor[(num_rows,), T.float32],
-        col_scale: T.Tensor[(head_dim,), T.float32],
-        row_norm: T.Tensor[(num_rows,), T.float32],
-        col_sumsq_partial: T.Tensor[(num_partials, head_dim), T.float32],
+        matrix: fp32(num_rows, head_dim),
+        row_scale: per_row,
+        col_scale: fp32(head_dim),
+        row_norm: per_row,
+        col_sumsq_partial: fp32(num_partials, head_dim),
         eps: T.float32,
     ):
         with T.Kernel(num_partials) as part:
             x_ub = T.alloc_shared((1, head_dim), T.float32)
-            cs_ub = T.alloc_shared((head_dim,), T.float32)
+            cs_ub = stage(col_scale[0:head_dim], (head_dim,), T.float32)
             sums_ub = T.alloc_shared((head_dim,), T.float32)
-            T.copy(col_scale[0:head_dim], cs_ub)
             with T.SimtVF(threads=THREADS):
                 for c in T.Parallel(head_dim):
                     sums_ub[c] = T.float32(0)

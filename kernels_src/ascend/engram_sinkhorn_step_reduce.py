@@ -7,37 +7,28 @@ read from global memory directly, the sums go out through the Unified Buffer.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import sum_column, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
 
 DECL = SINKHORN_STEP_REDUCE
-REQUIRES: dict[str, int] = {}
 COLUMNS = 1024  # columns a block
 THREADS = 256
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(dtype: str):
     num_partials, head_dim = T.dynamic("num_partials"), T.dynamic("head_dim")
 
     @T.prim_func
-    def engram_sinkhorn_step_reduce(
-        col_sumsq_partial: T.Tensor[(num_partials, head_dim), dtype],
-        col_sumsq: T.Tensor[(head_dim,), dtype],
-    ):
+    def engram_sinkhorn_step_reduce(col_sumsq_partial: tensor(dtype, num_partials, head_dim), col_sumsq: tensor(dtype, head_dim)):
         with T.Kernel(T.ceildiv(head_dim, COLUMNS)) as block:
             first = block * COLUMNS
             sums_ub = T.alloc_shared((COLUMNS,), dtype)
             with T.SimtVF(threads=THREADS):
                 acc = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(COLUMNS):
-                    acc[0] = T.float32(0)
-                    if first + j < head_dim:
-                        for p in T.serial(num_partials):
-                            acc[0] = acc[0] + col_sumsq_partial[p, first + j]
+                    sum_column(acc, col_sumsq_partial, first, j)
                     sums_ub[j] = acc[0]
             T.copy(sums_ub, col_sumsq[first : first + COLUMNS])
 

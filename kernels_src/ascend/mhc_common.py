@@ -19,19 +19,14 @@ the build's check of the lowered arguments against the declaration catches any t
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, split_block
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import UB_BUDGET
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
 
 THREADS = 128  # SIMT threads of a vector-function region
 MAX_SPAN = 4096
-
-
-REQUIRES: dict[str, int] = {}  # no runtime value is refused
-
-
-def unsupported(**static) -> str | None:
-    """None: every static value the declaration allows is built."""
-    return None
 
 
 def span(column_bytes: int, reserved: int = 0) -> int:
@@ -41,12 +36,6 @@ def span(column_bytes: int, reserved: int = 0) -> int:
     while columns > THREADS and columns * column_bytes + reserved > UB_BUDGET:
         columns //= 2
     return columns
-
-
-def fp32(*shape):
-    """A float32 tensor type of this shape, as a factory: a prim_func annotation calls it, so every argument gets a
-    buffer of its own (arguments that share one buffer object lose their names)."""
-    return lambda: T.Tensor[shape, T.float32]
 
 
 class Args:
@@ -77,7 +66,7 @@ def segment_grid(args: Args, columns: int):
 
 def segment_of(block, args: Args, columns: int):
     """(token, first column) of a block of that grid."""
-    return block // T.ceildiv(args.hidden, columns), block % T.ceildiv(args.hidden, columns) * columns
+    return split_block(block, T.ceildiv(args.hidden, columns), columns)
 
 
 def as_f32(value):

@@ -7,30 +7,22 @@ exp(-x))) with column j = element % mhc_mult, and the results go back; the expan
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import HEAD_MIX_FWD
 
 DECL = HEAD_MIX_FWD
-REQUIRES: dict[str, int] = {}
 ELEMS = 4096
 THREADS = 256
 
 
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(dtype: str):
     num_tokens, mhc_mult = T.dynamic("num_tokens"), T.dynamic("mhc_mult")
+    mixes = fp32(num_tokens, mhc_mult)
 
     @T.prim_func
-    def mhc_head_mix_fwd(
-        input_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_scale: T.Tensor[(1,), T.float32],
-        mhc_base: T.Tensor[(mhc_mult,), T.float32],
-        output_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_pre_eps: T.float32,
-    ):
+    def mhc_head_mix_fwd(input_mix: mixes, mhc_scale: fp32(1), mhc_base: fp32(mhc_mult), output_mix: mixes, mhc_pre_eps: T.float32):
         T.assume(mhc_mult > 0)
         with T.Kernel(T.ceildiv(num_tokens * mhc_mult, ELEMS)) as block:
             first = block * ELEMS

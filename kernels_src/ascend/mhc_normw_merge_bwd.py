@@ -9,36 +9,26 @@ gradients go through the Unified Buffer. Both sizes are runtime values.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
 DECL = NORMW_MERGE_BWD
-REQUIRES: dict[str, int] = {}
 COLUMNS = 1024  # columns a block
 THREADS = 256
 
 
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(dtype: str):
     m, n = T.dynamic("m"), T.dynamic("n")
+    rows, weights = fp32(m, n), fp32(n)
 
     @T.prim_func
-    def mhc_normw_merge_bwd(
-        fn: T.Tensor[(m, n), T.float32],
-        normw: T.Tensor[(n,), T.float32],
-        out_fn_grad: T.Tensor[(m, n), T.float32],
-        fn_grad: T.Tensor[(m, n), T.float32],
-        normw_grad: T.Tensor[(n,), T.float32],
-    ):
+    def mhc_normw_merge_bwd(fn: rows, normw: weights, out_fn_grad: rows, fn_grad: rows, normw_grad: weights):
         with T.Kernel(T.ceildiv(n, COLUMNS)) as block:
             first = block * COLUMNS
-            w_ub = T.alloc_shared((COLUMNS,), T.float32)
-            wg_ub = T.alloc_shared((COLUMNS,), T.float32)
-            T.copy(normw[first : first + COLUMNS], w_ub)
-            T.copy(normw_grad[first : first + COLUMNS], wg_ub)
+            w_ub = stage(normw[first : first + COLUMNS], (COLUMNS,), T.float32)
+            wg_ub = stage(normw_grad[first : first + COLUMNS], (COLUMNS,), T.float32)
             with T.SimtVF(threads=THREADS):
                 total = T.alloc_local((1,), T.float32)
                 for j in T.Parallel(COLUMNS):

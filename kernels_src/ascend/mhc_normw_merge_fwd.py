@@ -6,36 +6,27 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, split_block, stage
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
 DECL = NORMW_MERGE_FWD
-REQUIRES: dict[str, int] = {}
 SPAN = 4096  # columns a block
 THREADS = 256
 
 
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
-
-
 def build(dtype: str):
     m, n = T.dynamic("m"), T.dynamic("n")
+    rows, weights = fp32(m, n), fp32(n)
 
     @T.prim_func
-    def mhc_normw_merge_fwd(
-        fn: T.Tensor[(m, n), T.float32],
-        normw: T.Tensor[(n,), T.float32],
-        out_fn: T.Tensor[(m, n), T.float32],
-    ):
+    def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
         runs = T.ceildiv(n, SPAN)
         with T.Kernel(m * runs) as block:
-            row = block // runs
-            first = block % runs * SPAN
-            fn_ub = T.alloc_shared((1, SPAN), T.float32)
-            w_ub = T.alloc_shared((SPAN,), T.float32)
-            T.copy(fn[row : row + 1, first : first + SPAN], fn_ub)
-            T.copy(normw[first : first + SPAN], w_ub)
+            row, first = split_block(block, runs, SPAN)
+            fn_ub = stage(fn[row : row + 1, first : first + SPAN], (1, SPAN), T.float32)
+            w_ub = stage(normw[first : first + SPAN], (SPAN,), T.float32)
             with T.SimtVF(threads=THREADS):
                 for i, k in T.Parallel(1, SPAN):
                     fn_ub[i, k] = fn_ub[i, k] * w_ub[k]

@@ -14,6 +14,7 @@ region directly; the scores go out through the Unified Buffer.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import fp32, refuse, stage, tensor
 from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
@@ -42,9 +43,7 @@ def sqrt_softplus(x):
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
-    why = unsupported(num_experts, num_topk, tiling)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(num_experts, num_topk, tiling))
     return moe_topk_gate_kernel(num_experts, num_topk, num_experts)
 
 
@@ -59,22 +58,23 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
     num_logical_experts = T.dynamic("num_logical_experts")
     num_duplicates = T.dynamic("num_duplicates")
     unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+    per_expert, token_mask = fp32(num_tokens, num_experts), tensor(T.bool, num_tokens)
 
     @T.prim_func
     def moe_topk_gate(
-        logits: T.Tensor[(num_tokens, num_experts), T.float32],
-        bias: T.Tensor[(num_experts,), T.float32],
-        image_bias: T.Tensor[(num_experts,), T.float32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        mask: T.Tensor[(num_tokens,), T.bool],
-        fix_routing_mask: T.Tensor[(num_tokens,), T.bool],
-        force_random: T.Tensor[(num_tokens,), T.bool],
-        to_physical_map: T.Tensor[(num_logical_experts, num_duplicates), T.int32],
-        logical_count: T.Tensor[(num_logical_experts,), T.int32],
-        topk_idx: T.Tensor[(num_tokens, num_physical_topk), T.int64],
-        topk_weights: T.Tensor[(num_tokens, num_physical_topk), T.float32],
+        logits: per_expert,
+        bias: fp32(num_experts),
+        image_bias: fp32(num_experts),
+        image_token_mask: token_mask,
+        mask: token_mask,
+        fix_routing_mask: token_mask,
+        force_random: token_mask,
+        to_physical_map: tensor(T.int32, num_logical_experts, num_duplicates),
+        logical_count: tensor(T.int32, num_logical_experts),
+        topk_idx: tensor(T.int64, num_tokens, num_physical_topk),
+        topk_weights: fp32(num_tokens, num_physical_topk),
         unmapped_topk_idx: T.StridedTensor[(num_tokens, num_topk), (unmapped_stride, 1), T.int64],
-        scores: T.Tensor[(num_tokens, num_experts), T.float32],
+        scores: per_expert,
         num_shared_experts: T.int32,
         routed_scaling_factor: T.float32,
         ep_rank: T.int32,
@@ -82,9 +82,8 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            logits_ub = T.alloc_shared((TOKENS, max_experts), T.float32)
+            logits_ub = stage(logits[first : first + TOKENS, 0:num_experts], (TOKENS, max_experts), T.float32, cols=num_experts)
             scores_ub = T.alloc_shared((TOKENS, max_experts), T.float32)
-            T.copy(logits[first : first + TOKENS, 0:num_experts], logits_ub[:, 0:num_experts])
             with T.SimtVF(threads=TOKENS * WARP):
                 vals = T.alloc_local((per,), T.float32)
                 route = T.alloc_var(T.int32)

@@ -15,43 +15,40 @@ results may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._moe.kernels import MAX_EXPERTS, MOE_TOPK_GATE_BACKWARD
 
 DECL = MOE_TOPK_GATE_BACKWARD
-REQUIRES: dict[str, int] = {}
 WARP = 32
 TOKENS = 8  # tokens a block, a warp each
 PER_LANE = MAX_EXPERTS // WARP
-
-
-def unsupported(tiling: str) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(tiling: str):
     # (the CUDA kernel's tilings; this kernel is the same for every one of them)
     num_tokens, num_experts, num_topk = T.dynamic("num_tokens"), T.dynamic("num_experts"), T.dynamic("num_topk")
 
+    per_expert, per_slot = fp32(num_tokens, num_experts), fp32(num_tokens, num_topk)
+
     @T.prim_func
     def moe_topk_gate_backward(
-        scores: T.Tensor[(num_tokens, num_experts), T.float32],
-        topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
-        topk_weights: T.Tensor[(num_tokens, num_topk), T.float32],
-        grad_topk_weights: T.Tensor[(num_tokens, num_topk), T.float32],
-        mask: T.Tensor[(num_tokens,), T.bool],
-        # one row per sequence; its extent is nominal (rows are token // tokens_per_seq)
-        grad_scores_sum: T.Tensor[(num_tokens, num_experts), T.float32],
-        grad_logits: T.Tensor[(num_tokens, num_experts), T.float32],
+        scores: per_expert,
+        topk_idx: tensor(T.int64, num_tokens, num_topk),
+        topk_weights: per_slot,
+        grad_topk_weights: per_slot,
+        mask: tensor(T.bool, num_tokens),
+        grad_scores_sum: per_expert,  # one row per sequence; its extent is nominal (rows are token // tokens_per_seq)
+        grad_logits: per_expert,
         routed_scaling_factor: T.float32,
         has_aux: T.int32,
         tokens_per_seq: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            u_ub = T.alloc_shared((TOKENS, MAX_EXPERTS), T.float32)
+            u_ub = stage(scores[first : first + TOKENS, 0:num_experts], (TOKENS, MAX_EXPERTS), T.float32, cols=num_experts)
             grad_ub = T.alloc_shared((TOKENS, MAX_EXPERTS), T.float32)
-            T.copy(scores[first : first + TOKENS, 0:num_experts], u_ub[:, 0:num_experts])
             with T.SimtVF(threads=TOKENS * WARP):
                 u = T.alloc_local((PER_LANE,), T.float32)
                 du = T.alloc_local((PER_LANE,), T.float32)

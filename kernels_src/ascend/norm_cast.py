@@ -15,21 +15,18 @@ CUDA's, so rstd (and through it y) may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, split_block, tensor
+from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.ascend.rms import batch_rows, batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import NORM_CAST
 
 DECL = NORM_CAST
-REQUIRES: dict[str, int] = {}
 THREADS = 128
 GROUP = 32
 PACK = 4  # packed UE8M0: four exponent bytes a word
-
-
-def unsupported(hidden, dtype, sf, tiling) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(hidden: int, dtype: str, sf: str, tiling: str):
@@ -55,11 +52,6 @@ def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
     num_chunks = chunks(hidden, cols)
 
     batch, num_tokens = T.dynamic("batch"), T.dynamic("num_tokens")
-    x_bstride, x_stride = batch_strides("x")
-    res_bstride, res_stride = batch_strides("residual")
-    rout_bstride, rout_stride = batch_strides("residual_out")
-    out_bstride, out_stride = batch_strides("out")
-    ob_bstride, ob_stride = batch_strides("out_bf16")
     sf_bstride, sf_stride = batch_strides("sf")
     sf_gstride = T.dynamic("sf_group_stride")
     shape = (batch, num_tokens, hidden)
@@ -89,14 +81,14 @@ def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
 
     @T.prim_func
     def norm_cast(
-        x: T.StridedTensor[shape, (x_bstride, x_stride, 1), dtype],
-        weight: T.Tensor[(hidden,), dtype],
-        residual: T.StridedTensor[shape, (res_bstride, res_stride, 1), dtype],
-        residual_out: T.StridedTensor[shape, (rout_bstride, rout_stride, 1), dtype],
-        out: T.StridedTensor[shape, (out_bstride, out_stride, 1), T.float8_e4m3fn],
+        x: batch_rows("x", shape, dtype),
+        weight: tensor(dtype, hidden),
+        residual: batch_rows("residual", shape, dtype),
+        residual_out: batch_rows("residual_out", shape, dtype),
+        out: batch_rows("out", shape, T.float8_e4m3fn),
         out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
-        out_bf16: T.StridedTensor[shape, (ob_bstride, ob_stride, 1), T.bfloat16],
-        rstd: T.Tensor[(batch, num_tokens), T.float32],
+        out_bf16: batch_rows("out_bf16", shape, T.bfloat16),
+        rstd: fp32(batch, num_tokens),
         eps: T.float32,
         out_scale: T.float32,
         has_weight: T.int32,
@@ -106,8 +98,7 @@ def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
     ):
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(batch * tiles) as block:
-            b = block // tiles
-            row = block % tiles * rows
+            b, row = split_block(block, tiles, rows)
             x_ub = T.alloc_shared((rows, width), dtype)
             y_ub = T.alloc_shared((rows, width), dtype)  # the residual, then y
             yb_ub = T.alloc_shared((rows, width), T.bfloat16) if bf16_own else y_ub

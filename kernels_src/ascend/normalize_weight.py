@@ -7,16 +7,13 @@ the one moe_topk_gate divides by, bit for bit.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._moe.kernels import NORMALIZE_WEIGHT
 
 DECL = NORMALIZE_WEIGHT
-REQUIRES: dict[str, int] = {}
 TOKENS = 64
-
-
-def unsupported(num_topk) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(num_topk: int):
@@ -29,18 +26,15 @@ def normalize_weight_kernel(num_topk, max_topk: int):
     one of the token's weights, so a runtime count folds in the same order."""
     num_tokens = T.dynamic("num_tokens")
 
+    weights = fp32(num_tokens, num_topk)
+
     @T.prim_func
-    def normalize_weight(
-        topk_weights: T.Tensor[(num_tokens, num_topk), T.float32],
-        denominator: T.Tensor[(num_tokens,), T.float32],
-        normalized_weights: T.Tensor[(num_tokens, num_topk), T.float32],
-    ):
+    def normalize_weight(topk_weights: weights, denominator: fp32(num_tokens), normalized_weights: weights):
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
-            w_ub = T.alloc_shared((TOKENS, max_topk), T.float32)
+            w_ub = stage(topk_weights[first : first + TOKENS, 0:num_topk], (TOKENS, max_topk), T.float32, cols=num_topk)
             out_ub = T.alloc_shared((TOKENS, max_topk), T.float32)
             den_ub = T.alloc_shared((TOKENS,), T.float32)
-            T.copy(topk_weights[first : first + TOKENS, 0:num_topk], w_ub[:, 0:num_topk])
             with T.SimtVF(threads=TOKENS):
                 part = T.alloc_local((max_topk,), T.float32)
                 total = T.alloc_var(T.float32)

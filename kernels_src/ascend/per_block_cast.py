@@ -11,6 +11,7 @@ codes two a byte, the lower-indexed element in the low nibble). Modes "cast", "s
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.quant_in import BYTES
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -31,9 +32,7 @@ def unsupported(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode) ->
 
 
 def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
-    why = unsupported(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode))
     return per_block_cast_kernel(hidden, None, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode)
 
 

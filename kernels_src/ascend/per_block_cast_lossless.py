@@ -15,6 +15,7 @@ byte table gives. Data and outputs are declared as words, as on CUDA, and read a
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse, split_block
 from kernels_src.ascend.quant_in import Side, block_sides
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -42,9 +43,7 @@ def unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout) -> str | None
 
 
 def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
-    why = unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout))
     return per_block_cast_lossless_kernel(hidden, None, in_block, in_sf, out_block, sf, sf_layout)
 
 
@@ -147,8 +146,7 @@ def per_block_cast_lossless_kernel(hidden, width, in_block, in_sf, out_block, sf
             # as the op checks: whole tiles of columns
             T.assume(T.And(hidden > 0, hidden % width == 0))
         with T.Kernel(T.ceildiv(num_tokens, rows) * segs) as block:
-            row = block // segs * rows
-            col = block % segs * width
+            row, col = split_block(block, segs, width, rows)
             # byte views of the words (they keep the parameters' names, which the launch spec maps to the op's)
             x = T.StridedTensor((num_tokens, hidden // 2), (x_stride * 4, 1), "uint8", data=x.data)
             out = T.Tensor((num_tokens, hidden), FP8, data=out.data)

@@ -11,6 +11,7 @@ zeroed); then every element is scaled and rounded. An E4M3 input with per-token 
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.quant_in import BYTES, STORAGE
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -32,9 +33,7 @@ def unsupported(hidden, in_dtype, in_block, in_sf, block_m, sf) -> str | None:
 
 
 def build(hidden, in_dtype, in_block, in_sf, block_m, sf):
-    why = unsupported(hidden, in_dtype, in_block, in_sf, block_m, sf)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, in_dtype, in_block, in_sf, block_m, sf))
     return per_channel_cast_kernel(hidden, None, in_dtype, in_block, in_sf, block_m, sf)
 
 

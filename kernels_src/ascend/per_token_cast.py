@@ -17,6 +17,7 @@ CUDA kernels' hash of (element index, value).
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse, split_block
 from kernels_src.ascend.quant_in import BYTES, STORAGE, RuntimeSfLayout, decode
 from kernels_src.ascend.tile import rows_per_block, segment
 from kernels_src.quant import common
@@ -36,9 +37,7 @@ def unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mo
 
 
 def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
-    why = unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic))
     return per_token_cast_kernel(hidden, None, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
 
 
@@ -190,8 +189,7 @@ def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, 
             T.assume(T.And(group >= MIN_GROUP, group <= width))
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(tiles * segs) as block:
-            row = block // segs * rows
-            col = block % segs * width
+            row, col = split_block(block, segs, width, rows)
             x_ub = T.alloc_shared((rows, width // per), storage)
             if separate_back:
                 back_ub = T.alloc_shared((rows, width // per), storage)  # round_trip's values

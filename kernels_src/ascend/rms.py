@@ -16,6 +16,12 @@ def batch_strides(name: str):
     return T.dynamic(f"{name}_batch_stride"), T.dynamic(f"{name}_stride")
 
 
+def batch_rows(name: str, shape, dtype):
+    """The type of a (batch, tokens, hidden) tensor the norm ops pass, strided by its own dynamic strides
+    (batch_strides), as a factory for a prim_func annotation."""
+    return lambda: T.StridedTensor[shape, (*batch_strides(name), 1), dtype]
+
+
 def chunks(hidden, cols: int):
     """How many chunks of `cols` columns cover a row of `hidden`."""
     return hidden // cols if isinstance(hidden, int) else T.ceildiv(hidden, cols)

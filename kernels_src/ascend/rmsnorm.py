@@ -10,18 +10,15 @@ from it in the last bits.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.rms import batch_strides, chunks, inverse_rms
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, split_block, tensor
+from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.ascend.rms import batch_rows, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
 from tkaot._quant.kernels import RMSNORM
 
 DECL = RMSNORM
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(hidden, dtype, with_weight, with_residual, with_rstd) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
@@ -37,27 +34,22 @@ def rmsnorm_kernel(hidden, width: int, dtype: str, with_weight: bool, with_resid
     num_chunks = chunks(hidden, cols)
 
     num_tokens, batch = T.dynamic("num_tokens"), T.dynamic("batch")
-    x_bstride, x_stride = batch_strides("x")
-    out_bstride, out_stride = batch_strides("out")
-    res_bstride, res_stride = batch_strides("residual")
-    rout_bstride, rout_stride = batch_strides("residual_out")
     shape = (batch, num_tokens, hidden)
 
     @T.prim_func
     def rmsnorm(
-        x: T.StridedTensor[shape, (x_bstride, x_stride, 1), dtype],
-        weight: T.Tensor[(hidden,), dtype],
-        residual: T.StridedTensor[shape, (res_bstride, res_stride, 1), dtype],
-        out: T.StridedTensor[shape, (out_bstride, out_stride, 1), dtype],
-        residual_out: T.StridedTensor[shape, (rout_bstride, rout_stride, 1), dtype],
-        rstd: T.Tensor[(batch, num_tokens), T.float32],
+        x: batch_rows("x", shape, dtype),
+        weight: tensor(dtype, hidden),
+        residual: batch_rows("residual", shape, dtype),
+        out: batch_rows("out", shape, dtype),
+        residual_out: batch_rows("residual_out", shape, dtype),
+        rstd: fp32(batch, num_tokens),
         eps: T.float32,
         out_scale: T.float32,
     ):
         tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(batch * tiles) as block:
-            b = block // tiles
-            row = block % tiles * rows
+            b, row = split_block(block, tiles, rows)
             x_ub = T.alloc_shared((rows, width), dtype)
             res_ub = T.alloc_shared((rows, width), dtype)
             out_ub = T.alloc_shared((rows, width), dtype)

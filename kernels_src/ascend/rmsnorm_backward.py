@@ -16,18 +16,15 @@ CUDA's, so results may differ from it in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import fp32, tensor
+from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import chunks, mean_divisor
 from kernels_src.ascend.tile import chunk, rows_per_block
 from tkaot._quant.kernels import RMSNORM_BACKWARD
 
 DECL = RMSNORM_BACKWARD
-REQUIRES: dict[str, int] = {}
 THREADS = 128
-
-
-def unsupported(hidden, dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(hidden: int, dtype: str):
@@ -56,11 +53,11 @@ def rmsnorm_backward_kernel(hidden, width: int, dtype: str):
     def rmsnorm_backward(
         out_grad: T.StridedTensor[(num_tokens, hidden), (og_stride, 1), dtype],
         x: T.StridedTensor[(num_tokens, hidden), (x_stride, 1), dtype],
-        weight: T.Tensor[(hidden,), dtype],
-        rstd: T.Tensor[(num_tokens,), T.float32],
+        weight: tensor(dtype, hidden),
+        rstd: fp32(num_tokens),
         residual_out_grad: T.StridedTensor[(num_tokens, hidden), (rg_stride, 1), dtype],
-        x_grad: T.Tensor[(num_tokens, hidden), dtype],
-        partials: T.Tensor[(num_blocks, hidden), T.float32],
+        x_grad: tensor(dtype, num_tokens, hidden),
+        partials: fp32(num_blocks, hidden),
         out_scale: T.float32,
         has_weight: T.int32,
         has_residual: T.int32,

@@ -12,17 +12,14 @@ so int64 positions are read through their low word, as on CUDA.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import split_block
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._transform.kernels import ROTARY
 
 DECL = ROTARY
-REQUIRES: dict[str, int] = {}
 ROWS = 32  # head rows a block
 THREADS = 128
-
-
-def unsupported(rot_dim, dtype, interleaved) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(rot_dim: int, dtype: str, interleaved: bool):
@@ -46,8 +43,7 @@ def build(rot_dim: int, dtype: str, interleaved: bool):
         T.assume(num_heads > 0)
         tiles = T.ceildiv(seqlen * num_heads, ROWS)
         with T.Kernel(batch * tiles) as block:
-            b = block // tiles
-            first = block % tiles * ROWS
+            b, first = split_block(block, tiles, ROWS)
             x_ub = T.alloc_shared((ROWS, rot_dim), dtype)
             cs_ub = T.alloc_shared((ROWS, rot_dim), T.float32)
             for r in T.serial(ROWS):

@@ -15,6 +15,7 @@ factors are not built (`unsupported`).
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse, split_block, tensor
 from kernels_src.ascend.tile import chunk, rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU
@@ -42,9 +43,7 @@ def unsupported(hidden, dtype, fmt, group, sf, tiling) -> str | None:
 
 
 def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
-    why = unsupported(hidden, dtype, fmt, group, sf, tiling)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(hidden, dtype, fmt, group, sf, tiling))
     return swiglu_kernel(hidden, hidden, group, dtype, fmt, sf)
 
 
@@ -85,11 +84,11 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
     @T.prim_func
     def swiglu(
         x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
-        out: T.Tensor[(num_rows, hidden), out_dtype],
+        out: tensor(out_dtype, num_rows, hidden),
         out_sf: T.StridedTensor[sf_shape, sf_strides, T.float32],
-        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
+        psum_num_tokens_per_expert: tensor(T.int32, num_experts),
         topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
-        clamped_count: T.Tensor[(4,), T.int64],
+        clamped_count: tensor(T.int64, 4),
         has_psum: T.int32,
         alignment: T.int32,
         search_steps: T.int32,
@@ -101,8 +100,7 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
     ):
         with T.Kernel(blocks) as block:
             if segmented:
-                row = block // segs * rows
-                col = block % segs * width
+                row, col = split_block(block, segs, width, rows)
                 span = T.min(width, hidden - col)  # the segment's columns in the row
             else:
                 row = block * rows

@@ -21,6 +21,7 @@ differ from CUDA's in the last bits.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import fp32, refuse, tensor
 from kernels_src.ascend.tile import rows_per_block
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU_BACKWARD
@@ -55,9 +56,7 @@ def silu_refined(g, s, den):
 
 
 def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
-    why = unsupported(x_dtype, grad_dtype, fmt, group, sf)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(x_dtype, grad_dtype, fmt, group, sf))
     x_t, out_t = _DTYPES[x_dtype], _OUT[fmt]
     quantized = fmt == "e4m3"
     packed = sf == "ue8m0"
@@ -78,16 +77,16 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
 
     @T.prim_func
     def swiglu_backward(
-        x: T.Tensor[(num_rows, 2 * hidden), x_t],
+        x: tensor(x_t, num_rows, 2 * hidden),
         x_sf: T.StridedTensor[(num_rows, hidden), (x_sf_stride, 1), T.float32],
-        act_x_grad: T.Tensor[(num_rows, hidden), grad_dtype],
-        topk_weights: T.Tensor[(num_rows,), T.float32],
-        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
-        x_grad: T.Tensor[(num_rows, 2 * hidden), out_t],
-        x_grad_fp8: T.Tensor[(num_rows, 2 * hidden), FP8],
+        act_x_grad: tensor(grad_dtype, num_rows, hidden),
+        topk_weights: fp32(num_rows),
+        psum_num_tokens_per_expert: tensor(T.int32, num_experts),
+        x_grad: tensor(out_t, num_rows, 2 * hidden),
+        x_grad_fp8: tensor(FP8, num_rows, 2 * hidden),
         x_grad_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
-        weight_grad: T.Tensor[(num_rows,), T.float32],
-        act_out: T.Tensor[(num_rows, hidden), out_t],
+        weight_grad: fp32(num_rows),
+        act_out: tensor(out_t, num_rows, hidden),
         has_psum: T.int32,
         alignment: T.int32,
         search_steps: T.int32,

@@ -9,6 +9,7 @@ summed), so both write the same bytes.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.swiglu import REQUIRES, swiglu_kernel
 from tkaot._quant.kernels import SWIGLU_GENERIC
 
@@ -27,7 +28,5 @@ def unsupported(dtype, fmt, sf, tiling) -> str | None:
 
 
 def build(dtype: str, fmt: str, sf: str, tiling: str):
-    why = unsupported(dtype, fmt, sf, tiling)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(dtype, fmt, sf, tiling))
     return swiglu_kernel(T.dynamic("hidden"), SEGMENT, T.dynamic("group"), dtype, fmt, sf)

@@ -8,6 +8,7 @@ comparison with it is false). Indices are written as int64.
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import refuse
 from tkaot._moe.kernels import TOPK_GATE
 
 DECL = TOPK_GATE
@@ -31,9 +32,7 @@ def unsupported(num_experts, num_topk, tiling) -> str | None:
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
-    why = unsupported(num_experts, num_topk, tiling)
-    if why:
-        raise ValueError(f"{DECL.name} for Ascend: {why}")
+    refuse(DECL, unsupported(num_experts, num_topk, tiling))
     return topk_gate_kernel(num_experts, num_topk, num_experts, num_topk)
 
 

@@ -9,18 +9,14 @@ count is a runtime value, like hidden); weight_grad goes through the Unified Buf
 
 from tilelang.ascend import language as T
 
+from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
+from kernels_src.ascend.common import unsupported as unsupported
 from tkaot._quant.kernels import WEIGHT_GRAD_REDUCE
 
 DECL = WEIGHT_GRAD_REDUCE
-REQUIRES: dict[str, int] = {}
 COLUMNS = 1024  # columns a block
 THREADS = 256
 CHAINS = 8  # the CUDA kernel's row groups
-
-
-def unsupported(dtype) -> str | None:
-    """Why this module does not build these static values (None: it does)."""
-    return None
 
 
 def build(dtype: str):

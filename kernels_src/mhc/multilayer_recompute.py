@@ -11,7 +11,9 @@ num_layers or num_layers - 1 (then the last layer only gets its layer_input).
 The per-layer tensors come as one device table of int64 addresses, built per call by the op:
 pre_mix[0..L), layer_input[0..L), residual[0..P), layer_output[0..P), post_mix[0..P), comb_mix[0..P).
 A thread keeps one 16-byte vector of every stream in registers through all layers, so hidden size,
-token count and layer counts are runtime values; only M is static.
+token count and layer counts are runtime values; only M is static. A layer's new residual is made one stream
+at a time (VEC fp32 accumulators, not M * VEC), so the registers fit MIN_BLOCKS blocks an SM: more warps to
+wait on memory.
 """
 
 import tilelang.language as T
@@ -23,11 +25,15 @@ DECL = MULTILAYER_RECOMPUTE  # the declaration this module builds (tkaot/_mhc/ke
 
 THREADS = 128
 VEC = 8  # bf16 elements in 16 bytes
-# The next layer's inputs loaded ahead into registers measured no faster (H200, 8192 x 4 x 7168, 4 layers: 1053 us
-# capped at 128 registers, 1185 uncapped, 1443 at 5 blocks an SM, against 1042 for this kernel)
+# Blocks an SM the registers must allow (80 registers a thread at 6). H200, 8192 x 4 x 7168, 4 layers: 989 us, against
+# 1049 uncapped (101 registers) and 1042 for all streams made together (128 registers; with the next layer's inputs
+# loaded ahead 1053, uncapped 1185, 5 blocks 1443)
+MIN_BLOCKS = 6
+# The next layer's output read before this layer's stores (they may alias it, so the compiler cannot move it there)
+OUTPUT_AHEAD = False
 
 
-def build(mhc_mult: int):
+def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTPUT_AHEAD):
     m = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
@@ -58,16 +64,17 @@ def build(mhc_mult: int):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % VEC == 0)
+            if min_blocks:
+                T.annotate_min_blocks_per_sm(min_blocks)
             h = (block * THREADS + T.get_thread_binding()) * VEC
             res = T.alloc_local((m, VEC), T.float32)
-            mixed = T.alloc_local((m, VEC), T.float32)
+            mixed = T.alloc_local((VEC,), T.float32)
             loaded = T.alloc_local((m, VEC), T.bfloat16)
             acc = T.alloc_local((VEC,), T.float32)
             out = T.alloc_local((VEC,), T.bfloat16)
             lo = T.alloc_local((VEC,), T.bfloat16)
+            lo_next = T.alloc_local((VEC,), T.bfloat16)
             weights = T.alloc_local((m,), T.float32)
-            post_w = T.alloc_local((m,), T.float32)
-            comb_w = T.alloc_local((m, m), T.float32)
             if h < hidden:
                 for i in T.unroll(m):
                     for k in T.vectorized(VEC):
@@ -75,34 +82,44 @@ def build(mhc_mult: int):
                 for i in T.unroll(m):
                     for k in T.unroll(VEC):
                         res[i, k] = T.cast(loaded[i, k], T.float32)
+                if output_ahead and num_post > 0:
+                    first_output = T.make_tensor(pointer_table[2 * num_layers + num_post], (num_tokens, hidden), T.bfloat16)
+                    for k in T.vectorized(VEC):
+                        lo[k] = first_output[t, h + k]
                 for layer in T.serial(num_post):
-                    output = T.make_tensor(pointer_table[2 * num_layers + num_post + layer], (num_tokens, hidden), T.bfloat16)
+                    # this layer's output, or with output_ahead the next one's
+                    output = T.make_tensor(
+                        pointer_table[2 * num_layers + num_post + layer + int(output_ahead)], (num_tokens, hidden), T.bfloat16
+                    )
                     post = T.make_tensor(pointer_table[2 * num_layers + 2 * num_post + layer], (num_tokens, m), T.float32)
                     comb = T.make_tensor(pointer_table[2 * num_layers + 3 * num_post + layer], (num_tokens, m, m), T.float32)
                     residual = T.make_tensor(pointer_table[2 * num_layers + layer], (num_tokens, m, hidden), T.bfloat16)
-                    for k in T.vectorized(VEC):
-                        lo[k] = output[t, h + k]
+                    if output_ahead:
+                        if layer + 1 < num_post:
+                            for k in T.vectorized(VEC):
+                                lo_next[k] = output[t, h + k]
+                    else:
+                        for k in T.vectorized(VEC):
+                            lo[k] = output[t, h + k]
                     pre = T.make_tensor(pointer_table[layer], (num_tokens, m), T.float32)
                     layer_input = T.make_tensor(pointer_table[num_layers + layer], (num_tokens, hidden), T.bfloat16)
                     apply_pre(pre, layer_input, t, h, res, acc, out, weights)
                     for o in T.unroll(m):
-                        post_w[o] = post[t, o]
-                        for i in T.unroll(m):
-                            comb_w[i, o] = comb[t, i, o]
-                    for o in T.unroll(m):
                         for k in T.unroll(VEC):
-                            mixed[o, k] = post_w[o] * T.cast(lo[k], T.float32)
+                            mixed[k] = post[t, o] * T.cast(lo[k], T.float32)
                         for i in T.unroll(m):
                             for k in T.unroll(VEC):
-                                mixed[o, k] = mixed[o, k] + comb_w[i, o] * res[i, k]
-                    for o in T.unroll(m):
+                                mixed[k] = mixed[k] + comb[t, i, o] * res[i, k]
                         for k in T.unroll(VEC):
-                            loaded[o, k] = T.cast(mixed[o, k], T.bfloat16)
+                            loaded[o, k] = T.cast(mixed[k], T.bfloat16)
                         for k in T.vectorized(VEC):
                             residual[t, o, h + k] = loaded[o, k]
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
                             res[o, k] = T.cast(loaded[o, k], T.float32)
+                    if output_ahead:
+                        for k in T.unroll(VEC):
+                            lo[k] = lo_next[k]
                 if num_layers > num_post:
                     last_pre = T.make_tensor(pointer_table[num_post], (num_tokens, m), T.float32)
                     last_input = T.make_tensor(pointer_table[num_layers + num_post], (num_tokens, hidden), T.bfloat16)

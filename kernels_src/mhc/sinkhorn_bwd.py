@@ -2,9 +2,11 @@
 sums, then walk the steps back.
 
 Where a matrix fits in a warp (mhc <= 5), one matrix element a lane (kernels_src/mhc/sinkhorn_lanes.py), as the
-forward: each lane keeps its element of every step's input in shared memory (SHARED_RECORDS of them, every step
-up to 20 repeats; later steps go to `scratch`), recomputes the sums from them by the same shuffles, and
-keeps the softmax output in a register. Wider matrices keep one thread per token, described below.
+forward: each lane keeps its element of every step's input, and its line's denominator (sum + eps, one copy a
+line), in shared memory (SHARED_RECORDS steps, every step up to 20 repeats; later steps go to `scratch`, the
+denominators where the sums are), so the way back reduces only the products; the softmax output stays in a
+register. The common repeat count (UNROLLED_REPEAT) runs an unrolled copy of the steps. Wider matrices keep one
+thread per token, described below.
 
 Step records go to `scratch`, (repeat, 2, num_tokens, row) fp32 allocated by the op: record (r, 0) holds the
 softmax output for r = 0, else the matrix entering the r-th row normalisation and its row sums; record (r, 1)
@@ -30,8 +32,10 @@ DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py
 THREADS = 64  # one thread a token
 LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 us; 64 threads 27.8, within noise)
 # Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
-# 19 KB a block of LANE_THREADS; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
+# 19 KB a block of LANE_THREADS, and 5 KB of denominators; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
 SHARED_RECORDS = 38
+# The repeat count DeepSeek's models use: a copy of the steps unrolled for it
+UNROLLED_REPEAT = 20
 
 
 def _mul(a, b):
@@ -70,8 +74,10 @@ def back_through_rows(g, scratch, rec, t, r, token, mhc: int, eps):
             g[i * mhc + k] = (g[i * mhc + k] - t[i]) / (rec[mhc * mhc + i] + eps)
 
 
-def build(mhc_mult: int):
-    return _build_lanes(mhc_mult) if mhc_mult * mhc_mult <= WARP else _build_per_thread(mhc_mult)
+def build(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
+    if mhc_mult * mhc_mult <= WARP:
+        return _build_lanes(mhc_mult, unrolled_repeat)
+    return _build_per_thread(mhc_mult)
 
 
 def _build_per_thread(mhc_mult: int):
@@ -145,39 +151,75 @@ def _add(a, b):
     return a + b
 
 
-def _build_lanes(mhc_mult: int):
-    """One matrix element a lane (the module's docstring)."""
+def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
+    """One matrix element a lane (the module's docstring); a `repeat` of unrolled_repeat (0: none) runs an
+    unrolled copy of the steps, every record in shared memory at a fixed place."""
     mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     repeat = T.dynamic("repeat")
     mm = mhc * mhc
     row_words = record_row(mhc)
     group, per_block = lane_layout(mhc, LANE_THREADS)
+    assert unrolled_repeat == 0 or 2 * (unrolled_repeat - 1) <= SHARED_RECORDS
 
     @T.macro
-    def keep(records, scratch, m, r, half: int, tid, token, e, live):
-        """m becomes record (r, half), r >= 1: the input of step r's row (0) or column (1) normalisation."""
+    def keep(records, denoms, scratch, m, d, r, half: int, tid, slot, line, token, e, live):
+        """m becomes record (r, half), r >= 1: the input of step r's row (0) or column (1) normalisation, and d
+        the denominator of its line."""
         if 2 * r - 2 + half < SHARED_RECORDS:
             records[2 * r - 2 + half, tid] = m[0]
+            if e < mm:  # lanes past the matrix (mhc 3, 5) would write over line 0's
+                denoms[2 * r - 2 + half, slot, line] = d[0]
         elif live:
             scratch[r, half, token, e] = m[0]
+            scratch[r, half, token, mm + line] = d[0]
 
     @T.macro
-    def fetch(records, scratch, m, r, half: int, tid, token, e, live):
+    def fetch(records, denoms, scratch, m, d, r, half: int, tid, slot, line, token, e, live):
         m[0] = T.float32(0)
+        d[0] = T.float32(1)
         if 2 * r - 2 + half < SHARED_RECORDS:
             m[0] = records[2 * r - 2 + half, tid]
+            d[0] = denoms[2 * r - 2 + half, slot, line]
         elif live:
             m[0] = scratch[r, half, token, e]
+            d[0] = scratch[r, half, token, mm + line]
 
     @T.macro
-    def back_through(g, m, s, t, prod, first_lane, stride: int, eps):
-        """g = the gradient at the input m of a normalisation along the lines from first_lane, stride apart."""
-        lane_reduce(s, m[0], first_lane, mhc, stride, _add)
+    def back_through(g, m, d, t, prod, first_lane, stride: int):
+        """g = the gradient at the input m of a normalisation along the lines from first_lane, stride apart,
+        d = the line's sum of m plus eps."""
         prod[0] = _mul(g[0], m[0])
         lane_reduce(t, prod[0], first_lane, mhc, stride, _add)
-        t[0] = t[0] / (s[0] + eps)
-        g[0] = (g[0] - t[0]) / (s[0] + eps)
+        t[0] = t[0] / d[0]
+        g[0] = (g[0] - t[0]) / d[0]
+
+    @T.macro
+    def steps(steps_loop, repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline, cline, token, e,
+              live, row, col, eps):  # fmt: skip
+        """The forward replay from the first column normalisation's output in m, then the steps back."""
+        for r in steps_loop(1, repeat):
+            lane_reduce(d, m[0], row, mhc, 1, _add)
+            d[0] = d[0] + eps
+            keep(records, denoms, scratch, m, d, r, 0, tid, slot, rline, token, e, live)
+            m[0] = m[0] / d[0]
+            lane_reduce(d, m[0], col, mhc, mhc, _add)
+            d[0] = d[0] + eps
+            keep(records, denoms, scratch, m, d, r, 1, tid, slot, cline, token, e, live)
+            m[0] = m[0] / d[0]
+        for back in steps_loop(repeat):
+            if back == repeat - 1:
+                m[0] = p[0] + eps  # the first column normalisation's input
+                d[0] = d0[0]
+            else:
+                fetch(records, denoms, scratch, m, d, repeat - 1 - back, 1, tid, slot, cline, token, e, live)
+            back_through(g, m, d, t, prod, col, mhc)
+            if back < repeat - 1:
+                fetch(records, denoms, scratch, m, d, repeat - 1 - back, 0, tid, slot, rline, token, e, live)
+                back_through(g, m, d, t, prod, row, 1)
+
+    def unrolled(start, stop=None):
+        return T.unroll(start, stop, explicit=True)
 
     @T.prim_func
     def sinkhorn_bwd(
@@ -192,17 +234,22 @@ def _build_lanes(mhc_mult: int):
             pdl_entry()
             tid = T.get_thread_binding()
             e = tid % group  # the element (e // mhc, e % mhc) of token `token`
-            token = block * per_block + tid // group
+            slot = tid // group  # the token's place in the block
+            token = block * per_block + slot
             live = token < num_tokens and e < mm
             first = tid % WARP - e  # the lane of the token's element 0
             row = first + e // mhc * mhc  # the lane of element 0 of this lane's row
             col = first + e % mhc  # and of its column
+            rline = T.if_then_else(e < mm, e // mhc, 0)  # the lane's row, and column (lanes past the matrix: 0)
+            cline = T.if_then_else(e < mm, e % mhc, 0)
             records = T.alloc_shared((SHARED_RECORDS, LANE_THREADS), T.float32)
+            denoms = T.alloc_shared((SHARED_RECORDS, per_block, mhc), T.float32)
             p = T.alloc_local((1,), T.float32)  # the softmax output
+            d0 = T.alloc_local((1,), T.float32)  # the first column normalisation's denominator
             m = T.alloc_local((1,), T.float32)  # the forward's matrix, then each step's input
+            d = T.alloc_local((1,), T.float32)  # the denominator of m's line: its sum plus eps
             g = T.alloc_local((1,), T.float32)
             prod = T.alloc_local((1,), T.float32)
-            s = T.alloc_local((1,), T.float32)
             t = T.alloc_local((1,), T.float32)
 
             # Every lane takes part in the shuffles; lanes past the tokens or the matrix work on zeros
@@ -211,30 +258,20 @@ def _build_lanes(mhc_mult: int):
             if live:
                 m[0] = x[token, e]
                 g[0] = grad_output[token, e]
-            lane_reduce(s, m[0], row, mhc, 1, T.max)
-            m[0] = T.exp(m[0] - s[0])
-            lane_reduce(s, m[0], row, mhc, 1, _add)
-            p[0] = m[0] / s[0]
+            lane_reduce(d, m[0], row, mhc, 1, T.max)
+            m[0] = T.exp(m[0] - d[0])
+            lane_reduce(d, m[0], row, mhc, 1, _add)
+            p[0] = m[0] / d[0]
             m[0] = p[0] + eps
-            lane_reduce(s, m[0], col, mhc, mhc, _add)
-            m[0] = m[0] / (s[0] + eps)
-            for r in T.serial(1, repeat):
-                keep(records, scratch, m, r, 0, tid, token, e, live)
-                lane_reduce(s, m[0], row, mhc, 1, _add)
-                m[0] = m[0] / (s[0] + eps)
-                keep(records, scratch, m, r, 1, tid, token, e, live)
-                lane_reduce(s, m[0], col, mhc, mhc, _add)
-                m[0] = m[0] / (s[0] + eps)
-
-            for back in T.serial(repeat):
-                if back == repeat - 1:
-                    m[0] = p[0] + eps  # the first column normalisation's input
-                else:
-                    fetch(records, scratch, m, repeat - 1 - back, 1, tid, token, e, live)
-                back_through(g, m, s, t, prod, col, mhc, eps)
-                if back < repeat - 1:
-                    fetch(records, scratch, m, repeat - 1 - back, 0, tid, token, e, live)
-                    back_through(g, m, s, t, prod, row, 1, eps)
+            lane_reduce(d, m[0], col, mhc, mhc, _add)
+            d0[0] = d[0] + eps
+            m[0] = m[0] / d0[0]
+            if unrolled_repeat and repeat == unrolled_repeat:
+                steps(unrolled, unrolled_repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline,
+                      cline, token, e, live, row, col, eps)  # fmt: skip
+            else:
+                steps(T.serial, repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline, cline,
+                      token, e, live, row, col, eps)  # fmt: skip
             prod[0] = _mul(g[0], p[0])
             lane_reduce(t, prod[0], row, mhc, 1, _add)
             g[0] = (g[0] - t[0]) * p[0]

@@ -6,6 +6,13 @@ one expression both kernels use; the vectors are as wide (cast_back.vector_elems
 depends on the dtypes and the block, never on hidden). Only which thread holds which vectors
 differs, and no element depends on another.
 
+The input block is a runtime value too (RUNTIME_AXES: the variants that differ only in it share one
+cubin, each manifest entry fixing its index among the axis's choices): the vectors are as wide for
+every block (16 bytes of E2M1 codes or 8 of E4M3, never more than a block, since per-token blocks are
+16 or more wide), a token's block row and a column's block are shifts by the block's log2 sides, and
+per-channel blocks (m x 1: a scale factor an element), which the row-major scale factors alone take,
+go through their own branch.
+
 The tiling does not depend on hidden: a CTA of 128 threads holds two row slots of
 SEG_THREADS threads; each thread takes one vector of a row segment for ROWS tokens spaced
 two apart. The grid's x runs along the row segments (consecutive CTAs cover one band of
@@ -18,8 +25,8 @@ import tilelang.language as T
 
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
-from kernels_src.quant.cast_back import TILING, check_static, dequantized, sf_layout, vector_elems
-from tkaot._quant.kernels import CAST_BACK_GENERIC
+from kernels_src.quant.cast_back import TILING, check_static, dequantized, vector_elems
+from tkaot._quant.kernels import CAST_BACK_BLOCKS, CAST_BACK_GENERIC
 
 DECL = CAST_BACK_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
 
@@ -27,16 +34,35 @@ THREADS = 128
 SEG_THREADS = 64  # threads a row segment: a row of 7168 E4M3 values is 14 segments of 8-element vectors
 ROWS = 4  # tokens a thread (the specialised tiling's 4, so as many loads in flight)
 GRID_YZ = 65535  # the most CTAs a grid's y (and z) dimension holds
+# Taken at run time, so the default set's 200 variants of this kernel are 24 cubins
+RUNTIME_AXES = ("in_block",)
+# A scale factor's place depends on the runtime block, which no bound the compiler can prove holds: TileLang's guard
+# around each such load is left out (each load is under the kernel's own token and row guards)
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+SHIFT_BITS = 3  # bits a block side's log2 takes in BLOCK_SHIFTS
 
 
-def build(in_dtype, in_block, in_sf, out_dtype):
-    bm, bk = common.block_shape(in_block)
-    check_static(max(64, bk), in_dtype, in_block, in_sf, out_dtype)  # the specialised kernel's rules, narrowest row
+def _block_shifts() -> tuple[int, int]:
+    """The log2 of each block's rows and of its columns, SHIFT_BITS a block in the axis's choice order: (rows, columns)."""
+    rows = cols = 0
+    for i, block in enumerate(CAST_BACK_BLOCKS):
+        bm, bk = common.block_shape(block)
+        rows |= (bm.bit_length() - 1) << (SHIFT_BITS * i)
+        cols |= (bk.bit_length() - 1) << (SHIFT_BITS * i)
+    return rows, cols
+
+
+BLOCK_SHIFTS = _block_shifts()
+
+
+def build(in_dtype, in_sf, out_dtype):
+    check_static(128, in_dtype, "1x128", in_sf, out_dtype)  # the specialised kernel's rules (the block's own at launch)
     fp4_in = in_dtype == "e2m1"
     per_byte = 2 if fp4_in else 1
     storage = "uint8" if fp4_in else "float8_e4m3"
-    vec = vector_elems(in_dtype, in_block, TILING.vec_bytes)  # as in the specialised kernel
-    per_channel = bk == 1
+    vec = vector_elems(in_dtype, "1x16", TILING.vec_bytes)  # every block's (as in the specialised kernel)
+    assert all(vector_elems(in_dtype, b, TILING.vec_bytes) == vec for b in CAST_BACK_BLOCKS)
+    per_channel_in = not in_sf.endswith("_col")  # per-channel blocks take row-major scale factors only
     regs = vec // per_byte
     slots = THREADS // SEG_THREADS
     rows_per_cta = slots * ROWS
@@ -45,9 +71,22 @@ def build(in_dtype, in_block, in_sf, out_dtype):
     hidden = T.dynamic("hidden")
     x_stride = T.dynamic("x_stride")
     sf_stride = T.dynamic("sf_stride")
-    sf_in = sf_layout(in_sf, in_block, hidden)
-    sf_rows = num_tokens if bm == 1 else T.ceildiv(num_tokens, bm)
+    in_block = T.dynamic("in_block")
+    # The scale factors of either kind of block (a per-channel block's UE8M0 pack four token blocks a word): the
+    # buffer leads with a unit dim binding the runtime block; its other extents bound every block's indices
+    per_block = common.SfLayout.from_input(in_sf, hidden)
+    per_channel_sf = common.SfLayout.from_input(in_sf, hidden, pack_m=True) if per_channel_in else None
+    sf_shape, sf_strides = (in_block, num_tokens + hidden, 4 * (num_tokens + hidden)), (1, sf_stride, 1)
     segs = T.ceildiv(hidden, SEG_THREADS * vec)
+
+    def sf_at(layout, token, m_shift, k):
+        """x_sf's index of the scale factor of token's block row and block column k."""
+        return (0, *layout.index(T.shift_right(token, m_shift), k))
+
+    def per_channel(k_shift):
+        """Whether the runtime block is one column wide (never, with column-major scale factors)."""
+        return per_channel_in and k_shift == 0
+
     token_blocks = T.ceildiv(num_tokens, rows_per_cta)
 
     @T.prim_func
@@ -55,7 +94,7 @@ def build(in_dtype, in_block, in_sf, out_dtype):
         # Packed E2M1 rows are declared `hidden` bytes wide, twice their width: a dim must stand alone in some
         # extent to be bound, and nothing reads x's extent (addresses go by x_stride, every access is in the row)
         x: T.StridedTensor[(num_tokens, hidden), (x_stride, 1), storage],
-        x_sf: T.StridedTensor[sf_in.shape(sf_rows), (sf_stride, 1), sf_in.dtype],
+        x_sf: T.StridedTensor[sf_shape, sf_strides, per_block.dtype],
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
         with T.Kernel(segs, T.min(token_blocks, GRID_YZ), T.ceildiv(token_blocks, GRID_YZ), threads=THREADS) as (bx, by, bz):
@@ -66,11 +105,14 @@ def build(in_dtype, in_block, in_sf, out_dtype):
             tid = T.get_thread_binding()
             first_row = (bz * GRID_YZ + by) * rows_per_cta + tid // SEG_THREADS
             col = (bx * SEG_THREADS + tid % SEG_THREADS) * vec  # this thread's vector, in every one of its rows
+            # The block's log2 sides, held in variables (expressions of the runtime block cost the compiler's
+            # simplifier seconds a kernel); a per-channel block is one column wide
+            m_shift = T.alloc_var("int32")
+            m_shift = T.bitwise_and(T.shift_right(BLOCK_SHIFTS[0], in_block * SHIFT_BITS), (1 << SHIFT_BITS) - 1)
+            k_shift = T.alloc_var("int32")
+            k_shift = T.bitwise_and(T.shift_right(BLOCK_SHIFTS[1], in_block * SHIFT_BITS), (1 << SHIFT_BITS) - 1)
             x_reg = T.alloc_local((ROWS, regs), storage)
-            if per_channel:
-                scale = T.alloc_local((ROWS, vec), "float32")
-            else:
-                scale = T.alloc_local((ROWS,), "float32")
+            scale = T.alloc_local((ROWS, vec if per_channel_in else 1), "float32")
             o_reg = T.alloc_local((vec,), out_dtype)
             if col < hidden:  # the vector is in the row: all of it, or none (hidden is a multiple of vec)
                 for u in T.unroll(ROWS):
@@ -78,16 +120,21 @@ def build(in_dtype, in_block, in_sf, out_dtype):
                     if token < num_tokens:
                         for j in T.vectorized(regs):
                             x_reg[u, j] = x[token, col // per_byte + j]
-                        if per_channel:
+                        if per_channel(k_shift):  # a scale factor an element
                             for j in T.unroll(vec):
-                                scale[u, j] = common.decode_sf(x_sf[sf_in.index(token // bm, col + j)], sf_in.kind)
+                                scale[u, j] = common.decode_sf(x_sf[sf_at(per_channel_sf, token, m_shift, col + j)], per_channel_sf.kind)
                         else:
-                            scale[u] = common.decode_sf(x_sf[sf_in.index(token // bm, col // bk)], sf_in.kind)
+                            at = sf_at(per_block, token, m_shift, T.shift_right(col, k_shift))
+                            scale[u, 0] = common.decode_sf(x_sf[at], per_block.kind)
                 for u in T.unroll(ROWS):
                     token = first_row + u * slots
                     if token < num_tokens:
-                        for j in T.unroll(vec):
-                            o_reg[j] = dequantized(in_dtype, out_dtype, x_reg, u, j, scale[u, j] if per_channel else scale[u])
+                        if per_channel(k_shift):
+                            for j in T.unroll(vec):
+                                o_reg[j] = dequantized(in_dtype, out_dtype, x_reg, u, j, scale[u, j])
+                        else:
+                            for j in T.unroll(vec):
+                                o_reg[j] = dequantized(in_dtype, out_dtype, x_reg, u, j, scale[u, 0])
                         for j in T.vectorized(vec):
                             out[token, col + j] = o_reg[j]
 

@@ -218,3 +218,34 @@ class SfLayout:
         if self.packed:
             return k // UE8M0_PACK, m * UE8M0_PACK + k % UE8M0_PACK
         return k, m
+
+
+class RuntimeSfLayout(SfLayout):
+    """An SfLayout whose layout is a runtime value (0 row-major, 1 column-major: the index of the sf_layout axis's
+    choices), for a kernel that takes it at run time. The (m, k) entry lies at m * m_step + k * k_step (packed: the
+    k-th byte, (k // 4) * k_step + k % 4), the steps (steps()) being the kernel's values: one expression for either
+    layout, where a choice between two indices costs the compiler's simplifier seconds a kernel. Its buffer leads with
+    two unit dims whose extents are `binds`, runtime dims named nowhere else (a dim must stand alone in some extent to
+    be bound); index() addresses (0, 0, 0, offset)."""
+
+    def __init__(self, kind: str, k_blocks, binds: tuple, k_bound, held_steps: tuple | None = None):
+        super().__init__(kind, "row", k_blocks)
+        self.binds, self.k_bound, self.held_steps = binds, k_bound, held_steps
+
+    def shape(self, m_blocks):
+        # plain extents (k_bound: at least k_blocks), which the kernel's indices are not checked against
+        return (*self.binds, m_blocks + self.k_bound, UE8M0_PACK * (m_blocks + self.k_bound))
+
+    def strides(self, stride):
+        return (1, 1, stride, 1)
+
+    def steps(self, layout, stride) -> tuple:
+        """(m_step, k_step) of the runtime layout, over a (m or k, ...) stride."""
+        k_unit = UE8M0_PACK if self.packed else 1
+        return T.if_then_else(layout != 0, k_unit, stride), T.if_then_else(layout != 0, stride, k_unit)
+
+    def index(self, m, k):
+        m_step, k_step = self.held_steps
+        if self.packed:
+            return 0, 0, 0, m * m_step + k // UE8M0_PACK * k_step + k % UE8M0_PACK
+        return 0, 0, 0, m * m_step + k * k_step

@@ -6,6 +6,11 @@ and the vectors are the same (their width depends on the dtypes, the group and t
 block, never on hidden). Only which thread holds which vectors differs, and nothing depends
 on the order of a reduction (a maximum).
 
+The group and the sf layout are runtime values too (RUNTIME_AXES: the variants that differ only in
+them share one cubin, each manifest entry fixing its values): the vectors are as wide as for the
+narrowest group (the same width for every unquantized input), the lanes sharing a group and the
+shuffles among them follow the runtime group, and the scale factors go to either layout's place.
+
 The tiling does not depend on hidden: a CTA of 128 threads holds two row slots of
 SEG_THREADS threads; each thread takes one vector of a row segment for ROWS tokens spaced
 two apart. The grid's x runs along the row segments (consecutive CTAs cover one band of
@@ -26,7 +31,7 @@ import tilelang.language as T
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.per_token_cast import check_static
-from kernels_src.quant.per_token_vectors import VectorCast, cast_vectors, fp4_words_fit, vector_elems
+from kernels_src.quant.per_token_vectors import GROUPS, VectorCast, cast_vectors, fp4_words_fit, vector_elems
 from tkaot._quant.kernels import PER_TOKEN_CAST_GENERIC
 
 DECL = PER_TOKEN_CAST_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -35,13 +40,20 @@ THREADS = 128
 SEG_THREADS = 64  # threads a row segment: a row of 8192 bf16 values is 16 segments, of 7168 14
 ROWS = 4  # tokens a thread (the specialised tilings' 4, so as many loads in flight)
 GRID_YZ = 65535  # the most CTAs a grid's y (and z) dimension holds
+# Taken at run time, so the default set's 458 variants of this kernel are 78 cubins
+RUNTIME_AXES = ("group", "sf_layout")
+# A scale factor's place depends on the runtime layout, which no bound the compiler can prove holds: TileLang's guard
+# around each such store is left out (each store is under the kernel's own token and row guards)
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
-def build(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
-    # The specialised kernel's combination rules, at the narrowest row they allow
-    bk = common.block_shape(in_block)[1] if in_dtype in ("e4m3", "e2m1") else group
-    check_static(math.lcm(64, group, bk), in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
-    vec = vector_elems(in_dtype, in_block, group)  # as in the specialised kernel
+def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
+    # The specialised kernel's combination rules, at the narrowest row they allow (row-major scale factors: the modes
+    # that take only those are built for them)
+    bk = common.block_shape(in_block)[1] if in_dtype in ("e4m3", "e2m1") else max(GROUPS)
+    check_static(math.lcm(64, max(GROUPS), bk), in_dtype, in_block, in_sf, fmt, max(GROUPS), sf, "row", mode, stochastic)
+    vec = vector_elems(in_dtype, in_block, min(GROUPS))  # within the narrowest group
+    group, sf_layout = T.dynamic("group"), T.dynamic("sf_layout")
     slots = THREADS // SEG_THREADS
     rows_per_cta = slots * ROWS
 
@@ -72,7 +84,7 @@ def build(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic
         x: T.StridedTensor[(num_tokens, hidden), (x_stride, 1), c.storage],
         x_sf: T.StridedTensor[c.sf_in.shape(in_sf_rows), (in_sf_stride, 1), c.sf_in.dtype],
         out: T.Tensor[(num_tokens, c.out_cols), c.out_storage],
-        out_sf: T.StridedTensor[c.sf_out.shape(num_tokens), (sf_stride, 1), c.sf_out.dtype],
+        out_sf: T.StridedTensor[c.sf_out.shape(num_tokens), c.sf_out.strides(sf_stride), c.sf_out.dtype],
     ):
         with T.Kernel(segs, T.min(token_blocks, GRID_YZ), T.ceildiv(token_blocks, GRID_YZ), threads=THREADS) as (bx, by, bz):
             T.import_source(PDL_SOURCE + (fp4_words.DEVICE_HELPERS if c.fp4_helpers else ""))  # one import a kernel
@@ -80,12 +92,21 @@ def build(in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic
             T.assume(x_stride % (16 // c.storage_bytes) == 0)
             tid = T.get_thread_binding()
             T.assume(hidden % 64 == 0)  # as declared (per_token_cast's hidden axis): the output rows vectorize
+            lanes = T.alloc_var("int32")
+            lanes = c.lanes
+            shift = T.alloc_var("int32")
+            shift = c.group_shift
+            groups = T.alloc_var("int32")
+            groups = c.num_groups
+            m_step, k_step = T.alloc_var("int32"), T.alloc_var("int32")
+            m_step, k_step = c.sf_out.steps(sf_layout, sf_stride)
+            held = c.in_kernel(lanes, shift, groups, (m_step, k_step))
             first_row = (bz * GRID_YZ + by) * rows_per_cta + tid // SEG_THREADS
             col = (bx * SEG_THREADS + tid % SEG_THREADS) * vec  # this thread's vector, in every one of its rows
             in_row = col + vec <= hidden  # the vector is in the row: all of it, or none (hidden is a multiple of vec)
-            group_in_row = col - tid % c.lanes * vec < hidden  # the group starts in the row (it may end past it)
+            group_in_row = col - held.lane_in_group(tid) * vec < hidden  # the group starts in the row (it may end past it)
             at, in_range = placed(first_row, col, in_row)
             group_in_range = lambda token: T.And(token < num_tokens, group_in_row)  # noqa: E731
-            cast_vectors(c, x, x_sf, out, out_sf, tid, at, in_range, group_in_range)
+            cast_vectors(held, x, x_sf, out, out_sf, tid, at, in_range, group_in_range)
 
     return per_token_cast_generic

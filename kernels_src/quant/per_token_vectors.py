@@ -6,11 +6,14 @@ block. The kernel's tiling says only where they lie: vector u is at (token, col)
 is read and written where in_range(token). Everything else is here: all loads issued before any
 math, the group amax (the lanes sharing a group reduce it with warp shuffles), the scale factor
 (with one_scale, lane i of a group forms the scale of the group's vector i and the others fetch it
-with a shuffle), scaling, rounding, and the stores of values and scale factors.
+with a shuffle), scaling, rounding, and the stores of values and scale factors. The group and the
+sf layout may be runtime values (the generic kernel's): the lanes sharing a group are then a runtime
+power of two, their shuffles taken under a branch the same in every lane.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -19,6 +22,7 @@ import tilelang.language as T
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.encode import store_encoded
 
+GROUPS = (16, 32, 64, 128)  # the groups a cast takes (per_token_cast's group axis)
 # in_dtype -> (storage dtype, bytes per storage element, elements per storage element)
 STORAGE = {"bfloat16": ("bfloat16", 2, 1), "float32": ("float32", 4, 1), "e4m3": ("float8_e4m3", 1, 1), "e2m1": ("uint8", 1, 2)}
 
@@ -43,9 +47,9 @@ class VectorCast:
     in_block: str
     in_sf: str
     fmt: str
-    group: int
+    group: object  # an int, or a runtime dim (a power of two in GROUPS)
     sf: str
-    sf_layout: str
+    sf_layout: object  # "row" / "col", or a runtime dim (0 / 1) with a runtime group (common.RuntimeSfLayout)
     mode: str
     stochastic: bool
     hidden: object  # the row width: an int, or the generic kernel's runtime dim
@@ -53,6 +57,14 @@ class VectorCast:
     count: int  # vectors a thread
     one_scale: bool  # the tiling has lane i of a group form the scale factor of the group's vector i, where it can
     fp4_helpers: bool  # bf16 -> E2M1 eight values a call by the fp4_words helpers (fp4_words_fit)
+    # A runtime group's lanes, log2 and count in a row, and the runtime sf layout's steps, as the kernel holds them
+    # (in_kernel): opaque values to the compiler's simplifier, which takes seconds a kernel over expressions of them
+    held: tuple | None = None
+
+    def in_kernel(self, lanes, shift, groups, steps) -> VectorCast:
+        """This cast with a runtime group's lanes, log2 and groups a row, and the sf layout's (m, k) steps, held in
+        the kernel's variables (set to self.lanes, self.group_shift, self.num_groups and self.sf_out.steps())."""
+        return dataclasses.replace(self, held=(lanes, shift, groups, steps))
 
     @property
     def quantized_in(self) -> bool:
@@ -69,9 +81,25 @@ class VectorCast:
             self.in_sf if self.quantized_in else "fp32", self.hidden // self.block[1] if self.quantized_in else 1
         )
 
+    @property
+    def runtime_group(self) -> bool:
+        return not isinstance(self.group, int)
+
+    @cached_property
+    def group_shift(self):
+        """log2 of a runtime group."""
+        return self.held[1] if self.held else T.call_pure_extern("int32", "__ffs", self.group) - 1
+
+    def group_of(self, col):
+        """The group of column col."""
+        return T.shift_right(col, self.group_shift) if self.runtime_group else col // self.group
+
     @cached_property
     def sf_out(self) -> common.SfLayout:
         # a runtime row width may end in a partial group, which has its own scale factor
+        if self.runtime_group:
+            groups = self.held[2] if self.held else T.shift_right(self.hidden + self.group - 1, self.group_shift)
+            return common.RuntimeSfLayout(self.sf, groups, (self.group, self.sf_layout), self.hidden, self.held and self.held[3])
         groups = self.hidden // self.group if isinstance(self.hidden, int) else (self.hidden + self.group - 1) // self.group
         return common.SfLayout(self.sf, self.sf_layout, groups)
 
@@ -97,14 +125,25 @@ class VectorCast:
         return self.vec // self.per_storage
 
     @property
-    def lanes(self) -> int:
-        """Consecutive lanes sharing a group."""
-        return self.group // self.vec
+    def lanes(self):
+        """Consecutive lanes sharing a group (a power of two)."""
+        if self.held:
+            return self.held[0]
+        return T.shift_right(self.group, self.vec.bit_length() - 1) if self.runtime_group else self.group // self.vec
 
     @property
-    def shares_scale(self) -> bool:
-        """Lane i of a group forms the scale factor of the group's vector i and the others fetch it by shuffle."""
-        return self.one_scale and self.count <= self.lanes and self.mode in ("cast", "sf_only")
+    def most_lanes(self) -> int:
+        """The most lanes a group may take."""
+        return max(GROUPS) // self.vec if self.runtime_group else self.lanes
+
+    def lane_in_group(self, tid):
+        return T.bitwise_and(tid, self.lanes - 1) if self.runtime_group else tid % self.lanes
+
+    @property
+    def shares_scale(self):
+        """Lane i of a group forms the scale factor of the group's vector i and the others fetch it by shuffle (with a
+        runtime group, an expression: whether the group's lanes are enough)."""
+        return self.one_scale and self.mode in ("cast", "sf_only") and self.count <= self.lanes
 
     @property
     def fp4_out(self) -> bool:
@@ -159,14 +198,14 @@ def element_index(c: VectorCast, token, col, j):
 def store_sf(c: VectorCast, out_sf, token, col, stored):
     """Store the scale factor of the group at column col; the last group's also zeroes the unused bytes of its
     packed UE8M0 word (how many is known when hidden is; otherwise each is checked)."""
-    out_sf[c.sf_out.index(token, col // c.group)] = stored
+    out_sf[c.sf_out.index(token, c.group_of(col))] = stored
     if isinstance(c.num_groups, int):
         if c.sf_out.pad > 0:
             if col // c.group == c.num_groups - 1:
                 for p in T.unroll(c.sf_out.pad):
                     out_sf[c.sf_out.index(token, c.num_groups + p)] = T.uint8(0)
     elif c.sf_out.packed:
-        if col // c.group == c.num_groups - 1:
+        if c.group_of(col) == c.num_groups - 1:
             for p in T.unroll(common.UE8M0_PACK - 1):
                 if c.num_groups % common.UE8M0_PACK != 0 and c.num_groups % common.UE8M0_PACK + p < common.UE8M0_PACK:
                     out_sf[c.sf_out.index(token, c.num_groups + p)] = T.uint8(0)
@@ -212,14 +251,19 @@ def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range, group_i
                     amax[u] = T.max(amax[u], T.abs(decode(c, x_reg, u, j)))
             if c.quantized_in:
                 amax[u] = amax[u] * in_scale[u]
-        # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes
+        # Every lane takes part in the shuffles (no divergence); groups are aligned runs of lanes. A runtime group
+        # takes the shuffles of the most lanes it may have that are within its lanes, in the same order
         for u in T.unroll(c.count):
-            for s in T.unroll(c.lanes.bit_length() - 1):
-                amax[u] = T.max(amax[u], T.shfl_xor(amax[u], c.lanes >> (s + 1)))
+            for s in T.unroll(c.most_lanes.bit_length() - 1):
+                if c.runtime_group:
+                    if (c.most_lanes >> (s + 1)) < c.lanes:
+                        amax[u] = T.max(amax[u], T.shfl_xor(amax[u], c.most_lanes >> (s + 1)))
+                else:
+                    amax[u] = T.max(amax[u], T.shfl_xor(amax[u], c.lanes >> (s + 1)))
 
     if c.shares_scale:
         # Lane i of each group (i < count) forms the scale of the group's vector i
-        mine = tid % c.lanes
+        mine = c.lane_in_group(tid)
         picked = T.alloc_var("float32")
         picked = amax[0]
         for u in T.unroll(c.count - 1):
@@ -236,7 +280,7 @@ def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range, group_i
         token, col = at(u)
         if in_range(token):
             if c.mode == "precomputed_sf":
-                inv = T.float32(1.0) / common.decode_sf(out_sf[c.sf_out.index(token, col // c.group)], c.sf)
+                inv = T.float32(1.0) / common.decode_sf(out_sf[c.sf_out.index(token, c.group_of(col))], c.sf)
                 if c.inv_bf16:
                     inv = T.Cast("float32", T.Cast("bfloat16", inv))
             elif c.mode == "round_trip":
@@ -253,7 +297,7 @@ def cast_vectors(c: VectorCast, x, x_sf, out, out_sf, tid, at, in_range, group_i
             else:
                 stored, inv_value = common.scale_factor(amax[u], c.fmt, c.sf)
                 inv = inv_value
-                if tid % c.lanes == 0:
+                if c.lane_in_group(tid) == 0:
                     store_sf(c, out_sf, token, col, stored)
             if c.fp4_helpers:
                 o_reg[0] = fp4_words.e2m1x8(T.address_of(x_reg[u, 0]), inv)

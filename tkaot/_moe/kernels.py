@@ -56,9 +56,9 @@ NORMALIZE_WEIGHT = KernelDecl(
 # Any number of weights a token, one variant
 NORMALIZE_WEIGHT_GENERIC = NORMALIZE_WEIGHT.generic("normalize_weight_generic", "kernels_src.moe.normalize_weight_generic", ("num_topk",))
 
-# ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant (4 tokens
-# a block, route gradients gathered in shared memory). Measured on the H200 at 8192x256 top-8 (TileKernels 8.0 µs),
-# 1/2/4/8 tokens a block: 12.17 / 11.28 / 11.54 / 11.29 µs (with aux 14.40 / 13.96 / 14.00 / 13.81): within noise.
+# ---- Backward (training): the gate's logits gradient. Expert and slot counts are runtime values: one variant, 4 tokens
+# a block, every load of a token issued first, route gradients gathered in shared memory. Before (tuned on the H200 at
+# 8192x256 top-8, TileKernels 8.0 µs), scatter1/2/4/8 tokens a block: 12.17 / 11.28 / 11.54 / 11.29 µs, within noise.
 MOE_GATE_BWD_TILINGS = {"default": "scatter4"}
 MOE_TOPK_GATE_BACKWARD = KernelDecl(
     name="moe_topk_gate_backward",

@@ -1,0 +1,245 @@
+"""Time the Engram gate forward's candidates beside the one shipped before them and TileKernels, with the backward
+and grad_w_reduce as shipped, at the bench shapes of bench/cases/engram.py.
+
+Forward candidates are values of engram_gate_fwd's `tiling` axis ("c<ctas>s<stages>x<slice>",
+kernels_src/engram/gate_fwd.py: one warp a CTA over consecutive tokens of one head, cp.async ring of `stages`
+slots of 1024 elements). The control is the register-ring kernel shipped before them ("w4x28b6"), built from
+its source at commit CONTROL_COMMIT (read with git at build time, into a module that lives for the build only).
+`build` declares them all for the length of one build (in this process, -j 1) and writes one artifact set:
+
+    python -m bench.tuning.tune_engram2 build --out tune-artifacts/engram2
+    TKAOT_PATH=$PWD/tune-artifacts/engram2 python -m bench.tuning.tune_engram2 --out tune-results/engram2
+
+Each forward candidate's outputs (out, and with save_for_backward dot / gate_score / rstd_x / rstd_k) are first
+compared bit for bit with TileKernels' on the same inputs, then timed by CUDA-graph replay over rotating input
+sets larger than L2 (bench.timing.device_us). A masked row checks the image-token path against the same
+candidate unmasked (masked rows: out = x and zeros saved; the others: the unmasked bytes). The table comes last;
+the log (one JSON line a row) goes to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+CONTROL = "w4x28b6"  # shipped in session 10 (register rings, 4 warps a CTA): 603 µs, 14.5 µs at 1 token
+CONTROL_COMMIT = "9e3421e"
+# default; 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory: the grid is one wave on 132 SMs); "few"
+CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28", "c1584s14x28")
+# Measured before (8192x4x7168, TileKernels 402 µs, H200): w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
+# cp.async a row a CTA: a28d4 774, a28d8 931, a0d8 621 µs (23 µs at 1 token). Backward: k32d8 1472, k28d8 1458,
+# k32d4 1759 µs against k28d12 1225 (TileKernels 667).
+TOKENS, HC, HIDDEN = 8192, 4, 7168
+EPS, CLAMP = 1e-20, 1e-6
+SHAPES = ((TOKENS, False), (TOKENS, True), (1, False))  # (tokens, save_for_backward)
+CONTROL_MODULE = "bench.tuning._engram2_control"
+
+
+def build(out: str) -> None:
+    """Build the candidates, the control, the shipped backward and grad_w_reduce into `out`."""
+    import importlib
+
+    import kernels_src.engram.gate_fwd as fwd_source
+    from build_tools import ops
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+    from tkaot._decl import KernelDecl, tiling_axis
+    from tkaot._engram.kernels import GATE_BWD_TILINGS, GATE_FWD
+
+    def declare(source, tilings: dict, module_name: str) -> None:
+        fields = {name: getattr(GATE_FWD, name) for name in KernelDecl._fields}
+        decl = KernelDecl(**{**fields, "source": module_name, "axes": (tiling_axis(tilings),), "tilings": tilings})
+        ops.DECLARATIONS[decl.name] = source.DECL = decl
+
+    control_file = Path(__file__).with_name(CONTROL_MODULE.rsplit(".", 1)[1] + ".py")
+    old = subprocess.run(["git", "show", f"{CONTROL_COMMIT}:kernels_src/engram/gate_fwd.py"], capture_output=True, text=True, check=True)
+    start = time.perf_counter()
+    built = 0
+    try:
+        control_file.write_text(old.stdout)
+        control = importlib.import_module(CONTROL_MODULE)
+        declare(control, {"default": CONTROL}, CONTROL_MODULE)
+        report = build_variants([ops.Variant("engram_gate_fwd", (("tiling", CONTROL),))], Path(out), "sm90", 1, BuildCache())
+        built += report.built
+    finally:
+        control_file.unlink(missing_ok=True)
+    declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(CANDIDATES)}, fwd_source.__name__)
+    variants = [ops.Variant("engram_gate_fwd", (("tiling", t),)) for t in CANDIDATES]
+    variants += [ops.Variant("engram_gate_bwd", (("tiling", GATE_BWD_TILINGS["default"]),))]
+    variants += [ops.Variant("engram_grad_w_reduce", (("dtype", "bfloat16"),))]
+    report = build_variants(variants, Path(out), "sm90", 1, BuildCache())
+    print(f"built {built + report.built}, from cache {report.cached} -> {out} in {time.perf_counter() - start:.0f} s")
+
+
+def _inputs(tokens: int, sets: int, gen: torch.Generator) -> list[dict]:
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+
+    w = randn(HC, HIDDEN).float() * randn(HC, HIDDEN).float()
+    return [{"x": randn(tokens, HC, HIDDEN), "kv": randn(tokens, HC + 1, HIDDEN), "w": w} for _ in range(sets)]
+
+
+def _same(got, want) -> bool:
+    pairs = [(g, w) for g, w in zip(got, want) if w is not None]
+    return all(g is not None and g.shape == w.shape and torch.equal(g.view(torch.int8), w.view(torch.int8)) for g, w in pairs)
+
+
+def _timed(name: str, shape: str, run, inputs: list[dict], want, tk_us: float, log) -> tuple:
+    """One row (candidate, shape, µs, TileKernels µs, identical): run's outputs against `want`, then its time."""
+    from bench.timing import device_us
+
+    try:
+        got = run(inputs[0])
+    except Exception as exc:  # not built, or a launch error: the row says which
+        return (name, shape, float("nan"), tk_us, type(exc).__name__)
+    same = "n/a" if want is None else "yes" if _same(got, want) else "NO"
+    us = device_us(run, inputs)[0]
+    log.write(json.dumps({"candidate": name, "shape": shape, "us": us, "tk_us": tk_us, "identical": same}) + "\n")
+    return (name, shape, us, tk_us, same)
+
+
+def _beside(tk, run, inputs: list[dict]) -> tuple:
+    """TileKernels' outputs on inputs[0] and its time (None and nan without it)."""
+    from bench.timing import device_us
+
+    if tk is None:
+        return None, float("nan")
+    want = tuple(w if w is None else w.clone() for w in run(tk)(inputs[0]))  # cloned: an in-place op's timing updates them
+    return want, device_us(run(tk), inputs)[0]
+
+
+def _fwd_rows(tk, log, gen) -> list[tuple]:
+    import tkaot
+    from tkaot._engram import gate
+
+    shipped = dict(gate.GATE_FWD_TILINGS)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for tokens, save in SHAPES:
+        per_set = tokens * (2 * HC + HC + 1) * HIDDEN * 2 + HC * HIDDEN * 4
+        inputs = _inputs(tokens, min(64, max(2, -(-3 * l2 // per_set))), gen)
+        shape = f"{tokens}x{HC}x{HIDDEN}{' save' if save else ''}"
+
+        def run(lib, save=save):
+            return lambda a: lib.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, save)
+
+        want, tk_us = _beside(tk, run, inputs)
+        for tiling in (CONTROL, *CANDIDATES):
+            gate.GATE_FWD_TILINGS = {"default": tiling, "few": tiling}  # the op reads its tilings here at every call
+            rows.append(_timed(tiling, shape, run(tkaot), inputs, want, tk_us, log))
+        gate.GATE_FWD_TILINGS = shipped
+        rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))  # default, or "few" at 1 token
+        del inputs
+        torch.cuda.empty_cache()
+    rows += _masked_rows(gen, log)
+    gate.GATE_FWD_TILINGS = shipped
+    return rows
+
+
+def _masked_rows(gen, log) -> list[tuple]:
+    """The image-token path (saved, and in place) of each candidate against the same candidate unmasked: masked
+    rows pass x and save zeros, the others keep the unmasked bytes (TileKernels' mask variant is not compiled
+    here: its JIT would cost the time budget; the parity suite compares it)."""
+    import tkaot
+    from tkaot._engram import gate
+
+    a = _inputs(1000, 1, gen)[0]
+    mask = torch.rand(1000, generator=gen, device="cuda") < 0.3
+    rows = []
+    for tiling in (CONTROL, *CANDIDATES):
+        gate.GATE_FWD_TILINGS = {"default": tiling, "few": tiling}
+        try:
+            plain = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True)
+            masked = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, mask)
+            in_place = a["x"].clone()
+            tkaot.engram.engram_gate_fwd(in_place, a["kv"], a["w"], EPS, CLAMP, False, mask, True)
+        except Exception as exc:  # not built, or a launch error
+            rows.append((tiling, "1000 masked (self)", float("nan"), float("nan"), type(exc).__name__))
+            continue
+        want = torch.where(mask[:, None, None], a["x"], plain[0])
+        saved = [torch.where(mask[:, None], torch.zeros_like(s), s) for s in plain[1:]]
+        same = "yes" if _same(masked, (want, *saved)) and _same((in_place,), (want,)) else "NO"
+        log.write(json.dumps({"candidate": tiling, "shape": "1000 masked", "identical": same}) + "\n")
+        rows.append((tiling, "1000 masked (self)", float("nan"), float("nan"), same))
+    return rows
+
+
+def _bwd_rows(tk, log, gen) -> list[tuple]:
+    import tkaot
+
+    inputs = _inputs(TOKENS, 2, gen)  # 2.6 GB a set: two sets are past the L2 many times over
+    for a in inputs:
+        a["go"] = torch.randn(TOKENS, HC, HIDDEN, generator=gen, device="cuda").bfloat16()
+        a["saved"] = tkaot.reference.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, None)[1:]
+
+    def run(lib):
+        return lambda a: lib.engram.engram_gate_bwd(a["go"], a["x"], a["kv"], a["w"], *a["saved"], CLAMP)
+
+    want, tk_us = _beside(tk, run, inputs)
+    row = _timed("bwd", f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log)
+    del inputs
+    torch.cuda.empty_cache()
+    return [row]
+
+
+def _reduce_rows(tk, log, gen) -> list[tuple]:
+    """grad_w_reduce updates its gradients in place: each call runs on clones, compared on the two gradients."""
+    import tkaot
+
+    partials = torch.cuda.get_device_properties(0).multi_processor_count
+    sets = -(-3 * torch.cuda.get_device_properties(0).L2_cache_size // (partials * HC * HIDDEN * 4))
+
+    def make():
+        wh, we = (torch.randn(HC, HIDDEN, generator=gen, device="cuda").bfloat16() for _ in range(2))
+        p = torch.randn(partials, HC, HIDDEN, generator=gen, device="cuda")
+        gh, ge = (torch.randn(HC, HIDDEN, generator=gen, device="cuda") for _ in range(2))
+        return {"p": p, "wh": wh, "we": we, "gh": gh, "ge": ge}
+
+    inputs = [make() for _ in range(min(64, sets))]
+
+    def run(lib):
+        def call(a):
+            lib.engram.grad_w_reduce(a["p"], a["wh"], a["we"], a["gh"], a["ge"])
+            return a["gh"], a["ge"]
+
+        return call
+
+    pristine = inputs[0]
+    inputs[0] = {k: v.clone() for k, v in pristine.items()}  # TileKernels' timing updates this one
+    want, tk_us = _beside(tk, run, inputs)
+    inputs[0] = pristine  # our first call starts from the same values as TileKernels' first
+    return [_timed("reduce", f"{partials}x{HC}x{HIDDEN} fp32", run(tkaot), inputs, want, tk_us, log)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("run", "build"), default="run")
+    parser.add_argument("--out", required=True, help="run: the log's folder; build: the artifact set's")
+    args = parser.parse_args()
+    if args.command == "build":
+        build(args.out)
+        return
+    try:
+        import tile_kernels as tk
+    except Exception as exc:  # not installed, or no TileLang: the TileKernels columns stay empty
+        print(f"tile_kernels not importable ({type(exc).__name__}: {exc})")
+        tk = None
+    start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with open(out / "tune_engram2.jsonl", "w") as log:
+        rows = _fwd_rows(tk, log, gen) + _bwd_rows(tk, log, gen) + _reduce_rows(tk, log, gen)
+    print(f"{torch.cuda.get_device_name()}, {time.perf_counter() - start:.0f} s")
+    print(f"{'candidate':12s} {'shape':22s} {'µs':>9s} {'TK µs':>9s} {'ratio':>6s}  identical")
+    for name, shape, us, tk_us, same in rows:
+        print(f"{name:12s} {shape:22s} {us:9.2f} {tk_us:9.2f} {us / tk_us:6.3f}  {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Time candidates of moe_topk_gate_backward (kernels_src/moe/moe_topk_gate_backward.py) beside TileKernels.
+
+Each candidate is the kernel built with another builder (a module attribute patched while it is built, or the
+module as it was at a commit), into its own artifact set ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
+
+    python -m bench.tuning.tune_train2 build --out tune-artifacts/train2
+
+(the build CLI's shape sets cannot build an older source or a builder the declaration does not ship, hence this
+command), then timed on the GPU, where tile_kernels imports:
+
+    python -m bench.tuning.tune_train2 --artifacts tune-artifacts/train2 --out DIR
+
+Rows: bench/cases/backward.py's shapes (8192 x 256, top-8, without and with the aux term), each candidate's
+launcher called with the op's argument order, CUDA-graph replay over rotating inputs larger than L2 (bench.timing).
+Before timing, each candidate's output is compared with the control's bytes ("before", the kernel shipped until
+now) and with TileKernels' within the parity suite's tolerance (tests/parity_backward_cases.py: rtol 1e-5 / atol
+1e-6; TileKernels builds with fast math and adds repeated experts with atomics). A last check-only input repeats
+experts within a token and leaves slots empty (-1), against the torch reference.
+Prints a table last (candidate, shape, µs, TileKernels µs, ratio, identical?) and writes DIR/tune_train2.log.
+
+Earlier runs (H200, µs at 8192x256 top-8 / with aux; TileKernels 7.2-8.0 / 8.3-8.5): the kernel before the
+shared-memory gather 11.84 / 13.78; "before" (scatter, 1/2/4/8 tokens a block) 12.17 / 11.28 / 11.54 / 11.29 and
+14.40 / 13.96 / 14.00 / 13.81, within noise (10.50 / 13.17 in the session's final bench run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ARTIFACTS = "tune-artifacts/train2"
+KERNEL, MODULE = "moe_topk_gate_backward", "kernels_src.moe.moe_topk_gate_backward"
+BEFORE = "9e3421e"  # main before this change: the "scatter4" kernel (exact expm1f, a dependent gather)
+TOKENS, EXPERTS, TOPK, SCALE, SEQS = 8192, 256, 8, 2.5, 4
+SETS = 4  # rotating input sets: 4 x (8 MiB in + 8 MiB out), past the 50 MiB L2
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # also its artifact set's directory
+    builder: str  # a function of this module returning `build`, or "before" (the module at BEFORE)
+    note: str
+
+
+CANDIDATES = (
+    Candidate("before", "before", "scatter4 as shipped until now (9e3421e): loads in three dependent rounds, exact expm1f / division"),
+    Candidate("new", "shipped", "the new default: every load first, chosen scores from shared memory, fast derivative"),
+    Candidate("new.exact", "exact", "new with the exact expm1f / IEEE division of before: must write before's bytes"),
+    Candidate("new.1warp", "one_warp", "new at 1 token a block (TileKernels' grid: 8192 blocks of 32 threads)"),
+    Candidate("new.b12", "capped", "new with 12 blocks an SM asked (<= 40 registers: 48 warps, not 32)"),
+)  # fmt: skip
+
+
+# ---- the candidates' builders (each returns a `build(tiling)`)
+
+
+def shipped():
+    return importlib.import_module(MODULE).build
+
+
+def exact():
+    import tilelang.language as T
+
+    module = importlib.import_module(MODULE)
+
+    def grad(u, du):  # the expression of the kernel before, term for term
+        return T.if_then_else(u > 0, -T.call_extern("float32", "expm1f", -u * u) / (2 * u) * du, T.float32(0.0))
+
+    return lambda tiling: module.gate_backward_kernel(4, grad=grad)
+
+
+def one_warp():
+    module = importlib.import_module(MODULE)
+    return lambda tiling: module.gate_backward_kernel(1)
+
+
+def capped():
+    module = importlib.import_module(MODULE)
+    return lambda tiling: module.gate_backward_kernel(4, min_blocks=12)
+
+
+def before(tmp: Path):
+    """`build` of the kernel module as it was at BEFORE (its WARPS map keys the default tiling's name: 4 tokens a block)."""
+    from bench.tuning.tune_mhc_perf import _build_at
+
+    return _build_at(MODULE, BEFORE, tmp)
+
+
+@contextlib.contextmanager
+def _patched(candidate: Candidate, tmp: Path):
+    module = importlib.import_module(MODULE)
+    saved = module.build
+    module.build = before(tmp) if candidate.builder == "before" else globals()[candidate.builder]()
+    try:
+        yield
+    finally:
+        module.build = saved
+
+
+def build(out: Path) -> None:
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+    from build_tools.ops import Variant
+    from tkaot._moe.kernels import MOE_GATE_BWD_TILINGS
+
+    t0 = time.perf_counter()
+    # A cache of its own: a patched builder does not change the kernel's source hash
+    with tempfile.TemporaryDirectory(prefix="tune-train2-cache-") as cache:
+        for c in CANDIDATES:
+            t = time.perf_counter()
+            with _patched(c, Path(cache)):
+                variant = Variant.make(KERNEL, {"tiling": MOE_GATE_BWD_TILINGS["default"]})
+                build_variants([variant], out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
+            print(f"{c.name:14s} built in {time.perf_counter() - t:5.1f} s", flush=True)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
+
+
+# ---- time (GPU)
+
+
+def _launcher(artifacts: Path, candidate: Candidate):
+    from tkaot._kernel import Kernel
+    from tkaot._moe import backward as gate_backward
+
+    set_dir = artifacts / candidate.name
+    (entry,) = [e for e in json.loads((set_dir / "manifest.json").read_text())["variants"] if e["kernel"] == KERNEL]
+    cubin = set_dir / "cubins" / f"{entry['cubin']}.cubin"
+    return Kernel(KERNEL, entry["key"], entry["launch"], cubin, entry["cubin"], candidate.name).bind(gate_backward._KERNEL.args)
+
+
+def _inputs(gen, aux: bool, tokens: int = TOKENS, repeats: bool = False) -> dict:
+    import torch
+
+    scores = torch.nn.functional.softplus(torch.randn(tokens, EXPERTS, device="cuda", generator=gen) * 2).sqrt()
+    idx = torch.argsort(torch.rand(tokens, EXPERTS, device="cuda", generator=gen), dim=1)[:, :TOPK].contiguous()
+    if repeats:  # fixed routing may repeat an expert; masked slots carry -1
+        idx[::3, 1] = idx[::3, 0]
+        idx[::5, 7] = idx[::5, 0]
+        idx[::7, 4] = -1
+    return {
+        "scores": scores, "idx": idx,
+        "w": torch.rand(tokens, TOPK, device="cuda", generator=gen),
+        "dw": torch.randn(tokens, TOPK, device="cuda", generator=gen),
+        "mask": (torch.rand(tokens, device="cuda", generator=gen) > 0.1) if aux else None,
+        "h": torch.randn(SEQS, EXPERTS, device="cuda", generator=gen) if aux else None,
+        "out": torch.empty(tokens, EXPERTS, device="cuda"),
+    }  # fmt: skip
+
+
+def _call(launch, device: int):
+    from tkaot._op import current_stream
+
+    def call(a: dict) -> None:
+        tokens = a["scores"].shape[0]
+        launch(
+            device, current_stream(device),
+            a["scores"].data_ptr(), a["idx"].data_ptr(), a["w"].data_ptr(), a["dw"].data_ptr(),
+            0 if a["mask"] is None else a["mask"].data_ptr(), 0 if a["h"] is None else a["h"].data_ptr(),
+            a["out"].data_ptr(), SCALE, 0 if a["h"] is None else 1, tokens // SEQS, tokens, EXPERTS, TOPK,
+        )  # fmt: skip
+
+    return call
+
+
+def _theirs(tk):
+    def call(a: dict) -> None:
+        tk.moe.moe_topk_gate_backward(a["scores"], a["idx"], a["w"], a["dw"], SCALE, mask=a["mask"], grad_scores_sum=a["h"], out=a["out"])
+
+    return call
+
+
+def _run(call, a: dict):
+    import torch
+
+    a["out"].fill_(float("nan"))
+    call(a)
+    torch.cuda.synchronize()
+    return a["out"].clone()
+
+
+def _verdict(got, control, want, rtol: float, atol: float, against: str) -> str:
+    import torch
+
+    same = "=before" if control is not None and torch.equal(got.view(torch.int32), control.view(torch.int32)) else "differs from before"
+    rel = ((got - want).abs() / want.abs().clamp_min(1e-30)).max().item()
+    close = "close to" if torch.allclose(got, want, rtol=rtol, atol=atol) else "FAR from"
+    return f"{same}, {close} {against} (max rel {rel:.1e})"
+
+
+def time_candidates(artifacts: Path, out: Path) -> None:
+    import tile_kernels as tk
+    import torch
+
+    from bench.timing import device_us
+    from tkaot.reference import backward as ref
+
+    start = time.perf_counter()
+    device = torch.cuda.current_device()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    log: list[str] = []
+    rows: list[tuple] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.append(line)
+
+    calls = {}
+    for c in CANDIDATES:
+        try:
+            calls[c.name] = _call(_launcher(artifacts, c), device)
+        except Exception as exc:  # a candidate that fails to load is reported, not fatal
+            say(f"{c.name}: not loaded ({type(exc).__name__}: {exc})")
+    for aux in (False, True):
+        shape = f"{TOKENS}x{EXPERTS}, top-{TOPK}" + (", aux" if aux else "")
+        sets = [_inputs(gen, aux) for _ in range(SETS)]
+        want = _run(_theirs(tk), sets[0])
+        tk_us, _ = device_us(_theirs(tk), sets, reps=30)
+        control = _run(calls["before"], sets[0]) if "before" in calls else None
+        for name, call in calls.items():
+            verdict = _verdict(_run(call, sets[0]), control, want, RTOL, ATOL, "TK")
+            us, mode = device_us(call, sets, reps=30)
+            say(f"{name:14s} {shape:24s} {us:7.2f} µs ({mode})  TK {tk_us:6.2f}  {verdict}")
+            rows.append((name, shape, us, tk_us, us / tk_us, verdict))
+        del sets
+    # Repeated experts and empty slots, against the torch reference
+    for aux in (False, True):
+        a = _inputs(gen, aux, tokens=1000, repeats=True)
+        want = ref.moe_topk_gate_backward(a["scores"], a["idx"], a["w"], a["dw"], SCALE, a["mask"], a["h"])
+        control = _run(calls["before"], a) if "before" in calls else None
+        for name, call in calls.items():
+            say(f"repeats{' + aux' if aux else ''}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
+
+    say(f"\n{'candidate':14s} {'shape':24s} {'µs':>7s} {'TK µs':>7s} {'ratio':>6s}  identical?")
+    for name, shape, us, tk_us, ratio, verdict in rows:
+        say(f"{name:14s} {shape:24s} {us:7.2f} {tk_us:7.2f} {ratio:6.2f}  {verdict}")
+    say(f"{time.perf_counter() - start:.1f} s")
+    (out / "tune_train2.log").write_text("\n".join(log) + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("time", "build"), default="time")
+    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--out", type=Path, required=True, help="build: where the sets go; time: the log's directory")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "build":
+        build(args.out)
+    else:
+        time_candidates(args.artifacts, args.out)
+
+
+if __name__ == "__main__":
+    main()
