@@ -7,10 +7,11 @@ outside tkaot's scope; their outputs are stand-in buffers. Used by the GPU
 tests (graph replay and torch.compile equal eager, bit for bit) and by `python -m bench.decode`, which times
 a step eager, as a hand-captured CUDA graph, compiled (fullgraph) and compiled with mode="reduce-overhead", the
 latter twice: over plain inputs, and over the step's state marked static (`mark_static`: what a user writes for
-persistent buffers). The step rotates q and k in place; CUDA graph trees replay a graph that writes its inputs only
-when those inputs are static (module parameters and buffers, or tensors marked with
-torch._dynamo.mark_static_address), so over plain inputs Inductor skips CUDA graphs ("mutated inputs") and the
-step runs as compiled code; marked static it replays one graph and copies no inputs.
+persistent buffers: no input copies). The rotary writes q and k in place; as in a model, they are the step's own
+tensors (stand-ins for the q/k projections' outputs, made inside the step), not its inputs: CUDA graph trees replay
+a graph that writes its inputs only when those inputs count as static, and on torch 2.11 (H200 run, session 11) a
+step rotating its input q/k in place was compiled without CUDA graphs ("mutated inputs") even with the inputs
+marked by torch._dynamo.mark_static_address.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def empty_state(tokens: int, device="cuda") -> dict:
 def mark_static(state: dict) -> dict:
     """Mark the step's tensors as static inputs of compiled code (fixed addresses across calls, as a serving engine's
     persistent buffers are): mode="reduce-overhead" then replays one CUDA graph that reads and writes them in place,
-    with no input copies, and the in-place rotary of q and k does not make Inductor skip CUDA graphs."""
+    with no input copies."""
     for t in state.values():
         torch._dynamo.mark_static_address(t)
     return state
@@ -62,11 +63,12 @@ def mark_static(state: dict) -> dict:
 def step(s: dict) -> dict:
     x, _, res1 = tkaot.quant.norm_forward(s["h"], s["w_attn"], 1e-6, residual=s["res"])
     x_fp8, x_sf = tkaot.quant.per_token_cast(x, "e4m3", 128, round_sf=True)
-    tkaot.transform.apply_rotary(s["q"], s["cos_sin"], key=s["k"], positions=s["positions"])
+    q, k = s["q"].clone(), s["k"].clone()  # the q/k projections' outputs (GEMMs are outside tkaot's scope)
+    tkaot.transform.apply_rotary(q, s["cos_sin"], key=k, positions=s["positions"])
     y, _, res2 = tkaot.quant.norm_forward(s["attn_out"], s["w_ffn"], 1e-6, residual=res1)
     topk_idx, topk_w = tkaot.moe.moe_topk_gate_forward(s["logits"], TOPK, False, 0, 2.5, 0)
     act, act_sf = tkaot.quant.swiglu_forward_and_per_token_cast(s["gate_up"], "e4m3", 128, round_sf=True)
-    return {"x_fp8": x_fp8, "x_sf": x_sf, "q": s["q"], "k": s["k"], "y": y, "res2": res2,
+    return {"x_fp8": x_fp8, "x_sf": x_sf, "q": q, "k": k, "y": y, "res2": res2,
             "topk_idx": topk_idx, "topk_w": topk_w, "act": act, "act_sf": act_sf}  # fmt: skip
 
 

@@ -79,8 +79,8 @@ def test_reduce_overhead_replays_the_decode_step_exactly():
 
 
 def test_reduce_overhead_over_static_state_replays_cuda_graphs():
-    """The step's state marked static (bench.decode.mark_static): Inductor keeps CUDA graphs (the in-place rotary writes
-    static inputs), and the replays give eager's bits as the state changes in place."""
+    """The step's state marked static (bench.decode.mark_static): Inductor keeps CUDA graphs (the step writes only its
+    own tensors) and copies no input, and the replays give eager's bits as the state changes in place."""
     from torch._dynamo.utils import counters
 
     skips = counters["inductor"]["cudagraph_skips"]
