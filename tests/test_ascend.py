@@ -560,3 +560,23 @@ def test_pip_install_tkaot_ascend950_from_built_wheels_offline(tmp_path):
 
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.split() == ["AscendKernel", "FAKEELF-", tkaot.__version__]
+
+
+def test_the_committed_ascend950_set_serves_every_default_variant_an_ascend_module_builds():
+    """prebuilt/ascend950 (stage 1, committed): the sm90 default set's variants less exactly those the Ascend modules
+    refuse (with their reason), each entry's AscendC source present under its sha256 and its spec well formed."""
+    import hashlib
+
+    root = ROOT / "prebuilt" / "ascend950"
+    entries = json.loads((root / "manifest.json").read_text())["variants"]
+    default = json.loads((ROOT / "prebuilt" / "sm90" / "manifest.json").read_text())["variants"]
+    served = {(e["kernel"], e["key"]) for e in entries}
+    assert len(served) == len(entries)
+    for e in default:
+        why = ascend.unsupported(Variant.make(e["kernel"], e["static"]))
+        assert ((e["kernel"], e["key"]) in served) == (why is None), (e["kernel"], e["key"], why)
+    assert served <= {(e["kernel"], e["key"]) for e in default}
+    for digest in {e["source"] for e in entries}:
+        assert hashlib.sha256((root / "sources" / f"{digest}.asc").read_bytes()).hexdigest() == digest
+    for e in entries:
+        LaunchSpec.from_json(e["launch"])
