@@ -21,6 +21,14 @@ Prints a table last (candidate, shape, µs, TileKernels µs, ratio, identical?) 
 Earlier runs (H200, µs at 8192x256 top-8 / with aux; TileKernels 7.2-8.0 / 8.3-8.5): the kernel before the
 shared-memory gather 11.84 / 13.78; "before" (scatter, 1/2/4/8 tokens a block) 12.17 / 11.28 / 11.54 / 11.29 and
 14.40 / 13.96 / 14.00 / 13.81, within noise (10.50 / 13.17 in the session's final bench run).
+Session 11 (H200; plain / aux, TileKernels 7.75 / 9.63): before 11.67 / 13.92, new 10.52 / 12.48 (shipped), new.exact
+11.69 / 13.73, new.1warp 12.72 / 14.86, new.b12 11.68 / 17.75 (spills); all close to TileKernels (max rel 3.2e-7
+plain; 1.6e-2 with aux for every candidate, "before" too: elements where h - <h,u>/sum(u) cancels to near 0, within
+the atol). new.gather not yet measured (earlier, a global gather timed as the shared one, within noise): 55
+registers rather than 64, 8 KiB of shared memory a block rather than 16. What else TileKernels does not do: it is
+built for its expert count (8 scores a lane at 256, 2 16-byte loads and stores), while ours runs to MAX_EXPERTS (512:
+u and h of 16 registers a lane, half of them idle at 256, 16 branch-guarded scalar accesses); a 256-expert bound (a
+second variant) is the next candidate.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ CANDIDATES = (
     Candidate("new.exact", "exact", "new with the exact expm1f / IEEE division of before: must write before's bytes"),
     Candidate("new.1warp", "one_warp", "new at 1 token a block (TileKernels' grid: 8192 blocks of 32 threads)"),
     Candidate("new.b12", "capped", "new with 12 blocks an SM asked (<= 40 registers: 48 warps, not 32)"),
+    Candidate("new.gather", "gathered", "new with TileKernels' gather of the chosen scores from global memory (L1): no scores row in shared memory"),
 )  # fmt: skip
 
 
@@ -86,6 +95,34 @@ def capped():
     return lambda tiling: module.gate_backward_kernel(4, min_blocks=12)
 
 
+# new.gather: the shipped module with these exact edits (each must match once). TileKernels writes no scores row:
+# it zeroes its route row and reads the chosen scores back from the row just loaded (an L1 hit); ours stores the
+# whole row in shared memory (8 stores a lane, 4 KiB of a block's 8) for 1 load a slot lane. Same values, same bytes.
+GATHER_EDITS = (
+    ("__shared__ float tkaot_gate_rows[2]", "__shared__ float tkaot_gate_rows[1]"),
+    ("SCORES_ROW, ROUTE_ROW = 0, 1", "SCORES_ROW, ROUTE_ROW = -1, 0"),
+    ('                        T.call_extern("int32", "tkaot_row_put", SCORES_ROW, warp, lane + i * WARP, u[i])\n', ""),
+    ('u_k = T.call_extern("float32", "tkaot_row_get", SCORES_ROW, warp, idx)', "u_k = scores[token, idx]"),
+)
+
+
+def gathered(tmp: Path):
+    """`build` of the shipped module with GATHER_EDITS applied, loaded from a file (TileLang reads its source)."""
+    import importlib.util
+
+    text = Path(importlib.import_module(MODULE).__file__).read_text()
+    for old, new in GATHER_EDITS:
+        if text.count(old) != 1:
+            raise AssertionError(f"new.gather: {old!r} is not in the kernel once")
+        text = text.replace(old, new)
+    file = tmp / "moe_topk_gate_backward_gather.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"{MODULE}_gather", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build
+
+
 def before(tmp: Path):
     """`build` of the kernel module as it was at BEFORE (its WARPS map keys the default tiling's name: 4 tokens a block)."""
     from bench.tuning.tune_mhc_perf import _build_at
@@ -97,7 +134,10 @@ def before(tmp: Path):
 def _patched(candidate: Candidate, tmp: Path):
     module = importlib.import_module(MODULE)
     saved = module.build
-    module.build = before(tmp) if candidate.builder == "before" else globals()[candidate.builder]()
+    if candidate.builder in ("before", "gathered"):
+        module.build = globals()[candidate.builder](tmp)
+    else:
+        module.build = globals()[candidate.builder]()
     try:
         yield
     finally:

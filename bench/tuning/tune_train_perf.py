@@ -25,6 +25,14 @@ Runs so far (H200, µs; TileKernels in brackets):
   columns rather than 56 of 128 (the same order of sums, so the same bytes). Staging depth as a tiling was not
   tried: the loss was in the weight rows alone, and the residual and no-weight rows (same kernel, runtime flags)
   gained from the staging.
+- session 11 (H200): weight 109.5 (1.13x), + residual grad 125.9 (1.07x), generic fp32 7168 229 (1.27x), generic bf16
+  3168 80 (1.48x). TileKernels' tiling, read from its source: at bf16 7168 2 rows a block of 256 threads (128 a row,
+  7 vectors of 8 a thread), fp32 7168 1 row of 256 threads (7 vectors of 4), bf16 3168 4 rows of 64 threads (25
+  vectors of 2: 16-byte vectors do not divide 3168 / 32), always 2 stages and one block an SM (132 blocks).
+  At 7168 that is as many rows in flight as ours (264 blocks of 1 row); the candidates it suggests, not yet built:
+  fp32 with 2 stages at one block an SM (ours: 1 stage, 2 blocks), and for 3168 (ours: 2 vectors of 8 over 256
+  threads, the second vector idle in 116 of them) 128 threads a row. Each changes the op's grid and so the order
+  of the weight-gradient partials (within tolerance of TileKernels, not today's bytes); nothing shipped.
 """
 
 from __future__ import annotations
