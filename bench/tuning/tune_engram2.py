@@ -29,7 +29,7 @@ import torch
 
 CONTROL = "w4x28b6"  # shipped in session 10 (register rings, 4 warps a CTA): 603 µs, 14.5 µs at 1 token
 CONTROL_COMMIT = "9e3421e"
-# default; 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory: the grid is one wave on 132 SMs); "few"
+# default; 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory); the decode pick dropped in session 11
 CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28", "c1584s14x28")
 # Measured before (8192x4x7168, TileKernels 402 µs, H200): w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
 # cp.async a row a CTA: a28d4 774, a28d8 931, a0d8 621 µs (23 µs at 1 token). Backward: k32d8 1472, k28d8 1458,
@@ -130,10 +130,10 @@ def _fwd_rows(tk, log, gen) -> list[tuple]:
 
         want, tk_us = _beside(tk, run, inputs)
         for tiling in (CONTROL, *CANDIDATES):
-            gate.GATE_FWD_TILINGS = {"default": tiling, "few": tiling}  # the op reads its tilings here at every call
+            gate.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tilings here at every call
             rows.append(_timed(tiling, shape, run(tkaot), inputs, want, tk_us, log))
         gate.GATE_FWD_TILINGS = shipped
-        rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))  # default, or "few" at 1 token
+        rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))
         del inputs
         torch.cuda.empty_cache()
     rows += _masked_rows(gen, log)
@@ -152,7 +152,7 @@ def _masked_rows(gen, log) -> list[tuple]:
     mask = torch.rand(1000, generator=gen, device="cuda") < 0.3
     rows = []
     for tiling in (CONTROL, *CANDIDATES):
-        gate.GATE_FWD_TILINGS = {"default": tiling, "few": tiling}
+        gate.GATE_FWD_TILINGS = {"default": tiling}
         try:
             plain = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True)
             masked = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, mask)
