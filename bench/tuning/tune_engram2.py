@@ -3,8 +3,8 @@ and grad_w_reduce as shipped, at the bench shapes of bench/cases/engram.py.
 
 Forward candidates are values of engram_gate_fwd's `tiling` axis ("c<ctas>s<stages>x<slice>",
 kernels_src/engram/gate_fwd.py: one warp a CTA over consecutive tokens of one head, cp.async ring of `stages`
-slots of 1024 elements). The control is the register-ring kernel shipped before them ("w4x28b6"), built from
-its source at commit CONTROL_COMMIT (read with git at build time, into a module that lives for the build only).
+slots of 1024 elements). The control is the kernel shipped before them, built from its source at commit
+CONTROL_COMMIT (read with git at build time, into a module that lives for the build only).
 `build` declares them all for the length of one build (in this process, -j 1) and writes one artifact set:
 
     python -m bench.tuning.tune_engram2 build --out tune-artifacts/engram2
@@ -27,11 +27,15 @@ from pathlib import Path
 
 import torch
 
-CONTROL = "w4x28b6"  # shipped in session 10 (register rings, 4 warps a CTA): 603 µs, 14.5 µs at 1 token
-CONTROL_COMMIT = "9e3421e"
-# default; 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory); the decode pick dropped in session 11
-CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28", "c1584s14x28")
-# Measured before (8192x4x7168, TileKernels 402 µs, H200): w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
+# Session 11's first default, its weights read a chunk at a time behind a guard: 563 µs, 9.94 at 1 token. Named
+# c1585: a key of its own beside the candidates, the same grid (1585 // 4 = 1584 // 4 runs) at hc_mult 4
+CONTROL = "c1585s2x28"
+CONTROL_COMMIT = "73960df"
+# default (an item's weights read before its wait); 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory),
+# with the chunk-at-a-time weights 597 / 10.34 and 624 / 9.98 µs. Dropped: c1584s14x28 (878 / 10.68 µs)
+CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28")
+# Measured before (8192x4x7168, TileKernels 402 µs, H200): register rings w4x28b6 591-603 (14.5 µs at 1 token),
+# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
 # cp.async a row a CTA: a28d4 774, a28d8 931, a0d8 621 µs (23 µs at 1 token). Backward: k32d8 1472, k28d8 1458,
 # k32d4 1759 µs against k28d12 1225 (TileKernels 667).
 TOKENS, HC, HIDDEN = 8192, 4, 7168
