@@ -1,5 +1,5 @@
 """Time the Engram gate forward's candidates beside the one shipped before them and TileKernels, with the backward
-and grad_w_reduce as shipped, at the bench shapes of bench/cases/engram.py.
+(shipped and BWD_CANDIDATES) and grad_w_reduce as shipped, at the bench shapes of bench/cases/engram.py.
 
 Forward candidates are values of engram_gate_fwd's `tiling` axis ("c<ctas>s<stages>x<slice>",
 kernels_src/engram/gate_fwd.py: one warp a CTA over consecutive tokens of one head, cp.async ring of `stages`
@@ -38,6 +38,10 @@ CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28")
 # w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
 # cp.async a row a CTA: a28d4 774, a28d8 931, a0d8 621 µs (23 µs at 1 token). Backward: k32d8 1472, k28d8 1458,
 # k32d4 1759 µs against k28d12 1225 (TileKernels 667).
+# Backward candidates (kernels_src/engram/gate_bwd.py "k<keep>d<depth>c"): the kept groups' loads by cp.async into
+# shared memory in place of the spilling register rings (k28d12: 255 registers, 32 bytes spilled; k28d12c: 219, none,
+# but TileLang's inserted barriers: two a group), unmeasured in session 11
+BWD_CANDIDATES = ("k28d12c", "k28d8c")
 TOKENS, HC, HIDDEN = 8192, 4, 7168
 EPS, CLAMP = 1e-20, 1e-6
 SHAPES = ((TOKENS, False), (TOKENS, True), (1, False))  # (tokens, save_for_backward)
@@ -48,15 +52,16 @@ def build(out: str) -> None:
     """Build the candidates, the control, the shipped backward and grad_w_reduce into `out`."""
     import importlib
 
+    import kernels_src.engram.gate_bwd as bwd_source
     import kernels_src.engram.gate_fwd as fwd_source
     from build_tools import ops
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
     from tkaot._decl import KernelDecl, tiling_axis
-    from tkaot._engram.kernels import GATE_BWD_TILINGS, GATE_FWD
+    from tkaot._engram.kernels import GATE_BWD, GATE_BWD_TILINGS, GATE_FWD
 
-    def declare(source, tilings: dict, module_name: str) -> None:
-        fields = {name: getattr(GATE_FWD, name) for name in KernelDecl._fields}
+    def declare(source, tilings: dict, module_name: str, base=GATE_FWD) -> None:
+        fields = {name: getattr(base, name) for name in KernelDecl._fields}
         decl = KernelDecl(**{**fields, "source": module_name, "axes": (tiling_axis(tilings),), "tilings": tilings})
         ops.DECLARATIONS[decl.name] = source.DECL = decl
 
@@ -74,7 +79,9 @@ def build(out: str) -> None:
         control_file.unlink(missing_ok=True)
     declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(CANDIDATES)}, fwd_source.__name__)
     variants = [ops.Variant("engram_gate_fwd", (("tiling", t),)) for t in CANDIDATES]
-    variants += [ops.Variant("engram_gate_bwd", (("tiling", GATE_BWD_TILINGS["default"]),))]
+    bwd = (GATE_BWD_TILINGS["default"], *BWD_CANDIDATES)
+    declare(bwd_source, {f"candidate{i}": t for i, t in enumerate(bwd)}, bwd_source.__name__, GATE_BWD)
+    variants += [ops.Variant("engram_gate_bwd", (("tiling", t),)) for t in bwd]
     variants += [ops.Variant("engram_grad_w_reduce", (("dtype", "bfloat16"),))]
     report = build_variants(variants, Path(out), "sm90", 1, BuildCache())
     print(f"built {built + report.built}, from cache {report.cached} -> {out} in {time.perf_counter() - start:.0f} s")
@@ -175,6 +182,7 @@ def _masked_rows(gen, log) -> list[tuple]:
 
 def _bwd_rows(tk, log, gen) -> list[tuple]:
     import tkaot
+    from tkaot._engram import gate
 
     inputs = _inputs(TOKENS, 2, gen)  # 2.6 GB a set: two sets are past the L2 many times over
     for a in inputs:
@@ -185,10 +193,15 @@ def _bwd_rows(tk, log, gen) -> list[tuple]:
         return lambda a: lib.engram.engram_gate_bwd(a["go"], a["x"], a["kv"], a["w"], *a["saved"], CLAMP)
 
     want, tk_us = _beside(tk, run, inputs)
-    row = _timed("bwd", f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log)
+    shipped = dict(gate.GATE_BWD_TILINGS)
+    rows = []
+    for tiling in (shipped["default"], *BWD_CANDIDATES):
+        gate.GATE_BWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+        rows.append(_timed(tiling, f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log))
+    gate.GATE_BWD_TILINGS = shipped
     del inputs
     torch.cuda.empty_cache()
-    return [row]
+    return rows
 
 
 def _reduce_rows(tk, log, gen) -> list[tuple]:
