@@ -68,6 +68,14 @@ def build(tiling: str):
         T.ptx_cp_async(T.access_ptr(dst, "w", VEC), T.access_ptr(src, "r", VEC), VEC)
 
     @T.macro
+    def fill(slot, u, first_ring, first, first_row, second_ring, second, second_row, t, own):
+        """Register rings: group u's two loads into ring slot `slot`."""
+        for j in T.vectorized(VEC):
+            first_ring[slot, j] = first[t, first_row, u * GROUP + own + j]
+        for j in T.vectorized(VEC):
+            second_ring[slot, j] = second[t, second_row, u * GROUP + own + j]
+
+    @T.macro
     def stage_dg(u, t, head, own, groups, grad_out, kv, go_smem, ring):
         """With "c": kept group u's go (to its parked place) and v in flight, one commit group (empty past them)."""
         if u < groups and u < keep:
@@ -184,10 +192,7 @@ def build(tiling: str):
                     else:
                         for u in T.unroll(depth):
                             if u < groups and u < keep:
-                                for j in T.vectorized(VEC):
-                                    go_ring[u, j] = grad_out[t, head, u * GROUP + own + j]
-                                for j in T.vectorized(VEC):
-                                    v_ring[u, j] = kv[t, HC, u * GROUP + own + j]
+                                fill(u, u, go_ring, grad_out, head, v_ring, kv, HC, t, own)
                         for g in T.unroll(keep):
                             if g < groups:
                                 for j in T.vectorized(VEC):
@@ -198,10 +203,7 @@ def build(tiling: str):
                                     go_smem[head, g * GROUP + own + j] = go_ring[g % depth, j]
                                 if g + depth < keep:
                                     if g + depth < groups:
-                                        for j in T.vectorized(VEC):
-                                            go_ring[g % depth, j] = grad_out[t, head, (g + depth) * GROUP + own + j]
-                                        for j in T.vectorized(VEC):
-                                            v_ring[g % depth, j] = kv[t, HC, (g + depth) * GROUP + own + j]
+                                        fill(g % depth, g + depth, go_ring, grad_out, head, v_ring, kv, HC, t, own)
                                 for j in T.serial(VEC):
                                     acc[0] += go[j] * v[j]
                     for g in T.serial(keep, groups):
@@ -218,10 +220,7 @@ def build(tiling: str):
                     else:
                         for u in T.unroll(depth):
                             if u < groups and u < keep:
-                                for j in T.vectorized(VEC):
-                                    x_ring[u, j] = hidden_states[t, head, u * GROUP + own + j]
-                                for j in T.vectorized(VEC):
-                                    k_ring[u, j] = kv[t, head, u * GROUP + own + j]
+                                fill(u, u, x_ring, hidden_states, head, k_ring, kv, head, t, own)
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
@@ -280,10 +279,7 @@ def build(tiling: str):
                                 w[j] = w_smem[head, g * GROUP + own + j]
                             if g + depth < refill:
                                 if g + depth < groups:
-                                    for j in T.vectorized(VEC):
-                                        x_ring[g % depth, j] = hidden_states[t, head, (g + depth) * GROUP + own + j]
-                                    for j in T.vectorized(VEC):
-                                        k_ring[g % depth, j] = kv[t, head, (g + depth) * GROUP + own + j]
+                                    fill(g % depth, g + depth, x_ring, hidden_states, head, k_ring, kv, head, t, own)
                             for j in T.vectorized(VEC):
                                 grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)
