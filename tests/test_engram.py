@@ -208,7 +208,7 @@ VALID = [
      [("engram_hash", "max_ngram_size=2")]),
     (lambda: E.fused_weight(M(4, 7168), M(4, 7168)), [("engram_fused_weight", "dtype=bfloat16")]),
     (lambda: E.engram_gate_fwd(*_gate(), 1e-20, 1e-6), [("engram_gate_fwd", "tiling=c1584s2x28")]),
-    (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c1584s14x28")]),
+    (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c1584s2x28")]),
     (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d12")]),
     (lambda: E.engram_gate_bwd(M(0, 4, 256), *_gate(0, 4, 256), *_saved(0), 1e-6, M(0, dtype=BOOL)),
      [("engram_gate_bwd", "tiling=k28d12")]),

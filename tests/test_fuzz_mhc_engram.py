@@ -20,7 +20,6 @@ from tkaot._engram.kernels import (  # noqa: E402
     GATE_BWD,
     GATE_BWD_TILINGS,
     GATE_FWD,
-    GATE_FWD_FEW_CTAS,
     GATE_FWD_TILINGS,
     GRAD_W_REDUCE,
     MAX_GATE_HIDDEN,
@@ -506,8 +505,7 @@ def engram_gate_fwd(draw):
         "32 * 65535 + 1 tokens": {"hidden_states": meta(32 * 65535 + 1, hc, hidden), "kv": meta(32 * 65535 + 1, hc + 1, hidden),
                                   "image_token_mask": None},
     }  # fmt: skip
-    few = n * hc <= GATE_FWD_FEW_CTAS * 132  # the fuzz's SM count (tests/fuzz.py)
-    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["few" if few else "default"]})]
+    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["default"]})]
     return Call("engram.engram_gate_fwd", kwargs, made, gate.FWD_SIGNATURE, breaks=breaks)
 
 

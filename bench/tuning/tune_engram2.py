@@ -1,10 +1,10 @@
 """Time the Engram gate forward's candidates beside the one shipped before them and TileKernels, with the backward
-and grad_w_reduce as shipped, at the bench shapes of bench/cases/engram.py.
+(shipped and BWD_CANDIDATES) and grad_w_reduce as shipped, at the bench shapes of bench/cases/engram.py.
 
 Forward candidates are values of engram_gate_fwd's `tiling` axis ("c<ctas>s<stages>x<slice>",
 kernels_src/engram/gate_fwd.py: one warp a CTA over consecutive tokens of one head, cp.async ring of `stages`
-slots of 1024 elements). The control is the register-ring kernel shipped before them ("w4x28b6"), built from
-its source at commit CONTROL_COMMIT (read with git at build time, into a module that lives for the build only).
+slots of 1024 elements). The control is the kernel shipped before them, built from its source at commit
+CONTROL_COMMIT (read with git at build time, into a module that lives for the build only).
 `build` declares them all for the length of one build (in this process, -j 1) and writes one artifact set:
 
     python -m bench.tuning.tune_engram2 build --out tune-artifacts/engram2
@@ -27,13 +27,21 @@ from pathlib import Path
 
 import torch
 
-CONTROL = "w4x28b6"  # shipped in session 10 (register rings, 4 warps a CTA): 603 µs, 14.5 µs at 1 token
-CONTROL_COMMIT = "9e3421e"
-# default; 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory: the grid is one wave on 132 SMs); "few"
-CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28", "c1584s14x28")
-# Measured before (8192x4x7168, TileKernels 402 µs, H200): w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
+# Session 11's first default, its weights read a chunk at a time behind a guard: 563 µs, 9.94 at 1 token. Named
+# c1585: a key of its own beside the candidates, the same grid (1585 // 4 = 1584 // 4 runs) at hc_mult 4
+CONTROL = "c1585s2x28"
+CONTROL_COMMIT = "73960df"
+# default (an item's weights read before its wait); 3 and 4 slots (10 and 9 CTAs an SM fit their shared memory),
+# with the chunk-at-a-time weights 597 / 10.34 and 624 / 9.98 µs. Dropped: c1584s14x28 (878 / 10.68 µs)
+CANDIDATES = ("c1584s2x28", "c1320s3x28", "c1188s4x28")
+# Measured before (8192x4x7168, TileKernels 402 µs, H200): register rings w4x28b6 591-603 (14.5 µs at 1 token),
+# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs;
 # cp.async a row a CTA: a28d4 774, a28d8 931, a0d8 621 µs (23 µs at 1 token). Backward: k32d8 1472, k28d8 1458,
 # k32d4 1759 µs against k28d12 1225 (TileKernels 667).
+# Backward candidates (kernels_src/engram/gate_bwd.py "k<keep>d<depth>c"): the kept groups' loads by cp.async into
+# shared memory in place of the spilling register rings (k28d12: 255 registers, 32 bytes spilled; k28d12c: 219, none,
+# but TileLang's inserted barriers: two a group), unmeasured in session 11
+BWD_CANDIDATES = ("k28d12c", "k28d8c")
 TOKENS, HC, HIDDEN = 8192, 4, 7168
 EPS, CLAMP = 1e-20, 1e-6
 SHAPES = ((TOKENS, False), (TOKENS, True), (1, False))  # (tokens, save_for_backward)
@@ -44,15 +52,16 @@ def build(out: str) -> None:
     """Build the candidates, the control, the shipped backward and grad_w_reduce into `out`."""
     import importlib
 
+    import kernels_src.engram.gate_bwd as bwd_source
     import kernels_src.engram.gate_fwd as fwd_source
     from build_tools import ops
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
     from tkaot._decl import KernelDecl, tiling_axis
-    from tkaot._engram.kernels import GATE_BWD_TILINGS, GATE_FWD
+    from tkaot._engram.kernels import GATE_BWD, GATE_BWD_TILINGS, GATE_FWD
 
-    def declare(source, tilings: dict, module_name: str) -> None:
-        fields = {name: getattr(GATE_FWD, name) for name in KernelDecl._fields}
+    def declare(source, tilings: dict, module_name: str, base=GATE_FWD) -> None:
+        fields = {name: getattr(base, name) for name in KernelDecl._fields}
         decl = KernelDecl(**{**fields, "source": module_name, "axes": (tiling_axis(tilings),), "tilings": tilings})
         ops.DECLARATIONS[decl.name] = source.DECL = decl
 
@@ -70,7 +79,9 @@ def build(out: str) -> None:
         control_file.unlink(missing_ok=True)
     declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(CANDIDATES)}, fwd_source.__name__)
     variants = [ops.Variant("engram_gate_fwd", (("tiling", t),)) for t in CANDIDATES]
-    variants += [ops.Variant("engram_gate_bwd", (("tiling", GATE_BWD_TILINGS["default"]),))]
+    bwd = (GATE_BWD_TILINGS["default"], *BWD_CANDIDATES)
+    declare(bwd_source, {f"candidate{i}": t for i, t in enumerate(bwd)}, bwd_source.__name__, GATE_BWD)
+    variants += [ops.Variant("engram_gate_bwd", (("tiling", t),)) for t in bwd]
     variants += [ops.Variant("engram_grad_w_reduce", (("dtype", "bfloat16"),))]
     report = build_variants(variants, Path(out), "sm90", 1, BuildCache())
     print(f"built {built + report.built}, from cache {report.cached} -> {out} in {time.perf_counter() - start:.0f} s")
@@ -130,10 +141,10 @@ def _fwd_rows(tk, log, gen) -> list[tuple]:
 
         want, tk_us = _beside(tk, run, inputs)
         for tiling in (CONTROL, *CANDIDATES):
-            gate.GATE_FWD_TILINGS = {"default": tiling, "few": tiling}  # the op reads its tilings here at every call
+            gate.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tilings here at every call
             rows.append(_timed(tiling, shape, run(tkaot), inputs, want, tk_us, log))
         gate.GATE_FWD_TILINGS = shipped
-        rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))  # default, or "few" at 1 token
+        rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))
         del inputs
         torch.cuda.empty_cache()
     rows += _masked_rows(gen, log)
@@ -152,7 +163,7 @@ def _masked_rows(gen, log) -> list[tuple]:
     mask = torch.rand(1000, generator=gen, device="cuda") < 0.3
     rows = []
     for tiling in (CONTROL, *CANDIDATES):
-        gate.GATE_FWD_TILINGS = {"default": tiling, "few": tiling}
+        gate.GATE_FWD_TILINGS = {"default": tiling}
         try:
             plain = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True)
             masked = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, mask)
@@ -171,6 +182,7 @@ def _masked_rows(gen, log) -> list[tuple]:
 
 def _bwd_rows(tk, log, gen) -> list[tuple]:
     import tkaot
+    from tkaot._engram import gate
 
     inputs = _inputs(TOKENS, 2, gen)  # 2.6 GB a set: two sets are past the L2 many times over
     for a in inputs:
@@ -181,10 +193,15 @@ def _bwd_rows(tk, log, gen) -> list[tuple]:
         return lambda a: lib.engram.engram_gate_bwd(a["go"], a["x"], a["kv"], a["w"], *a["saved"], CLAMP)
 
     want, tk_us = _beside(tk, run, inputs)
-    row = _timed("bwd", f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log)
+    shipped = dict(gate.GATE_BWD_TILINGS)
+    rows = []
+    for tiling in (shipped["default"], *BWD_CANDIDATES):
+        gate.GATE_BWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+        rows.append(_timed(tiling, f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log))
+    gate.GATE_BWD_TILINGS = shipped
     del inputs
     torch.cuda.empty_cache()
-    return [row]
+    return rows
 
 
 def _reduce_rows(tk, log, gen) -> list[tuple]:

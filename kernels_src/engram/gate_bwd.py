@@ -38,23 +38,58 @@ GROUP = 256  # elements of a head's row two warps cover at once (4 a lane)
 VEC = 4
 
 
-def parse_tiling(tiling: str) -> tuple[int, int]:
-    """Tiling "k<keep>d<depth>": groups of a row kept on chip (6 KB of shared memory a group), groups in flight."""
-    match = re.fullmatch(r"k(\d+)d(\d+)", tiling)
+def parse_tiling(tiling: str) -> tuple[int, int, bool]:
+    """Tiling "k<keep>d<depth>[c]": groups of a row kept on chip (6 KB of shared memory a group), groups in flight,
+    and with "c" (a tuning candidate, bench/tuning/tune_engram2.py) the kept groups' loads by cp.async into shared
+    memory (go straight to its parked place, v / x and k through a ring of `depth` slots of 4 KB) in place of the
+    register rings, so a load in flight holds no register."""
+    match = re.fullmatch(r"k(\d+)d(\d+)(c?)", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>")
-    keep, depth = int(match[1]), int(match[2])
-    if not (1 <= keep <= 36 and 1 <= depth <= 16):
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36 (216 KB of shared memory), depth 1-16")
-    return keep, depth
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>[c]")
+    keep, depth, staged = int(match[1]), int(match[2]), match[3] == "c"
+    if not (1 <= keep <= 36 and 1 <= depth <= 16) or staged and (6 * keep + 4 * depth > 220 or depth < 2):
+        raise ValueError(
+            f"engram_gate_bwd tiling {tiling!r}: keep 1-36 (216 KB of shared memory), depth 1-16 (with c: 2-16, "
+            "6 KB a kept group + 4 KB a slot <= 220 KB)"
+        )
+    return keep, depth, staged
 
 
 def build(tiling: str):
-    keep, depth = parse_tiling(tiling)
+    keep, depth, staged = parse_tiling(tiling)
+    refill = 0 if staged else keep  # register rings: groups below this are loaded `depth` groups ahead
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
     rows = (num_tokens, HC)
+
+    @T.macro
+    def cp(dst, src):
+        T.ptx_cp_async(T.access_ptr(dst, "w", VEC), T.access_ptr(src, "r", VEC), VEC)
+
+    @T.macro
+    def fill(slot, u, first_ring, first, first_row, second_ring, second, second_row, t, own):
+        """Register rings: group u's two loads into ring slot `slot`."""
+        for j in T.vectorized(VEC):
+            first_ring[slot, j] = first[t, first_row, u * GROUP + own + j]
+        for j in T.vectorized(VEC):
+            second_ring[slot, j] = second[t, second_row, u * GROUP + own + j]
+
+    @T.macro
+    def stage_dg(u, t, head, own, groups, grad_out, kv, go_smem, ring):
+        """With "c": kept group u's go (to its parked place) and v in flight, one commit group (empty past them)."""
+        if u < groups and u < keep:
+            cp(go_smem[head, u * GROUP + own], grad_out[t, head, u * GROUP + own])
+            cp(ring[u % depth, head, 1, own], kv[t, HC, u * GROUP + own])
+        T.ptx_commit_group()
+
+    @T.macro
+    def stage_xk(u, t, head, own, groups, hidden_states, kv, ring):
+        """With "c": kept group u's x and k in flight, one commit group (empty past them)."""
+        if u < groups and u < keep:
+            cp(ring[u % depth, head, 0, own], hidden_states[t, head, u * GROUP + own])
+            cp(ring[u % depth, head, 1, own], kv[t, head, u * GROUP + own])
+        T.ptx_commit_group()
 
     @T.prim_func
     def engram_gate_bwd(
@@ -93,7 +128,9 @@ def build(tiling: str):
             go_smem = T.alloc_shared((HC, keep * GROUP), T.bfloat16)
             w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)
             grad_w = T.alloc_local((keep, VEC), T.float32)
-            go_ring = T.alloc_local((depth, VEC), T.bfloat16)
+            if staged:  # a lane reads back only what it staged itself, after its own wait
+                ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)
+            go_ring = T.alloc_local((depth, VEC), T.bfloat16)  # the register rings (unused with "c")
             v_ring = T.alloc_local((depth, VEC), T.bfloat16)
             x_ring = T.alloc_local((depth, VEC), T.bfloat16)
             k_ring = T.alloc_local((depth, VEC), T.bfloat16)
@@ -139,28 +176,36 @@ def build(tiling: str):
                     T.sync_threads()  # the previous token's readers of go_smem are done
                     # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
-                    for u in T.unroll(depth):
-                        if u < groups and u < keep:
-                            for j in T.vectorized(VEC):
-                                go_ring[u, j] = grad_out[t, head, u * GROUP + own + j]
-                            for j in T.vectorized(VEC):
-                                v_ring[u, j] = kv[t, HC, u * GROUP + own + j]
-                    for g in T.unroll(keep):
-                        if g < groups:
-                            for j in T.vectorized(VEC):
-                                go[j] = go_ring[g % depth, j]
-                            for j in T.vectorized(VEC):
-                                v[j] = v_ring[g % depth, j]
-                            for j in T.vectorized(VEC):
-                                go_smem[head, g * GROUP + own + j] = go_ring[g % depth, j]
-                            if g + depth < keep:
-                                if g + depth < groups:
-                                    for j in T.vectorized(VEC):
-                                        go_ring[g % depth, j] = grad_out[t, head, (g + depth) * GROUP + own + j]
-                                    for j in T.vectorized(VEC):
-                                        v_ring[g % depth, j] = kv[t, HC, (g + depth) * GROUP + own + j]
-                            for j in T.serial(VEC):
-                                acc[0] += go[j] * v[j]
+                    if staged:
+                        for u in T.unroll(depth - 1):
+                            stage_dg(u, t, head, own, groups, grad_out, kv, go_smem, ring)
+                        for g in T.unroll(keep):
+                            if g < groups:
+                                stage_dg(g + depth - 1, t, head, own, groups, grad_out, kv, go_smem, ring)
+                                T.ptx_wait_group(depth - 1)
+                                for j in T.vectorized(VEC):
+                                    go[j] = go_smem[head, g * GROUP + own + j]
+                                for j in T.vectorized(VEC):
+                                    v[j] = ring[g % depth, head, 1, own + j]
+                                for j in T.serial(VEC):
+                                    acc[0] += go[j] * v[j]
+                    else:
+                        for u in T.unroll(depth):
+                            if u < groups and u < keep:
+                                fill(u, u, go_ring, grad_out, head, v_ring, kv, HC, t, own)
+                        for g in T.unroll(keep):
+                            if g < groups:
+                                for j in T.vectorized(VEC):
+                                    go[j] = go_ring[g % depth, j]
+                                for j in T.vectorized(VEC):
+                                    v[j] = v_ring[g % depth, j]
+                                for j in T.vectorized(VEC):
+                                    go_smem[head, g * GROUP + own + j] = go_ring[g % depth, j]
+                                if g + depth < keep:
+                                    if g + depth < groups:
+                                        fill(g % depth, g + depth, go_ring, grad_out, head, v_ring, kv, HC, t, own)
+                                for j in T.serial(VEC):
+                                    acc[0] += go[j] * v[j]
                     for g in T.serial(keep, groups):
                         for j in T.vectorized(VEC):
                             go[j] = grad_out[t, head, g * GROUP + own + j]
@@ -169,12 +214,13 @@ def build(tiling: str):
                         for j in T.serial(VEC):
                             acc[0] += go[j] * v[j]
                     # x and k of the first groups, in flight during the exchange and grad_v
-                    for u in T.unroll(depth):
-                        if u < groups and u < keep:
-                            for j in T.vectorized(VEC):
-                                x_ring[u, j] = hidden_states[t, head, u * GROUP + own + j]
-                            for j in T.vectorized(VEC):
-                                k_ring[u, j] = kv[t, head, u * GROUP + own + j]
+                    if staged:
+                        for u in T.unroll(depth - 1):
+                            stage_xk(u, t, head, own, groups, hidden_states, kv, ring)
+                    else:
+                        for u in T.unroll(depth):
+                            if u < groups and u < keep:
+                                fill(u, u, x_ring, hidden_states, head, k_ring, kv, head, t, own)
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
@@ -217,18 +263,23 @@ def build(tiling: str):
                         if g < groups:
                             for j in T.vectorized(VEC):
                                 go[j] = go_smem[head, g * GROUP + own + j]
-                            for j in T.vectorized(VEC):
-                                x[j] = x_ring[g % depth, j]
-                            for j in T.vectorized(VEC):
-                                k[j] = k_ring[g % depth, j]
+                            if staged:
+                                stage_xk(g + depth - 1, t, head, own, groups, hidden_states, kv, ring)
+                                T.ptx_wait_group(depth - 1)
+                                for j in T.vectorized(VEC):
+                                    x[j] = ring[g % depth, head, 0, own + j]
+                                for j in T.vectorized(VEC):
+                                    k[j] = ring[g % depth, head, 1, own + j]
+                            else:
+                                for j in T.vectorized(VEC):
+                                    x[j] = x_ring[g % depth, j]
+                                for j in T.vectorized(VEC):
+                                    k[j] = k_ring[g % depth, j]
                             for j in T.vectorized(VEC):
                                 w[j] = w_smem[head, g * GROUP + own + j]
-                            if g + depth < keep:
+                            if g + depth < refill:
                                 if g + depth < groups:
-                                    for j in T.vectorized(VEC):
-                                        x_ring[g % depth, j] = hidden_states[t, head, (g + depth) * GROUP + own + j]
-                                    for j in T.vectorized(VEC):
-                                        k_ring[g % depth, j] = kv[t, head, (g + depth) * GROUP + own + j]
+                                    fill(g % depth, g + depth, x_ring, hidden_states, head, k_ring, kv, head, t, own)
                             for j in T.vectorized(VEC):
                                 grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)

@@ -18,7 +18,9 @@ for pass 2), the rest v. A ring of `stages` slots holds the items; the warp stag
 warp finishes pass 1 and reduces. Once a token's last reads are issued, the next token's first items
 are staged, so the run streams without a drain between tokens. A lane reads back only the vectors it
 staged itself: the wait on its own groups is the only synchronisation (no block barrier, one warp).
-x past the parked slice (hidden above slice * 256) is read from global memory in both passes.
+x past the parked slice (hidden above slice * 256) is read from global memory in both passes. An item's
+fp32 weights (4 chunks, 32 registers a lane) are read before the wait on its loads, unguarded: one L2 round
+trip an item that overlaps the wait, where a read guarded by the chunk test waited once a chunk (28 a token).
 
 Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value,
 scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score / rstd_x / rstd_k, bit 1 reads
@@ -129,7 +131,7 @@ def build(tiling: str):
             ring = T.alloc_shared((stages, TILE * CHUNK), T.bfloat16)
             x_local = T.alloc_local((VEC,), T.float32)
             k_local = T.alloc_local((VEC,), T.float32)
-            w_local = T.alloc_local((VEC,), T.float32)
+            w_local = T.alloc_local((TILE * VEC,), T.float32)  # an item's weights
             sum_x = T.alloc_local((1,), T.float32)
             sum_k = T.alloc_local((1,), T.float32)
             sum_d = T.alloc_local((1,), T.float32)
@@ -166,6 +168,11 @@ def build(tiling: str):
                     T.clear(sum_d)
                     for n in T.serial(tiles):
                         stage(n + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
+                        # the item's weights, all in flight before the wait: an unguarded read (a chunk past the
+                        # row reads the last one, unused), so the L2 round trip is one an item, not one a chunk
+                        for q in T.unroll(TILE):
+                            for j in T.vectorized(VEC):
+                                w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
                         T.ptx_wait_group(ahead)
                         for q in T.unroll(TILE):
                             c = n * TILE + q
@@ -173,12 +180,10 @@ def build(tiling: str):
                                 load_x(t, c, head, col, hidden_states, x_smem, x_local)
                                 for j in T.vectorized(VEC):
                                     k_local[j] = ring[n % stages, q * CHUNK + col + j]
-                                for j in T.vectorized(VEC):
-                                    w_local[j] = weight_fused[head, c * CHUNK + col + j]
                                 for j in T.serial(VEC):
                                     sum_x[0] += x_local[j] * x_local[j]
                                     sum_k[0] += k_local[j] * k_local[j]
-                                    sum_d[0] += x_local[j] * w_local[j] * k_local[j]
+                                    sum_d[0] += x_local[j] * w_local[q * VEC + j] * k_local[j]
                     total_x = T.warp_reduce_sum(sum_x[0])
                     total_k = T.warp_reduce_sum(sum_k[0])
                     total_d = T.warp_reduce_sum(sum_d[0])

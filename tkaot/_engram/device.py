@@ -1,6 +1,5 @@
 """The one device fact tkaot.engram's ops need: how many SMs a device has (TileKernels sizes its per-CTA partials,
-grad_w_partial and col_sumsq_partial, by it, and tkaot returns the same shapes; the gate forward picks its tiling
-for few rows by it)."""
+grad_w_partial and col_sumsq_partial, by it, and tkaot returns the same shapes)."""
 
 from __future__ import annotations
 

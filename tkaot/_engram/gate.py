@@ -12,7 +12,6 @@ import torch
 
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
-from tkaot._engram import kernels as _kernels
 from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_BWD_TILINGS, GATE_FWD, GATE_FWD_TILINGS, GRAD_W_REDUCE, MAX_GATE_HIDDEN
 from tkaot._op import current_stream, op_parts
 from tkaot._validate import Rule, Signature, Tensor
@@ -183,9 +182,7 @@ def engram_gate_fwd(
     if num_tokens == 0:
         return output, dot, gate_score, rstd_x, rstd_k
     flags = (_SAVE if save_for_backward else 0) | (_MASK if image_token_mask is not None else 0) | (_IN_PLACE if inplace else 0)
-    # a CTA a (token, head) row either way: with few rows, the tiling that puts a whole row in flight at once
-    few = num_tokens * hc_mult <= _kernels.GATE_FWD_FEW_CTAS * _device.sm_count(device)
-    launcher = _FWD.get(device, GATE_FWD_TILINGS["few" if few else "default"])
+    launcher = _FWD.get(device, GATE_FWD_TILINGS["default"])
     launcher(
         device, current_stream(device),
         x_ptr, kv_ptr, w_ptr, mask_ptr, output.data_ptr(), *saved,

@@ -16,12 +16,12 @@ MAX_NGRAM = 8
 MAX_GATE_HIDDEN = 16384
 # Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>"): one warp a CTA running over consecutive
 # tokens of one head, loads by cp.async into a ring of `stages` slots of 1024 elements, x parked in shared memory for
-# the first `slice` chunks of 256. "default": 1584 CTAs (12 an H200 SM at 18 KB each), 2 slots; "few" (the op's pick
-# when the grid is at most a CTA or two an SM, e.g. decode): every item of a 7168-wide row in flight at once.
-# Measured before on the H200 at 8192x4x7168 (TileKernels 402 µs): register rings w4x28b6 603, w4x32b8 620, w4x32b4
-# 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA: 621-931 µs (deleted)
-GATE_FWD_TILINGS = {"default": "c1584s2x28", "few": "c1584s14x28"}
-GATE_FWD_FEW_CTAS = 2  # "few" while tokens * hc_mult <= this many CTAs an SM (it takes 43 KB of shared memory)
+# the first `slice` chunks of 256, an item's weights read ahead of its wait; 1584 CTAs (12 an H200 SM at 18 KB each),
+# 2 slots. Measured on the H200 with the weights read a chunk at a time (TileKernels 402 µs at 8192x4x7168, 5.22 at
+# 1x4x7168): c1584s2x28 563 / 9.94 µs; c1320s3x28 597 / 10.34, c1188s4x28 624 / 9.98, the former decode pick
+# c1584s14x28 (a whole row in flight) 878 / 10.68: one tiling serves both. Before: register rings w4x28b6 591-603,
+# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted)
+GATE_FWD_TILINGS = {"default": "c1584s2x28"}
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
 # weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
 # loads 12 groups ahead (255 registers, 32 bytes spilled). Measured on the H200 at 8192x4x7168 (TileKernels 667 µs):
