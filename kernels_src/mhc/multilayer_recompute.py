@@ -18,7 +18,7 @@ wait on memory.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE
 
 DECL = MULTILAYER_RECOMPUTE  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -61,8 +61,7 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
         num_post: T.int32,
     ):
         with T.Kernel(T.ceildiv(hidden, VEC * THREADS), num_tokens, threads=THREADS) as (block, t):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(hidden % VEC == 0)
             if min_blocks:
                 T.annotate_min_blocks_per_sm(min_blocks)

@@ -23,7 +23,7 @@ import tilelang.language as T
 from kernels_src.mhc.common import WARP, tree_sum
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
 from kernels_src.mhc.sinkhorn_lanes import lane_layout, lane_reduce
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
 from tkaot._mhc.kernels import sinkhorn_record_row as record_row
 
@@ -97,8 +97,7 @@ def _build_per_thread(mhc_mult: int):
         eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             m = T.alloc_local((mm,), T.float32)
             g = T.alloc_local((mm,), T.float32)
@@ -230,8 +229,7 @@ def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
         eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, per_block), threads=LANE_THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             e = tid % group  # the element (e // mhc, e % mhc) of token `token`
             slot = tid // group  # the token's place in the block
