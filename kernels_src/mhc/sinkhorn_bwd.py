@@ -34,7 +34,8 @@ LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 
 # Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
 # 19 KB a block of LANE_THREADS, and 5 KB of denominators; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
 SHARED_RECORDS = 38
-# The repeat count DeepSeek's models use: a copy of the steps unrolled for it
+# The repeat count DeepSeek's models use: a copy of the steps unrolled for it. H200 (session 11, identical to
+# TileKernels): 18.50 us, against 21.41 without the unrolled copy, 18.33 at 64 threads, 27.98 before; TileKernels 17.02
 UNROLLED_REPEAT = 20
 
 
