@@ -35,3 +35,11 @@ __device__ __forceinline__ int tkaot_pdl_launch_dependents() {
 def pdl_entry():
     T.call_extern("int32", "tkaot_pdl_wait")
     T.call_extern("int32", "tkaot_pdl_launch_dependents")
+
+
+@T.macro
+def kernel_entry():
+    """A kernel's first statements: PDL_SOURCE imported, then pdl_entry, before any memory access. (It takes no
+    sizes to assume positive: a macro parameter bound to a runtime size renames it in the kernel's signature.)"""
+    T.import_source(PDL_SOURCE)
+    pdl_entry()

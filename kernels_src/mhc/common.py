@@ -2,6 +2,8 @@
 
 import tilelang.language as T
 
+from kernels_src.pdl import kernel_entry
+
 VEC = 8  # bf16 elements of one 16-byte access; callers keep hidden a multiple of it
 WARP = 32
 
@@ -40,3 +42,80 @@ def block_sum(acc, red, count: int, threads: int):
             acc[k] = red[0, k]
             for w in T.unroll(threads // WARP - 1):
                 acc[k] += red[w + 1, k]
+
+
+@T.macro
+def vec_entry(hidden):
+    """The entry of a kernel over bf16 rows of `hidden` elements: the PDL wait (kernels_src/pdl.py) before any
+    memory access, then the op's promise that hidden is a positive multiple of VEC."""
+    kernel_entry()
+    T.assume(hidden % VEC == 0)
+    T.assume(hidden > 0)
+
+
+@T.macro
+def flat_slot(token, col, u, first, row_vecs):
+    """token[u], col[u]: the token and 16-byte column of vector number `first` (vectors numbered row-major
+    across (num_tokens, hidden), row_vecs a row)."""
+    v = first
+    token[u] = v // row_vecs
+    col[u] = v % row_vecs
+
+
+@T.macro
+def load_vec(dst, di, src, si):
+    """dst[*di, 0:VEC] = vector si[-1] of src[*si[:-1]] (its elements si[-1] * VEC ...), one 16-byte access. The
+    indices come in tuples, which a macro takes as they are (a lone expression argument becomes a new local)."""
+    for j in T.vectorized(VEC):
+        dst[di + (j,)] = src[si[:-1] + (si[-1] * VEC + j,)]
+
+
+@T.macro
+def store_bf16(tmp, acc, dst, di):
+    """Vector di[-1] of dst[*di[:-1]] = the fp32 acc[0:VEC] rounded to bf16 (through tmp), one access."""
+    for j in T.unroll(VEC):
+        tmp[j] = T.cast(acc[j], T.bfloat16)
+    for j in T.vectorized(VEC):
+        dst[di[:-1] + (di[-1] * VEC + j,)] = tmp[j]
+
+
+def row_dims():
+    """The runtime (num_tokens, hidden) of a kernel over bf16 rows."""
+    return T.dynamic("num_tokens"), T.dynamic("hidden")
+
+
+def flat_blocks(num_tokens, hidden, per_block: int):
+    """Blocks enough for the num_tokens * hidden / VEC vectors of the rows, per_block vectors a block."""
+    return T.ceildiv(num_tokens * (hidden // VEC), per_block)
+
+
+@T.macro
+def flat_slots(token, col, block, tid, row_vecs, num_tokens, threads: int, unroll: int, load, finish, bufs):
+    """A thread's `unroll` vectors, `threads` apart from the block's first (flat_slot): load(u) for each vector
+    in range first, then finish(u) for each; token and col are (unroll,) int32 locals."""
+    for u in T.unroll(unroll):
+        flat_slot(token, col, u, (block * unroll + u) * threads + tid, row_vecs)
+        if token[u] < num_tokens:
+            T.assume(0 <= token[u] and 0 <= col[u] and col[u] < row_vecs)
+            load(u, *bufs)
+    for u in T.unroll(unroll):
+        if token[u] < num_tokens:
+            T.assume(0 <= token[u] and 0 <= col[u] and col[u] < row_vecs)
+            finish(u, *bufs)
+
+
+@T.macro
+def stream_sum_store(acc, tmp, vals, weights, u, mhc: int, dst, di):
+    """acc[0:VEC] = the sum over m of weights[u, m] * vals[u, m, :] (weights None: of vals[u, m, :]), in fp32 from 0
+    in stream order, each weighted term a fused multiply-add; stored rounded to bf16 (store_bf16)."""
+    for j in T.unroll(VEC):
+        acc[j] = 0.0
+    for m in T.unroll(mhc):
+        for j in T.unroll(VEC):
+            acc[j] = acc[j] + _term(vals, weights, u, m, j)
+    store_bf16(tmp, acc, dst, di)
+
+
+def _term(vals, weights, u, m, j):
+    value = T.cast(vals[u, m, j], T.float32)
+    return value if weights is None else weights[u, m] * value

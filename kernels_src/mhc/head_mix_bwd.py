@@ -14,7 +14,7 @@ within a warp by xor shuffles: the same additions, without a barrier each).
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS
 
 DECL = HEAD_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -42,8 +42,7 @@ def build(dtype: str):
         token_block_size: T.int32,
     ):
         with T.Kernel(num_sms, threads=THREADS) as pid:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(mhc_mult > 0)
             T.assume(token_block_size > 0)
             tid = T.get_thread_binding()

@@ -11,7 +11,7 @@ the add; the product rounded on its own moved outputs by 1 to 3 ulps.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import HEAD_MIX_FWD
 
 DECL = HEAD_MIX_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -32,8 +32,7 @@ def build(dtype: str):
         mhc_pre_eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * mhc_mult, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(mhc_mult > 0)
             e = block * THREADS + T.get_thread_binding()
             if e < num_tokens * mhc_mult:

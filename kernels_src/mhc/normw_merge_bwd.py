@@ -9,7 +9,7 @@ DeepSeek's models: 3 chunks; a row at a time spent 13 µs at 24 x 28672, waiting
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
 DECL = NORMW_MERGE_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -31,8 +31,7 @@ def build(dtype: str):
         normw_grad: T.Tensor[(n,), T.float32],
     ):
         with T.Kernel(T.ceildiv(n, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             k = block * THREADS + T.get_thread_binding()
             w = T.alloc_var(T.float32)
             total = T.alloc_var(T.float32)

@@ -5,7 +5,7 @@
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
 DECL = NORMW_MERGE_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -26,8 +26,7 @@ def build(dtype: str):
         out_fn: T.Tensor[(m, n), T.float32],
     ):
         with T.Kernel(T.ceildiv(n, SPAN), m, threads=THREADS) as (block, row):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             for v in T.unroll(VEC):
                 k = block * SPAN + v * THREADS + T.get_thread_binding()
                 if k < n:

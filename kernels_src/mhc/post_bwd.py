@@ -10,8 +10,7 @@ Each thread walks the row's 16-byte vectors THREADS apart, so the hidden size is
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC, WARP, block_sum
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.mhc.common import VEC, WARP, block_sum, load_vec, row_dims, store_bf16, vec_entry
 from tkaot._mhc.kernels import POST_BWD
 
 DECL = POST_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -21,8 +20,7 @@ THREADS = 128
 
 def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
-    num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
+    num_tokens, hidden = row_dims()
     sums = mhc * mhc + mhc  # d_comb row-major, then d_post
 
     @T.prim_func
@@ -38,10 +36,7 @@ def build(mhc_mult: int):
         d_x: T.Tensor[(num_tokens, hidden), T.bfloat16],
     ):
         with T.Kernel(num_tokens, threads=THREADS) as token:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
-            T.assume(hidden % VEC == 0)
-            T.assume(hidden > 0)
+            vec_entry(hidden)
             tid = T.get_thread_binding()
             row_vecs = hidden // VEC
             do = T.alloc_local((mhc, VEC), T.bfloat16)
@@ -65,13 +60,10 @@ def build(mhc_mult: int):
                 if col < row_vecs:
                     T.assume(0 <= col)
                     for o in T.unroll(mhc):
-                        for j in T.vectorized(VEC):
-                            do[o, j] = d_o[token, o, col * VEC + j]
+                        load_vec(do, (o,), d_o, (token, o, col))
                     for i in T.unroll(mhc):
-                        for j in T.vectorized(VEC):
-                            res[i, j] = residual[token, i, col * VEC + j]
-                    for j in T.vectorized(VEC):
-                        xv[j] = x[token, col * VEC + j]
+                        load_vec(res, (i,), residual, (token, i, col))
+                    load_vec(xv, (), x, (token, col))
                     for i in T.unroll(mhc):
                         for j in T.unroll(VEC):
                             grad[j] = 0.0
@@ -79,20 +71,14 @@ def build(mhc_mult: int):
                             for j in T.unroll(VEC):
                                 grad[j] = grad[j] + comb[i, o] * T.cast(do[o, j], T.float32)
                                 acc[i * mhc + o] = acc[i * mhc + o] + T.cast(res[i, j], T.float32) * T.cast(do[o, j], T.float32)
-                        for j in T.unroll(VEC):
-                            outv[j] = T.cast(grad[j], T.bfloat16)
-                        for j in T.vectorized(VEC):
-                            d_residual[token, i, col * VEC + j] = outv[j]
+                        store_bf16(outv, grad, d_residual, (token, i, col))
                     for j in T.unroll(VEC):
                         grad[j] = 0.0
                     for o in T.unroll(mhc):
                         for j in T.unroll(VEC):
                             grad[j] = grad[j] + post[o] * T.cast(do[o, j], T.float32)
                             acc[mhc * mhc + o] = acc[mhc * mhc + o] + T.cast(xv[j], T.float32) * T.cast(do[o, j], T.float32)
-                    for j in T.unroll(VEC):
-                        outv[j] = T.cast(grad[j], T.bfloat16)
-                    for j in T.vectorized(VEC):
-                        d_x[token, col * VEC + j] = outv[j]
+                    store_bf16(outv, grad, d_x, (token, col))
             block_sum(acc, red, sums, THREADS)
             if tid == 0:
                 for i in T.unroll(mhc):

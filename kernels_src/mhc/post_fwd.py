@@ -9,8 +9,7 @@ shared by the token's threads (cached).
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.mhc.common import VEC, flat_blocks, load_vec, row_dims, store_bf16, vec_entry
 from tkaot._mhc.kernels import POST_FWD
 
 DECL = POST_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -20,8 +19,7 @@ THREADS = 256
 
 def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
-    num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
+    num_tokens, hidden = row_dims()
 
     @T.prim_func
     def post_fwd(
@@ -31,11 +29,8 @@ def build(mhc_mult: int):
         x: T.Tensor[(num_tokens, hidden), T.bfloat16],
         out: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
     ):
-        with T.Kernel(T.ceildiv(num_tokens * (hidden // VEC), THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
-            T.assume(hidden % VEC == 0)
-            T.assume(hidden > 0)
+        with T.Kernel(flat_blocks(num_tokens, hidden, THREADS), threads=THREADS) as block:
+            vec_entry(hidden)
             tid = T.get_thread_binding()
             row_vecs = hidden // VEC
             res = T.alloc_local((mhc, VEC), T.bfloat16)
@@ -52,10 +47,8 @@ def build(mhc_mult: int):
             if token < num_tokens:
                 T.assume(0 <= token and 0 <= col and col < row_vecs)
                 for i in T.unroll(mhc):
-                    for j in T.vectorized(VEC):
-                        res[i, j] = residual[token, i, col * VEC + j]
-                for j in T.vectorized(VEC):
-                    xv[j] = x[token, col * VEC + j]
+                    load_vec(res, (i,), residual, (token, i, col))
+                load_vec(xv, (), x, (token, col))
                 for i in T.unroll(mhc):
                     post[i] = post_layer_mix[token, i]
                     for k in T.unroll(mhc):
@@ -66,9 +59,6 @@ def build(mhc_mult: int):
                     for i in T.unroll(mhc):
                         for j in T.unroll(VEC):
                             acc[j] = acc[j] + comb[i, o] * T.cast(res[i, j], T.float32)
-                    for j in T.unroll(VEC):
-                        outv[j] = T.cast(acc[j], T.bfloat16)
-                    for j in T.vectorized(VEC):
-                        out[token, o, col * VEC + j] = outv[j]
+                    store_bf16(outv, acc, out, (token, o, col))
 
     return post_fwd

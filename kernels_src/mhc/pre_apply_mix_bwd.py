@@ -8,8 +8,7 @@ Each thread walks the row's 16-byte vectors THREADS apart, so the hidden size is
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC, WARP, block_sum
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.mhc.common import VEC, WARP, block_sum, load_vec, row_dims, vec_entry
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD
 
 DECL = PRE_APPLY_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -19,8 +18,7 @@ THREADS = 128
 
 def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
-    num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
+    num_tokens, hidden = row_dims()
 
     @T.prim_func
     def pre_apply_mix_bwd(
@@ -31,10 +29,7 @@ def build(mhc_mult: int):
         mix_grad: T.Tensor[(num_tokens, mhc), T.float32],
     ):
         with T.Kernel(num_tokens, threads=THREADS) as token:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
-            T.assume(hidden % VEC == 0)
-            T.assume(hidden > 0)
+            vec_entry(hidden)
             tid = T.get_thread_binding()
             row_vecs = hidden // VEC
             og = T.alloc_local((VEC,), T.bfloat16)
@@ -51,13 +46,10 @@ def build(mhc_mult: int):
                 col = step * THREADS + tid
                 if col < row_vecs:
                     T.assume(0 <= col)
-                    for j in T.vectorized(VEC):
-                        og[j] = o_grad[token, col * VEC + j]
+                    load_vec(og, (), o_grad, (token, col))
                     for m in T.unroll(mhc):
-                        for j in T.vectorized(VEC):
-                            xs[m, j] = x[token, m, col * VEC + j]
-                        for j in T.vectorized(VEC):
-                            xg[m, j] = x_grad[token, m, col * VEC + j]
+                        load_vec(xs, (m,), x, (token, m, col))
+                        load_vec(xg, (m,), x_grad, (token, m, col))
                     for m in T.unroll(mhc):
                         for j in T.unroll(VEC):
                             acc[m] = acc[m] + T.cast(og[j], T.float32) * T.cast(xs[m, j], T.float32)

@@ -7,8 +7,7 @@ vectors below one output vector and the token's mhc mixes (shared by the token's
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.mhc.common import VEC, flat_blocks, flat_slots, load_vec, row_dims, stream_sum_store, vec_entry
 from tkaot._mhc.kernels import PRE_APPLY_MIX_FWD
 
 DECL = PRE_APPLY_MIX_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -19,8 +18,18 @@ UNROLL = 2
 
 def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
-    num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
+    num_tokens, hidden = row_dims()
+
+    @T.macro
+    def load(u, xs, mixes, acc, out, x, mix, o, token, col):
+        for m in T.unroll(mhc):
+            load_vec(xs, (u, m), x, (token[u], m, col[u]))
+        for m in T.unroll(mhc):
+            mixes[u, m] = mix[token[u], m]
+
+    @T.macro
+    def finish(u, xs, mixes, acc, out, x, mix, o, token, col):
+        stream_sum_store(acc, out, xs, mixes, u, mhc, o, (token[u], col[u]))
 
     @T.prim_func
     def pre_apply_mix_fwd(
@@ -28,11 +37,8 @@ def build(mhc_mult: int):
         mix: T.Tensor[(num_tokens, mhc), T.float32],
         o: T.Tensor[(num_tokens, hidden), T.bfloat16],
     ):
-        with T.Kernel(T.ceildiv(num_tokens * (hidden // VEC), THREADS * UNROLL), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
-            T.assume(hidden % VEC == 0)
-            T.assume(hidden > 0)
+        with T.Kernel(flat_blocks(num_tokens, hidden, THREADS * UNROLL), threads=THREADS) as block:
+            vec_entry(hidden)
             tid = T.get_thread_binding()
             row_vecs = hidden // VEC
             xs = T.alloc_local((UNROLL, mhc, VEC), T.bfloat16)
@@ -41,28 +47,9 @@ def build(mhc_mult: int):
             out = T.alloc_local((VEC,), T.bfloat16)
             token = T.alloc_local((UNROLL,), T.int32)
             col = T.alloc_local((UNROLL,), T.int32)
-            for u in T.unroll(UNROLL):
-                v = (block * UNROLL + u) * THREADS + tid
-                token[u] = v // row_vecs
-                col[u] = v % row_vecs
-                if token[u] < num_tokens:
-                    T.assume(0 <= token[u] and 0 <= col[u] and col[u] < row_vecs)
-                    for m in T.unroll(mhc):
-                        for j in T.vectorized(VEC):
-                            xs[u, m, j] = x[token[u], m, col[u] * VEC + j]
-                    for m in T.unroll(mhc):
-                        mixes[u, m] = mix[token[u], m]
-            for u in T.unroll(UNROLL):
-                if token[u] < num_tokens:
-                    T.assume(0 <= token[u] and 0 <= col[u] and col[u] < row_vecs)
-                    for j in T.unroll(VEC):
-                        acc[j] = 0.0
-                    for m in T.unroll(mhc):
-                        for j in T.unroll(VEC):
-                            acc[j] = acc[j] + mixes[u, m] * T.cast(xs[u, m, j], T.float32)
-                    for j in T.unroll(VEC):
-                        out[j] = T.cast(acc[j], T.bfloat16)
-                    for j in T.vectorized(VEC):
-                        o[token[u], col[u] * VEC + j] = out[j]
+
+            flat_slots(
+                token, col, block, tid, row_vecs, num_tokens, THREADS, UNROLL, load, finish, (xs, mixes, acc, out, x, mix, o, token, col)
+            )
 
     return pre_apply_mix_fwd

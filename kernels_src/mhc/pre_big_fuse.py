@@ -19,7 +19,7 @@ Sinkhorn repeats are runtime values; only M is static.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import PRE_BIG_FUSE
 
 DECL = PRE_BIG_FUSE  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -66,8 +66,7 @@ def build(mhc_mult: int):
         sinkhorn_repeat: T.int32,
     ):
         with T.Kernel(num_tokens, threads=THREADS) as t:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(hidden % VEC == 0)
             T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             tid = T.get_thread_binding()

@@ -10,7 +10,7 @@ One warp a (token, group) pair: lane j takes mixes j, j + 32, ...; the warp sums
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import REDUCE_PARTIALS_BWD
 
 DECL = REDUCE_PARTIALS_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -35,8 +35,7 @@ def build(dtype: str):
         rms_eps_sum: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * n_rms_group, WARPS), threads=WARPS * 32) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(n_rms_group > 0)
             tid = T.get_thread_binding()
             lane = tid % 32

@@ -10,7 +10,7 @@ tokens are all runtime values; each thread of a token sums the (cached) squared 
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import REDUCE_PARTIALS_FWD
 
 DECL = REDUCE_PARTIALS_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -35,8 +35,7 @@ def build(dtype: str):
         rms_eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * mhc_mult3, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(mhc_mult3 > 0)
             e = block * THREADS + T.get_thread_binding()
             total = T.alloc_var(T.float32)

@@ -16,7 +16,7 @@ import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
 from kernels_src.mhc.sinkhorn_lanes import lane_layout, lane_reduce
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_FWD
 
 DECL = SINKHORN_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -87,8 +87,7 @@ def _build_per_thread(mhc_mult: int):
         eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             x = T.alloc_local((mm,), T.float32)
             sums = T.alloc_local((mhc,), T.float32)
@@ -124,8 +123,7 @@ def _build_lanes(mhc_mult: int):
         eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, per_block), threads=LANE_THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             e = tid % group  # the element (e // mhc, e % mhc) of token `token`
             token = block * per_block + tid // group

@@ -15,7 +15,7 @@ A row a thread is kept: staging a block's rows through shared memory measured sl
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, block_sum
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD
 
 DECL = SPLIT_MIXES_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -44,8 +44,7 @@ def build(mhc_mult: int):
         mhc_post_mult_value: T.float32,
     ):
         with T.Kernel(num_partials, threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             scale = T.alloc_local((3,), T.float32)
             base = T.alloc_local((mixes,), T.float32)

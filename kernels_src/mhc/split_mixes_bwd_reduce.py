@@ -5,7 +5,7 @@ A thread loads ROWS rows of its column before adding them, so it waits for memor
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD_REDUCE
 
 DECL = SPLIT_MIXES_BWD_REDUCE  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -27,8 +27,7 @@ def build(mhc_mult: int):
         mhc_base_grad: T.Tensor[(mixes,), T.float32],
     ):
         with T.Kernel(1, threads=THREADS) as _:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             total = T.alloc_var(T.float32)
             rows = T.alloc_local((ROWS,), T.float32)

@@ -8,7 +8,7 @@ sigmoid(v) is 1 / (1 + exp(0 - v)) in fp32, as TileLang's sigmoid.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SPLIT_MIXES_FWD
 
 DECL = SPLIT_MIXES_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -33,8 +33,7 @@ def build(mhc_mult: int):
         mhc_pre_eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * mixes, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             tid = T.get_thread_binding()
             token = T.alloc_var(T.int32)
             j = T.alloc_var(T.int32)
