@@ -61,6 +61,16 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
     num_chunks = T.cast(num_rows, "int64") * chunks_per_row
     grid = T.cast(T.min(T.ceildiv(num_chunks, THREADS), max_blocks), "int32")
 
+    def vector_col(chunk, v):
+        # The first column of the thread's vector v. Unquantized, the two lanes of a pair (chunks 2k and 2k + 1, of
+        # one row and one step: a row has an even count of chunks, a step an even count of threads) interleave their
+        # vectors over the pair's 2 * cols columns, so each load and store of a pair is one whole 32-byte sector (a
+        # thread's own adjacent vectors put a lane's 16 bytes 64 bytes from the next lane's: half a sector each).
+        # Quantized, a chunk stays a thread's adjacent vectors: the group amax takes whole chunks
+        if quantized:
+            return chunk * cols + v * vec
+        return (chunk >> 1) * (2 * cols) + (2 * v + (chunk & 1)) * vec
+
     @T.prim_func
     def swiglu_generic(
         x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
@@ -130,14 +140,16 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
                     m.segment_check(psum_num_tokens_per_expert, row, valid, 0, num_experts, search_steps, alignment, lo, hi, begin)
                 T.assume(chunk >= 0)
                 T.assume(chunk < chunks_per_row)
+                if not quantized:
+                    T.assume((chunk >> 1) * (2 * cols) + 2 * cols <= hidden)  # a pair's chunks are in one row
                 if valid[0] != 0:
                     T.assume(row < num_rows)
                     T.assume(row >= 0)
                     for v in T.unroll(CHUNK):
                         for j in T.vectorized(vec):
-                            gate[0, v, j] = x[row, chunk * cols + v * vec + j]
+                            gate[0, v, j] = x[row, vector_col(chunk, v) + j]
                         for j in T.vectorized(vec):
-                            up[0, v, j] = x[row, hidden + chunk * cols + v * vec + j]
+                            up[0, v, j] = x[row, hidden + vector_col(chunk, v) + j]
                     for v in T.unroll(CHUNK):
                         if lean_div:
                             # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
@@ -177,8 +189,13 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
                     else:
                         for j in T.unroll(cols):
                             res[j] = T.cast(val[j], out_dtype)
-                    for j in T.vectorized(cols):
-                        out[row, chunk * cols + j] = res[j]
+                    if quantized:
+                        for j in T.vectorized(cols):
+                            out[row, chunk * cols + j] = res[j]
+                    else:
+                        for v in T.unroll(CHUNK):
+                            for j in T.vectorized(vec):
+                                out[row, vector_col(chunk, v) + j] = res[v * vec + j]
                 at_chunk = at_chunk + step_chunks
                 at_row = at_row + step_rows
                 if at_chunk >= chunks_per_row:
