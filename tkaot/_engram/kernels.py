@@ -24,9 +24,10 @@ MAX_GATE_HIDDEN = 16384
 GATE_FWD_TILINGS = {"default": "c1584s2x28"}
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
 # weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
-# loads 12 groups ahead (255 registers, 32 bytes spilled). Measured on the H200 at 8192x4x7168 (TileKernels 667 µs):
-# k28d12 1225, k32d8 1472 (shipped before), k28d8 1458, k32d4 1759 µs
-GATE_BWD_TILINGS = {"default": "k28d12"}
+# the kept groups' loads staged by cp.async through shared memory 12 groups ahead ("c": 219 registers, no spill).
+# Measured on the H200 at 8192x4x7168 (TileKernels 669 µs, 2026-12-02): k28d12c 843, k28d8c 883, k28d12 with
+# register rings (255 registers, 32 bytes spilled; shipped before) 1202; earlier k32d8 1472, k28d8 1458, k32d4 1759 µs
+GATE_BWD_TILINGS = {"default": "k28d12c"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
