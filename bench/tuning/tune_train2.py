@@ -63,7 +63,7 @@ CANDIDATES = (
     Candidate("new.exact", "exact", "new with the exact expm1f / IEEE division of before: must write before's bytes"),
     Candidate("new.1warp", "one_warp", "new at 1 token a block (TileKernels' grid: 8192 blocks of 32 threads)"),
     Candidate("new.b12", "capped", "new with 12 blocks an SM asked (<= 40 registers: 48 warps, not 32)"),
-    Candidate("new.gather", "gathered", "new with TileKernels' gather of the chosen scores from global memory (L1): no scores row in shared memory"),
+    Candidate("new.gather", "gathered", "new, the chosen scores gathered from global memory (L1): no scores row in shared memory"),
 )  # fmt: skip
 
 
