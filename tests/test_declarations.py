@@ -26,9 +26,11 @@ def test_every_built_variant_matches_its_declaration(entries):
         assert set(e["static"]) == set(decl.axis_names), e["key"]
         values = [axis.parse(e["static"][axis.name]) for axis in decl.axes]
         assert decl.key(values) == e["key"]
+        fixed = set(e.get("fixed", {}))  # static axes the kernel takes at run time (RUNTIME_AXES), passed after the op's
+        assert fixed <= set(decl.axis_names), e["key"]
         args = e["launch"]["args"]
-        assert {name for name, _, _ in args} == set(decl.args), e["key"]
-        assert {name for name, role, _ in args if role == "dim"} == set(decl.dims), e["key"]
+        assert {name for name, _, _ in args} == set(decl.args) | fixed, e["key"]
+        assert {name for name, role, _ in args if role == "dim"} == set(decl.dims) | fixed, e["key"]
 
 
 def test_every_declared_kernel_and_tiling_is_built(entries):

@@ -202,27 +202,33 @@ def verify(directory, arch) -> None:
 
 
 def _verify_set(root: Path) -> int:
-    """Verify one artifact set; print what failed (or one ok line) and return how many variants failed."""
+    """Verify one artifact set; print what failed (or one ok line) and return how many variants failed. A CUDA set's
+    cubins are checked against their sha256 and arch; an Ascend set's AscendC sources (and binaries, where built)."""
     manifest = _read(root)
     want = {"sm90": "sm_90a", "sm100": "sm_100a"}.get(manifest["arch"])
     bad = []
     for e in manifest["variants"]:
-        path = root / "cubins" / f"{e['cubin']}.cubin"
-        if not path.exists():
-            bad.append(f"{e['kernel']} [{e['key']}]: missing {path}")
-            continue
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != e["cubin"]:
-            bad.append(f"{e['kernel']} [{e['key']}]: sha256 mismatch in {path}")
-        found = cubin_arch(data)
-        if want and found != want:
-            bad.append(f"{e['kernel']} [{e['key']}]: cubin is {found}, expected {want}")
+        files = [("cubins", e["cubin"], ".cubin")] if "cubin" in e else [("sources", e["source"], ".asc")]
+        if "binary" in e:
+            files.append(("binaries", e["binary"], ".o"))
+        for folder, digest, suffix in files:
+            path = root / folder / f"{digest}{suffix}"
+            if not path.exists():
+                bad.append(f"{e['kernel']} [{e['key']}]: missing {path}")
+                continue
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != digest:
+                bad.append(f"{e['kernel']} [{e['key']}]: sha256 mismatch in {path}")
+            if folder == "cubins" and want and cubin_arch(data) != want:
+                bad.append(f"{e['kernel']} [{e['key']}]: cubin is {cubin_arch(data)}, expected {want}")
     for line in bad:
         click.echo(line, err=True)
     if bad:
         click.echo(f"{root}: {len(bad)} of {len(manifest['variants'])} variants failed verification", err=True)
-    else:
+    elif want:
         click.echo(f"ok: {root}: {len(manifest['variants'])} variants, every cubin matches its sha256 and is {want}")
+    else:
+        click.echo(f"ok: {root}: {len(manifest['variants'])} variants, every file matches its sha256")
     return len(bad)
 
 
