@@ -95,10 +95,11 @@ class ArtifactSet:
             self._read_index()
         return self._index
 
-    def parse_all(self) -> None:
-        """Parse every entry not parsed yet, in one pass (preload wants them all: one JSON parse, not one a line)."""
+    def parse_all(self, names=None) -> None:
+        """Parse every entry not parsed yet, or those of `names` ((kernel, key) pairs of this set), in one pass
+        (preload wants them all: one JSON parse, not one a line)."""
         index = self.index()
-        pending = [k for k, entry in index.items() if isinstance(entry, str)]
+        pending = [k for k in (index if names is None else names) if isinstance(index[k], str)]
         if pending:
             text = "[" + ",".join(index[k].rstrip(",") for k in pending) + "]"
             for k, entry in zip(pending, _parse_json(text, self.root / "manifest.json")):
@@ -314,8 +315,9 @@ class Registry:
         were loaded. Generic variants are fallbacks for calls no specialised variant serves (each warns when first
         used), so by default they load at their first call.
 
-        The cubins are read and checked (sha256) by a few threads while this one hands them to the driver, in the
-        sets' order; file reads and hashing run without the GIL, so the two overlap."""
+        Only the entries loaded are parsed (one JSON parse for them all). The cubins are read and checked (sha256) in
+        batches by a few threads while this one hands them to the driver, in the sets' order; file reads and hashing
+        run without the GIL, so the two overlap."""
         from concurrent.futures import ThreadPoolExecutor
 
         import torch
@@ -328,17 +330,29 @@ class Registry:
         with collector_paused():
             kernels = []
             for s in self.artifact_sets(arch):
-                s.parse_all()
-                kernels += [self.kernel("preload", kernel, key, device_index) for kernel, key in s.index() if kernel not in skip]
-            todo = [k for k in kernels if device_index not in k.functions]
+                wanted = [name for name in s.index() if name[0] not in skip]
+                s.parse_all(wanted)
+                for kernel, key in wanted:  # the first set holding a variant serves it, as in kernel()
+                    found = self._kernels.get((arch, kernel, key))
+                    if found is None:
+                        found = self._kernels.setdefault((arch, kernel, key), s.kernel(kernel, key))
+                    kernels.append(found)
+            todo = [k for k in dict.fromkeys(kernels) if device_index not in k.functions]
+            batches = [todo[i : i + _PRELOAD_BATCH] for i in range(0, len(todo), _PRELOAD_BATCH)]
             with ThreadPoolExecutor(max_workers=_PRELOAD_READERS) as readers:
-                for k, image in zip(todo, readers.map(Kernel.read_cubin, todo)):
-                    k.load(device_index, image)
+                for batch, images in zip(batches, readers.map(_read_cubins, batches)):
+                    for k, image in zip(batch, images):
+                        k.load(device_index, image)
         return len(kernels)
 
 
-# Threads reading and hashing cubins during preload (enough to keep ahead of the driver's module loads)
-_PRELOAD_READERS = 4
+def _read_cubins(kernels: list[Kernel]) -> list[bytes]:
+    return [k.read_cubin() for k in kernels]
+
+
+# Threads reading and hashing cubins during preload (enough to keep ahead of the driver's module loads), and how many
+# cubins each task reads (a future per cubin costs more than reading a small one)
+_PRELOAD_READERS, _PRELOAD_BATCH = 4, 16
 
 
 def check_version(s: ArtifactSet, arch: str) -> None:
