@@ -56,6 +56,26 @@ def test_the_runtime_split_is_row_split_at_every_width(dtype, multiple):
     assert split.vectors == most  # the loops run no further than the widest row needs
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("multiple", [16, 32])
+def test_each_width_class_is_row_split_at_its_widths(dtype, multiple):
+    # norm_cast_generic's default tiling runs the widths past widest_from on the wide split (its shift a constant),
+    # the others on the narrow one (a runtime shift, loops to the most vectors those widths give a thread)
+    pytest.importorskip("tilelang")
+    from kernels_src.norm.row_sum import MAX_HIDDEN, NUM_THREADS, RuntimeSplit, row_split
+
+    split = RuntimeSplit(pytest.importorskip("tilelang.language").dynamic("hidden"), dtype, multiple)
+    wide, narrow = split.width_classes()
+    assert wide.rows_per_block * wide.row_threads == NUM_THREADS and wide.vectors == split.vectors
+    most_narrow = 0
+    for h in range(multiple, MAX_HIDDEN + 1, multiple):
+        _, threads, vectors = row_split(h, dtype)
+        assert (threads == wide.row_threads) == (h > split.widest_from), h
+        if h <= split.widest_from:
+            most_narrow = max(most_narrow, vectors)
+    assert narrow.vectors == most_narrow < split.vectors
+
+
 def built_widths(kernel: str) -> set[int]:
     manifest = json.loads((PREBUILT / "manifest.json").read_text())
     return {int(e["static"]["hidden"]) for e in manifest["variants"] if e["kernel"] == kernel}

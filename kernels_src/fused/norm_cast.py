@@ -89,11 +89,11 @@ def build(hidden: int, dtype: str, sf: str, tiling: str):
     return norm_cast_kernel(StaticSplit(hidden, dtype), dtype, sf, tiling)
 
 
-def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
+def norm_cast_kernel(split, dtype: str, sf: str, tiling: str, by_width: bool = False):
     """The kernel over a row split (kernels_src/norm/row_sum.py): a static one, or one computed from a runtime
-    hidden (kernels_src/fused/norm_cast_generic.py). Every thread sums, rounds and scales the same elements in the
-    same order either way."""
-    hidden, vec, vecs_per_thread = split.hidden, split.vec, split.vectors
+    hidden (kernels_src/fused/norm_cast_generic.py; by_width: a body for each of the split's width classes). Every
+    thread sums, rounds and scales the same elements in the same order either way."""
+    hidden, vec = split.hidden, split.vec
     threads, min_blocks = NUM_THREADS, TILINGS[tiling].blocks
     # An fp32 row's weight share (up to 32 values a thread) does not fit beside x under the register cap: it spills
     preload = TILINGS[tiling].preload and dtype == "bfloat16"
@@ -127,122 +127,90 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
             return T.call_extern("float32", "tkaot_bf16_at", T.address_of(vectors[v, 0]), j)
         return T.cast(vectors[v, j], T.float32)
 
-    @T.macro
-    def store_sf(sf_row, gi, stored):
-        # Group gi's scale factor; packed, the unused bytes of a row's last word are written as 0
-        if packed:
-            sf_row.buffer[sf_row.at(gi // 4, gi % 4)] = stored
-            if split.static:
-                if num_groups % 4 != 0 and gi == num_groups - 1:
-                    for p in T.unroll(num_groups % 4, 4):
-                        sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
-            elif gi == num_groups - 1:
-                for p in T.unroll(1, 4):
-                    if p >= num_groups % 4 and num_groups % 4 != 0:
-                        sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
-        else:
-            sf_row.buffer[sf_row.at(gi)] = stored
+    def split_body(split):
+        # The kernel's body over a split: its macros read the split's lane, row, bounds, row pointers and vectors
+        vecs_per_thread = split.vectors
 
-    @T.macro
-    def store_residual_sums(rout_row, x_reg, token, lane):
-        # With a residual tiling: the thread's residual sums, stored once the row reduction has consumed them
-        for v in T.unroll(vecs_per_thread):
-            col = (v * split.row_threads + lane) * vec
-            if token < num_tokens and split.in_row(col):
-                for j in T.vectorized(vec):
-                    rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+        @T.macro
+        def store_sf(sf_row, gi, stored):
+            # Group gi's scale factor; packed, the unused bytes of a row's last word are written as 0
+            if packed:
+                sf_row.buffer[sf_row.at(gi // 4, gi % 4)] = stored
+                if split.static:
+                    if num_groups % 4 != 0 and gi == num_groups - 1:
+                        for p in T.unroll(num_groups % 4, 4):
+                            sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
+                elif gi == num_groups - 1:
+                    for p in T.unroll(1, 4):
+                        if p >= num_groups % 4 and num_groups % 4 != 0:
+                            sf_row.buffer[sf_row.at(num_words - 1, p)] = T.uint8(0)
+            else:
+                sf_row.buffer[sf_row.at(gi)] = stored
 
-    @T.macro
-    def add_residual(res_row, rout_row, x_reg, r_reg, v):
-        for j in T.vectorized(vec):
-            r_reg[j] = res_row.buffer[res_row.at(v, j)]
-        for j in T.vectorized(vec):
-            x_reg[v, j] = x_reg[v, j] + r_reg[j]
-        if not residual_given:
-            for j in T.vectorized(vec):
-                rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
-
-    @T.macro
-    def load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
-        # A generic split's vectors: every x vector loaded first (clamped into the tensor, whatever the width), then
-        # the residual added, then the vectors outside the row zeroed. Zeroing a vector waits for its load, so were
-        # it done vector by vector (a predicated move after each load) the loads would go out a few at a time
-        for v in T.unroll(vecs_per_thread):
-            for j in T.vectorized(vec):
-                x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
-        if residual_given or has_residual != 0:
-            for v in T.unroll(vecs_per_thread):
-                for j in T.vectorized(vec):
-                    r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
-                for j in T.vectorized(vec):
-                    x_reg[v, j] = x_reg[v, j] + r_reg[j]
-                if not residual_given and token < num_tokens and split.in_row((v * split.row_threads + lane) * vec):
-                    for j in T.vectorized(vec):
-                        rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
-        for v in T.unroll(vecs_per_thread):
-            if not (token < num_tokens and split.in_row((v * split.row_threads + lane) * vec)):
-                for j in T.vectorized(vec):
-                    x_reg[v, j] = T.cast(0, dtype)
-
-    @T.macro
-    def load_row(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
-        # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
-        # the residual tiling takes it as given, the other asks has_residual
-        if split.loads_unguarded:
-            load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual)
-        else:
+        @T.macro
+        def store_residual_sums(rout_row, x_reg, token, lane):
+            # With a residual tiling: the thread's residual sums, stored once the row reduction has consumed them
             for v in T.unroll(vecs_per_thread):
                 col = (v * split.row_threads + lane) * vec
                 if token < num_tokens and split.in_row(col):
                     for j in T.vectorized(vec):
-                        x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
-                    if residual_given:
-                        add_residual(res_row, rout_row, x_reg, r_reg, v)
-                    elif has_residual != 0:
-                        add_residual(res_row, rout_row, x_reg, r_reg, v)
-                else:
+                        rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+
+        @T.macro
+        def add_residual(res_row, rout_row, x_reg, r_reg, v):
+            for j in T.vectorized(vec):
+                r_reg[j] = res_row.buffer[res_row.at(v, j)]
+            for j in T.vectorized(vec):
+                x_reg[v, j] = x_reg[v, j] + r_reg[j]
+            if not residual_given:
+                for j in T.vectorized(vec):
+                    rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+
+        @T.macro
+        def load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
+            # A generic split's vectors: every x vector loaded first (clamped into the tensor, whatever the width), then
+            # the residual added, then the vectors outside the row zeroed. Zeroing a vector waits for its load, so were
+            # it done vector by vector (a predicated move after each load) the loads would go out a few at a time
+            for v in T.unroll(vecs_per_thread):
+                for j in T.vectorized(vec):
+                    x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
+            if residual_given or has_residual != 0:
+                for v in T.unroll(vecs_per_thread):
+                    for j in T.vectorized(vec):
+                        r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
+                    for j in T.vectorized(vec):
+                        x_reg[v, j] = x_reg[v, j] + r_reg[j]
+                    if not residual_given and token < num_tokens and split.in_row((v * split.row_threads + lane) * vec):
+                        for j in T.vectorized(vec):
+                            rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
+            for v in T.unroll(vecs_per_thread):
+                if not (token < num_tokens and split.in_row((v * split.row_threads + lane) * vec)):
                     for j in T.vectorized(vec):
                         x_reg[v, j] = T.cast(0, dtype)
 
-    @T.prim_func
-    def norm_cast(
-        x: T.StridedTensor[rows, (x_bstride, x_stride, 1), dtype],
-        weight: T.Tensor[(hidden,), dtype],
-        residual: T.StridedTensor[rows, (res_bstride, res_stride, 1), dtype],
-        residual_out: T.StridedTensor[rows, (rout_bstride, rout_stride, 1), dtype],
-        out: T.StridedTensor[rows, (out_bstride, out_stride, 1), FP8],
-        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
-        out_bf16: T.StridedTensor[rows, (ob_bstride, ob_stride, 1), T.bfloat16],
-        rstd: T.Tensor[(batch, num_tokens), T.float32],
-        eps: T.float32,
-        out_scale: T.float32,
-        has_weight: T.int32,
-        has_residual: T.int32,
-        has_rstd: T.int32,
-        has_out_bf16: T.int32,
-    ):
-        with T.Kernel(grid_x, batch, threads=threads) as (block, b):
-            T.annotate_min_blocks_per_sm(min_blocks)
-            T.import_source(split.helpers + _DEVICE_HELPERS + PDL_SOURCE)
-            pdl_entry()
-            # The first blocks of the grid ask L2 for the weight's lines (one a thread) before they load x, so
-            # the weight, read after the row reduction, is no DRAM round trip on the first rows' critical path
-            weight_lines = T.ceildiv(hidden * (16 // vec), 128)
-            if has_weight != 0 and block < NUM_SMS and b == 0 and T.get_thread_binding() < weight_lines:
-                T.call_extern("int32", "tkaot_prefetch_line_l2", T.address_of(weight[T.get_thread_binding() * (128 * vec // 16)]))
-            # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
-            T.assume(x_stride % vec == 0)
-            T.assume(x_bstride % vec == 0)
-            T.assume(res_stride % vec == 0)
-            T.assume(res_bstride % vec == 0)
-            T.assume(rout_stride % vec == 0)
-            T.assume(rout_bstride % vec == 0)
-            T.assume(out_stride % vec == 0)
-            T.assume(out_bstride % vec == 0)
-            T.assume(ob_stride % vec == 0)
-            T.assume(ob_bstride % vec == 0)
+        @T.macro
+        def load_row(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual):
+            # The thread's vectors of its row into x_reg, the residual added (and the sum stored) where the call has one:
+            # the residual tiling takes it as given, the other asks has_residual
+            if split.loads_unguarded:
+                load_unguarded(x_row, res_row, rout_row, x_reg, r_reg, token, lane, has_residual)
+            else:
+                for v in T.unroll(vecs_per_thread):
+                    col = (v * split.row_threads + lane) * vec
+                    if token < num_tokens and split.in_row(col):
+                        for j in T.vectorized(vec):
+                            x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
+                        if residual_given:
+                            add_residual(res_row, rout_row, x_reg, r_reg, v)
+                        elif has_residual != 0:
+                            add_residual(res_row, rout_row, x_reg, r_reg, v)
+                    else:
+                        for j in T.vectorized(vec):
+                            x_reg[v, j] = T.cast(0, dtype)
+
+        @T.macro
+        def body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b):
             tid = T.get_thread_binding()
-            split.enter()
             lane = split.lane(tid)
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
             r_reg = T.alloc_local((vec,), dtype)
@@ -353,5 +321,59 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str):
                     col = (v * split.row_threads + lane) * vec
                     if split.in_row(col):
                         store_sf(sf_row, col // GROUP, sf_keep[v])
+
+        return body
+
+    if by_width:
+        # The common widths (a row over all the block's threads) on a body whose shift is a constant, the others on
+        # the runtime split's (kernels_src/norm/row_sum.py, RuntimeSplit.width_classes)
+        wide_body, narrow_body = (split_body(s) for s in split.width_classes())
+    else:
+        body = split_body(split)
+
+    @T.prim_func
+    def norm_cast(
+        x: T.StridedTensor[rows, (x_bstride, x_stride, 1), dtype],
+        weight: T.Tensor[(hidden,), dtype],
+        residual: T.StridedTensor[rows, (res_bstride, res_stride, 1), dtype],
+        residual_out: T.StridedTensor[rows, (rout_bstride, rout_stride, 1), dtype],
+        out: T.StridedTensor[rows, (out_bstride, out_stride, 1), FP8],
+        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
+        out_bf16: T.StridedTensor[rows, (ob_bstride, ob_stride, 1), T.bfloat16],
+        rstd: T.Tensor[(batch, num_tokens), T.float32],
+        eps: T.float32,
+        out_scale: T.float32,
+        has_weight: T.int32,
+        has_residual: T.int32,
+        has_rstd: T.int32,
+        has_out_bf16: T.int32,
+    ):
+        with T.Kernel(grid_x, batch, threads=threads) as (block, b):
+            T.annotate_min_blocks_per_sm(min_blocks)
+            T.import_source(split.helpers + _DEVICE_HELPERS + PDL_SOURCE)
+            pdl_entry()
+            # The first blocks of the grid ask L2 for the weight's lines (one a thread) before they load x, so
+            # the weight, read after the row reduction, is no DRAM round trip on the first rows' critical path
+            weight_lines = T.ceildiv(hidden * (16 // vec), 128)
+            if has_weight != 0 and block < NUM_SMS and b == 0 and T.get_thread_binding() < weight_lines:
+                T.call_extern("int32", "tkaot_prefetch_line_l2", T.address_of(weight[T.get_thread_binding() * (128 * vec // 16)]))
+            # Callers guarantee 16-byte aligned input rows and vec-aligned output rows
+            T.assume(x_stride % vec == 0)
+            T.assume(x_bstride % vec == 0)
+            T.assume(res_stride % vec == 0)
+            T.assume(res_bstride % vec == 0)
+            T.assume(rout_stride % vec == 0)
+            T.assume(rout_bstride % vec == 0)
+            T.assume(out_stride % vec == 0)
+            T.assume(out_bstride % vec == 0)
+            T.assume(ob_stride % vec == 0)
+            T.assume(ob_bstride % vec == 0)
+            split.enter()
+            if not by_width:
+                body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b)
+            elif hidden > split.widest_from:
+                wide_body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b)
+            else:
+                narrow_body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b)
 
     return norm_cast

@@ -1,5 +1,6 @@
 """The row split and row reduction shared by RMSNorm and RMSNorm + cast: a thread's partial sum -> the row's sum."""
 
+import copy
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -146,6 +147,28 @@ class RuntimeSplit:
         self.rows_per_block = T.shift_right(NUM_THREADS, self.shift)
         self.warp_sums_shape = (NUM_THREADS // 32,)
         self.divisor = T.cast(hidden, "float32")  # of the sum of squares: IEEE division, as by the static one
+        self._call, self._first_shift, self._last_shift = (name, hidden), first_shift, last_shift
+        # The widths past widest_from take all the threads a row can (the common ones: 2048 < hidden <= MAX_HIDDEN)
+        self.widest_from, self._last_step = (steps[-1][0], steps[-1][1].bit_length() - 1) if steps else (0, 0)
+        self._dtype = dtype
+
+    def width_classes(self) -> tuple["RuntimeSplit", "RuntimeSplit"]:
+        """(the split for the widths past widest_from, the split for the others): a kernel branches on
+        hidden > widest_from and runs one body a class, each thread holding the same vectors and reducing them as the
+        whole split would. Past widest_from the shift is a constant, so each vector's address is an offset from the row
+        pointer and its bound one compare, as in the specialised kernels; below it the shift stays a runtime value,
+        and the loops run to the most vectors those widths give a thread (half the widest rows')."""
+        wide = copy.copy(self)
+        wide.shift = self._last_shift
+        wide.row_threads = 1 << self._last_shift
+        wide.rows_per_block = NUM_THREADS >> self._last_shift
+        narrow = copy.copy(self)
+        narrow_last = self._last_shift - self._last_step
+        narrow.shift = T.min(T.max(T.call_pure_extern("int32", *self._call), self._first_shift), narrow_last)
+        narrow.row_threads = T.shift_left(1, narrow.shift)
+        narrow.rows_per_block = T.shift_right(NUM_THREADS, narrow.shift)
+        narrow.vectors = max(row_split(h, self._dtype)[2] for h in range(self.multiple, self.widest_from + 1, self.multiple))
+        return wide, narrow
 
     def enter(self):
         T.assume(self.hidden % self.multiple == 0)  # as declared: whole vectors, so each access is one
