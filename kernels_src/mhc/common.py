@@ -104,6 +104,28 @@ def flat_slots(token, col, block, tid, row_vecs, num_tokens, threads: int, unrol
             finish(u, *bufs)
 
 
+# The tiling of the kernels over flat vectors (flat_kernel): threads a block, vectors a thread
+FLAT_THREADS = 256
+FLAT_UNROLL = 2
+
+
+@T.macro
+def flat_kernel(num_tokens, hidden, tiles, load, finish, tensors):
+    """The kernel of an op over the vectors of bf16 rows (num_tokens, hidden): flat_blocks blocks of FLAT_THREADS,
+    each thread FLAT_UNROLL vectors (flat_slots). tiles() allocates the thread's local tiles and returns them; load
+    and finish take (u, *tiles, *tensors, token, col)."""
+    threads, unroll = FLAT_THREADS, FLAT_UNROLL
+    with T.Kernel(flat_blocks(num_tokens, hidden, threads * unroll), threads=threads) as block:
+        vec_entry(hidden)
+        tid = T.get_thread_binding()
+        row_vecs = hidden // VEC
+        bufs = tiles()
+        token = T.alloc_local((unroll,), T.int32)
+        col = T.alloc_local((unroll,), T.int32)
+
+        flat_slots(token, col, block, tid, row_vecs, num_tokens, threads, unroll, load, finish, (*bufs, *tensors, token, col))
+
+
 @T.macro
 def stream_sum_store(acc, tmp, vals, weights, u, mhc: int, dst, di):
     """acc[0:VEC] = the sum over m of weights[u, m] * vals[u, m, :] (weights None: of vals[u, m, :]), in fp32 from 0

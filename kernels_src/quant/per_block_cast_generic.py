@@ -74,10 +74,7 @@ def build(in_dtype, fmt, sf, mode):
 
     def sf_at(m, k):
         """(i, j): out_sf[0, 0, i, j] holds the scale factor of block (m, k) in the runtime layout."""
-        col = sf_layout != 0
-        if packed:
-            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k)
-        return T.if_then_else(col, k, m), T.if_then_else(col, m, k)
+        return common.runtime_sf_index(m, k, sf_layout, packed)
 
     def tile_block(q, tile_col):
         """The shared-memory slot of the block in quarter q of the tile, at column tile_col."""
