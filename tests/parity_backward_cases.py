@@ -12,21 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.parity_cases import (
-    NORM_HIDDEN,
-    SWIGLU_HIDDEN,
-    Call,
-    Generators,
-    assemble,
-    pick,
-    pick_size,
-    sf_trims,
-    swiglu_call,
-    swiglu_options,
-)
+from tests.parity_cases import NORM_HIDDEN, SWIGLU_HIDDEN, Call, assemble, pick, pick_size, sf_trims, swiglu_call, swiglu_options
 from tests.parity_inputs import Gen
-
-GENERATORS = Generators()  # op -> its case generator (tests/parity_cases.py)
 
 BF16_SUM = (2**-7, 2**-7)  # a few fp32 ulps of the row's sum can flip one bf16 rounding
 # seen on the H200 (first run): fp32 x_grad 3.6e-5 apart at hidden 32 (1 of 108576 values), where a row's mean of
@@ -39,8 +26,7 @@ BF16_WEIGHT_GRAD = (2**-7, 1e-3)
 SUMS = "x_grad / weight_grad within rtol/atol: both libraries sum rows in their own order"
 
 
-@GENERATORS.of("quant.norm_backward")
-def norm_backward_cases(rng, op):
+def norm_backward_cases(rng):
     def config(rng):
         return {
             "hidden": pick_size(rng, 32, 8192, NORM_HIDDEN), "dtype": rng.choice(["bfloat16", "float32"]),
@@ -70,7 +56,7 @@ def norm_backward_cases(rng, op):
         weight = gen.randn(h, dtype=dtype) if p["weight"] else None
         return Call((gen.randn(t, h, dtype=dtype), x, weight, rstd), kwargs, close=close)
 
-    return assemble(op, rng, config, call, make, tolerance=lambda p: SUMS)
+    return assemble("quant.norm_backward", rng, config, call, make, tolerance=lambda p: SUMS)
 
 
 def _swiglu_config(rng) -> dict:
@@ -90,8 +76,7 @@ def _weight_grad_path(p, cast: bool) -> dict:
     return {f"ret[{2 if cast else 1}]": WEIGHT_GRAD} if p["weights"] else {}
 
 
-@GENERATORS.of("quant.swiglu_backward")
-def swiglu_backward_cases(rng, op):
+def swiglu_backward_cases(rng):
     def config(rng):
         return {**_swiglu_config(rng), "dtype": rng.choice(["bfloat16", "bfloat16", "float32"]), "fmt": rng.choice(["bf16", "fp32"])}
 
@@ -101,11 +86,10 @@ def swiglu_backward_cases(rng, op):
         dy = gen.randn(p["tokens"], p["hidden"], dtype=dtype)
         return Call((x, dy, p["fmt"]), _swiglu_kwargs(gen, p), close=_weight_grad_path(p, False))
 
-    return assemble(op, rng, config, swiglu_call, make, tolerance=lambda p: SUMS if p["weights"] else None)
+    return assemble("quant.swiglu_backward", rng, config, swiglu_call, make, tolerance=lambda p: SUMS if p["weights"] else None)
 
 
-@GENERATORS.of("quant.swiglu_backward_and_per_token_cast")
-def swiglu_backward_cast_cases(rng, op):
+def swiglu_backward_cast_cases(rng):
     def config(rng):
         c = {**_swiglu_config(rng), "group": rng.choice([32, 128]), "grad": rng.choice(["bfloat16", "float32"])}
         c["sf"] = pick(rng, ["fp32", "pow2", "ue8m0"], ("ue8m0",))
@@ -124,12 +108,11 @@ def swiglu_backward_cast_cases(rng, op):
         trims = sf_trims(["ret[1][1]"], 2 * h // group, p["sf"] == "ue8m0")
         return Call(((data, sf), dy, "e4m3", group), kwargs, trims=trims, close=_weight_grad_path(p, True))
 
-    return assemble(op, rng, config, swiglu_call, make,
+    return assemble("quant.swiglu_backward_and_per_token_cast", rng, config, swiglu_call, make,
                     tolerance=lambda p: SUMS if p["weights"] else None)  # fmt: skip
 
 
-@GENERATORS.of("moe.moe_topk_gate_backward")
-def moe_gate_backward_cases(rng, op):
+def moe_gate_backward_cases(rng):
     def config(rng):
         experts = pick(rng, [64, 72, 128, 256, 384, 512], (64, 128, 256))
         return {"experts": experts, "topk": pick(rng, range(1, min(experts, 32) + 1), (6, 8)), "aux": rng.random() < 0.5}
@@ -148,4 +131,12 @@ def moe_gate_backward_cases(rng, op):
         kwargs = {"mask": mask, "grad_scores_sum": gen.randn(p["seqs"], e)} if p["aux"] else {}
         return Call(args, kwargs, close={"ret": (1e-5, 1e-6)})
 
-    return assemble(op, rng, config, call, make, tolerance=lambda p: "within rtol 1e-5: sums in another order")
+    return assemble("moe.moe_topk_gate_backward", rng, config, call, make, tolerance=lambda p: "within rtol 1e-5: sums in another order")
+
+
+GENERATORS = {
+    "quant.norm_backward": norm_backward_cases,
+    "quant.swiglu_backward": swiglu_backward_cases,
+    "quant.swiglu_backward_and_per_token_cast": swiglu_backward_cast_cases,
+    "moe.moe_topk_gate_backward": moe_gate_backward_cases,
+}

@@ -33,7 +33,6 @@ stream keyed by ep_rank), so they are compared byte for byte.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import random
@@ -118,18 +117,6 @@ def label_of(p: dict) -> str:
             continue
         words.append(key if value is True else f"{key}={value}")
     return ", ".join(words)
-
-
-class Generators(dict):
-    """op -> its case generator, a module's table. `@GENERATORS.of(op)` above a generator lists it; the generator
-    takes (rng, op) and passes op on to assemble, so each op is named once."""
-
-    def of(self, op: str):
-        def declare(generator):
-            self[op] = functools.partial(generator, op=op)
-            return generator
-
-        return declare
 
 
 def assemble(op, rng, draw_config, draw_call, make, fixed=ODD_TOKENS, multiple=1, tolerance=None) -> list[Case]:

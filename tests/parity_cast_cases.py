@@ -14,7 +14,6 @@ from tests.parity_cases import (
     BLOCK_TOKENS,
     STOCHASTIC,
     Call,
-    Generators,
     assemble,
     first_packed_rows,
     no_call_options,
@@ -26,8 +25,6 @@ from tests.parity_cases import (
     sf_trims,
 )
 from tests.parity_inputs import E4M3, F32, PACK, ceil_div
-
-GENERATORS = Generators()  # op -> its case generator (tests/parity_cases.py)
 
 CAST_HIDDEN = (512, 768, 1536, 2048, 4096, 5120, 7168, 8192, 14336, 18432)
 GROUPS = (16, 32, 64, 128)
@@ -70,8 +67,7 @@ def _input(gen, p: dict):
 # ---- per-token casts
 
 
-@GENERATORS.of("quant.per_token_cast")
-def per_token_cast_cases(rng, op):
+def per_token_cast_cases(rng):
     def config(rng):
         c = {"fmt": rng.choice(["e4m3", "e2m1"]), "group": rng.choice(GROUPS), **_input_config(rng)}
         c["hidden"] = _cast_hidden(rng, c["group"], c.get("in_block", (1, 1))[1])
@@ -98,11 +94,10 @@ def per_token_cast_cases(rng, op):
             call.adjacent = {"ret[0]": p["fmt"]}
         return call
 
-    return assemble(op, rng, config, call, make, tolerance=lambda p: STOCHASTIC if p["stochastic_cast"] else None)
+    return assemble("quant.per_token_cast", rng, config, call, make, tolerance=lambda p: STOCHASTIC if p["stochastic_cast"] else None)
 
 
-@GENERATORS.of("quant.per_token_cast_with_sf_only")
-def per_token_sf_only_cases(rng, op):
+def per_token_sf_only_cases(rng):
     def config(rng):
         c = {"fmt": rng.choice(["e4m3", "e2m1"]), "group": rng.choice(GROUPS)}
         c["hidden"] = _cast_hidden(rng, c["group"])
@@ -120,7 +115,7 @@ def per_token_sf_only_cases(rng, op):
             kwargs["out_sf"] = out_sf_buffer(gen, p["tokens"], groups, p["sf"])
         return Call((x, p["fmt"], p["group"]), kwargs, trims=sf_trims(["ret"], groups, p["sf"] == "ue8m0"))
 
-    return assemble(op, rng, config, call, make)
+    return assemble("quant.per_token_cast_with_sf_only", rng, config, call, make)
 
 
 def _unpacked_sf_config(rng):
@@ -131,8 +126,7 @@ def _unpacked_sf_config(rng):
     return c
 
 
-@GENERATORS.of("quant.per_token_cast_with_precomputed_sf")
-def per_token_precomputed_cases(rng, op):
+def per_token_precomputed_cases(rng):
     def call(rng, config, tokens):
         return {"out": rng.random() < 0.5}
 
@@ -145,7 +139,7 @@ def per_token_precomputed_cases(rng, op):
             kwargs["out"] = gen.poisoned(p["tokens"], _out_cols(p["fmt"], p["hidden"]), dtype=_fmt_dtype(p["fmt"]))
         return Call((x, p["fmt"], p["group"], sf), kwargs)
 
-    return assemble(op, rng, _unpacked_sf_config, call, make)
+    return assemble("quant.per_token_cast_with_precomputed_sf", rng, _unpacked_sf_config, call, make)
 
 
 def _cast_back_config(rng, blocks) -> dict:
@@ -159,33 +153,30 @@ def _cast_back_config(rng, blocks) -> dict:
     return c
 
 
-@GENERATORS.of("quant.per_token_cast_back")
-def per_token_cast_back_cases(rng, op):
+def per_token_cast_back_cases(rng):
     def make(gen, p):
         x = quantized_input(gen, p["tokens"], p["hidden"], p["in"], p["in_block"], p["in_sf"], p["in_col"])
         return Call((x, p["out_fmt"], p["in_block"][1]), {})
 
     blocks = tuple((1, g) for g in GROUPS)
-    return assemble(op, rng, lambda rng: _cast_back_config(rng, blocks), no_call_options, make)
+    return assemble("quant.per_token_cast_back", rng, lambda rng: _cast_back_config(rng, blocks), no_call_options, make)
 
 
-@GENERATORS.of("quant.cast_back")
-def cast_back_cases(rng, op):
+def cast_back_cases(rng):
     def make(gen, p):
         x = quantized_input(gen, p["tokens"], p["hidden"], p["in"], p["in_block"], p["in_sf"], p["in_col"])
         return Call((x, p["out_fmt"], p["in_block"]), {})
 
     blocks = (*IN_BLOCKS, (32, 1), (128, 1))
-    return assemble(op, rng, lambda rng: _cast_back_config(rng, blocks), no_call_options, make)
+    return assemble("quant.cast_back", rng, lambda rng: _cast_back_config(rng, blocks), no_call_options, make)
 
 
-@GENERATORS.of("quant.per_token_cast_and_cast_back")
-def per_token_round_trip_cases(rng, op):
+def per_token_round_trip_cases(rng):
     def make(gen, p):
         x, _ = _input(gen, p)
         return Call((x, p["fmt"], p["group"]), {"round_sf": p["sf"] == "pow2", "use_e4m3_sf": p["sf"] == "e4m3"})
 
-    return assemble(op, rng, _unpacked_sf_config, no_call_options, make)
+    return assemble("quant.per_token_cast_and_cast_back", rng, _unpacked_sf_config, no_call_options, make)
 
 
 # ---- per-block and per-channel casts, lossless recast, weight sf transpose
@@ -206,8 +197,7 @@ def _block_input(gen, p):
     return gen.activations(p["tokens"], p["hidden"], dtype=getattr(torch, p["in"]))
 
 
-@GENERATORS.of("quant.per_block_cast")
-def per_block_cast_cases(rng, op):
+def per_block_cast_cases(rng):
     def call(rng, config, tokens):
         return {"out": rng.choice(["none", "data", "data+sf"] if not config["col_major"] else ["none", "data"])}
 
@@ -220,11 +210,10 @@ def per_block_cast_cases(rng, op):
         x = _block_input(gen, p)
         return Call((x, p["fmt"], p["block"]), kwargs, trims=sf_trims(["ret[1]"], groups, p["sf"] == "ue8m0"))
 
-    return assemble(op, rng, _block_config, call, make, fixed=BLOCK_TOKENS, multiple=128)
+    return assemble("quant.per_block_cast", rng, _block_config, call, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
-@GENERATORS.of("quant.per_block_cast_with_sf_only")
-def per_block_sf_only_cases(rng, op):
+def per_block_sf_only_cases(rng):
     def call(rng, config, tokens):
         return {"out_sf": not config["col_major"] and rng.random() < 0.5}
 
@@ -236,11 +225,10 @@ def per_block_sf_only_cases(rng, op):
         x = _block_input(gen, p)
         return Call((x, p["fmt"], p["block"]), kwargs, trims=sf_trims(["ret"], groups, p["sf"] == "ue8m0"))
 
-    return assemble(op, rng, _block_config, call, make, fixed=BLOCK_TOKENS, multiple=128)
+    return assemble("quant.per_block_cast_with_sf_only", rng, _block_config, call, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
-@GENERATORS.of("quant.per_block_cast_with_precomputed_sf")
-def per_block_precomputed_cases(rng, op):
+def per_block_precomputed_cases(rng):
     def call(rng, config, tokens):
         return {"out": rng.random() < 0.5}
 
@@ -255,15 +243,14 @@ def per_block_precomputed_cases(rng, op):
     def config(rng):
         return _block_config(rng, kinds=("fp32", "pow2"), col_ok=False)
 
-    return assemble(op, rng, config, call, make, fixed=BLOCK_TOKENS, multiple=128)
+    return assemble("quant.per_block_cast_with_precomputed_sf", rng, config, call, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
 LOSSLESS_IN = ((1, 16), (1, 32), (1, 128), (32, 32), (128, 128))
 LOSSLESS_OUT = ((1, 32), (1, 128), (32, 32), (32, 128), (128, 32), (128, 128))
 
 
-@GENERATORS.of("quant.per_block_cast_lossless")
-def lossless_cases(rng, op):
+def lossless_cases(rng):
     def config(rng):
         in_block = pick(rng, LOSSLESS_IN, ((1, 16), (1, 32), (32, 32)))
         outs = [b for b in LOSSLESS_OUT if b[0] % in_block[0] == 0 and b[1] % in_block[1] == 0]
@@ -294,11 +281,10 @@ def lossless_cases(rng, op):
         call.trims = sf_trims(["ret[1]"], groups, p["sf"] == "ue8m0")
         return call
 
-    return assemble(op, rng, config, no_call_options, make, fixed=BLOCK_TOKENS, multiple=128)
+    return assemble("quant.per_block_cast_lossless", rng, config, no_call_options, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
-@GENERATORS.of("quant.per_channel_cast")
-def per_channel_cases(rng, op):
+def per_channel_cases(rng):
     def config(rng):
         c = {"hidden": pick_size(rng, 128, 16384, CAST_HIDDEN), "block_m": rng.choice([32, 128])}
         c["sf"] = rng.choice(["fp32", "pow2", "ue8m0"])
@@ -317,11 +303,10 @@ def per_channel_cases(rng, op):
             call.trims = {"ret[1]": first_packed_rows(token_blocks)}
         return call
 
-    return assemble(op, rng, config, no_call_options, make, fixed=BLOCK_TOKENS, multiple=128)
+    return assemble("quant.per_channel_cast", rng, config, no_call_options, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
-@GENERATORS.of("quant.batched_transpose_weight_sf")
-def transpose_weight_sf_cases(rng, op):
+def transpose_weight_sf_cases(rng):
     """Weights of n x k (multiples of 128 up to 8192; 1 to 3 groups or none) a call, 1 to 3 weights; the outputs
     allocated or given (poisoned, TileKernels' exact strides). The 'tokens' of a case are its first weight's n."""
 
@@ -347,7 +332,7 @@ def transpose_weight_sf_cases(rng, op):
     def config(rng):
         return {"block_size": rng.choice([32, 128])}
 
-    return assemble(op, rng, config, call, make, fixed=BLOCK_TOKENS, multiple=128)
+    return assemble("quant.batched_transpose_weight_sf", rng, config, call, make, fixed=BLOCK_TOKENS, multiple=128)
 
 
 def _transpose_outs(gen, lead, n, k, bs, transpose):
@@ -368,8 +353,7 @@ STOCHASTIC_PAIRS = (("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfl
 LEVELS = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
 
 
-@GENERATORS.of("quant.cast")
-def cast_cases(rng, op):
+def cast_cases(rng):
     def config(rng):
         if rng.random() < 0.4:
             src, dst = rng.choice(STOCHASTIC_PAIRS)
@@ -395,7 +379,7 @@ def cast_cases(rng, op):
             call.adjacent = {"ret": LEVELS[p["dst"]]}
         return call
 
-    return assemble(op, rng, config, call, make, tolerance=lambda p: STOCHASTIC if p["stochastic_rounding"] else None)
+    return assemble("quant.cast", rng, config, call, make, tolerance=lambda p: STOCHASTIC if p["stochastic_rounding"] else None)
 
 
 def _numel(shape) -> int:
@@ -405,8 +389,7 @@ def _numel(shape) -> int:
     return n
 
 
-@GENERATORS.of("quant.unpack_from_e2m1fn_x2")
-def unpack_e2m1_cases(rng, op):
+def unpack_e2m1_cases(rng):
     def config(rng):
         return {"dtype": rng.choice(["int8", "uint8"]), "out_dtype": rng.choice([None, "float32", "bfloat16", "float16"])}
 
@@ -419,4 +402,22 @@ def unpack_e2m1_cases(rng, op):
         kwargs = {"out_dtype": getattr(torch, p["out_dtype"])} if p["out_dtype"] else {}
         return Call((x,), kwargs)
 
-    return assemble(op, rng, config, call, make)
+    return assemble("quant.unpack_from_e2m1fn_x2", rng, config, call, make)
+
+
+GENERATORS = {
+    "quant.per_token_cast": per_token_cast_cases,
+    "quant.per_token_cast_with_sf_only": per_token_sf_only_cases,
+    "quant.per_token_cast_with_precomputed_sf": per_token_precomputed_cases,
+    "quant.per_token_cast_back": per_token_cast_back_cases,
+    "quant.cast_back": cast_back_cases,
+    "quant.per_token_cast_and_cast_back": per_token_round_trip_cases,
+    "quant.per_block_cast": per_block_cast_cases,
+    "quant.per_block_cast_with_sf_only": per_block_sf_only_cases,
+    "quant.per_block_cast_with_precomputed_sf": per_block_precomputed_cases,
+    "quant.per_block_cast_lossless": lossless_cases,
+    "quant.per_channel_cast": per_channel_cases,
+    "quant.batched_transpose_weight_sf": transpose_weight_sf_cases,
+    "quant.cast": cast_cases,
+    "quant.unpack_from_e2m1fn_x2": unpack_e2m1_cases,
+}

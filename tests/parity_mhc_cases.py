@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.parity_cases import Call, Generators, assemble, no_call_options, pick, pick_size
+from tests.parity_cases import Call, assemble, no_call_options, pick, pick_size
 from tests.parity_inputs import BF16, F32
-
-GENERATORS = Generators()  # op -> its case generator (tests/parity_cases.py)
 
 MHC = 4
 HIDDEN = (1536, 2048, 4096, 5120, 7168, 8192)  # the default hidden list (tkaot's mHC kernels take any at run time)
@@ -36,39 +34,35 @@ def _mix(gen, *shape) -> torch.Tensor:
     return gen.rand(*shape) * 2
 
 
-@GENERATORS.of("mhc.expand_to_mhc_fwd")
-def expand_fwd_cases(rng, op):
+def expand_fwd_cases(rng):
     def make(gen, p):
         return Call((gen.activations(p["tokens"], p["hidden"]), gen.poisoned(p["tokens"], MHC, p["hidden"], dtype=BF16)), {})
 
-    return assemble(op, rng, _hidden(8), no_call_options, make)
+    return assemble("mhc.expand_to_mhc_fwd", rng, _hidden(8), no_call_options, make)
 
 
-@GENERATORS.of("mhc.expand_to_mhc_bwd")
-def expand_bwd_cases(rng, op):
+def expand_bwd_cases(rng):
     def make(gen, p):
         return Call((gen.activations(p["tokens"], MHC, p["hidden"]), gen.poisoned(p["tokens"], p["hidden"], dtype=BF16)), {})
 
-    return assemble(op, rng, _hidden(8), no_call_options, make)
+    return assemble("mhc.expand_to_mhc_bwd", rng, _hidden(8), no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_pre_apply_mix_fwd")
-def pre_apply_mix_fwd_cases(rng, op):
+def pre_apply_mix_fwd_cases(rng):
     def make(gen, p):
         n, h = p["tokens"], p["hidden"]
         return Call((gen.activations(n, MHC, h), _mix(gen, n, MHC), gen.poisoned(n, h, dtype=BF16)), {})
 
-    return assemble(op, rng, _hidden(8), no_call_options, make)
+    return assemble("mhc.mhc_pre_apply_mix_fwd", rng, _hidden(8), no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_pre_apply_mix_bwd")
-def pre_apply_mix_bwd_cases(rng, op):
+def pre_apply_mix_bwd_cases(rng):
     def make(gen, p):
         n, h = p["tokens"], p["hidden"]
         args = (gen.randn(n, h, dtype=BF16), gen.randn(n, MHC, h, dtype=BF16), _mix(gen, n, MHC), gen.activations(n, MHC, h))
         return Call(args, {}, close={"ret": ROW_SUMS})
 
-    return assemble(op, rng, _hidden(8), no_call_options, make, tolerance=lambda p: CLOSE)
+    return assemble("mhc.mhc_pre_apply_mix_bwd", rng, _hidden(8), no_call_options, make, tolerance=lambda p: CLOSE)
 
 
 def _split_config(rng) -> dict:
@@ -80,19 +74,17 @@ def _split_params(gen):
     return gen.randn(3) * 0.5 + 1, gen.randn(width) * 0.5
 
 
-@GENERATORS.of("mhc.mhc_pre_split_mixes_fwd")
-def split_fwd_cases(rng, op):
+def split_fwd_cases(rng):
     def make(gen, p):
         n = p["tokens"]
         scale, base = _split_params(gen)
         outs = (gen.poisoned(n, MHC, dtype=F32), gen.poisoned(n, MHC, dtype=F32), gen.poisoned(n, MHC * MHC, dtype=F32))
         return Call((gen.randn(n, MHC * (MHC + 2)) * 2, scale, base, *outs, p["post_mult"], p["pre_eps"]), {})
 
-    return assemble(op, rng, _split_config, no_call_options, make)
+    return assemble("mhc.mhc_pre_split_mixes_fwd", rng, _split_config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_pre_split_mixes_bwd")
-def split_bwd_cases(rng, op):
+def split_bwd_cases(rng):
     def make(gen, p):
         n, width = p["tokens"], MHC * (MHC + 2)
         scale, base = _split_params(gen)
@@ -102,30 +94,28 @@ def split_bwd_cases(rng, op):
         args = (*grads, gen.randn(n, width) * 2, post, scale, base, *outs, p["post_mult"])
         return Call(args, {}, close={"args[8]": TOKEN_SUMS, "args[9]": TOKEN_SUMS})
 
-    return assemble(op, rng, _split_config, no_call_options, make, tolerance=lambda p: CLOSE)
+    return assemble("mhc.mhc_pre_split_mixes_bwd", rng, _split_config, no_call_options, make, tolerance=lambda p: CLOSE)
 
 
 def _sinkhorn_config(rng) -> dict:
     return {"repeat": pick(rng, (1, 2, 3, 7, 10, 20), (20,)), "eps": pick(rng, (1e-6, 1e-3), (1e-6,))}
 
 
-@GENERATORS.of("mhc.mhc_sinkhorn_fwd")
-def sinkhorn_fwd_cases(rng, op):
+def sinkhorn_fwd_cases(rng):
     def make(gen, p):
         n = p["tokens"]
         return Call((gen.randn(n, MHC, MHC) * 2, gen.poisoned(n, MHC, MHC, dtype=F32), p["repeat"], p["eps"]), {})
 
-    return assemble(op, rng, _sinkhorn_config, no_call_options, make)
+    return assemble("mhc.mhc_sinkhorn_fwd", rng, _sinkhorn_config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_sinkhorn_bwd")
-def sinkhorn_bwd_cases(rng, op):
+def sinkhorn_bwd_cases(rng):
     def make(gen, p):
         n = p["tokens"]
         args = (gen.randn(n, MHC, MHC), gen.randn(n, MHC, MHC) * 2, gen.poisoned(n, MHC, MHC, dtype=F32), p["repeat"], p["eps"])
         return Call(args, {})
 
-    return assemble(op, rng, _sinkhorn_config, no_call_options, make)
+    return assemble("mhc.mhc_sinkhorn_bwd", rng, _sinkhorn_config, no_call_options, make)
 
 
 def _post_call(rng, config, tokens) -> dict:
@@ -140,18 +130,16 @@ def _post_inputs(gen, p, unit: bool = False):
     return x, residual, _mix(gen, *lead, MHC, 1), gen.randn(*lead, MHC, MHC) * 0.5
 
 
-@GENERATORS.of("mhc.mhc_post_fwd")
-def post_fwd_cases(rng, op):
+def post_fwd_cases(rng):
     def make(gen, p):
         x, residual, post_mix, comb = _post_inputs(gen, p)
         kwargs = {"out": gen.poisoned(*residual.shape, dtype=BF16)} if p["out"] else {}
         return Call((x, residual, post_mix, comb), kwargs)
 
-    return assemble(op, rng, _hidden(128), _post_call, make)
+    return assemble("mhc.mhc_post_fwd", rng, _hidden(128), _post_call, make)
 
 
-@GENERATORS.of("mhc.mhc_post_bwd")
-def post_bwd_cases(rng, op):
+def post_bwd_cases(rng):
     def make(gen, p):
         x, residual, post_mix, comb = _post_inputs(gen, p, unit=True)
         d_o = gen.randn(*residual.shape, dtype=BF16)
@@ -160,4 +148,18 @@ def post_bwd_cases(rng, op):
     def call(rng, config, tokens):
         return {k: v for k, v in _post_call(rng, config, tokens).items() if k != "out"}
 
-    return assemble(op, rng, _hidden(128), call, make, tolerance=lambda p: CLOSE)
+    return assemble("mhc.mhc_post_bwd", rng, _hidden(128), call, make, tolerance=lambda p: CLOSE)
+
+
+GENERATORS = {
+    "mhc.expand_to_mhc_fwd": expand_fwd_cases,
+    "mhc.expand_to_mhc_bwd": expand_bwd_cases,
+    "mhc.mhc_pre_apply_mix_fwd": pre_apply_mix_fwd_cases,
+    "mhc.mhc_pre_apply_mix_bwd": pre_apply_mix_bwd_cases,
+    "mhc.mhc_pre_split_mixes_fwd": split_fwd_cases,
+    "mhc.mhc_pre_split_mixes_bwd": split_bwd_cases,
+    "mhc.mhc_sinkhorn_fwd": sinkhorn_fwd_cases,
+    "mhc.mhc_sinkhorn_bwd": sinkhorn_bwd_cases,
+    "mhc.mhc_post_fwd": post_fwd_cases,
+    "mhc.mhc_post_bwd": post_bwd_cases,
+}

@@ -9,15 +9,12 @@ of 512, which TileKernels' gcd(512, hidden) tiling takes whole).
 
 from __future__ import annotations
 
-from tests.parity_cases import BF16, F32, Call, Generators, assemble, no_call_options, pick
-
-GENERATORS = Generators()  # op -> its case generator (tests/parity_cases.py)
+from tests.parity_cases import BF16, F32, Call, assemble, no_call_options, pick
 
 HIDDEN = (2048, 4096, 5120, 7168)
 
 
-@GENERATORS.of("mhc.mhc_head_compute_mix_fwd")
-def head_mix_fwd_cases(rng, op):
+def head_mix_fwd_cases(rng):
     def config(rng):
         return {"mhc_mult": pick(rng, (1, 2, 4, 8), (4,)), "eps": rng.choice([1e-6, 1e-2])}
 
@@ -25,11 +22,10 @@ def head_mix_fwd_cases(rng, op):
         t, m = p["tokens"], p["mhc_mult"]
         return Call((gen.randn(t, m) * 3, gen.randn(1), gen.randn(m), gen.poisoned(t, m, dtype=F32), p["eps"]), {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_head_compute_mix_fwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_head_compute_mix_bwd")
-def head_mix_bwd_cases(rng, op):
+def head_mix_bwd_cases(rng):
     def config(rng):
         return {"mhc_mult": 4, "num_sms": rng.choice([132, 78, 1])}
 
@@ -39,11 +35,10 @@ def head_mix_bwd_cases(rng, op):
                 gen.poisoned(sms, 1, dtype=F32), gen.poisoned(sms, m, dtype=F32), sms)  # fmt: skip
         return Call(args, {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_head_compute_mix_bwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_fn_normw_merge_fwd")
-def normw_merge_fwd_cases(rng, op):
+def normw_merge_fwd_cases(rng):
     def config(rng):
         return {"rows": 24, "hidden": pick(rng, HIDDEN, (7168,))}
 
@@ -51,11 +46,10 @@ def normw_merge_fwd_cases(rng, op):
         n = 4 * p["hidden"]
         return Call((gen.randn(p["rows"], n), gen.randn(n), gen.poisoned(p["rows"], n, dtype=F32)), {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_fn_normw_merge_fwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_fn_normw_merge_bwd")
-def normw_merge_bwd_cases(rng, op):
+def normw_merge_bwd_cases(rng):
     def config(rng):
         return {"rows": 24, "hidden": pick(rng, HIDDEN, (7168,))}
 
@@ -63,11 +57,10 @@ def normw_merge_bwd_cases(rng, op):
         m, n = p["rows"], 4 * p["hidden"]
         return Call((gen.randn(m, n), gen.randn(n), gen.randn(m, n), gen.randn(m, n), gen.randn(n)), {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_fn_normw_merge_bwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_reduce_partials_and_rmsnorm_fwd")
-def reduce_fwd_cases(rng, op):
+def reduce_fwd_cases(rng):
     def config(rng):
         return {"n_splits": pick(rng, (1, 4, 16), (16,)), "groups": pick(rng, (1, 2), (1,)), "hidden": pick(rng, HIDDEN, (7168,))}
 
@@ -77,11 +70,10 @@ def reduce_fwd_cases(rng, op):
                 gen.poisoned(t, g, dtype=F32), gen.poisoned(t, m3, dtype=F32), 4 * p["hidden"] // g, 1e-6, s)  # fmt: skip
         return Call(args, {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_reduce_partials_and_rmsnorm_fwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_reduce_partials_and_rmsnorm_bwd")
-def reduce_bwd_cases(rng, op):
+def reduce_bwd_cases(rng):
     def config(rng):
         return {"groups": pick(rng, (1, 2), (1,)), "hidden": pick(rng, HIDDEN, (7168,))}
 
@@ -91,11 +83,10 @@ def reduce_bwd_cases(rng, op):
                 gen.poisoned(t, g, dtype=F32), 4 * p["hidden"] // g, 1e-6)  # fmt: skip
         return Call(args, {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_reduce_partials_and_rmsnorm_bwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_pre_big_fuse_fwd")
-def pre_big_fuse_cases(rng, op):
+def pre_big_fuse_cases(rng):
     def config(rng):
         return {
             "hidden": pick(rng, HIDDEN, (7168, 4096)), "n_splits": pick(rng, (1, 8, 16), (16,)), "repeat": pick(rng, (1, 10, 20), (20,)),
@@ -109,11 +100,10 @@ def pre_big_fuse_cases(rng, op):
                 1e-6, 1e-6, 1e-6, 2.0, p["repeat"])  # fmt: skip
         return Call(args, {"n_splits": s})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_pre_big_fuse_fwd", rng, config, no_call_options, make)
 
 
-@GENERATORS.of("mhc.mhc_multilayer_recompute")
-def multilayer_recompute_cases(rng, op):
+def multilayer_recompute_cases(rng):
     def config(rng):
         layers = rng.randint(1, 4)
         return {"hidden": pick(rng, HIDDEN, (7168,)), "layers": layers, "post": rng.choice([layers - 1, layers])}
@@ -131,4 +121,16 @@ def multilayer_recompute_cases(rng, op):
         )
         return Call(args, {})
 
-    return assemble(op, rng, config, no_call_options, make)
+    return assemble("mhc.mhc_multilayer_recompute", rng, config, no_call_options, make)
+
+
+GENERATORS = {
+    "mhc.mhc_head_compute_mix_fwd": head_mix_fwd_cases,
+    "mhc.mhc_head_compute_mix_bwd": head_mix_bwd_cases,
+    "mhc.mhc_fn_normw_merge_fwd": normw_merge_fwd_cases,
+    "mhc.mhc_fn_normw_merge_bwd": normw_merge_bwd_cases,
+    "mhc.mhc_reduce_partials_and_rmsnorm_fwd": reduce_fwd_cases,
+    "mhc.mhc_reduce_partials_and_rmsnorm_bwd": reduce_bwd_cases,
+    "mhc.mhc_pre_big_fuse_fwd": pre_big_fuse_cases,
+    "mhc.mhc_multilayer_recompute": multilayer_recompute_cases,
+}
