@@ -15,7 +15,7 @@ region directly; the scores go out through the Unified Buffer.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import fp32, refuse, stage, tensor
-from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
+from kernels_src.moe.common import layout, philox_rounds
 from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`, routes and the steps both take
     FLAG_BIAS,
     FLAG_IMAGE,
@@ -140,16 +140,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                         c0, c1, c3, k1 = T.uint32(0), T.uint32(0), T.uint32(0), T.uint32(0)
                         k0 = T.Cast(T.uint32, ep_rank)
                         c2 = T.Cast(T.uint32, token * WARP + lane)
-                        for r in T.unroll(10):
-                            p0 = T.Cast(T.uint64, c0) * T.uint64(PHILOX_M0)
-                            p1 = T.Cast(T.uint64, c2) * T.uint64(PHILOX_M1)
-                            c0 = T.Cast(T.uint32, p1 >> T.uint64(32)) ^ c1 ^ k0
-                            c2 = T.Cast(T.uint32, p0 >> T.uint64(32)) ^ c3 ^ k1
-                            c1 = T.Cast(T.uint32, p1)
-                            c3 = T.Cast(T.uint32, p0)
-                            if r < 9:
-                                k0 = k0 + T.uint32(PHILOX_W0)
-                                k1 = k1 + T.uint32(PHILOX_W1)
+                        philox_rounds(c0, c1, c2, c3, k0, k1, p0, p1)
                         weight = T.Cast(T.float32, c0) * T.float32(2.0**-32) + T.float32(2.0**-33)
                         if (flags & FLAG_PHYSICAL) != 0:
                             count = 0

@@ -192,6 +192,17 @@ def row_sf_type(rows: tuple, width, strides: tuple, packed: bool):
     return T.StridedTensor[(*rows, width), strides, "float32"]
 
 
+@T.macro
+def load_or_zero(x_reg, p, x, row, col, num_tokens, vec: int, dtype: str):
+    """x_reg[p, :] = x[row, col : col + vec], one vector access; zeros for a row at or past num_tokens."""
+    if row < num_tokens:
+        for j in T.vectorized(vec):
+            x_reg[p, j] = x[row, col + j]
+    else:
+        for j in T.vectorized(vec):
+            x_reg[p, j] = T.Cast(dtype, 0)
+
+
 def runtime_sf_index(m, k, layout, packed: bool):
     """(i, j): where a 2-D sf buffer holds the scale factor of block (m, k) when its layout is a runtime value
     (`layout` 0 row-major, 1 column-major; packed: UE8M0 bytes, four k blocks a word along the row)."""

@@ -108,12 +108,7 @@ def build(in_dtype, fmt, sf, mode):
                     block_amax[tid] = T.uint32(0)
             for p in T.unroll(passes):
                 row = first_row + p * rows_per_pass
-                if row < num_tokens:
-                    for j in T.vectorized(vec):
-                        x_reg[p, j] = x[row, col + j]
-                else:
-                    for j in T.vectorized(vec):
-                        x_reg[p, j] = T.Cast(in_dtype, 0)
+                common.load_or_zero(x_reg, p, x, row, col, num_tokens, vec, in_dtype)
 
             if mode == "precomputed_sf":
                 for q in T.unroll(QUARTERS):
