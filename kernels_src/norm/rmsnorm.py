@@ -91,15 +91,9 @@ def rmsnorm_kernel(split, dtype: str, with_weight: bool, with_residual: bool, wi
                 if split.loads_unguarded:
                     # A generic split: loaded (clamped into the tensor) whatever the width, zeroed outside the row
                     load_sum(x_reg, r_reg, v, x_row, res_row, "read_at", with_residual, vec)
-                    if token < num_tokens and split.in_row(col):
-                        if with_residual:
-                            for j in T.vectorized(vec):
-                                rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
-                    else:
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = T.cast(0, dtype)
-                elif token < num_tokens and split.in_row(col):
-                    load_sum(x_reg, r_reg, v, x_row, res_row, "at", with_residual, vec)
+                if token < num_tokens and split.in_row(col):
+                    if not split.loads_unguarded:
+                        load_sum(x_reg, r_reg, v, x_row, res_row, "at", with_residual, vec)
                     if with_residual:
                         for j in T.vectorized(vec):
                             rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
