@@ -26,6 +26,7 @@ from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`
     MASKED,
     RANDOM,
     ROUTED,
+    gate_dims,
     physical_slot,
     pick_route,
 )
@@ -60,11 +61,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
     CUDA layout of max_experts; ties go to the lower expert index whatever `per` is, so the picks do not depend on it."""
     vec, chunks = layout(max_experts)
     per = vec * chunks  # experts a lane holds
-    num_tokens = T.dynamic("num_tokens")
-    num_physical_topk = T.dynamic("num_physical_topk")
-    num_logical_experts = T.dynamic("num_logical_experts")
-    num_duplicates = T.dynamic("num_duplicates")
-    unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+    num_tokens, num_physical_topk, num_logical_experts, num_duplicates, unmapped_stride = gate_dims()
     per_expert, token_mask = fp32(num_tokens, num_experts), tensor(T.bool, num_tokens)
 
     @T.prim_func

@@ -45,6 +45,13 @@ INT_MAX = 0x7FFFFFFF
 ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
 
 
+def gate_dims() -> tuple:
+    """The gate's runtime dims, in both backends' kernels: (num_tokens, num_physical_topk, num_logical_experts,
+    num_duplicates, the stride of unmapped_topk_idx's rows)."""
+    names = ("num_tokens", "num_physical_topk", "num_logical_experts", "num_duplicates", "unmapped_topk_idx_stride")
+    return tuple(T.dynamic(name) for name in names)
+
+
 @T.macro
 def pick_route(route: T.Ref, token, flags, mask, force_random, fix_routing_mask):
     """route = the token's route, in priority order (masked > forced random > fixed > routed); nested ifs, so an
@@ -85,11 +92,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
     """The gate over `rows` (common.Rows) of num_experts; the generic gate passes runtime sizes and layout."""
     warps = TILINGS[tiling]  # tokens per block
     vec, chunks = rows.vec, rows.chunks
-    num_tokens = T.dynamic("num_tokens")
-    num_physical_topk = T.dynamic("num_physical_topk")
-    num_logical_experts = T.dynamic("num_logical_experts")
-    num_duplicates = T.dynamic("num_duplicates")
-    unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+    num_tokens, num_physical_topk, num_logical_experts, num_duplicates, unmapped_stride = gate_dims()
 
     @T.prim_func
     def moe_topk_gate(
