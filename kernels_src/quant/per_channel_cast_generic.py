@@ -2,12 +2,11 @@
 and, for E4M3 inputs, their scale block `in_block` (1 x 32 or 1 x 128) runtime values.
 
 It serves the calls whose specialised per_channel_cast variant is not built, and writes the same
-bytes: the specialised kernel's tiling (kernels_src/quant/per_channel_cast.py: a CTA of 256
-threads takes block_m rows by 8 column vectors, 32 rows at a time), with the number of 32-row
-passes (1 or 4) a uniform runtime bound on loops unrolled for 4. Every value is the specialised
-kernel's expression (data * in_sf, then * inv), each channel's amax the maximum over the same
-rows (order-free), its scale factor common.scale_factor of it; the column-wise reduction and the
-stores are the specialised kernel's.
+bytes: it is the specialised kernel's body (kernels_src/quant/per_channel_cast.py per_channel_kernel) in
+its tiling (a CTA of 256 threads takes block_m rows by 8 column vectors, 32 rows at a time), with the
+number of 32-row passes (1 or 4) a uniform runtime bound on loops unrolled for 4. Every value is the
+same expression (data * in_sf, then * inv), each channel's amax the maximum over the same rows
+(order-free), its scale factor common.scale_factor of it.
 
 in_block reaches the kernel as its index among the axis's choices (0 "none", 1 "1x32", 2 "1x128"),
 so the input scale block is 2**(3 + 2 * in_block) channels wide. x's leading dim only binds block_m
