@@ -84,6 +84,12 @@ def row_dims():
     return T.dynamic("num_tokens"), T.dynamic("hidden")
 
 
+def partial_dims():
+    """The runtime (num_tokens, n_rms_group, mhc_mult3) of the reduce-partials kernels (both directions, both
+    backends): a token's rows of RMS groups."""
+    return T.dynamic("num_tokens"), T.dynamic("n_rms_group"), T.dynamic("mhc_mult3")
+
+
 def flat_blocks(num_tokens, hidden, per_block: int):
     """Blocks enough for the num_tokens * hidden / VEC vectors of the rows, per_block vectors a block."""
     return T.ceildiv(num_tokens * (hidden // VEC), per_block)
