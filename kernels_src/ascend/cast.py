@@ -10,7 +10,7 @@ of (element index, value), so it rounds each element the way the CUDA kernel doe
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import refuse
-from kernels_src.quant import common
+from kernels_src.quant.cast import convert
 from tkaot._quant.kernels import CAST, STOCHASTIC_PAIRS
 
 DECL = CAST
@@ -35,22 +35,6 @@ def build(in_dtype: str, out_dtype: str, stochastic: bool):
     src, dst = _DTYPE[in_dtype], _DTYPE[out_dtype]
     n = T.dynamic("n")
 
-    def convert(v, index):
-        if in_dtype == "e4m3" and out_dtype == "float32":
-            # exact widening of NaN: the sign kept, the mantissa all ones (0x7FF00000 | sign)
-            byte = T.Cast("uint32", T.reinterpret(v, "uint8"))
-            nan = common.f32_from_bits(((byte & T.uint32(0x80)) << T.uint32(24)) | T.uint32(0x7FF00000))
-            return T.if_then_else((byte & T.uint32(0x7F)) == T.uint32(0x7F), nan, T.Cast(dst, v))
-        if not stochastic:
-            return T.Cast(dst, v)
-        f = T.Cast("float32", v)
-        rbits = common.hash_u32(T.Cast("uint32", index), common.f32_bits(f))
-        if out_dtype == "bfloat16":
-            # 16 random bits added below bf16's last mantissa bit, then truncated: up with the right odds
-            bits = (common.f32_bits(f) + (rbits >> T.uint32(16))) & T.uint32(0xFFFF0000)
-            return T.if_then_else(f != f, T.Cast(dst, f), T.Cast(dst, common.f32_from_bits(bits)))
-        return T.Cast(dst, common.with_sign_of(common.stochastic_round_magnitude(T.abs(f), rbits, "e4m3"), f))
-
     @T.prim_func
     def cast(x: T.Tensor[(n,), src], y: T.Tensor[(n,), dst]):
         with T.Kernel(T.ceildiv(n, BLOCK)) as block:
@@ -60,7 +44,7 @@ def build(in_dtype: str, out_dtype: str, stochastic: bool):
             T.copy(x[first : first + BLOCK], x_ub)
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
-                    y_ub[j] = convert(x_ub[j], first + j)
+                    y_ub[j] = convert(x_ub[j], first + j, in_dtype, out_dtype, stochastic, dst)
             T.copy(y_ub, y[first : first + BLOCK])
 
     return cast

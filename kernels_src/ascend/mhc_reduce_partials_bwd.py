@@ -15,6 +15,7 @@ from tilelang.ascend import language as T
 from kernels_src.ascend import mhc_common as mc
 from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
 from kernels_src.ascend.mhc_common import unsupported as unsupported
+from kernels_src.mhc.common import partial_dims
 from tkaot._mhc.kernels import REDUCE_PARTIALS_BWD
 
 DECL = REDUCE_PARTIALS_BWD
@@ -22,7 +23,7 @@ PAIRS = 256
 
 
 def build(dtype: str):
-    num_tokens, n_rms_group, mhc_mult3 = T.dynamic("num_tokens"), T.dynamic("n_rms_group"), T.dynamic("mhc_mult3")
+    num_tokens, n_rms_group, mhc_mult3 = partial_dims()
     groups = mc.fp32(num_tokens, n_rms_group, mhc_mult3)  # the mixes of each RMS group
 
     @T.prim_func

@@ -14,6 +14,7 @@ from tilelang.ascend import language as T
 from kernels_src.ascend import mhc_common as mc
 from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
 from kernels_src.ascend.mhc_common import unsupported as unsupported
+from kernels_src.mhc.common import partial_dims
 from tkaot._mhc.kernels import REDUCE_PARTIALS_FWD
 
 DECL = REDUCE_PARTIALS_FWD
@@ -21,8 +22,8 @@ ELEMS = 1024
 
 
 def build(dtype: str):
-    n_splits, num_tokens = T.dynamic("n_splits"), T.dynamic("num_tokens")
-    n_rms_group, mhc_mult3 = T.dynamic("n_rms_group"), T.dynamic("mhc_mult3")
+    n_splits = T.dynamic("n_splits")
+    num_tokens, n_rms_group, mhc_mult3 = partial_dims()
     mixes, squares = (num_tokens, n_rms_group, mhc_mult3), (num_tokens, n_rms_group)  # of a split
 
     @T.prim_func

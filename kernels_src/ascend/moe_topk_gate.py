@@ -15,19 +15,27 @@ region directly; the scores go out through the Unified Buffer.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import fp32, refuse, stage, tensor
-from kernels_src.moe.common import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, layout
+from kernels_src.moe.common import layout, philox_rounds
+from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`, routes and the steps both take
+    FLAG_BIAS,
+    FLAG_IMAGE,
+    FLAG_PHYSICAL,
+    FLAG_SCORES,
+    FLAG_UNMAPPED,
+    INT_MAX,
+    MASKED,
+    RANDOM,
+    ROUTED,
+    gate_dims,
+    physical_slot,
+    pick_route,
+)
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
 DECL = MOE_TOPK_GATE
 REQUIRES: dict[str, int] = {}
 WARP = 32
 TOKENS = 8  # tokens a block, a warp each
-
-# the CUDA kernel's bits of `flags` (kernels_src/moe/moe_topk_gate.py)
-FLAG_MASK, FLAG_BIAS, FLAG_IMAGE, FLAG_FIX, FLAG_UNMAPPED, FLAG_PHYSICAL, FLAG_RANDOM, FLAG_SCORES = (1 << i for i in range(8))
-DUPLICATE_STRIDE = 23333
-INT_MAX = 0x7FFFFFFF
-ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
 
 
 def unsupported(num_experts, num_topk, tiling) -> str | None:
@@ -53,11 +61,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
     CUDA layout of max_experts; ties go to the lower expert index whatever `per` is, so the picks do not depend on it."""
     vec, chunks = layout(max_experts)
     per = vec * chunks  # experts a lane holds
-    num_tokens = T.dynamic("num_tokens")
-    num_physical_topk = T.dynamic("num_physical_topk")
-    num_logical_experts = T.dynamic("num_logical_experts")
-    num_duplicates = T.dynamic("num_duplicates")
-    unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+    num_tokens, num_physical_topk, num_logical_experts, num_duplicates, unmapped_stride = gate_dims()
     per_expert, token_mask = fp32(num_tokens, num_experts), tensor(T.bool, num_tokens)
 
     @T.prim_func
@@ -117,15 +121,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                     weight = T.float32(0)
                     out_idx = T.int64(-1)
                     if token < num_tokens:
-                        if (flags & FLAG_MASK) != 0:
-                            if not mask[token]:
-                                route = MASKED
-                        if route == ROUTED and (flags & FLAG_RANDOM) != 0:
-                            if force_random[token]:
-                                route = RANDOM
-                        if route == ROUTED and (flags & FLAG_FIX) != 0:
-                            if fix_routing_mask[token]:
-                                route = FIXED
+                        pick_route(route, token, flags, mask, force_random, fix_routing_mask)
                     if route == MASKED or route == RANDOM:
                         for s in T.serial(per):
                             if lane * per + s < num_experts:
@@ -141,16 +137,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                         c0, c1, c3, k1 = T.uint32(0), T.uint32(0), T.uint32(0), T.uint32(0)
                         k0 = T.Cast(T.uint32, ep_rank)
                         c2 = T.Cast(T.uint32, token * WARP + lane)
-                        for r in T.unroll(10):
-                            p0 = T.Cast(T.uint64, c0) * T.uint64(PHILOX_M0)
-                            p1 = T.Cast(T.uint64, c2) * T.uint64(PHILOX_M1)
-                            c0 = T.Cast(T.uint32, p1 >> T.uint64(32)) ^ c1 ^ k0
-                            c2 = T.Cast(T.uint32, p0 >> T.uint64(32)) ^ c3 ^ k1
-                            c1 = T.Cast(T.uint32, p1)
-                            c3 = T.Cast(T.uint32, p0)
-                            if r < 9:
-                                k0 = k0 + T.uint32(PHILOX_W0)
-                                k1 = k1 + T.uint32(PHILOX_W1)
+                        philox_rounds(c0, c1, c2, c3, k0, k1, p0, p1)
                         weight = T.Cast(T.float32, c0) * T.float32(2.0**-32) + T.float32(2.0**-33)
                         if (flags & FLAG_PHYSICAL) != 0:
                             count = 0
@@ -232,15 +219,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                             weight = T.float32(1)
                             out_idx = T.Cast(T.int64, num_experts + lane - num_topk)
                         if (flags & FLAG_PHYSICAL) != 0 and lane < num_physical_topk:
-                            if out_idx >= 0 and out_idx < T.Cast(T.int64, num_logical_experts):
-                                count = T.max(logical_count[out_idx], 1)
-                                out_idx = T.Cast(
-                                    T.int64,
-                                    to_physical_map[
-                                        out_idx,
-                                        (T.Cast(T.int64, ep_rank) + T.Cast(T.int64, token) * DUPLICATE_STRIDE) % T.Cast(T.int64, count),
-                                    ],
-                                )
+                            physical_slot(out_idx, count, token, ep_rank, num_logical_experts, logical_count, to_physical_map)
                         if token < num_tokens and lane < num_physical_topk:
                             topk_idx[token, lane] = out_idx
                             topk_weights[token, lane] = weight

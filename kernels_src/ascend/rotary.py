@@ -15,6 +15,7 @@ from tilelang.ascend import language as T
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
 from kernels_src.ascend.common import split_block
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.transform.rotary import rotary_kernel
 from tkaot._transform.kernels import ROTARY
 
 DECL = ROTARY
@@ -25,25 +26,13 @@ THREADS = 128
 def build(rot_dim: int, dtype: str, interleaved: bool):
     half = rot_dim // 2
 
-    batch, seqlen, num_heads = T.dynamic("batch"), T.dynamic("seqlen"), T.dynamic("num_heads")
-    cache_rows = T.dynamic("cache_rows")
-    x_bstride, x_stride, x_hstride = T.dynamic("x_batch_stride"), T.dynamic("x_stride"), T.dynamic("x_head_stride")
-    cache_stride = T.dynamic("cache_stride")
-    pos_bstride, pos_stride = T.dynamic("positions_batch_stride"), T.dynamic("positions_stride")
-
-    @T.prim_func
-    def rotary(
-        x: T.StridedTensor[(batch, seqlen, num_heads, rot_dim), (x_bstride, x_stride, x_hstride, 1), dtype],
-        cos_sin_cache: T.StridedTensor[(cache_rows, rot_dim), (cache_stride, 1), T.float32],
-        positions: T.StridedTensor[(batch, seqlen), (pos_bstride, pos_stride), T.int32],
-        has_positions: T.int32,
-        conjugate: T.int32,
-        seqlen_offset: T.int32,
-    ):
+    @T.macro
+    def rotate(x, cos_sin_cache, positions, has_positions, conjugate, seqlen_offset, dims):
+        batch, seqlen, num_heads = dims.batch, dims.seqlen, dims.num_heads
         T.assume(num_heads > 0)
-        tiles = T.ceildiv(seqlen * num_heads, ROWS)
-        with T.Kernel(batch * tiles) as block:
-            b, first = split_block(block, tiles, ROWS)
+        # the tile count inline, not a variable: a macro would bind it to a name
+        with T.Kernel(batch * T.ceildiv(seqlen * num_heads, ROWS)) as block:
+            b, first = split_block(block, T.ceildiv(seqlen * num_heads, ROWS), ROWS)
             x_ub = T.alloc_shared((ROWS, rot_dim), dtype)
             cs_ub = T.alloc_shared((ROWS, rot_dim), T.float32)
             for r in T.serial(ROWS):
@@ -67,4 +56,4 @@ def build(rot_dim: int, dtype: str, interleaved: bool):
                 if first + r < seqlen * num_heads:
                     T.copy(x_ub[r, :], x[b, (first + r) // num_heads, (first + r) % num_heads, 0:rot_dim])
 
-    return rotary
+    return rotary_kernel(rot_dim, dtype, rotate)

@@ -23,7 +23,7 @@ from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import fp32, refuse, tensor
 from kernels_src.ascend.tile import rows_per_block
-from kernels_src.quant.common import scale_factor
+from kernels_src.quant.common import row_sf_type, scale_factor
 from tkaot._quant.kernels import SWIGLU_BACKWARD
 
 DECL = SWIGLU_BACKWARD
@@ -69,11 +69,6 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
     num_rows, hidden, num_experts = T.dynamic("num_rows"), T.dynamic("hidden"), T.dynamic("num_experts")
     x_sf_stride = T.dynamic("x_sf_stride")
     sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
-    # scale-factor buffers are addressed by their strides alone (their extents are nominal, as on CUDA)
-    if packed:
-        sf_shape, sf_strides, sf_dtype = (num_rows, hidden, 4), (sf_stride, sf_group_stride, 1), "uint8"
-    else:
-        sf_shape, sf_strides, sf_dtype = (num_rows, hidden), (sf_stride, sf_group_stride), "float32"
 
     @T.prim_func
     def swiglu_backward(
@@ -84,7 +79,7 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
         psum_num_tokens_per_expert: tensor(T.int32, num_experts),
         x_grad: tensor(out_t, num_rows, 2 * hidden),
         x_grad_fp8: tensor(FP8, num_rows, 2 * hidden),
-        x_grad_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
+        x_grad_sf: row_sf_type((num_rows,), hidden, (sf_stride, sf_group_stride), packed),  # extents nominal, as on CUDA
         weight_grad: fp32(num_rows),
         act_out: tensor(out_t, num_rows, hidden),
         has_psum: T.int32,

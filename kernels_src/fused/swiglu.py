@@ -31,6 +31,7 @@ import tilelang.language as T
 from kernels_src.fused import swiglu_math as m
 from kernels_src.fused.swiglu_math import DEVICE_HELPERS, FLT_MAX, OUT_DTYPES, Arith
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.quant.common import row_sf_type
 from tkaot._quant.kernels import SWIGLU
 
 DECL = SWIGLU  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -122,10 +123,6 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
     x_stride = T.dynamic("x_stride")
     weights_stride = T.dynamic("topk_weights_stride")
     sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
-    if packed:
-        sf_shape, sf_strides, sf_dtype = (num_rows, num_words, 4), (sf_stride, sf_group_stride, 1), "uint8"
-    else:
-        sf_shape, sf_strides, sf_dtype = (num_rows, num_groups), (sf_stride, sf_group_stride), "float32"
     grid = T.min(T.ceildiv(num_rows, rows_per_block), max_blocks)
 
     # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
@@ -140,7 +137,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
     def swiglu(
         x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
         out: T.Tensor[(num_rows, hidden), out_dtype],
-        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
+        out_sf: row_sf_type((num_rows,), num_words if packed else num_groups, (sf_stride, sf_group_stride), packed),
         psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
         topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
         clamped_count: T.Tensor[(4,), T.int64],

@@ -20,8 +20,9 @@ expert's segment gets zeros everywhere), weights, scaling, clamp and recompute a
 
 import tilelang.language as T
 
+from kernels_src.fused.swiglu_math import expert_search
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
-from kernels_src.quant.common import scale_factor
+from kernels_src.quant.common import row_sf_type, scale_factor
 from tkaot._quant.kernels import SWIGLU_BACKWARD
 
 DECL = SWIGLU_BACKWARD  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -76,12 +77,6 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
     num_experts = T.dynamic("num_experts")
     x_sf_stride = T.dynamic("x_sf_stride")
     sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
-    # Scale-factor buffers are addressed by their strides alone (a dim must stand alone in some extent to be bound,
-    # and nothing reads these extents): fp32 (rows, groups), or packed UE8M0 bytes (rows, words, 4)
-    if packed:
-        sf_shape, sf_strides, sf_dtype = (num_rows, hidden, 4), (sf_stride, sf_group_stride, 1), "uint8"
-    else:
-        sf_shape, sf_strides, sf_dtype = (num_rows, hidden), (sf_stride, sf_group_stride), "float32"
 
     @T.prim_func
     def swiglu_backward(
@@ -92,7 +87,7 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
         psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
         x_grad: T.Tensor[(num_rows, 2 * hidden), out_t],
         x_grad_fp8: T.Tensor[(num_rows, 2 * hidden), FP8],
-        x_grad_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
+        x_grad_sf: row_sf_type((num_rows,), hidden, (sf_stride, sf_group_stride), packed),
         weight_grad: T.Tensor[(num_rows,), T.float32],
         act_out: T.Tensor[(num_rows, hidden), out_t],
         has_psum: T.int32,
@@ -145,14 +140,7 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                 # ends at or before it: lo = how many psum entries are <= row
                 padding = 0
                 if has_psum != 0:
-                    lo = 0
-                    hi = num_experts
-                    for _ in T.serial(search_steps):
-                        if lo < hi:
-                            if psum_num_tokens_per_expert[(lo + hi) // 2] <= row:
-                                lo = (lo + hi) // 2 + 1
-                            else:
-                                hi = (lo + hi) // 2
+                    expert_search(psum_num_tokens_per_expert, row, num_experts, search_steps, lo, hi)
                     prev = 0
                     if lo > 0:
                         prev = psum_num_tokens_per_expert[lo - 1]

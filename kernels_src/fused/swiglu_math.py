@@ -201,8 +201,9 @@ def scale_and_round(val, res, inv, count: int, out_dtype: str):
 
 
 @T.macro
-def segment_check(psum_num_tokens_per_expert, row, valid, r, num_experts, search_steps, alignment, lo: T.Ref, hi: T.Ref, begin: T.Ref):
-    # The row's expert: the first e with psum[e] > row; valid past the aligned end of e - 1
+def expert_search(psum_num_tokens_per_expert, row, num_experts, search_steps, lo: T.Ref, hi: T.Ref):
+    """lo = how many psum entries are <= row (the row's expert: the first e with psum[e] > row), by bisection in
+    search_steps rounds (the op passes num_experts.bit_length())."""
     lo = 0
     hi = num_experts
     for _ in T.serial(search_steps):
@@ -211,6 +212,12 @@ def segment_check(psum_num_tokens_per_expert, row, valid, r, num_experts, search
                 lo = (lo + hi) // 2 + 1
             else:
                 hi = (lo + hi) // 2
+
+
+@T.macro
+def segment_check(psum_num_tokens_per_expert, row, valid, r, num_experts, search_steps, alignment, lo: T.Ref, hi: T.Ref, begin: T.Ref):
+    # The row's expert (expert_search); valid past the aligned end of e - 1
+    expert_search(psum_num_tokens_per_expert, row, num_experts, search_steps, lo, hi)
     begin = 0
     if lo > 0 and lo < num_experts:
         begin = T.ceildiv(psum_num_tokens_per_expert[lo - 1], alignment) * alignment

@@ -84,6 +84,12 @@ def row_dims():
     return T.dynamic("num_tokens"), T.dynamic("hidden")
 
 
+def partial_dims():
+    """The runtime (num_tokens, n_rms_group, mhc_mult3) of the reduce-partials kernels (both directions, both
+    backends): a token's rows of RMS groups."""
+    return T.dynamic("num_tokens"), T.dynamic("n_rms_group"), T.dynamic("mhc_mult3")
+
+
 def flat_blocks(num_tokens, hidden, per_block: int):
     """Blocks enough for the num_tokens * hidden / VEC vectors of the rows, per_block vectors a block."""
     return T.ceildiv(num_tokens * (hidden // VEC), per_block)
@@ -102,6 +108,28 @@ def flat_slots(token, col, block, tid, row_vecs, num_tokens, threads: int, unrol
         if token[u] < num_tokens:
             T.assume(0 <= token[u] and 0 <= col[u] and col[u] < row_vecs)
             finish(u, *bufs)
+
+
+# The tiling of the kernels over flat vectors (flat_kernel): threads a block, vectors a thread
+FLAT_THREADS = 256
+FLAT_UNROLL = 2
+
+
+@T.macro
+def flat_kernel(num_tokens, hidden, tiles, load, finish, tensors):
+    """The kernel of an op over the vectors of bf16 rows (num_tokens, hidden): flat_blocks blocks of FLAT_THREADS,
+    each thread FLAT_UNROLL vectors (flat_slots). tiles() allocates the thread's local tiles and returns them; load
+    and finish take (u, *tiles, *tensors, token, col)."""
+    threads, unroll = FLAT_THREADS, FLAT_UNROLL
+    with T.Kernel(flat_blocks(num_tokens, hidden, threads * unroll), threads=threads) as block:
+        vec_entry(hidden)
+        tid = T.get_thread_binding()
+        row_vecs = hidden // VEC
+        bufs = tiles()
+        token = T.alloc_local((unroll,), T.int32)
+        col = T.alloc_local((unroll,), T.int32)
+
+        flat_slots(token, col, block, tid, row_vecs, num_tokens, threads, unroll, load, finish, (*bufs, *tensors, token, col))
 
 
 @T.macro

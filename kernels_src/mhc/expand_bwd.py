@@ -2,18 +2,15 @@
 (from 0) and rounded once to bf16.
 
 Vectors of 8 bf16 are numbered across (num_tokens, hidden) as in expand_fwd.py; each thread reads the mhc
-vectors above one output vector, UNROLL outputs a thread.
+vectors above one output vector, FLAT_UNROLL outputs a thread.
 """
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC, flat_blocks, flat_slots, load_vec, row_dims, stream_sum_store, vec_entry
+from kernels_src.mhc.common import FLAT_UNROLL, VEC, flat_kernel, load_vec, row_dims, stream_sum_store
 from tkaot._mhc.kernels import EXPAND_BWD
 
 DECL = EXPAND_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
-
-THREADS = 256
-UNROLL = 2
 
 
 def build(mhc_mult: int):
@@ -29,23 +26,18 @@ def build(mhc_mult: int):
     def finish(u, grads, acc, out, o_grad, x_grad, token, col):
         stream_sum_store(acc, out, grads, None, u, mhc, x_grad, (token[u], col[u]))
 
+    @T.macro
+    def tiles():
+        grads = T.alloc_local((FLAT_UNROLL, mhc, VEC), T.bfloat16)
+        acc = T.alloc_local((VEC,), T.float32)
+        out = T.alloc_local((VEC,), T.bfloat16)
+        return grads, acc, out
+
     @T.prim_func
     def expand_bwd(
         o_grad: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
         x_grad: T.Tensor[(num_tokens, hidden), T.bfloat16],
     ):
-        with T.Kernel(flat_blocks(num_tokens, hidden, THREADS * UNROLL), threads=THREADS) as block:
-            vec_entry(hidden)
-            tid = T.get_thread_binding()
-            row_vecs = hidden // VEC
-            grads = T.alloc_local((UNROLL, mhc, VEC), T.bfloat16)
-            acc = T.alloc_local((VEC,), T.float32)
-            out = T.alloc_local((VEC,), T.bfloat16)
-            token = T.alloc_local((UNROLL,), T.int32)
-            col = T.alloc_local((UNROLL,), T.int32)
-
-            flat_slots(
-                token, col, block, tid, row_vecs, num_tokens, THREADS, UNROLL, load, finish, (grads, acc, out, o_grad, x_grad, token, col)
-            )
+        flat_kernel(num_tokens, hidden, tiles, load, finish, (o_grad, x_grad))
 
     return expand_bwd

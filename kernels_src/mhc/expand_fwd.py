@@ -1,20 +1,17 @@
 """expand_to_mhc forward: o[t, m, :] = x[t, :] for each of the mhc streams.
 
 The rows are read as 16-byte vectors of 8 bf16, numbered across the whole (num_tokens, hidden) input; each
-thread copies UNROLL of them, THREADS apart (loads first, then the mhc stores of each), so one cubin serves
-every token count and hidden size (a multiple of 8). Token and column are found in 32-bit arithmetic (the op
-keeps num_tokens * hidden below 2**31).
+thread copies FLAT_UNROLL of them, FLAT_THREADS apart (kernels_src/mhc/common.py flat_kernel; loads first, then
+the mhc stores of each), so one cubin serves every token count and hidden size (a multiple of 8). Token and
+column are found in 32-bit arithmetic (the op keeps num_tokens * hidden below 2**31).
 """
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC, flat_blocks, flat_slots, load_vec, row_dims, vec_entry
+from kernels_src.mhc.common import FLAT_UNROLL, VEC, flat_kernel, load_vec, row_dims
 from tkaot._mhc.kernels import EXPAND_FWD
 
 DECL = EXPAND_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
-
-THREADS = 256
-UNROLL = 2
 
 
 def build(mhc_mult: int):
@@ -31,19 +28,16 @@ def build(mhc_mult: int):
             for j in T.vectorized(VEC):
                 o[token[u], m, col[u] * VEC + j] = reg[u, j]
 
+    @T.macro
+    def tiles():
+        reg = T.alloc_local((FLAT_UNROLL, VEC), T.bfloat16)
+        return (reg,)
+
     @T.prim_func
     def expand_fwd(
         x: T.Tensor[(num_tokens, hidden), T.bfloat16],
         o: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
     ):
-        with T.Kernel(flat_blocks(num_tokens, hidden, THREADS * UNROLL), threads=THREADS) as block:
-            vec_entry(hidden)
-            tid = T.get_thread_binding()
-            row_vecs = hidden // VEC
-            reg = T.alloc_local((UNROLL, VEC), T.bfloat16)
-            token = T.alloc_local((UNROLL,), T.int32)
-            col = T.alloc_local((UNROLL,), T.int32)
-
-            flat_slots(token, col, block, tid, row_vecs, num_tokens, THREADS, UNROLL, load, store, (reg, x, o, token, col))
+        flat_kernel(num_tokens, hidden, tiles, load, store, (x, o))
 
     return expand_fwd

@@ -7,13 +7,10 @@ vectors below one output vector and the token's mhc mixes (shared by the token's
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC, flat_blocks, flat_slots, load_vec, row_dims, stream_sum_store, vec_entry
+from kernels_src.mhc.common import FLAT_UNROLL, VEC, flat_kernel, load_vec, row_dims, stream_sum_store
 from tkaot._mhc.kernels import PRE_APPLY_MIX_FWD
 
 DECL = PRE_APPLY_MIX_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
-
-THREADS = 256
-UNROLL = 2
 
 
 def build(mhc_mult: int):
@@ -31,25 +28,20 @@ def build(mhc_mult: int):
     def finish(u, xs, mixes, acc, out, x, mix, o, token, col):
         stream_sum_store(acc, out, xs, mixes, u, mhc, o, (token[u], col[u]))
 
+    @T.macro
+    def tiles():
+        xs = T.alloc_local((FLAT_UNROLL, mhc, VEC), T.bfloat16)
+        mixes = T.alloc_local((FLAT_UNROLL, mhc), T.float32)
+        acc = T.alloc_local((VEC,), T.float32)
+        out = T.alloc_local((VEC,), T.bfloat16)
+        return xs, mixes, acc, out
+
     @T.prim_func
     def pre_apply_mix_fwd(
         x: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
         mix: T.Tensor[(num_tokens, mhc), T.float32],
         o: T.Tensor[(num_tokens, hidden), T.bfloat16],
     ):
-        with T.Kernel(flat_blocks(num_tokens, hidden, THREADS * UNROLL), threads=THREADS) as block:
-            vec_entry(hidden)
-            tid = T.get_thread_binding()
-            row_vecs = hidden // VEC
-            xs = T.alloc_local((UNROLL, mhc, VEC), T.bfloat16)
-            mixes = T.alloc_local((UNROLL, mhc), T.float32)
-            acc = T.alloc_local((VEC,), T.float32)
-            out = T.alloc_local((VEC,), T.bfloat16)
-            token = T.alloc_local((UNROLL,), T.int32)
-            col = T.alloc_local((UNROLL,), T.int32)
-
-            flat_slots(
-                token, col, block, tid, row_vecs, num_tokens, THREADS, UNROLL, load, finish, (xs, mixes, acc, out, x, mix, o, token, col)
-            )
+        flat_kernel(num_tokens, hidden, tiles, load, finish, (x, mix, o))
 
     return pre_apply_mix_fwd

@@ -10,6 +10,7 @@ One warp a (token, group) pair: lane j takes mixes j, j + 32, ...; the warp sums
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import partial_dims
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import REDUCE_PARTIALS_BWD
 
@@ -19,9 +20,7 @@ WARPS = 4
 
 
 def build(dtype: str):
-    num_tokens = T.dynamic("num_tokens")
-    n_rms_group = T.dynamic("n_rms_group")
-    mhc_mult3 = T.dynamic("mhc_mult3")
+    num_tokens, n_rms_group, mhc_mult3 = partial_dims()
 
     @T.prim_func
     def mhc_reduce_partials_bwd(

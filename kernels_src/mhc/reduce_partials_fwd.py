@@ -10,6 +10,7 @@ tokens are all runtime values; each thread of a token sums the (cached) squared 
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import partial_dims
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import REDUCE_PARTIALS_FWD
 
@@ -20,9 +21,7 @@ THREADS = 128
 
 def build(dtype: str):
     n_splits = T.dynamic("n_splits")
-    num_tokens = T.dynamic("num_tokens")
-    n_rms_group = T.dynamic("n_rms_group")
-    mhc_mult3 = T.dynamic("mhc_mult3")
+    num_tokens, n_rms_group, mhc_mult3 = partial_dims()
 
     @T.prim_func
     def mhc_reduce_partials_fwd(

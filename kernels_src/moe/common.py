@@ -173,6 +173,22 @@ PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 
 
 @T.macro
+def philox_rounds(c0: T.Ref, c1: T.Ref, c2: T.Ref, c3: T.Ref, k0: T.Ref, k1: T.Ref, p0: T.Ref, p1: T.Ref):
+    """The ten rounds of Philox4x32-10 on counter (c0, c1, c2, c3) with key (k0, k1), in place (uint32 variables; p0
+    and p1 uint64 scratch). The Ascend gate draws with it too."""
+    for r in T.unroll(10):
+        p0 = T.Cast(T.uint64, c0) * T.uint64(PHILOX_M0)
+        p1 = T.Cast(T.uint64, c2) * T.uint64(PHILOX_M1)
+        c0 = T.Cast(T.uint32, p1 >> T.uint64(32)) ^ c1 ^ k0
+        c2 = T.Cast(T.uint32, p0 >> T.uint64(32)) ^ c3 ^ k1
+        c1 = T.Cast(T.uint32, p1)
+        c3 = T.Cast(T.uint32, p0)
+        if r < 9:
+            k0 = k0 + T.uint32(PHILOX_W0)
+            k1 = k1 + T.uint32(PHILOX_W1)
+
+
+@T.macro
 def philox_first_two(k0: T.Ref, c2: T.Ref, r0: T.Ref, r1: T.Ref):
     """The first two 32-bit outputs of Philox4x32-10 at counter (0, 0, c2, 0), key (k0, 0).
 
@@ -186,15 +202,6 @@ def philox_first_two(k0: T.Ref, c2: T.Ref, r0: T.Ref, r1: T.Ref):
     k1 = T.alloc_var(T.uint32, init=0)
     p0 = T.alloc_var(T.uint64)
     p1 = T.alloc_var(T.uint64)
-    for r in T.unroll(10):
-        p0 = T.Cast(T.uint64, c0) * T.uint64(PHILOX_M0)
-        p1 = T.Cast(T.uint64, c2) * T.uint64(PHILOX_M1)
-        c0 = T.Cast(T.uint32, p1 >> T.uint64(32)) ^ c1 ^ k0
-        c2 = T.Cast(T.uint32, p0 >> T.uint64(32)) ^ c3 ^ k1
-        c1 = T.Cast(T.uint32, p1)
-        c3 = T.Cast(T.uint32, p0)
-        if r < 9:
-            k0 = k0 + T.uint32(PHILOX_W0)
-            k1 = k1 + T.uint32(PHILOX_W1)
+    philox_rounds(c0, c1, c2, c3, k0, k1, p0, p1)
     r0 = c0  # noqa: F841 (T.Ref outputs)
     r1 = c1  # noqa: F841

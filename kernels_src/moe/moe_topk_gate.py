@@ -45,6 +45,43 @@ INT_MAX = 0x7FFFFFFF
 ROUTED, MASKED, RANDOM, FIXED = 0, 1, 2, 3
 
 
+def gate_dims() -> tuple:
+    """The gate's runtime dims, in both backends' kernels: (num_tokens, num_physical_topk, num_logical_experts,
+    num_duplicates, the stride of unmapped_topk_idx's rows)."""
+    names = ("num_tokens", "num_physical_topk", "num_logical_experts", "num_duplicates", "unmapped_topk_idx_stride")
+    return tuple(T.dynamic(name) for name in names)
+
+
+@T.macro
+def pick_route(route: T.Ref, token, flags, mask, force_random, fix_routing_mask):
+    """route = the token's route, in priority order (masked > forced random > fixed > routed); nested ifs, so an
+    absent tensor is never read. The Ascend kernel decides with it too."""
+    if (flags & FLAG_MASK) != 0:
+        if not mask[token]:
+            route = MASKED
+    if route == ROUTED and (flags & FLAG_RANDOM) != 0:
+        if force_random[token]:
+            route = RANDOM
+    if route == ROUTED and (flags & FLAG_FIX) != 0:
+        if fix_routing_mask[token]:
+            route = FIXED
+
+
+@T.macro
+def physical_slot(out_idx: T.Ref, count: T.Ref, token, ep_rank, num_logical_experts, logical_count, to_physical_map):
+    """out_idx (a logical expert) -> one of its physical copies, spread over the copies by ep_rank and token (an
+    index outside the logical experts is kept). The Ascend kernel maps with it too."""
+    if out_idx >= 0 and out_idx < T.Cast(T.int64, num_logical_experts):
+        count = T.max(logical_count[out_idx], 1)
+        out_idx = T.Cast(
+            T.int64,
+            to_physical_map[
+                out_idx,
+                (T.Cast(T.int64, ep_rank) + T.Cast(T.int64, token) * DUPLICATE_STRIDE) % T.Cast(T.int64, count),
+            ],
+        )
+
+
 def build(num_experts: int, num_topk: int, tiling: str):
     if num_topk > num_experts:
         raise ValueError(f"num_topk={num_topk} exceeds num_experts={num_experts}")
@@ -55,11 +92,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
     """The gate over `rows` (common.Rows) of num_experts; the generic gate passes runtime sizes and layout."""
     warps = TILINGS[tiling]  # tokens per block
     vec, chunks = rows.vec, rows.chunks
-    num_tokens = T.dynamic("num_tokens")
-    num_physical_topk = T.dynamic("num_physical_topk")
-    num_logical_experts = T.dynamic("num_logical_experts")
-    num_duplicates = T.dynamic("num_duplicates")
-    unmapped_stride = T.dynamic("unmapped_topk_idx_stride")
+    num_tokens, num_physical_topk, num_logical_experts, num_duplicates, unmapped_stride = gate_dims()
 
     @T.prim_func
     def moe_topk_gate(
@@ -109,16 +142,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
             experts = T.alloc_var(T.int32)
             count = T.alloc_var(T.int32)
             if token < num_tokens:
-                # Which route this token takes (nested ifs: an absent tensor is never read)
-                if (flags & FLAG_MASK) != 0:
-                    if not mask[token]:
-                        route = MASKED
-                if route == ROUTED and (flags & FLAG_RANDOM) != 0:
-                    if force_random[token]:
-                        route = RANDOM
-                if route == ROUTED and (flags & FLAG_FIX) != 0:
-                    if fix_routing_mask[token]:
-                        route = FIXED
+                pick_route(route, token, flags, mask, force_random, fix_routing_mask)
 
                 if route == MASKED:
                     if lane < num_physical_topk:
@@ -215,15 +239,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
                         weight = T.float32(1)
                         out_idx = T.Cast(T.int64, num_experts + lane - num_topk)
                     if (flags & FLAG_PHYSICAL) != 0 and lane < num_physical_topk:
-                        if out_idx >= 0 and out_idx < T.Cast(T.int64, num_logical_experts):
-                            count = T.max(logical_count[out_idx], 1)
-                            out_idx = T.Cast(
-                                T.int64,
-                                to_physical_map[
-                                    out_idx,
-                                    (T.Cast(T.int64, ep_rank) + T.Cast(T.int64, token) * DUPLICATE_STRIDE) % T.Cast(T.int64, count),
-                                ],
-                            )
+                        physical_slot(out_idx, count, token, ep_rank, num_logical_experts, logical_count, to_physical_map)
                     if lane < num_physical_topk:
                         topk_idx[token, lane] = out_idx
                         topk_weights[token, lane] = weight

@@ -12,7 +12,7 @@ unrolled for the smallest of SLOT_BUCKETS that holds `per` (a uniform branch), s
 import tilelang.language as T
 
 from kernels_src.moe.common import MAX_SLOTS, SLOT_BUCKETS, TILINGS, WARP, warp_token, warp_topk_ballot
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.moe.topk_gate import topk_gate_kernel
 from tkaot._moe.kernels import TOPK_GATE_GENERIC
 
 DECL = TOPK_GATE_GENERIC  # the declaration this module builds (tkaot/_moe/kernels.py)
@@ -20,48 +20,41 @@ DECL = TOPK_GATE_GENERIC  # the declaration this module builds (tkaot/_moe/kerne
 
 def build(tiling: str):
     warps = TILINGS[tiling]  # tokens per block
-    num_tokens = T.dynamic("num_tokens")
     num_experts = T.dynamic("num_experts")
     num_topk = T.dynamic("num_topk")
 
-    @T.prim_func
-    def topk_gate_generic(
-        scores: T.Tensor[(num_tokens, num_experts), T.float32],
-        topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
-    ):
-        with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
-            T.assume(num_experts > 0)
-            lane, token = warp_token(block, warps)
-            aligned = num_experts % 4 == 0  # rows are 16-byte aligned (the op checks the pointer): 4 experts a vector
-            per = T.if_then_else(aligned, (num_experts + 4 * WARP - 1) // (4 * WARP) * 4, (num_experts + WARP - 1) // WARP)
-            first = lane * per
-            vals = T.alloc_local((MAX_SLOTS,), T.float32)
-            idx = T.alloc_var(T.int32, init=-1)
-            if token < num_tokens:
-                if aligned:
-                    T.assume(num_experts % 4 == 0)
-                    for c in T.unroll(MAX_SLOTS // 4):
-                        if c * 4 < per and first + c * 4 + 4 <= num_experts:
-                            for j in T.vectorized(4):
-                                vals[c * 4 + j] = scores[token, first + c * 4 + j]
-                        else:
-                            for j in T.unroll(4):
-                                vals[c * 4 + j] = -T.infinity(T.float32)
-                else:
-                    for s in T.unroll(MAX_SLOTS):
-                        if s < per and first + s < num_experts:
-                            vals[s] = scores[token, first + s]
-                        else:
-                            vals[s] = -T.infinity(T.float32)
-                if per <= SLOT_BUCKETS[0]:
-                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[0])
-                elif per <= SLOT_BUCKETS[1]:
-                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[1])
-                else:
-                    warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[2])
-                if lane < num_topk:
-                    topk_idx[token, lane] = T.Cast(T.int64, idx)
+    @T.macro
+    def select(scores, topk_idx, block, num_tokens):
+        T.assume(num_experts > 0)
+        lane, token = warp_token(block, warps)
+        aligned = num_experts % 4 == 0  # rows are 16-byte aligned (the op checks the pointer): 4 experts a vector
+        per = T.if_then_else(aligned, (num_experts + 4 * WARP - 1) // (4 * WARP) * 4, (num_experts + WARP - 1) // WARP)
+        first = lane * per
+        vals = T.alloc_local((MAX_SLOTS,), T.float32)
+        idx = T.alloc_var(T.int32, init=-1)
+        if token < num_tokens:
+            if aligned:
+                T.assume(num_experts % 4 == 0)
+                for c in T.unroll(MAX_SLOTS // 4):
+                    if c * 4 < per and first + c * 4 + 4 <= num_experts:
+                        for j in T.vectorized(4):
+                            vals[c * 4 + j] = scores[token, first + c * 4 + j]
+                    else:
+                        for j in T.unroll(4):
+                            vals[c * 4 + j] = -T.infinity(T.float32)
+            else:
+                for s in T.unroll(MAX_SLOTS):
+                    if s < per and first + s < num_experts:
+                        vals[s] = scores[token, first + s]
+                    else:
+                        vals[s] = -T.infinity(T.float32)
+            if per <= SLOT_BUCKETS[0]:
+                warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[0])
+            elif per <= SLOT_BUCKETS[1]:
+                warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[1])
+            else:
+                warp_topk_ballot(vals, lane, num_experts, num_topk, idx, per, SLOT_BUCKETS[2])
+            if lane < num_topk:
+                topk_idx[token, lane] = T.Cast(T.int64, idx)
 
-    return topk_gate_generic
+    return topk_gate_kernel(num_experts, num_topk, warps, select).with_attr("global_symbol", "topk_gate_generic")

@@ -17,6 +17,19 @@ from tkaot._quant.kernels import RMSNORM
 DECL = RMSNORM  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 
+@T.macro
+def load_sum(x_reg, r_reg, v, x_row, res_row, address: str, with_residual: bool, vec: int):
+    """x_reg[v, :] = the thread's vector v of x, plus residual's (through r_reg) where given: rounded to x's dtype
+    once, as TileKernels does. `address` names the rows' indexing (row_sum.py ThreadRow): "at", or "read_at"."""
+    for j in T.vectorized(vec):
+        x_reg[v, j] = x_row.buffer[getattr(x_row, address)(v, j)]
+    if with_residual:
+        for j in T.vectorized(vec):
+            r_reg[j] = res_row.buffer[getattr(res_row, address)(v, j)]
+        for j in T.vectorized(vec):
+            x_reg[v, j] = x_reg[v, j] + r_reg[j]
+
+
 def build(hidden: int, dtype: str, with_weight: bool, with_residual: bool, with_rstd: bool):
     return rmsnorm_kernel(StaticSplit(hidden, dtype), dtype, with_weight, with_residual, with_rstd)
 
@@ -77,28 +90,11 @@ def rmsnorm_kernel(split, dtype: str, with_weight: bool, with_residual: bool, wi
                 col = (v * split.row_threads + lane) * vec
                 if split.loads_unguarded:
                     # A generic split: loaded (clamped into the tensor) whatever the width, zeroed outside the row
-                    for j in T.vectorized(vec):
-                        x_reg[v, j] = x_row.buffer[x_row.read_at(v, j)]
+                    load_sum(x_reg, r_reg, v, x_row, res_row, "read_at", with_residual, vec)
+                if token < num_tokens and split.in_row(col):
+                    if not split.loads_unguarded:
+                        load_sum(x_reg, r_reg, v, x_row, res_row, "at", with_residual, vec)
                     if with_residual:
-                        for j in T.vectorized(vec):
-                            r_reg[j] = res_row.buffer[res_row.read_at(v, j)]
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = x_reg[v, j] + r_reg[j]
-                    if token < num_tokens and split.in_row(col):
-                        if with_residual:
-                            for j in T.vectorized(vec):
-                                rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
-                    else:
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = T.cast(0, dtype)
-                elif token < num_tokens and split.in_row(col):
-                    for j in T.vectorized(vec):
-                        x_reg[v, j] = x_row.buffer[x_row.at(v, j)]
-                    if with_residual:
-                        for j in T.vectorized(vec):
-                            r_reg[j] = res_row.buffer[res_row.at(v, j)]
-                        for j in T.vectorized(vec):
-                            x_reg[v, j] = x_reg[v, j] + r_reg[j]
                         for j in T.vectorized(vec):
                             rout_row.buffer[rout_row.at(v, j)] = x_reg[v, j]
                 else:

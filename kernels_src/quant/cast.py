@@ -38,6 +38,25 @@ def check_static(in_dtype, out_dtype, stochastic) -> None:
         raise ValueError(f"{DECL.name}: stochastic rounding supports {list(STOCHASTIC_PAIRS)}, not {(in_dtype, out_dtype)}")
 
 
+def convert(v, index, in_dtype: str, out_dtype: str, stochastic: bool, dst: str):
+    """Element `v` (at flat `index`) cast to `dst`, the storage dtype of out_dtype; the Ascend kernel converts with it too."""
+    if in_dtype == "e4m3" and out_dtype == "float32":
+        # The hardware widening (through f16) turns E4M3 NaN into the canonical 0x7FFFFFFF; an exact
+        # widening keeps the sign and the all-ones mantissa: 0x7FF00000 | sign
+        byte = T.Cast("uint32", T.reinterpret(v, "uint8"))
+        nan = common.f32_from_bits(((byte & T.uint32(0x80)) << T.uint32(24)) | T.uint32(0x7FF00000))
+        return T.if_then_else((byte & T.uint32(0x7F)) == T.uint32(0x7F), nan, T.Cast(dst, v))
+    if not stochastic:
+        return T.Cast(dst, v)
+    f = T.Cast("float32", v)
+    rbits = common.hash_u32(T.Cast("uint32", index), common.f32_bits(f))
+    if out_dtype == "bfloat16":
+        # Adding 16 random bits below bf16's last mantissa bit, then truncating, rounds up with the right odds
+        bits = (common.f32_bits(f) + (rbits >> T.uint32(16))) & T.uint32(0xFFFF0000)
+        return T.if_then_else(f != f, T.Cast(dst, f), T.Cast(dst, common.f32_from_bits(bits)))
+    return T.Cast(dst, common.with_sign_of(common.stochastic_round_magnitude(T.abs(f), rbits, "e4m3"), f))
+
+
 def build(in_dtype, out_dtype, stochastic):
     check_static(in_dtype, out_dtype, stochastic)
     src, in_bytes = _STORAGE[in_dtype]
@@ -46,23 +65,6 @@ def build(in_dtype, out_dtype, stochastic):
     block_elems = NUM_THREADS * VECS_PER_THREAD * vec
 
     n = T.dynamic("n")
-
-    def convert(v, index):
-        if in_dtype == "e4m3" and out_dtype == "float32":
-            # The hardware widening (through f16) turns E4M3 NaN into the canonical 0x7FFFFFFF; an exact
-            # widening keeps the sign and the all-ones mantissa: 0x7FF00000 | sign
-            byte = T.Cast("uint32", T.reinterpret(v, "uint8"))
-            nan = common.f32_from_bits(((byte & T.uint32(0x80)) << T.uint32(24)) | T.uint32(0x7FF00000))
-            return T.if_then_else((byte & T.uint32(0x7F)) == T.uint32(0x7F), nan, T.Cast(dst, v))
-        if not stochastic:
-            return T.Cast(dst, v)
-        f = T.Cast("float32", v)
-        rbits = common.hash_u32(T.Cast("uint32", index), common.f32_bits(f))
-        if out_dtype == "bfloat16":
-            # Adding 16 random bits below bf16's last mantissa bit, then truncating, rounds up with the right odds
-            bits = (common.f32_bits(f) + (rbits >> T.uint32(16))) & T.uint32(0xFFFF0000)
-            return T.if_then_else(f != f, T.Cast(dst, f), T.Cast(dst, common.f32_from_bits(bits)))
-        return T.Cast(dst, common.with_sign_of(common.stochastic_round_magnitude(T.abs(f), rbits, "e4m3"), f))
 
     @T.prim_func
     def cast(x: T.Tensor[(n,), src], y: T.Tensor[(n,), dst]):
@@ -81,12 +83,12 @@ def build(in_dtype, out_dtype, stochastic):
                 base = block * block_elems + (u * NUM_THREADS + tid) * vec
                 if base + vec <= n:
                     for j in T.unroll(vec):
-                        y_reg[j] = convert(x_reg[u, j], base + j)
+                        y_reg[j] = convert(x_reg[u, j], base + j, in_dtype, out_dtype, stochastic, dst)
                     for j in T.vectorized(vec):
                         y[base + j] = y_reg[j]
                 elif base < n:
                     for j in T.serial(vec):
                         if base + j < n:
-                            y[base + j] = convert(x[base + j], base + j)
+                            y[base + j] = convert(x[base + j], base + j, in_dtype, out_dtype, stochastic, dst)
 
     return cast

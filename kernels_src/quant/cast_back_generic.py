@@ -26,14 +26,11 @@ import tilelang.language as T
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common
 from kernels_src.quant.cast_back import TILING, check_static, dequantized, vector_elems
+from kernels_src.quant.segments import ROWS, SLOTS, THREADS, segment_dims, segment_grid, segment_place
 from tkaot._quant.kernels import CAST_BACK_BLOCKS, CAST_BACK_GENERIC
 
 DECL = CAST_BACK_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-THREADS = 128
-SEG_THREADS = 64  # threads a row segment: a row of 7168 E4M3 values is 14 segments of 8-element vectors
-ROWS = 4  # tokens a thread (the specialised tiling's 4, so as many loads in flight)
-GRID_YZ = 65535  # the most CTAs a grid's y (and z) dimension holds
 # Taken at run time, so the default set's 200 variants of this kernel are 24 cubins
 RUNTIME_AXES = ("in_block",)
 # A scale factor's place depends on the runtime block, which no bound the compiler can prove holds: TileLang's guard
@@ -64,20 +61,15 @@ def build(in_dtype, in_sf, out_dtype):
     assert all(vector_elems(in_dtype, b, TILING.vec_bytes) == vec for b in CAST_BACK_BLOCKS)
     per_channel_in = not in_sf.endswith("_col")  # per-channel blocks take row-major scale factors only
     regs = vec // per_byte
-    slots = THREADS // SEG_THREADS
-    rows_per_cta = slots * ROWS
 
-    num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
-    x_stride = T.dynamic("x_stride")
-    sf_stride = T.dynamic("sf_stride")
+    num_tokens, hidden, x_stride, sf_stride = segment_dims()
     in_block = T.dynamic("in_block")
     # The scale factors of either kind of block (a per-channel block's UE8M0 pack four token blocks a word): the
     # buffer leads with a unit dim binding the runtime block; its other extents bound every block's indices
     per_block = common.SfLayout.from_input(in_sf, hidden)
     per_channel_sf = common.SfLayout.from_input(in_sf, hidden, pack_m=True) if per_channel_in else None
     sf_shape, sf_strides = (in_block, num_tokens + hidden, 4 * (num_tokens + hidden)), (1, sf_stride, 1)
-    segs = T.ceildiv(hidden, SEG_THREADS * vec)
+    grid = segment_grid(num_tokens, hidden, vec)
 
     def sf_at(layout, token, m_shift, k):
         """x_sf's index of the scale factor of token's block row and block column k."""
@@ -87,8 +79,6 @@ def build(in_dtype, in_sf, out_dtype):
         """Whether the runtime block is one column wide (never, with column-major scale factors)."""
         return per_channel_in and k_shift == 0
 
-    token_blocks = T.ceildiv(num_tokens, rows_per_cta)
-
     @T.prim_func
     def cast_back_generic(
         # Packed E2M1 rows are declared `hidden` bytes wide, twice their width: a dim must stand alone in some
@@ -97,14 +87,13 @@ def build(in_dtype, in_sf, out_dtype):
         x_sf: T.StridedTensor[sf_shape, sf_strides, per_block.dtype],
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
-        with T.Kernel(segs, T.min(token_blocks, GRID_YZ), T.ceildiv(token_blocks, GRID_YZ), threads=THREADS) as (bx, by, bz):
+        with T.Kernel(*grid, threads=THREADS) as (bx, by, bz):
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % 16 == 0)
             T.assume(hidden % 64 == 0)  # as declared (cast_back's hidden axis): the output rows vectorize
             tid = T.get_thread_binding()
-            first_row = (bz * GRID_YZ + by) * rows_per_cta + tid // SEG_THREADS
-            col = (bx * SEG_THREADS + tid % SEG_THREADS) * vec  # this thread's vector, in every one of its rows
+            first_row, col = segment_place(bx, by, bz, tid, vec)  # this thread's vector, in every one of its rows
             # The block's log2 sides, held in variables (expressions of the runtime block cost the compiler's
             # simplifier seconds a kernel); a per-channel block is one column wide
             m_shift = T.alloc_var("int32")
@@ -116,7 +105,7 @@ def build(in_dtype, in_sf, out_dtype):
             o_reg = T.alloc_local((vec,), out_dtype)
             if col < hidden:  # the vector is in the row: all of it, or none (hidden is a multiple of vec)
                 for u in T.unroll(ROWS):
-                    token = first_row + u * slots
+                    token = first_row + u * SLOTS
                     if token < num_tokens:
                         for j in T.vectorized(regs):
                             x_reg[u, j] = x[token, col // per_byte + j]
@@ -127,7 +116,7 @@ def build(in_dtype, in_sf, out_dtype):
                             at = sf_at(per_block, token, m_shift, T.shift_right(col, k_shift))
                             scale[u, 0] = common.decode_sf(x_sf[at], per_block.kind)
                 for u in T.unroll(ROWS):
-                    token = first_row + u * slots
+                    token = first_row + u * SLOTS
                     if token < num_tokens:
                         if per_channel(k_shift):
                             for j in T.unroll(vec):

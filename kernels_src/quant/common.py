@@ -183,6 +183,35 @@ def block_shape(text: str) -> tuple[int, int]:
     return int(m), int(k)
 
 
+def row_sf_type(rows: tuple, width, strides: tuple, packed: bool):
+    """The argument type of a scale-factor output with one row of `width` entries per element of `rows` (dims),
+    addressed by its strides alone (the row dims' strides, then the group's): packed UE8M0 bytes (*rows, width, 4),
+    else fp32 (*rows, width). Nothing reads its extents (a dim must stand alone in some extent to be bound)."""
+    if packed:
+        return T.StridedTensor[(*rows, width, UE8M0_PACK), (*strides, 1), "uint8"]
+    return T.StridedTensor[(*rows, width), strides, "float32"]
+
+
+@T.macro
+def load_or_zero(x_reg, p, x, row, col, num_tokens, vec: int, dtype: str):
+    """x_reg[p, :] = x[row, col : col + vec], one vector access; zeros for a row at or past num_tokens."""
+    if row < num_tokens:
+        for j in T.vectorized(vec):
+            x_reg[p, j] = x[row, col + j]
+    else:
+        for j in T.vectorized(vec):
+            x_reg[p, j] = T.Cast(dtype, 0)
+
+
+def runtime_sf_index(m, k, layout, packed: bool):
+    """(i, j): where a 2-D sf buffer holds the scale factor of block (m, k) when its layout is a runtime value
+    (`layout` 0 row-major, 1 column-major; packed: UE8M0 bytes, four k blocks a word along the row)."""
+    col = layout != 0
+    if packed:
+        return T.if_then_else(col, k // UE8M0_PACK, m), T.if_then_else(col, m * UE8M0_PACK + k % UE8M0_PACK, k)
+    return T.if_then_else(col, k, m), T.if_then_else(col, m, k)
+
+
 class SfLayout:
     """Where the scale factor of (m block, k block) lives in a kernel's sf buffer (static description)."""
 

@@ -65,12 +65,7 @@ def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
 
             for p in T.unroll(passes):
                 row = mb * block_m + p * rows_per_pass + tid // row_vecs
-                if row < num_tokens:
-                    for j in T.vectorized(vec):
-                        x_reg[p, j] = x[row, col + j]
-                else:
-                    for j in T.vectorized(vec):
-                        x_reg[p, j] = T.Cast(in_dtype, 0)
+                common.load_or_zero(x_reg, p, x, row, col, num_tokens, vec, in_dtype)
 
             if mode == "precomputed_sf":
                 inv = T.float32(1.0) / common.decode_sf(out_sf[sf_out.index(mb, kb)], sf)

@@ -74,10 +74,7 @@ def build(in_dtype, fmt, sf, mode):
 
     def sf_at(m, k):
         """(i, j): out_sf[0, 0, i, j] holds the scale factor of block (m, k) in the runtime layout."""
-        col = sf_layout != 0
-        if packed:
-            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k)
-        return T.if_then_else(col, k, m), T.if_then_else(col, m, k)
+        return common.runtime_sf_index(m, k, sf_layout, packed)
 
     def tile_block(q, tile_col):
         """The shared-memory slot of the block in quarter q of the tile, at column tile_col."""
@@ -111,12 +108,7 @@ def build(in_dtype, fmt, sf, mode):
                     block_amax[tid] = T.uint32(0)
             for p in T.unroll(passes):
                 row = first_row + p * rows_per_pass
-                if row < num_tokens:
-                    for j in T.vectorized(vec):
-                        x_reg[p, j] = x[row, col + j]
-                else:
-                    for j in T.vectorized(vec):
-                        x_reg[p, j] = T.Cast(in_dtype, 0)
+                common.load_or_zero(x_reg, p, x, row, col, num_tokens, vec, in_dtype)
 
             if mode == "precomputed_sf":
                 for q in T.unroll(QUARTERS):

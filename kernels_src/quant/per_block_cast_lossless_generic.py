@@ -100,10 +100,7 @@ def build(in_sf, sf):
 
     def sf_at(m, k):
         """(i, j): out_sf[i, j] holds the scale factor of output block (m, k) in the runtime layout."""
-        col = sf_layout != 0
-        if packed:
-            return T.if_then_else(col, k // common.UE8M0_PACK, m), T.if_then_else(col, m * common.UE8M0_PACK + k % common.UE8M0_PACK, k)
-        return T.if_then_else(col, k, m), T.if_then_else(col, m, k)
+        return common.runtime_sf_index(m, k, sf_layout, packed)
 
     def tile_block(local_row, tile_code):
         """The shared-memory slot of the output block holding (local_row, tile_code) of the tile."""

@@ -32,14 +32,11 @@ from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.per_token_cast import check_static
 from kernels_src.quant.per_token_vectors import GROUPS, VectorCast, cast_vectors, fp4_words_fit, vector_elems
+from kernels_src.quant.segments import ROWS, SLOTS, THREADS, segment_dims, segment_grid, segment_place
 from tkaot._quant.kernels import PER_TOKEN_CAST_GENERIC
 
 DECL = PER_TOKEN_CAST_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
 
-THREADS = 128
-SEG_THREADS = 64  # threads a row segment: a row of 8192 bf16 values is 16 segments, of 7168 14
-ROWS = 4  # tokens a thread (the specialised tilings' 4, so as many loads in flight)
-GRID_YZ = 65535  # the most CTAs a grid's y (and z) dimension holds
 # Taken at run time, so the default set's 458 variants of this kernel are 78 cubins
 RUNTIME_AXES = ("group", "sf_layout")
 # A scale factor's place depends on the runtime layout, which no bound the compiler can prove holds: TileLang's guard
@@ -54,13 +51,8 @@ def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
     check_static(math.lcm(64, max(GROUPS), bk), in_dtype, in_block, in_sf, fmt, max(GROUPS), sf, "row", mode, stochastic)
     vec = vector_elems(in_dtype, in_block, min(GROUPS))  # within the narrowest group
     group, sf_layout = T.dynamic("group"), T.dynamic("sf_layout")
-    slots = THREADS // SEG_THREADS
-    rows_per_cta = slots * ROWS
 
-    num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
-    x_stride = T.dynamic("x_stride")
-    sf_stride = T.dynamic("sf_stride")
+    num_tokens, hidden, x_stride, sf_stride = segment_dims()
     in_sf_stride = T.dynamic("in_sf_stride")
     # As the specialised e2m1 tilings do, lane i of a group forms the scale factor of the group's vector i
     c = VectorCast(
@@ -68,14 +60,13 @@ def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
         stochastic=stochastic, hidden=hidden, vec=vec, count=ROWS, one_scale=fmt == "e2m1",
         fp4_helpers=fp4_words_fit(in_dtype, fmt, vec, mode, stochastic),
     )  # fmt: skip
-    segs = T.ceildiv(hidden, SEG_THREADS * vec)
-    token_blocks = T.ceildiv(num_tokens, rows_per_cta)
+    grid = segment_grid(num_tokens, hidden, vec)
     bm = c.block[0]
     in_sf_rows = num_tokens if bm == 1 else T.ceildiv(num_tokens, bm)
 
     def placed(first_row, col, in_row):
-        """Where the thread's vector u lies (token first_row + u * slots, column col), and whether it is read and written."""
-        return (lambda u: (first_row + u * slots, col)), (lambda token: T.And(token < num_tokens, in_row))
+        """Where the thread's vector u lies (token first_row + u * SLOTS, column col), and whether it is read and written."""
+        return (lambda u: (first_row + u * SLOTS, col)), (lambda token: T.And(token < num_tokens, in_row))
 
     @T.prim_func
     def per_token_cast_generic(
@@ -86,7 +77,7 @@ def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
         out: T.Tensor[(num_tokens, c.out_cols), c.out_storage],
         out_sf: T.StridedTensor[c.sf_out.shape(num_tokens), c.sf_out.strides(sf_stride), c.sf_out.dtype],
     ):
-        with T.Kernel(segs, T.min(token_blocks, GRID_YZ), T.ceildiv(token_blocks, GRID_YZ), threads=THREADS) as (bx, by, bz):
+        with T.Kernel(*grid, threads=THREADS) as (bx, by, bz):
             T.import_source(PDL_SOURCE + (fp4_words.DEVICE_HELPERS if c.fp4_helpers else ""))  # one import a kernel
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % (16 // c.storage_bytes) == 0)
@@ -101,8 +92,7 @@ def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
             m_step, k_step = T.alloc_var("int32"), T.alloc_var("int32")
             m_step, k_step = c.sf_out.steps(sf_layout, sf_stride)
             held = c.in_kernel(lanes, shift, groups, (m_step, k_step))
-            first_row = (bz * GRID_YZ + by) * rows_per_cta + tid // SEG_THREADS
-            col = (bx * SEG_THREADS + tid % SEG_THREADS) * vec  # this thread's vector, in every one of its rows
+            first_row, col = segment_place(bx, by, bz, tid, vec)
             in_row = col + vec <= hidden  # the vector is in the row: all of it, or none (hidden is a multiple of vec)
             group_in_row = col - held.lane_in_group(tid) * vec < hidden  # the group starts in the row (it may end past it)
             at, in_range = placed(first_row, col, in_row)

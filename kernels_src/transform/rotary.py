@@ -32,36 +32,52 @@ def _tiling(rot_dim: int, dtype: str) -> tuple[int, int]:
     return vec, rot_dim // 2 // vec
 
 
+class RotaryDims:
+    """The kernel's dynamic dims, as its signature binds them (both backends' kernels take this signature)."""
+
+    def __init__(self):
+        self.batch, self.seqlen, self.num_heads = T.dynamic("batch"), T.dynamic("seqlen"), T.dynamic("num_heads")
+        self.cache_rows = T.dynamic("cache_rows")
+        self.x_bstride, self.x_stride = T.dynamic("x_batch_stride"), T.dynamic("x_stride")
+        self.x_hstride, self.cache_stride = T.dynamic("x_head_stride"), T.dynamic("cache_stride")
+        self.pos_bstride, self.pos_stride = T.dynamic("positions_batch_stride"), T.dynamic("positions_stride")
+
+
+def rotary_kernel(rot_dim: int, dtype: str, rotate):
+    """The rotary PrimFunc: the declaration's arguments, passed with the dims (RotaryDims) to `rotate`, a macro that
+    holds the kernel (this module's, or the Ascend one's)."""
+    d = RotaryDims()
+
+    @T.prim_func
+    def rotary(
+        x: T.StridedTensor[(d.batch, d.seqlen, d.num_heads, rot_dim), (d.x_bstride, d.x_stride, d.x_hstride, 1), dtype],
+        cos_sin_cache: T.StridedTensor[(d.cache_rows, rot_dim), (d.cache_stride, 1), T.float32],
+        positions: T.StridedTensor[(d.batch, d.seqlen), (d.pos_bstride, d.pos_stride), T.int32],
+        has_positions: T.int32,
+        conjugate: T.int32,
+        seqlen_offset: T.int32,
+    ):
+        rotate(x, cos_sin_cache, positions, has_positions, conjugate, seqlen_offset, d)
+
+    return rotary
+
+
 def build(rot_dim: int, dtype: str, interleaved: bool):
     vec, row_threads = _tiling(rot_dim, dtype)
     half = rot_dim // 2
     rows_per_block = NUM_THREADS // row_threads
 
-    batch = T.dynamic("batch")
-    seqlen = T.dynamic("seqlen")
-    num_heads = T.dynamic("num_heads")
-    cache_rows = T.dynamic("cache_rows")
-    x_bstride, x_stride, x_hstride = T.dynamic("x_batch_stride"), T.dynamic("x_stride"), T.dynamic("x_head_stride")
-    cache_stride = T.dynamic("cache_stride")
-    pos_bstride, pos_stride = T.dynamic("positions_batch_stride"), T.dynamic("positions_stride")
-
-    @T.prim_func
-    def rotary(
-        x: T.StridedTensor[(batch, seqlen, num_heads, rot_dim), (x_bstride, x_stride, x_hstride, 1), dtype],
-        cos_sin_cache: T.StridedTensor[(cache_rows, rot_dim), (cache_stride, 1), T.float32],
-        positions: T.StridedTensor[(batch, seqlen), (pos_bstride, pos_stride), T.int32],
-        has_positions: T.int32,
-        conjugate: T.int32,
-        seqlen_offset: T.int32,
-    ):
+    @T.macro
+    def rotate(x, cos_sin_cache, positions, has_positions, conjugate, seqlen_offset, dims):
+        batch, seqlen, num_heads = dims.batch, dims.seqlen, dims.num_heads
         with T.Kernel(T.ceildiv(seqlen * num_heads, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
             T.import_source(PDL_SOURCE)
             pdl_entry()
             # Callers guarantee 16-byte aligned head rows and cache rows
-            T.assume(x_bstride % vec == 0)
-            T.assume(x_stride % vec == 0)
-            T.assume(x_hstride % vec == 0)
-            T.assume(cache_stride % 4 == 0)
+            T.assume(dims.x_bstride % vec == 0)
+            T.assume(dims.x_stride % vec == 0)
+            T.assume(dims.x_hstride % vec == 0)
+            T.assume(dims.cache_stride % 4 == 0)
             T.assume(num_heads > 0)
             tid = T.get_thread_binding()
             part = tid % row_threads
@@ -118,4 +134,4 @@ def build(rot_dim: int, dtype: str, interleaved: bool):
                     for j in T.vectorized(vec):
                         x[b, token, head, half + part * vec + j] = second[j]
 
-    return rotary
+    return rotary_kernel(rot_dim, dtype, rotate)
