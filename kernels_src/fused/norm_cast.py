@@ -209,7 +209,24 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str, by_width: bool = F
                             x_reg[v, j] = T.cast(0, dtype)
 
         @T.macro
-        def body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b):
+        def body(
+            x,
+            weight,
+            residual,
+            residual_out,
+            out,
+            out_sf,
+            out_bf16,
+            rstd,
+            eps,
+            out_scale,
+            has_weight,
+            has_residual,
+            has_rstd,
+            has_out_bf16,
+            block,
+            b,
+        ):
             tid = T.get_thread_binding()
             lane = split.lane(tid)
             x_reg = T.alloc_local((vecs_per_thread, vec), dtype)
@@ -370,10 +387,61 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str, by_width: bool = F
             T.assume(ob_bstride % vec == 0)
             split.enter()
             if not by_width:
-                body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b)
+                body(
+                    x,
+                    weight,
+                    residual,
+                    residual_out,
+                    out,
+                    out_sf,
+                    out_bf16,
+                    rstd,
+                    eps,
+                    out_scale,
+                    has_weight,
+                    has_residual,
+                    has_rstd,
+                    has_out_bf16,
+                    block,
+                    b,
+                )
             elif hidden > split.widest_from:
-                wide_body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b)
+                wide_body(
+                    x,
+                    weight,
+                    residual,
+                    residual_out,
+                    out,
+                    out_sf,
+                    out_bf16,
+                    rstd,
+                    eps,
+                    out_scale,
+                    has_weight,
+                    has_residual,
+                    has_rstd,
+                    has_out_bf16,
+                    block,
+                    b,
+                )
             else:
-                narrow_body(x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16, block, b)
+                narrow_body(
+                    x,
+                    weight,
+                    residual,
+                    residual_out,
+                    out,
+                    out_sf,
+                    out_bf16,
+                    rstd,
+                    eps,
+                    out_scale,
+                    has_weight,
+                    has_residual,
+                    has_rstd,
+                    has_out_bf16,
+                    block,
+                    b,
+                )
 
     return norm_cast
