@@ -25,7 +25,9 @@ from build_tools.ops import Variant, source_sha256
 # stay small enough for `jobs` processes to share the work evenly
 BATCH = 16
 
-# Core-seconds to lower + nvcc one variant: each kernel's share of a from-scratch build of
+# Core-seconds to lower + nvcc one variant, measured when each variant had its own nvcc run (about 2 of these seconds;
+# a job of 16 variants of one kernel now spends about 0.5 a variant there, so `plan` over-states a cold build by about
+# that much): each kernel's share of a from-scratch build of
 # the default set (495 variants, -j 2, empty cache: 569 s) on a 2-core CPU machine that
 # other builds were also using, so they are rough (the 529-variant set later built from
 # scratch in 354 s on an idle machine: 1.34 core-seconds a variant on average). A kernel
