@@ -2,8 +2,11 @@
 
 A variant whose cache key (compile.cache_key: its declaration and sources, static values, tool
 versions and flags) is in the build cache is not compiled again; the rest compile in `jobs`
-processes, each checked against its kernel's declaration. The artifact directory gets the cubins,
-manifest.json and build-info.json (build_tools/artifacts.py).
+processes, each checked against its kernel's declaration. A job is up to BATCH variants of one
+kernel, which share nvcc's pass over the template headers (compile.compile_variants; the cubins are
+the bytes each alone would give), and the costliest jobs start first, so the processes finish
+together. The artifact directory gets the cubins, manifest.json and build-info.json
+(build_tools/artifacts.py).
 """
 
 from __future__ import annotations
@@ -15,8 +18,59 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from build_tools.artifacts import BuildCache, write_artifacts
-from build_tools.compile import CompiledVariant, cache_key, compile_variant
+from build_tools.compile import CompiledVariant, cache_key, compile_variants
 from build_tools.ops import Variant, source_sha256
+
+# Variants of one kernel in one job: nvcc's pass over the headers (~2 CPU-s) is paid once per job, while jobs
+# stay small enough for `jobs` processes to share the work evenly
+BATCH = 16
+
+# Core-seconds to lower + nvcc one variant, measured when each variant had its own nvcc run (about 2 of these seconds;
+# a job of 16 variants of one kernel now spends about 0.5 a variant there, so `plan` over-states a cold build by about
+# that much): each kernel's share of a from-scratch build of
+# the default set (495 variants, -j 2, empty cache: 569 s) on a 2-core CPU machine that
+# other builds were also using, so they are rough (the 529-variant set later built from
+# scratch in 354 s on an idle machine: 1.34 core-seconds a variant on average). A kernel
+# not listed is assumed to cost the listed ones' mean. The generic kernels were timed side by side with their
+# specialised ones (same machine, same load): per_token_cast_generic 1.22x per_token_cast, topk_gate_generic 1.8x topk_gate,
+# swiglu_generic 1.06x swiglu (3.8-4.5 core-s against 3.1-3.8), moe_topk_gate_generic 1.4x moe_topk_gate,
+# normalize_weight_generic 1.0x normalize_weight, cast_back_generic 1.09x cast_back;
+# rmsnorm_generic and norm_cast_generic from a build of each kind alone, empty cache, a loaded 2-core machine;
+# per_block_cast_generic, per_channel_cast_generic and per_block_cast_lossless_generic from a build of 8 generic
+# variants beside one of 2 specialised ones (-j 1, empty caches, a loaded machine): 1.7x their specialised kernels.
+# rmsnorm_backward, rmsnorm_backward_generic and swiglu_backward from a build of each kind alone (-j 1, empty cache,
+# a loaded 2-core machine, the process's start subtracted; swiglu_backward's time is TileLang's lowering, 14 of 15 s).
+# Seconds are a cubin's: per_token_cast_generic (the group and sf layout taken at run time, 78 cubins for 458 variants)
+# lowers in 1.9-9.8 CPU-s a cubin against 1.3-2.1 a variant before, nvcc ~1.8 either way (a sample of 6 and 4, the
+# same loaded machine): 2.0x; cast_back_generic (the block at run time, 24 cubins for 200) 2.6 against 2.8: 0.95x.
+COMPILE_SECONDS = {
+    "cast": 1.8,
+    "cast_back": 1.0,
+    "cast_back_generic": 1.0,
+    "moe_topk_gate": 4.6,
+    "moe_topk_gate_generic": 6.4,
+    "norm_cast": 1.2,
+    "norm_cast_generic": 9.5,
+    "normalize_weight": 1.5,
+    "normalize_weight_generic": 1.5,
+    "per_block_cast": 1.3,
+    "per_block_cast_generic": 2.2,
+    "per_block_cast_lossless_generic": 2.2,
+    "per_channel_cast": 1.3,
+    "per_channel_cast_generic": 2.2,
+    "per_token_cast": 1.4,
+    "per_token_cast_generic": 3.4,
+    "rmsnorm": 2.6,
+    "rmsnorm_backward": 3.1,
+    "rmsnorm_backward_generic": 7.9,
+    "rmsnorm_generic": 4.9,
+    "rotary": 5.0,
+    "swiglu": 6.6,
+    "swiglu_backward": 15.0,
+    "swiglu_generic": 7.0,
+    "topk_gate": 6.4,
+    "topk_gate_generic": 11.4,
+}
 
 
 @dataclass
@@ -26,8 +80,18 @@ class BuildReport:
     manifest: dict
 
 
-def _compile_in_worker(variant: Variant, arch: str) -> CompiledVariant:
-    return compile_variant(variant, arch)
+def _compile_in_worker(variants: list[Variant], arch: str) -> list[CompiledVariant]:
+    return compile_variants(variants, arch)
+
+
+def schedule(variants: list[Variant], batch: int = BATCH) -> list[list[Variant]]:
+    """The variants as jobs of up to `batch` of one kernel each, the costliest first (COMPILE_SECONDS)."""
+    by_kernel: dict[str, list[Variant]] = {}
+    for v in variants:
+        by_kernel.setdefault(v.kernel, []).append(v)
+    mean = sum(COMPILE_SECONDS.values()) / len(COMPILE_SECONDS)
+    chunks = [vs[i : i + batch] for vs in by_kernel.values() for i in range(0, len(vs), batch)]
+    return sorted(chunks, key=lambda c: -len(c) * COMPILE_SECONDS.get(c[0].kernel, mean))
 
 
 def build_variants(
@@ -57,26 +121,27 @@ def build_variants(
                 progress(v, True)
         else:
             todo.append((v, key))
-    if todo:
-        if jobs <= 1 or len(todo) == 1:
-            for v, _ in todo:
-                compiled = compile_variant(v, arch)
-                cache.put(compiled)
-                done.append(compiled)
-                if progress:
-                    progress(v, False)
+
+    def finished(chunk: list[CompiledVariant]) -> None:
+        for compiled in chunk:
+            cache.put(compiled)
+            done.append(compiled)
+            if progress:
+                progress(compiled.variant, False)
+
+    chunks = schedule([v for v, _ in todo])
+    if chunks:
+        if jobs <= 1 or len(chunks) == 1:
+            for chunk in chunks:
+                finished(compile_variants(chunk, arch))
         else:
             # spawn: TileLang/TVM state must not be forked mid-use
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                futures = {pool.submit(_compile_in_worker, v, arch): v for v, _ in todo}
+                futures = [pool.submit(_compile_in_worker, chunk, arch) for chunk in chunks]
                 try:
                     for fut in as_completed(futures):
-                        compiled = fut.result()
-                        cache.put(compiled)
-                        done.append(compiled)
-                        if progress:
-                            progress(futures[fut], False)
+                        finished(fut.result())
                 except BaseException:
                     # The first failure ends the build: the variants not started are dropped, not compiled first
                     pool.shutdown(wait=True, cancel_futures=True)

@@ -218,50 +218,6 @@ def plan(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir) -> None:
         click.echo(f"  ({note})")
 
 
-# Core-seconds to lower + nvcc one variant: each kernel's share of a from-scratch build of
-# the default set (495 variants, -j 2, empty cache: 569 s) on a 2-core CPU machine that
-# other builds were also using, so they are rough (the 529-variant set later built from
-# scratch in 354 s on an idle machine: 1.34 core-seconds a variant on average). A kernel
-# not listed is assumed to cost the listed ones' mean. The generic kernels were timed side by side with their
-# specialised ones (same machine, same load): per_token_cast_generic 1.22x per_token_cast, topk_gate_generic 1.8x topk_gate,
-# swiglu_generic 1.06x swiglu (3.8-4.5 core-s against 3.1-3.8), moe_topk_gate_generic 1.4x moe_topk_gate,
-# normalize_weight_generic 1.0x normalize_weight, cast_back_generic 1.09x cast_back;
-# rmsnorm_generic and norm_cast_generic from a build of each kind alone, empty cache, a loaded 2-core machine;
-# per_block_cast_generic, per_channel_cast_generic and per_block_cast_lossless_generic from a build of 8 generic
-# variants beside one of 2 specialised ones (-j 1, empty caches, a loaded machine): 1.7x their specialised kernels.
-# rmsnorm_backward, rmsnorm_backward_generic and swiglu_backward from a build of each kind alone (-j 1, empty cache,
-# a loaded 2-core machine, the process's start subtracted; swiglu_backward's time is TileLang's lowering, 14 of 15 s).
-# Seconds are a cubin's: per_token_cast_generic (the group and sf layout taken at run time, 78 cubins for 458 variants)
-# lowers in 1.9-9.8 CPU-s a cubin against 1.3-2.1 a variant before, nvcc ~1.8 either way (a sample of 6 and 4, the
-# same loaded machine): 2.0x; cast_back_generic (the block at run time, 24 cubins for 200) 2.6 against 2.8: 0.95x.
-COMPILE_SECONDS = {
-    "cast": 1.8,
-    "cast_back": 1.0,
-    "cast_back_generic": 1.0,
-    "moe_topk_gate": 4.6,
-    "moe_topk_gate_generic": 6.4,
-    "norm_cast": 1.2,
-    "norm_cast_generic": 9.5,
-    "normalize_weight": 1.5,
-    "normalize_weight_generic": 1.5,
-    "per_block_cast": 1.3,
-    "per_block_cast_generic": 2.2,
-    "per_block_cast_lossless_generic": 2.2,
-    "per_channel_cast": 1.3,
-    "per_channel_cast_generic": 2.2,
-    "per_token_cast": 1.4,
-    "per_token_cast_generic": 3.4,
-    "rmsnorm": 2.6,
-    "rmsnorm_backward": 3.1,
-    "rmsnorm_backward_generic": 7.9,
-    "rmsnorm_generic": 4.9,
-    "rotary": 5.0,
-    "swiglu": 6.6,
-    "swiglu_backward": 15.0,
-    "swiglu_generic": 7.0,
-    "topk_gate": 6.4,
-    "topk_gate_generic": 11.4,
-}
 DEFAULT_CUBIN_BYTES = 12_000
 
 
@@ -293,6 +249,7 @@ def measured_cubin_bytes(arch: str) -> dict[str, float]:
 
 def estimate(variants: list, arch: str, cache) -> tuple[list[PlanRow], list[str]]:
     """Per-kernel counts and estimates for building `variants`, given what `cache` holds."""
+    from build_tools.build import COMPILE_SECONDS
     from build_tools.compile import cache_key
     from build_tools.ops import source_sha256
 

@@ -22,6 +22,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from build_tools import nvcc_batch
 from build_tools.ops import Variant, build_static, declaration, fixed_values, load_kernel_module, runtime_axes, source_sha256
 from tkaot._decl import KernelDecl
 from tkaot._spec import Arg, LaunchSpec, Param
@@ -263,20 +264,60 @@ def waits_at_entry(kernel_source: str, pointers: list[str], where: str) -> bool:
     return True
 
 
+def _nvcc(args: list[str], arch: str, cwd: str, where: str) -> None:
+    proc = subprocess.run([*nvcc_command(arch), *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{where}: nvcc failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
 def nvcc_compile(source: str, arch: str, where: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="tkaot-nvcc-") as tmp:
         # The same file names in every build keep the cubin reproducible.
-        cu, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
-        cu.write_text(source)
-        cmd = [*nvcc_command(arch), "kernel.cu", "-o", "kernel.cubin"]
-        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+        Path(tmp, "kernel.cu").write_text(source)
+        _nvcc(["kernel.cu", "-o", "kernel.cubin"], arch, tmp, where)
+        return Path(tmp, "kernel.cubin").read_bytes()
+
+
+def nvcc_compile_batch(sources: list[str], arch: str, wheres: list[str]) -> list[bytes] | None:
+    """The cubins of sources that share their preamble, through one front-end pass (build_tools/nvcc_batch.py): the
+    same bytes as nvcc_compile of each. None when the batch's PTX holds what the cut does not take."""
+    with tempfile.TemporaryDirectory(prefix="tkaot-nvcc-") as tmp:
+        Path(tmp, "kernel.cu").write_text(nvcc_batch.batch_source(sources))
+        ptx_flags = ["--ptx" if f == "--cubin" else f for f in nvcc_command(arch)]
+        proc = subprocess.run([*ptx_flags, "kernel.cu", "-o", "kernel.ptx"], cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BuildError(f"{where}: nvcc failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        return cubin.read_bytes()
+            return None  # compiled one by one, so that the error names its variant
+        modules = nvcc_batch.split_ptx(Path(tmp, "kernel.ptx").read_text(), len(sources))
+        if modules is None:
+            return None
+        cubins = []
+        for module, where in zip(modules, wheres):
+            Path(tmp, "kernel.ptx").write_text(module)
+            _nvcc(["kernel.ptx", "-o", "kernel.cubin"], arch, tmp, where)
+            cubins.append(Path(tmp, "kernel.cubin").read_bytes())
+        return cubins
 
 
-def compile_variant(variant: Variant, arch: str = "sm90") -> CompiledVariant:
-    """Lower, compile and describe one variant. Pure: writes nothing outside a temp dir."""
+def nvcc_compile_many(sources: list[str], arch: str, wheres: list[str], batch: bool = True) -> list[bytes]:
+    """The cubin of each source: those sharing a preamble in one batch (nvcc_compile_batch), the rest, and any batch
+    the cut refuses, one by one."""
+    groups: dict[str, list[int]] = {}
+    for n, source in enumerate(sources):
+        groups.setdefault(nvcc_batch.preamble(source) if batch else str(n), []).append(n)
+    cubins: dict[int, bytes] = {}
+    for members in groups.values():
+        if len(members) > 1:
+            batched = nvcc_compile_batch([sources[n] for n in members], arch, [wheres[n] for n in members])
+            if batched is not None:
+                cubins.update(zip(members, batched))
+                continue
+        for n in members:
+            cubins[n] = nvcc_compile(sources[n], arch, wheres[n])
+    return [cubins[n] for n in range(len(sources))]
+
+
+def lower_checked(variant: Variant, arch: str) -> tuple[LaunchSpec, str]:
+    """Lower the variant and read its launch spec (checked against its declaration); returns (spec, CUDA source)."""
     if arch not in ARCHES:
         raise BuildError(f"unknown arch {arch!r}; this build knows {sorted(ARCHES)}")
     os.environ.setdefault("TILELANG_CLEANUP_TEMP_FILES", "1")
@@ -286,7 +327,21 @@ def compile_variant(variant: Variant, arch: str = "sm90") -> CompiledVariant:
         raise
     except Exception as exc:  # TileLang raises many types; name the variant
         raise BuildError(f"{variant.kernel} [{variant.key}]: lowering failed: {type(exc).__name__}: {exc}") from exc
-    spec = launch_spec(variant, prim_func, device_func, source)
-    cubin = nvcc_compile(source, arch, f"{variant.kernel} [{variant.key}]")
-    source = source_sha256(variant.kernel)
-    return CompiledVariant(variant, arch, spec, cubin, cache_key(variant, arch, source), source).serving(variant)
+    return launch_spec(variant, prim_func, device_func, source), source
+
+
+def compile_variants(variants: list[Variant], arch: str = "sm90", batch: bool = True) -> list[CompiledVariant]:
+    """Lower, compile and describe variants; those of one kernel share nvcc's front-end pass unless `batch` is
+    False (the cubins are the same bytes either way). Pure: writes nothing outside a temp dir."""
+    lowered = [lower_checked(v, arch) for v in variants]
+    cubins = nvcc_compile_many([source for _, source in lowered], arch, [f"{v.kernel} [{v.key}]" for v in variants], batch)
+    compiled = []
+    for v, (spec, _), cubin in zip(variants, lowered, cubins):
+        source = source_sha256(v.kernel)
+        compiled.append(CompiledVariant(v, arch, spec, cubin, cache_key(v, arch, source), source).serving(v))
+    return compiled
+
+
+def compile_variant(variant: Variant, arch: str = "sm90") -> CompiledVariant:
+    """Lower, compile and describe one variant. Pure: writes nothing outside a temp dir."""
+    return compile_variants([variant], arch)[0]

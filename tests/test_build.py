@@ -85,6 +85,45 @@ def test_rebuild_without_cache_is_reproducible(built, tmp_path):
     assert hashlib.sha256(fresh.cubin).hexdigest() == entry["cubin"]
 
 
+def test_batched_cubins_are_those_of_lone_compiles(built):
+    """The build compiled SMALL's two rmsnorm variants in one batch (one front-end pass, the PTX cut back into each
+    kernel's module); each alone gives the same bytes."""
+    import hashlib
+
+    from build_tools.compile import compile_variants
+
+    out, _ = built
+    manifest = json.loads((out / "manifest.json").read_text())
+    alone = {v.key: hashlib.sha256(c.cubin).hexdigest() for v, c in zip(SMALL, compile_variants(SMALL, batch=False))}
+    assert alone == {e["key"]: e["cubin"] for e in manifest["variants"]}
+
+
+def test_ptx_cut_refuses_what_it_does_not_know():
+    """The batch's PTX is cut only where it holds tagged kernel entries and their extern shared arrays; anything
+    else (a global, a device function, an untagged or mangled name) sends the variants to lone compiles."""
+    from build_tools.nvcc_batch import batch_source, split_ptx
+
+    head = "#include <x.h>\n"
+    kernel = 'extern "C" __global__ void k(float* x) {\n  extern __shared__ float buf[];\n  x[0] = buf[0];\n}\n'
+    batch = batch_source([head + kernel, head + kernel])
+    assert batch.count(head) == 1 and "k_tkvb0_(" in batch and "k_tkvb1_(" in batch and "buf_tkvb1_[]" in batch
+    with pytest.raises(ValueError, match="differ before their kernels"):
+        batch_source([head + kernel, "#include <y.h>\n" + kernel])
+    top = ".version 9.0\n.target sm_90a\n.address_size 64\n\n"
+
+    def entry(i, index):
+        return f".visible .entry k_tkvb{i}_(\n\t.param .u64 k_tkvb{i}__param_0\n)\n{{\n$L__BB{index}_1:\n\tret;\n\n}}\n"
+
+    shared = ".extern .shared .align 16 .b8 buf_tkvb0_[];\n"
+    ptx = top + "\t// .globl\tk_tkvb0_\n" + shared + entry(0, 0) + "\t// .globl\tk_tkvb1_\n" + entry(1, 1)
+    first, second = split_ptx(ptx, 2)
+    assert first == top + "\t// .globl\tk\n.extern .shared .align 16 .b8 buf[];\n\n" + entry(0, 0).replace("_tkvb0_", "") + "\n"
+    assert second == top + "\t// .globl\tk\n\n" + entry(1, 0).replace("_tkvb1_", "") + "\n"
+    assert split_ptx(ptx.replace("\t// .globl\tk_tkvb1_", ".global .align 4 .u32 table[1];"), 2) is None
+    assert split_ptx(ptx.replace(".extern .shared .align 16 .b8 buf_tkvb0_[]", ".shared .align 4 .b8 _ZZ9k_tkvb0_E3red[4]"), 2) is None
+    assert split_ptx(ptx, 3) is None  # a variant without its entry
+
+
 def test_damaged_cache_entry_is_rebuilt(tmp_path, build_cache):
     cache = BuildCache(build_cache)
     build_variants(SMALL[:1], tmp_path / "a", "sm90", cache=cache)
