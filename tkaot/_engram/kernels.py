@@ -22,12 +22,14 @@ MAX_GATE_HIDDEN = 16384
 # c1584s14x28 (a whole row in flight) 878 / 10.68: one tiling serves both. Before: register rings w4x28b6 591-603,
 # w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted)
 GATE_FWD_TILINGS = {"default": "c1584s2x28"}
-# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
-# weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
-# the kept groups' loads staged by cp.async through shared memory 12 groups ahead ("c": 219 registers, no spill).
-# Measured on the H200 at 8192x4x7168 (TileKernels 669 µs, 2026-12-02): k28d12c 843, k28d8c 883, k28d12 with
-# register rings (255 registers, 32 bytes spilled; shipped before) 1202; earlier k32d8 1472, k28d8 1458, k32d4 1759 µs
-GATE_BWD_TILINGS = {"default": "k28d12c"}
+# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth><form>"): 8 warps a CTA, two a head (4 heads), one
+# CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
+# registers), their loads staged by cp.async through a ring of 14 slots in one stream across the two passes and from
+# token to token ("s"), the kernel's own two barriers a token (TileLang inserted two a group before). Measured on
+# the H200 at 8192x4x7168 (TileKernels 669 µs, 2026-12-02): k28d12c with the inserted barriers (shipped before) 843,
+# k28d8c 883, register rings k28d12 (255 registers, spilled) 1202; earlier k32d8 1472, k28d8 1458, k32d4 1759 µs.
+# k28d14s unmeasured (bench/tuning/tune_engram3.py)
+GATE_BWD_TILINGS = {"default": "k28d14s"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
