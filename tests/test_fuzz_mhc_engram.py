@@ -15,6 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 from tests.fuzz import BF16, BOOL, F32, I32, I64, Call, Cases, choices, dense, launches, meta, tokens  # noqa: E402, F401
 from tkaot._engram import gate, hash, sinkhorn  # noqa: E402
 from tkaot._engram.kernels import (  # noqa: E402
+    DECODE_TOKENS,
     ENGRAM_HASH,
     FUSED_WEIGHT,
     GATE_BWD,
@@ -22,6 +23,7 @@ from tkaot._engram.kernels import (  # noqa: E402
     GATE_FWD,
     GATE_FWD_TILINGS,
     GRAD_W_REDUCE,
+    GRAD_W_REDUCE_TILINGS,
     MAX_GATE_HIDDEN,
     SINKHORN_FINALIZE,
     SINKHORN_MOMENTUM,
@@ -505,7 +507,7 @@ def engram_gate_fwd(draw):
         "32 * 65535 + 1 tokens": {"hidden_states": meta(32 * 65535 + 1, hc, hidden), "kv": meta(32 * 65535 + 1, hc + 1, hidden),
                                   "image_token_mask": None},
     }  # fmt: skip
-    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["default"]})]
+    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["decode" if n <= DECODE_TOKENS else "default"]})]
     return Call("engram.engram_gate_fwd", kwargs, made, gate.FWD_SIGNATURE, breaks=breaks)
 
 
@@ -532,7 +534,7 @@ def grad_w_reduce(draw):
         "grad_w_partial": f32(partials, hc, hidden), "weight_hidden": meta(hc, hidden), "weight_embed": meta(hc, hidden),
         "grad_weight_hidden": f32(hc, hidden), "grad_weight_embed": f32(hc, hidden),
     }  # fmt: skip
-    made = [(GRAD_W_REDUCE, {"dtype": "bfloat16"})] if hc * hidden else []
+    made = [(GRAD_W_REDUCE, {"dtype": "bfloat16", "tiling": GRAD_W_REDUCE_TILINGS["default"]})] if hc * hidden else []
     return Call("engram.grad_w_reduce", kwargs, made, gate.REDUCE_SIGNATURE)
 
 

@@ -12,7 +12,17 @@ import torch
 
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
-from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_BWD_TILINGS, GATE_FWD, GATE_FWD_TILINGS, GRAD_W_REDUCE, MAX_GATE_HIDDEN
+from tkaot._engram.kernels import (
+    DECODE_TOKENS,
+    FUSED_WEIGHT,
+    GATE_BWD,
+    GATE_BWD_TILINGS,
+    GATE_FWD,
+    GATE_FWD_TILINGS,
+    GRAD_W_REDUCE,
+    GRAD_W_REDUCE_TILINGS,
+    MAX_GATE_HIDDEN,
+)
 from tkaot._op import current_stream, op_parts
 from tkaot._validate import Rule, Signature, Tensor
 
@@ -182,7 +192,7 @@ def engram_gate_fwd(
     if num_tokens == 0:
         return output, dot, gate_score, rstd_x, rstd_k
     flags = (_SAVE if save_for_backward else 0) | (_MASK if image_token_mask is not None else 0) | (_IN_PLACE if inplace else 0)
-    launcher = _FWD.get(device, GATE_FWD_TILINGS["default"])
+    launcher = _FWD.get(device, GATE_FWD_TILINGS["decode" if num_tokens <= DECODE_TOKENS else "default"])
     launcher(
         device, current_stream(device),
         x_ptr, kv_ptr, w_ptr, mask_ptr, output.data_ptr(), *saved,
@@ -261,7 +271,7 @@ def grad_w_reduce(
         grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed
     )
     if hc_mult * hidden:
-        launcher = _REDUCE.get(device, "bfloat16")
+        launcher = _REDUCE.get(device, "bfloat16", GRAD_W_REDUCE_TILINGS["default"])
         launcher(device, current_stream(device), partial_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr, num_partials, hc_mult * hidden)
     return None
 

@@ -20,8 +20,12 @@ MAX_GATE_HIDDEN = 16384
 # 2 slots. Measured on the H200 with the weights read a chunk at a time (TileKernels 402 µs at 8192x4x7168, 5.22 at
 # 1x4x7168): c1584s2x28 563 / 9.94 µs; c1320s3x28 597 / 10.34, c1188s4x28 624 / 9.98, the former decode pick
 # c1584s14x28 (a whole row in flight) 878 / 10.68: one tiling serves both. Before: register rings w4x28b6 591-603,
-# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted)
-GATE_FWD_TILINGS = {"default": "c1584s2x28"}
+# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted). With an
+# item's weights read before its wait (shipped): 421.9 / 7.90 µs (TileKernels 403.8 / 5.27). "decode" (at most
+# DECODE_TOKENS tokens, where every CTA holds one token at either depth): the whole row in flight, weights read an
+# item ahead ("w"), so a token is about one round trip to memory and not 14; unmeasured (bench/tuning/tune_engram3.py)
+GATE_FWD_TILINGS = {"default": "c1584s2x28", "decode": "c1584s14x28w"}
+DECODE_TOKENS = 128
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth><form>"): 8 warps a CTA, two a head (4 heads), one
 # CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
 # registers), their loads staged by cp.async through a ring of 14 slots in one stream across the two passes and from
@@ -30,6 +34,11 @@ GATE_FWD_TILINGS = {"default": "c1584s2x28"}
 # k28d8c 883, register rings k28d12 (255 registers, spilled) 1202; earlier k32d8 1472, k28d8 1458, k32d4 1759 µs.
 # k28d14s unmeasured (bench/tuning/tune_engram3.py)
 GATE_BWD_TILINGS = {"default": "k28d14s"}
+# Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>"): one thread a column, the
+# loads of `rows` partials issued before their adds. 224 threads: 128 CTAs of 224 columns at 4 x 7168, one an H200
+# SM, all 132 partials in one round trip. Measured on the H200 (132x4x7168, TileKernels 6.79 µs): t128r66 (224 CTAs,
+# 92 SMs holding two; shipped before) 7.93 µs. t224r132 unmeasured (bench/tuning/tune_engram3.py)
+GRAD_W_REDUCE_TILINGS = {"default": "t224r132"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
@@ -80,10 +89,11 @@ GATE_BWD = KernelDecl(
 GRAD_W_REDUCE = KernelDecl(
     name="engram_grad_w_reduce",
     source="kernels_src.engram.grad_w_reduce",
-    axes=(Axis("dtype", str, choices=("bfloat16",)),),
+    axes=(Axis("dtype", str, choices=("bfloat16",)), tiling_axis(GRAD_W_REDUCE_TILINGS)),
     params=("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed"),
     dims=("num_partials", "numel"),
     ops=(_E + "grad_w_reduce",),
+    tilings=GRAD_W_REDUCE_TILINGS,
 )
 
 SINKHORN_MOMENTUM = KernelDecl(
