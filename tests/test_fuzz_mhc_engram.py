@@ -27,6 +27,7 @@ from tkaot._engram.kernels import (  # noqa: E402
     MAX_GATE_HIDDEN,
     SINKHORN_FINALIZE,
     SINKHORN_MOMENTUM,
+    SINKHORN_MOMENTUM_TILINGS,
     SINKHORN_STEP,
     SINKHORN_STEP_REDUCE,
 )
@@ -550,7 +551,8 @@ def engram_sinkhorn_momentum_update(draw):
               "beta1": 0.9, "nesterov": draw(st.booleans())}  # fmt: skip
     breaks = {"12 elements": {"grad": meta(12, dtype=BF16), "momentum_buffer": meta(12, dtype=BF16)},
               "momentum of 8 more elements": {"momentum_buffer": meta(numel + 8, dtype=torch_dtypes[momentum_dtype])}}  # fmt: skip
-    made = [(SINKHORN_MOMENTUM, {"grad_dtype": grad_dtype, "momentum_dtype": momentum_dtype})] if numel else []
+    static = {"grad_dtype": grad_dtype, "momentum_dtype": momentum_dtype, "tiling": SINKHORN_MOMENTUM_TILINGS["default"]}
+    made = [(SINKHORN_MOMENTUM, static)] if numel else []
     return Call("engram.engram_sinkhorn_momentum_update", kwargs, made, sinkhorn.MOMENTUM_SIGNATURE, breaks=breaks)
 
 

@@ -39,6 +39,11 @@ GATE_BWD_TILINGS = {"default": "k28d14s"}
 # SM, all 132 partials in one round trip. Measured on the H200 (132x4x7168, TileKernels 6.79 µs): t128r66 (224 CTAs,
 # 92 SMs holding two; shipped before) 7.93 µs. t224r132 unmeasured (bench/tuning/tune_engram3.py)
 GRAD_W_REDUCE_TILINGS = {"default": "t224r132"}
+# Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, two runs of 4
+# elements a lane, so every warp access is one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
+# momentum, nesterov; TileKernels 1450 µs): t128v8x1 (8 consecutive elements a lane; shipped before) 1502 µs.
+# t128v4x2 unmeasured (bench/tuning/tune_engram3.py)
+SINKHORN_MOMENTUM_TILINGS = {"default": "t128v4x2"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
@@ -99,10 +104,15 @@ GRAD_W_REDUCE = KernelDecl(
 SINKHORN_MOMENTUM = KernelDecl(
     name="engram_sinkhorn_momentum",
     source="kernels_src.engram.sinkhorn_momentum",
-    axes=(Axis("grad_dtype", str, choices=MOMENTUM_DTYPES), Axis("momentum_dtype", str, choices=MOMENTUM_DTYPES)),
+    axes=(
+        Axis("grad_dtype", str, choices=MOMENTUM_DTYPES),
+        Axis("momentum_dtype", str, choices=MOMENTUM_DTYPES),
+        tiling_axis(SINKHORN_MOMENTUM_TILINGS),
+    ),
     params=("grad", "momentum_buffer", "sinkhorn_input", "beta1", "one_minus_beta1", "nesterov"),
     dims=("numel",),
     ops=(_E + "engram_sinkhorn_momentum_update",),
+    tilings=SINKHORN_MOMENTUM_TILINGS,
 )
 
 
