@@ -142,9 +142,9 @@ def _fwd_rows(tk, log, gen, shapes=None) -> list[tuple]:
     """Each (tokens, save_for_backward, tilings) of `shapes` (SHAPES with the control and CANDIDATES by default):
     TileKernels, then each tiling, then the op as shipped, on the same inputs."""
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
-    shipped = dict(gate.GATE_FWD_TILINGS)
+    shipped = dict(kernels.GATE_FWD_TILINGS)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
     for tokens, save, tilings in shapes or [(tokens, save, (CONTROL, *CANDIDATES)) for tokens, save in SHAPES]:
@@ -157,15 +157,15 @@ def _fwd_rows(tk, log, gen, shapes=None) -> list[tuple]:
 
         want, tk_us = _beside(tk, run, inputs)
         for tiling in tilings:
-            gate.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}  # the op reads its tilings here at every call
+            kernels.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}  # the op reads its tilings here at every call
             rows.append(_timed(tiling, shape, run(tkaot), inputs, want, tk_us, log))
-        gate.GATE_FWD_TILINGS = shipped
+        kernels.GATE_FWD_TILINGS = shipped
         rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))
         del inputs
         torch.cuda.empty_cache()
     if shapes is None:
         rows += _masked_rows(gen, log, (CONTROL, *CANDIDATES))
-    gate.GATE_FWD_TILINGS = shipped
+    kernels.GATE_FWD_TILINGS = shipped
     return rows
 
 
@@ -174,14 +174,14 @@ def _masked_rows(gen, log, tilings: tuple, tokens: int = 1000) -> list[tuple]:
     rows pass x and save zeros, the others keep the unmasked bytes (TileKernels' mask variant is not compiled
     here: its JIT would cost the time budget; the parity suite compares it)."""
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
     a = _inputs(tokens, 1, gen)[0]
     mask = torch.rand(tokens, generator=gen, device="cuda") < 0.3
-    shipped = dict(gate.GATE_FWD_TILINGS)
+    shipped = dict(kernels.GATE_FWD_TILINGS)
     rows = []
     for tiling in tilings:
-        gate.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}
+        kernels.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}
         try:
             plain = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True)
             masked = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, mask)
@@ -195,13 +195,13 @@ def _masked_rows(gen, log, tilings: tuple, tokens: int = 1000) -> list[tuple]:
         same = "yes" if _same(masked, (want, *saved)) and _same((in_place,), (want,)) else "NO"
         log.write(json.dumps({"candidate": tiling, "shape": f"{tokens} masked", "identical": same}) + "\n")
         rows.append((tiling, f"{tokens} masked (self)", float("nan"), float("nan"), same))
-    gate.GATE_FWD_TILINGS = shipped
+    kernels.GATE_FWD_TILINGS = shipped
     return rows
 
 
 def _bwd_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
     inputs = _inputs(TOKENS, 2, gen)  # 2.6 GB a set: two sets are past the L2 many times over
     for a in inputs:
@@ -212,12 +212,12 @@ def _bwd_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
         return lambda a: lib.engram.engram_gate_bwd(a["go"], a["x"], a["kv"], a["w"], *a["saved"], CLAMP)
 
     want, tk_us = _beside(tk, run, inputs)
-    shipped = dict(gate.GATE_BWD_TILINGS)
+    shipped = dict(kernels.GATE_BWD_TILINGS)
     rows = []
     for tiling in tilings:
-        gate.GATE_BWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+        kernels.GATE_BWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
         rows.append(_timed(tiling, f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log))
-    gate.GATE_BWD_TILINGS = shipped
+    kernels.GATE_BWD_TILINGS = shipped
     del inputs
     torch.cuda.empty_cache()
     return rows
@@ -226,7 +226,7 @@ def _bwd_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
 def _reduce_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
     """grad_w_reduce updates its gradients in place: each call runs on clones, compared on the two gradients."""
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
     partials = torch.cuda.get_device_properties(0).multi_processor_count
     sets = -(-3 * torch.cuda.get_device_properties(0).L2_cache_size // (partials * HC * HIDDEN * 4))
@@ -248,21 +248,21 @@ def _reduce_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
 
     pristine = {k: v.clone() for k, v in inputs[0].items()}
     want, tk_us = _beside(tk, run, inputs)  # TileKernels' timing updates inputs[0]
-    shipped = dict(gate.GRAD_W_REDUCE_TILINGS)
+    shipped = dict(kernels.GRAD_W_REDUCE_TILINGS)
     rows = []
     for tiling in tilings:
         inputs[0] = {k: v.clone() for k, v in pristine.items()}  # each first call starts from TileKernels' first values
-        gate.GRAD_W_REDUCE_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+        kernels.GRAD_W_REDUCE_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
         rows.append(_timed(tiling, f"{partials}x{HC}x{HIDDEN} fp32", run(tkaot), inputs, want, tk_us, log))
-    gate.GRAD_W_REDUCE_TILINGS = shipped
+    kernels.GRAD_W_REDUCE_TILINGS = shipped
     return rows
 
 
 def _rows(tk, log, gen) -> list[tuple]:
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
-    bwd = (gate.GATE_BWD_TILINGS["default"], *BWD_CANDIDATES)
-    return _fwd_rows(tk, log, gen) + _bwd_rows(tk, log, gen, bwd) + _reduce_rows(tk, log, gen, (gate.GRAD_W_REDUCE_TILINGS["default"],))
+    bwd = (kernels.GATE_BWD_TILINGS["default"], *BWD_CANDIDATES)
+    return _fwd_rows(tk, log, gen) + _bwd_rows(tk, log, gen, bwd) + _reduce_rows(tk, log, gen, (kernels.GRAD_W_REDUCE_TILINGS["default"],))
 
 
 def cli(doc: str, build_fn, rows_fn, log_name: str) -> None:

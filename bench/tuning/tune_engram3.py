@@ -111,12 +111,10 @@ def _checks(log, gen) -> list[tuple]:
     backward's kept groups (4096) and above them (8192), 1 and 2 tokens a backward CTA, every width of the forward's
     tiles, more partials than a thread holds in flight."""
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
-    from tkaot._engram import sinkhorn
-
-    shipped = (dict(gate.GATE_FWD_TILINGS), dict(gate.GATE_BWD_TILINGS), dict(gate.GRAD_W_REDUCE_TILINGS))
-    shipped_momentum = dict(sinkhorn.SINKHORN_MOMENTUM_TILINGS)
+    shipped = (dict(kernels.GATE_FWD_TILINGS), dict(kernels.GATE_BWD_TILINGS), dict(kernels.GRAD_W_REDUCE_TILINGS))
+    shipped_momentum = dict(kernels.SINKHORN_MOMENTUM_TILINGS)
 
     def bwd_case(tokens, hidden, masked):
         a = _gate_inputs(gen, tokens, hidden, masked)
@@ -153,16 +151,16 @@ def _checks(log, gen) -> list[tuple]:
         return f"momentum {numel}{' nesterov' if nesterov else ''}", call
 
     def use_momentum(tiling):
-        sinkhorn.SINKHORN_MOMENTUM_TILINGS = {"default": tiling}
+        kernels.SINKHORN_MOMENTUM_TILINGS = {"default": tiling}
 
     def use_fwd(tiling):
-        gate.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}
+        kernels.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}
 
     def use_bwd(tiling):
-        gate.GATE_BWD_TILINGS = {"default": tiling}
+        kernels.GATE_BWD_TILINGS = {"default": tiling}
 
     def use_reduce(tiling):
-        gate.GRAD_W_REDUCE_TILINGS = {"default": tiling}
+        kernels.GRAD_W_REDUCE_TILINGS = {"default": tiling}
 
     bwd = [bwd_case(t, h, m) for t, h, m in ((1000, HIDDEN, 0.3), (300, 4096, 0.3), (300, 8192, 0.3), (264, HIDDEN, 0.5), (1, HIDDEN, 0))]
     rows = _against_control(log, BWD_CONTROL, BWD, use_bwd, bwd)
@@ -172,8 +170,8 @@ def _checks(log, gen) -> list[tuple]:
     rows += _against_control(log, REDUCE[0], REDUCE[1:], use_reduce, reduce)
     momentum = [momentum_case(n, nesterov) for n, nesterov in ((8, True), (1000, False), (4104, True), (1 << 20, True))]
     rows += _against_control(log, MOMENTUM[0], MOMENTUM[1:], use_momentum, momentum)
-    gate.GATE_FWD_TILINGS, gate.GATE_BWD_TILINGS, gate.GRAD_W_REDUCE_TILINGS = shipped
-    sinkhorn.SINKHORN_MOMENTUM_TILINGS = shipped_momentum
+    kernels.GATE_FWD_TILINGS, kernels.GATE_BWD_TILINGS, kernels.GRAD_W_REDUCE_TILINGS = shipped
+    kernels.SINKHORN_MOMENTUM_TILINGS = shipped_momentum
     return rows
 
 
@@ -181,7 +179,7 @@ def _momentum_rows(tk, log, gen) -> list[tuple]:
     """The momentum update is in place: TileKernels and each candidate's first call start from the same values,
     compared on the result and the updated buffer."""
     import tkaot
-    from tkaot._engram import sinkhorn
+    from tkaot._engram import kernels
 
     def make():
         return {"g": torch.randn(MOMENTUM_NUMEL, generator=gen, device="cuda"),
@@ -193,13 +191,13 @@ def _momentum_rows(tk, log, gen) -> list[tuple]:
     inputs = [make() for _ in range(2)]  # 3 GB a set
     pristine = inputs[0]["m"].clone()
     want, tk_us = harness._beside(tk, run, inputs)
-    shipped = dict(sinkhorn.SINKHORN_MOMENTUM_TILINGS)
+    shipped = dict(kernels.SINKHORN_MOMENTUM_TILINGS)
     rows = []
     for tiling in MOMENTUM:
         inputs[0]["m"].copy_(pristine)
-        sinkhorn.SINKHORN_MOMENTUM_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+        kernels.SINKHORN_MOMENTUM_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
         rows.append(harness._timed(tiling, f"{MOMENTUM_NUMEL} momentum", run(tkaot), inputs, want, tk_us, log))
-    sinkhorn.SINKHORN_MOMENTUM_TILINGS = shipped
+    kernels.SINKHORN_MOMENTUM_TILINGS = shipped
     del inputs
     torch.cuda.empty_cache()
     return rows

@@ -71,6 +71,7 @@ def parse_tiling(tiling: str) -> tuple[int, int, bool]:
 
 def build(tiling: str):
     keep, depth, stream = parse_tiling(tiling)
+    tail = keep - depth + 1  # from this group on, a pass stages positions past its own
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
@@ -151,6 +152,7 @@ def build(tiling: str):
             ahead = T.alloc_var(T.int32)  # "s": the next token's first positions go out in this one's grad_x pass
             done = 0
             primed = 0
+            ahead = 0
 
             T.clear(grad_w)
             for g in T.unroll(keep):  # the weight of the kept groups, read by every token
@@ -197,7 +199,7 @@ def build(tiling: str):
                     # groups staged during the last ones)
                     T.clear(acc)
                     for g in T.unroll(keep):
-                        stage(g + depth - 1, stream or g + depth - 1 < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        stage(g + depth - 1, stream or g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                         T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):
@@ -252,10 +254,10 @@ def build(tiling: str):
                     dot_x = d * rx * rx / T.cast(hidden, T.float32)
                     dot_k = d * rk * rk / T.cast(hidden, T.float32)
                     for g in T.unroll(keep):
-                        if g + depth - 1 < keep:
+                        if g < tail:
                             stage(keep + g + depth - 1, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
-                        else:
-                            stage(g + depth - 1 - keep, stream and ahead != 0, t + 1, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        else:  # "c": ahead stays 0
+                            stage(g - tail, ahead != 0, t + 1, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                         T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):

@@ -21,6 +21,7 @@ staged itself: the wait on its own groups is the only synchronisation (no block 
 x past the parked slice (hidden above slice * 256) is read from global memory in both passes. An item's
 fp32 weights (4 chunks, 32 registers a lane) are read before the wait on its loads, unguarded: one L2 round
 trip an item that overlaps the wait, where a read guarded by the chunk test waited once a chunk (28 a token).
+With "w" they are read an item earlier still, so their round trip also overlaps the item before.
 
 Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value,
 scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score / rstd_x / rstd_k, bit 1 reads

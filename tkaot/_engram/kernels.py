@@ -14,7 +14,7 @@ _E = "tkaot.engram."
 MAX_NGRAM = 8
 # The gate holds a head's fused weight row in shared memory (fp32): hidden at most 16384, a multiple of 256
 MAX_GATE_HIDDEN = 16384
-# Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>"): one warp a CTA running over consecutive
+# Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>[w]"): one warp a CTA running over consecutive
 # tokens of one head, loads by cp.async into a ring of `stages` slots of 1024 elements, x parked in shared memory for
 # the first `slice` chunks of 256, an item's weights read ahead of its wait; 1584 CTAs (12 an H200 SM at 18 KB each),
 # 2 slots. Measured on the H200 with the weights read a chunk at a time (TileKernels 402 µs at 8192x4x7168, 5.22 at
