@@ -15,7 +15,6 @@ from hypothesis import strategies as st  # noqa: E402
 from tests.fuzz import BF16, BOOL, F32, I32, I64, Call, Cases, choices, dense, launches, meta, tokens  # noqa: E402, F401
 from tkaot._engram import gate, hash, sinkhorn  # noqa: E402
 from tkaot._engram.kernels import (  # noqa: E402
-    DECODE_TOKENS,
     ENGRAM_HASH,
     FUSED_WEIGHT,
     GATE_BWD,
@@ -508,7 +507,7 @@ def engram_gate_fwd(draw):
         "32 * 65535 + 1 tokens": {"hidden_states": meta(32 * 65535 + 1, hc, hidden), "kv": meta(32 * 65535 + 1, hc + 1, hidden),
                                   "image_token_mask": None},
     }  # fmt: skip
-    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["decode" if n <= DECODE_TOKENS else "default"]})]
+    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["default"]})]
     return Call("engram.engram_gate_fwd", kwargs, made, gate.FWD_SIGNATURE, breaks=breaks)
 
 

@@ -157,7 +157,7 @@ def _fwd_rows(tk, log, gen, shapes=None) -> list[tuple]:
 
         want, tk_us = _beside(tk, run, inputs)
         for tiling in tilings:
-            kernels.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}  # the op reads its tilings here at every call
+            kernels.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
             rows.append(_timed(tiling, shape, run(tkaot), inputs, want, tk_us, log))
         kernels.GATE_FWD_TILINGS = shipped
         rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))
@@ -181,7 +181,7 @@ def _masked_rows(gen, log, tilings: tuple, tokens: int = 1000) -> list[tuple]:
     shipped = dict(kernels.GATE_FWD_TILINGS)
     rows = []
     for tiling in tilings:
-        kernels.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}
+        kernels.GATE_FWD_TILINGS = {"default": tiling}
         try:
             plain = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True)
             masked = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, mask)

@@ -1,16 +1,21 @@
-"""Time the Engram gate backward's, grad_w_reduce's and the gate forward's candidates beside the kernels shipped
-before them and TileKernels, at the bench shapes of bench/cases/engram.py (timed rows: bytes against TileKernels'),
-then check each candidate's bytes against its control's where TileKernels is not run (image tokens, other widths).
+"""Round 2: time the Engram gate backward's and forward's candidates beside the kernels shipped before them and
+TileKernels, at the bench shapes of bench/cases/engram.py (timed rows: bytes against TileKernels'), then check the
+shipped defaults' bytes against their controls where TileKernels is not run (image tokens, other widths, few tokens).
 
-Backward ("k<keep>d<depth><form>", kernels_src/engram/gate_bwd.py): the control is main's k28d12c, built from its
-source at CONTROL_COMMIT (TileLang's inserted barriers: two a kept group); the candidates place their own barriers,
-"s" streams its cp.async loads across both passes and from token to token, "c" drains the ring after each pass.
-grad_w_reduce ("t<threads>r<rows>"): t128r66 is the kernel shipped before (the same CUDA source), the others hold
-more partials in flight or balance the CTAs on 132 SMs. Forward ("c<ctas>s<stages>x<slice>[w]"): c1584s2x28 is the
-kernel shipped before (the same CUDA source); "w" reads an item's weights an item ahead; the decode rows (1 and 128
-tokens, where the op takes the "decode" tiling) hold the whole row in flight. Sinkhorn momentum
-("t<threads>v<vec>x<reps>"): t128v8x1 is the kernel shipped before (the same cubin); vec 4 makes every warp access
-one contiguous span. The tuning harness is tune_engram2's.
+Backward ("k<keep>d<depth>c", kernels_src/engram/gate_bwd.py): the control is main's k28d12c, built from its source
+at CONTROL_COMMIT (TileLang's inserted barriers: two a kept group); k28d14c, the default, places its own barriers.
+Forward ("c<ctas>s<stages>x<slice>[w]"): c1584s2x28 is the default (the kernel shipped before, the same CUDA
+source); "w" reads an item's weights an item ahead, timed at 1, 128 and 8192 tokens. grad_w_reduce
+("t<threads>r<rows>", default t224r132) and the Sinkhorn momentum ("t<threads>v<vec>x<reps>", default t128v4x2)
+are checked byte for byte against the kernels shipped before them (t128r66, t128v8x1: the same CUDA sources).
+
+Round 1 on the H200 (2026-12-02, µs, TileKernels beside): backward k28d12c 848.7, k28d14c 751.0, k28d14s 755.0,
+k28d8s 764.1 (TK 665.9); grad_w_reduce t128r66 8.00, t224r132 7.74, t256r132 7.73, t128r132 7.80 (TK 6.90);
+forward at 8192 tokens c1584s2x28 421.4, c1584s2x28w 417.2 (TK 399.0); at 1 / 128 tokens c1584s2x28 7.79 / 11.74,
+a whole row in flight c1584s14x28w 8.98 / 14.35, c1584s14x28 8.50 / 14.14, c1584s8x28w 7.85 / 14.89 (TK 5.25 /
+10.00: TileKernels runs the same grid there, one token a CTA, so the gap is a token's latency, not the grid);
+momentum 512000512 t128v8x1 1503.5, t128v4x2 1459.1, t256v4x2 1496.0, t32v4x2 2409.4 (TK 1452.7). The losers and
+the "s" form (one stream across passes and tokens) are deleted. The tuning harness is tune_engram2's.
 
     python -m bench.tuning.tune_engram3 build --out tune-artifacts/engram3
     TKAOT_PATH=$PWD/tune-artifacts/engram3 python -m bench.tuning.tune_engram3 --out tune-results/engram3
@@ -30,18 +35,11 @@ from bench.tuning.tune_engram2 import CLAMP, EPS, HC, HIDDEN, TOKENS
 CONTROL_COMMIT = "a3a2081"  # main before these candidates: backward 845.5 µs, grad_w_reduce 7.93, forward 421.9 / 7.90
 BWD_CONTROL = "k28d12c"
 CONTROL_MODULE = "bench.tuning._engram3_control"
-# backward: new default (one stream, 13 groups in flight, 254 registers), the same without the stream (the
-# barriers alone), the stream with 7 groups in flight
-BWD = ("k28d14s", "k28d14c", "k28d8s")
-FWD = ("c1584s2x28", "c1584s2x28w")  # 8192 tokens: shipped (default), weights an item ahead
-DECODE = ("c1584s2x28", "c1584s14x28w", "c1584s14x28", "c1584s8x28w")  # 1 and 128 tokens: shipped before, decode
-# grad_w_reduce: shipped before (224 CTAs of 128), new default (128 CTAs of 224, one round trip), 112 CTAs of 256
-# (TileKernels' grid), 224 CTAs of 128 with every partial in flight
-REDUCE = ("t128r66", "t224r132", "t256r132", "t128r132")
-# Sinkhorn momentum (fp32 grad, bf16 momentum, the bench's): shipped before (8 consecutive elements a lane; the
-# same cubin), new default (two runs of 4: one contiguous span a warp access), 256 lanes, 32 lanes (TileKernels')
-MOMENTUM = ("t128v8x1", "t128v4x2", "t256v4x2", "t32v4x2")
-MOMENTUM_NUMEL = 512000512  # bench/cases/engram.py's
+BWD = ("k28d14c",)  # the default: 13 groups in flight, the kernel's own barriers
+FWD = ("c1584s2x28", "c1584s2x28w")  # the default (shipped before), weights an item ahead
+FWD_TOKENS = (TOKENS, 1, 128)
+REDUCE = ("t128r66", "t224r132")  # shipped before (224 CTAs of 128), the default (128 CTAs of 224, one round trip)
+MOMENTUM = ("t128v8x1", "t128v4x2")  # shipped before (8 consecutive elements a lane), the default (two runs of 4)
 NAN = float("nan")
 
 
@@ -60,7 +58,7 @@ def build(out: str) -> None:
     built = harness.build_control(CONTROL_COMMIT, "kernels_src/engram/gate_bwd.py", CONTROL_MODULE, BWD_CONTROL, GATE_BWD, out)
     variants = []
     for source, decl, tilings in (
-        (fwd_source, GATE_FWD, tuple(dict.fromkeys(FWD + DECODE))),
+        (fwd_source, GATE_FWD, FWD),
         (bwd_source, GATE_BWD, BWD),
         (reduce_source, GRAD_W_REDUCE, REDUCE),
         (momentum_source, SINKHORN_MOMENTUM, MOMENTUM),
@@ -154,7 +152,7 @@ def _checks(log, gen) -> list[tuple]:
         kernels.SINKHORN_MOMENTUM_TILINGS = {"default": tiling}
 
     def use_fwd(tiling):
-        kernels.GATE_FWD_TILINGS = {"default": tiling, "decode": tiling}
+        kernels.GATE_FWD_TILINGS = {"default": tiling}
 
     def use_bwd(tiling):
         kernels.GATE_BWD_TILINGS = {"default": tiling}
@@ -164,8 +162,9 @@ def _checks(log, gen) -> list[tuple]:
 
     bwd = [bwd_case(t, h, m) for t, h, m in ((1000, HIDDEN, 0.3), (300, 4096, 0.3), (300, 8192, 0.3), (264, HIDDEN, 0.5), (1, HIDDEN, 0))]
     rows = _against_control(log, BWD_CONTROL, BWD, use_bwd, bwd)
-    fwd = [fwd_case(t, h, m) for t, h, m in ((100, HIDDEN, 0.3), (100, 4096, 0), (3, 256, 0), (5, 16384, 0.3), (1000, 1792, 0.3))]
-    rows += _against_control(log, DECODE[0], tuple(dict.fromkeys(FWD[1:] + DECODE[1:])), use_fwd, fwd)
+    fwd_shapes = ((100, HIDDEN, 0.3), (100, 4096, 0), (3, 256, 0), (5, 16384, 0.3), (1000, 1792, 0.3), (1, HIDDEN, 0))
+    fwd = [fwd_case(t, h, m) for t, h, m in fwd_shapes]
+    rows += _against_control(log, FWD[0], FWD[1:], use_fwd, fwd)
     reduce = [reduce_case(p, h) for p, h in ((132, 256), (7, 4096), (200, HIDDEN), (1, 512))]
     rows += _against_control(log, REDUCE[0], REDUCE[1:], use_reduce, reduce)
     momentum = [momentum_case(n, nesterov) for n, nesterov in ((8, True), (1000, False), (4104, True), (1 << 20, True))]
@@ -175,39 +174,10 @@ def _checks(log, gen) -> list[tuple]:
     return rows
 
 
-def _momentum_rows(tk, log, gen) -> list[tuple]:
-    """The momentum update is in place: TileKernels and each candidate's first call start from the same values,
-    compared on the result and the updated buffer."""
-    import tkaot
-    from tkaot._engram import kernels
-
-    def make():
-        return {"g": torch.randn(MOMENTUM_NUMEL, generator=gen, device="cuda"),
-                "m": torch.randn(MOMENTUM_NUMEL, generator=gen, device="cuda").bfloat16()}  # fmt: skip
-
-    def run(lib):
-        return lambda a: (lib.engram.engram_sinkhorn_momentum_update(a["g"], a["m"], 0.95, True), a["m"])
-
-    inputs = [make() for _ in range(2)]  # 3 GB a set
-    pristine = inputs[0]["m"].clone()
-    want, tk_us = harness._beside(tk, run, inputs)
-    shipped = dict(kernels.SINKHORN_MOMENTUM_TILINGS)
-    rows = []
-    for tiling in MOMENTUM:
-        inputs[0]["m"].copy_(pristine)
-        kernels.SINKHORN_MOMENTUM_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
-        rows.append(harness._timed(tiling, f"{MOMENTUM_NUMEL} momentum", run(tkaot), inputs, want, tk_us, log))
-    kernels.SINKHORN_MOMENTUM_TILINGS = shipped
-    del inputs
-    torch.cuda.empty_cache()
-    return rows
-
-
 def _rows(tk, log, gen) -> list[tuple]:
-    shapes = [(TOKENS, False, FWD), (TOKENS, True, FWD), (1, False, DECODE), (128, False, DECODE)]
-    rows = harness._bwd_rows(tk, log, gen, (BWD_CONTROL, *BWD)) + harness._reduce_rows(tk, log, gen, REDUCE)
-    rows += harness._fwd_rows(tk, log, gen, shapes) + _momentum_rows(tk, log, gen)
-    rows += harness._masked_rows(gen, log, FWD[1:]) + harness._masked_rows(gen, log, DECODE[1:], tokens=100)
+    rows = harness._bwd_rows(tk, log, gen, (BWD_CONTROL, *BWD))
+    rows += harness._fwd_rows(tk, log, gen, [(tokens, False, FWD) for tokens in FWD_TOKENS])
+    rows += harness._masked_rows(gen, log, FWD) + harness._masked_rows(gen, log, FWD, tokens=100)
     return rows + _checks(log, gen)
 
 

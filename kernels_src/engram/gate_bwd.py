@@ -21,18 +21,20 @@ their loads staged by cp.async into shared memory, so a load in flight holds no 
 parked place (grad_v and grad_x read it there, not from L2 again), v, x and k through a ring of `depth` slots.
 A token is a stream of 2 * keep positions: position p < keep is kept group p's go and v (the dL/dg pass),
 position keep + g group g's x and k (the grad_x pass); a lane stages position n + depth - 1 (one commit group,
-empty past the row) before it waits for position n. Form "c" drains the ring at the end of each pass; form "s"
-runs one stream: the grad_x pass's loads go out during the dL/dg pass's last groups, and the next token's first
-go and v during the grad_x pass's (when the next token is not an image token), so the CTA streams from token to
-token; a token's saved scalars are read as it starts, behind its first loads. The kept groups' grad_w is summed
-in registers and written once at the end. Groups past `keep` (hidden above keep * 256) take a plain loop that
-reads go again and sums grad_w in grad_w_partial itself, so hidden stays a runtime value.
+empty past the row) before it waits for position n; the ring drains at the end of each pass (form "c"), the
+grad_x pass's first loads in flight during the dL/dg exchange and grad_v. A token's saved scalars are read as it
+starts, behind its first loads. The kept groups' grad_w is summed in registers and written once at the end.
+Groups past `keep` (hidden above keep * 256) take a plain loop that reads go again and sums grad_w in
+grad_w_partial itself, so hidden stays a runtime value.
 
 Synchronisation is the kernel's own (no inserted barriers): a lane reads back from the ring and its own head's
 go only what it staged itself, after its own wait; two block barriers a token order the rest: one before the
 dL/dg halves are exchanged (through `sums`, two halves used in turn), one between the last reads of every
-head's parked go (grad_v) and the first overwrite of it (form "c": at the next token's start; "s": before the
-grad_x pass, whose last groups stage the next token's go).
+head's parked go (grad_v) and the first overwrite of it (at the next token's start).
+
+Measured on the H200 at 8192x4x7168 (TileKernels 666 µs, 2026-12-02): k28d14c 751 µs, TileLang's inserted
+barriers (k28d12c, shipped before) 849; one cp.async stream across both passes and from token to token (form "s",
+deleted: more code, no faster) k28d14s 755, k28d8s 764 µs.
 """
 
 import re
@@ -54,23 +56,20 @@ VEC = 4
 SMEM_KB = 226  # shared memory a CTA may take on sm90 / sm100 (227 KB), less `sums`, in KB
 
 
-def parse_tiling(tiling: str) -> tuple[int, int, bool]:
-    """Tiling "k<keep>d<depth><form>": groups of a row kept on chip (6 KB of shared memory a group), ring slots
-    (4 KB each), and the form: "c" a ring drained at the end of each pass, "s" one stream across passes and
-    tokens (depth must divide 2 * keep, the positions of a token, and be at most keep)."""
-    match = re.fullmatch(r"k(\d+)d(\d+)([cs])", tiling)
+def parse_tiling(tiling: str) -> tuple[int, int]:
+    """Tiling "k<keep>d<depth>c": groups of a row kept on chip (6 KB of shared memory a group) and ring slots
+    (4 KB each); "c" names the form, the ring drained at the end of each pass."""
+    match = re.fullmatch(r"k(\d+)d(\d+)c", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>c or k<keep>d<depth>s")
-    keep, depth, stream = int(match[1]), int(match[2]), match[3] == "s"
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>c")
+    keep, depth = int(match[1]), int(match[2])
     if not (1 <= keep <= 36 and 2 <= depth <= 16) or 6 * keep + 4 * depth > SMEM_KB:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36, depth 2-16, 6 KB a kept group + 4 KB a slot <= {SMEM_KB} KB")
-    if stream and (depth > keep or 2 * keep % depth != 0):
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: with s, depth divides 2 * keep and is at most keep")
-    return keep, depth, stream
+    return keep, depth
 
 
 def build(tiling: str):
-    keep, depth, stream = parse_tiling(tiling)
+    keep, depth = parse_tiling(tiling)
     tail = keep - depth + 1  # from this group on, a pass stages positions past its own
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
@@ -148,11 +147,7 @@ def build(tiling: str):
             dot_x = T.alloc_var(T.float32)
             dot_k = T.alloc_var(T.float32)
             done = T.alloc_var(T.int32)  # unmasked tokens so far: picks the half of `sums` to use
-            primed = T.alloc_var(T.int32)  # "s": this token's first positions are in flight already
-            ahead = T.alloc_var(T.int32)  # "s": the next token's first positions go out in this one's grad_x pass
             done = 0
-            primed = 0
-            ahead = 0
 
             T.clear(grad_w)
             for g in T.unroll(keep):  # the weight of the kept groups, read by every token
@@ -175,19 +170,9 @@ def build(tiling: str):
                                 for j in T.vectorized(8):
                                     grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
-                    if stream:
-                        if primed == 0:
-                            for u in T.unroll(depth - 1):
-                                stage(u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
-                        ahead = 0
-                        if t + 1 < end:
-                            ahead = 1
-                            if has_mask != 0 and image_token_mask[t + 1]:
-                                ahead = 0
-                    else:
-                        T.sync_threads()  # the previous token's readers of go_smem are done
-                        for u in T.unroll(depth - 1):
-                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    T.sync_threads()  # the previous token's readers of go_smem are done
+                    for u in T.unroll(depth - 1):
+                        stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                     # this token's saved values, in flight during the dL/dg pass
                     gate = gate_score[t, head]
                     rx = rstd_x[t, head]
@@ -195,11 +180,10 @@ def build(tiling: str):
                     d = dot[t, head]
                     for h in T.unroll(HC):
                         gates[h] = gate_score[t, h]
-                    # dL/dg of this warp's head, go parked in shared memory on the way ("s": x and k of the first
-                    # groups staged during the last ones)
+                    # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
                     for g in T.unroll(keep):
-                        stage(g + depth - 1, stream or g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        stage(g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                         T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):
@@ -215,9 +199,8 @@ def build(tiling: str):
                             v[j] = kv[t, HC, g * GROUP + own + j]
                         for j in T.serial(VEC):
                             acc[0] += go[j] * v[j]
-                    if not stream:  # x and k of the first groups, in flight during the exchange and grad_v
-                        for u in T.unroll(depth - 1):
-                            stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    for u in T.unroll(depth - 1):  # x and k of the first groups, in flight during the exchange and grad_v
+                        stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
@@ -246,18 +229,12 @@ def build(tiling: str):
                                     gv[j] += go[j] * gates[h]
                             for j in T.vectorized(VEC):
                                 grad_kv[t, HC, e + j] = gv[j]
-                    if stream:
-                        T.sync_threads()  # every head's go read: the grad_x pass may stage the next token's
 
-                    # grad_x, grad_k and this token's share of grad_w ("s": the next token's first go and v staged
-                    # during the last groups)
+                    # grad_x, grad_k and this token's share of grad_w
                     dot_x = d * rx * rx / T.cast(hidden, T.float32)
                     dot_k = d * rk * rk / T.cast(hidden, T.float32)
                     for g in T.unroll(keep):
-                        if g < tail:
-                            stage(keep + g + depth - 1, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
-                        else:  # "c": ahead stays 0
-                            stage(g - tail, ahead != 0, t + 1, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        stage(keep + g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                         T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):
@@ -273,8 +250,6 @@ def build(tiling: str):
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)
                             for j in T.vectorized(VEC):
                                 grad_w[g, j] = grad_w[g, j] + r * x[j] * k[j]
-                    if stream:
-                        primed = ahead
                     for g in T.serial(keep, groups):
                         e = g * GROUP + own
                         for j in T.vectorized(VEC):

@@ -183,7 +183,7 @@ def engram_gate_fwd(
     if num_tokens == 0:
         return output, dot, gate_score, rstd_x, rstd_k
     flags = (_SAVE if save_for_backward else 0) | (_MASK if image_token_mask is not None else 0) | (_IN_PLACE if inplace else 0)
-    launcher = _FWD.get(device, kernels.GATE_FWD_TILINGS["decode" if num_tokens <= kernels.DECODE_TOKENS else "default"])
+    launcher = _FWD.get(device, kernels.GATE_FWD_TILINGS["default"])
     launcher(
         device, current_stream(device),
         x_ptr, kv_ptr, w_ptr, mask_ptr, output.data_ptr(), *saved,

@@ -21,28 +21,29 @@ MAX_GATE_HIDDEN = 16384
 # 1x4x7168): c1584s2x28 563 / 9.94 µs; c1320s3x28 597 / 10.34, c1188s4x28 624 / 9.98, the former decode pick
 # c1584s14x28 (a whole row in flight) 878 / 10.68: one tiling serves both. Before: register rings w4x28b6 591-603,
 # w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted). With an
-# item's weights read before its wait (shipped): 421.9 / 7.90 µs (TileKernels 403.8 / 5.27). "decode" (at most
-# DECODE_TOKENS tokens, where every CTA holds one token at either depth): the whole row in flight, weights read an
-# item ahead ("w"), so a token is about one round trip to memory and not 14; unmeasured (bench/tuning/tune_engram3.py)
-GATE_FWD_TILINGS = {"default": "c1584s2x28", "decode": "c1584s14x28w"}
-DECODE_TOKENS = 128
+# item's weights read before its wait (shipped): 421.9 / 7.90 µs (TileKernels 403.8 / 5.27). 2026-12-02 (TileKernels
+# 399.0 / 5.25 / 10.00 µs at 8192 / 1 / 128 tokens): c1584s2x28 421.4 / 7.79 / 11.74; a whole row in flight at few
+# tokens (deleted) c1584s14x28 - / 8.50 / 14.14, with "w" 8.98 / 14.35, c1584s8x28w 7.85 / 14.89: one tiling serves
+# every token count. "w" (weights an item ahead) 417.2 at 8192 tokens, unmeasured at 1 and 128
+# (bench/tuning/tune_engram3.py)
+GATE_FWD_TILINGS = {"default": "c1584s2x28"}
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth><form>"): 8 warps a CTA, two a head (4 heads), one
 # CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
-# registers), their loads staged by cp.async through a ring of 14 slots in one stream across the two passes and from
-# token to token ("s"), the kernel's own two barriers a token (TileLang inserted two a group before). Measured on
-# the H200 at 8192x4x7168 (TileKernels 669 µs, 2026-12-02): k28d12c with the inserted barriers (shipped before) 843,
-# k28d8c 883, register rings k28d12 (255 registers, spilled) 1202; earlier k32d8 1472, k28d8 1458, k32d4 1759 µs.
-# k28d14s unmeasured (bench/tuning/tune_engram3.py)
-GATE_BWD_TILINGS = {"default": "k28d14s"}
+# registers), their loads staged by cp.async through a ring of 14 slots drained after each pass ("c"), the kernel's
+# own two barriers a token (TileLang inserted two a group before). Measured on
+# the H200 at 8192x4x7168 (TileKernels 666 µs, 2026-12-02): k28d14c 751, k28d12c with the inserted barriers (shipped
+# before) 849, one stream across passes and tokens k28d14s 755 and k28d8s 764 (deleted); earlier k28d8c 883,
+# register rings k28d12 (255 registers, spilled) 1202, k32d8 1472, k28d8 1458, k32d4 1759 µs
+GATE_BWD_TILINGS = {"default": "k28d14c"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>"): one thread a column, the
 # loads of `rows` partials issued before their adds. 224 threads: 128 CTAs of 224 columns at 4 x 7168, one an H200
-# SM, all 132 partials in one round trip. Measured on the H200 (132x4x7168, TileKernels 6.79 µs): t128r66 (224 CTAs,
-# 92 SMs holding two; shipped before) 7.93 µs. t224r132 unmeasured (bench/tuning/tune_engram3.py)
+# SM, all 132 partials in one round trip. Measured on the H200 (132x4x7168, TileKernels 6.90 µs, 2026-12-02):
+# t224r132 7.74, t256r132 7.73, t128r132 7.80, t128r66 (224 CTAs, 92 SMs holding two; shipped before) 8.00 µs
 GRAD_W_REDUCE_TILINGS = {"default": "t224r132"}
 # Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, two runs of 4
 # elements a lane, so every warp access is one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
-# momentum, nesterov; TileKernels 1450 µs): t128v8x1 (8 consecutive elements a lane; shipped before) 1502 µs.
-# t128v4x2 unmeasured (bench/tuning/tune_engram3.py)
+# momentum, nesterov; TileKernels 1453 µs, 2026-12-02): t128v4x2 1459, t128v8x1 (8 consecutive elements a lane;
+# shipped before) 1504, t256v4x2 1496, t32v4x2 2409 µs
 SINKHORN_MOMENTUM_TILINGS = {"default": "t128v4x2"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
