@@ -22,9 +22,11 @@ from tkaot._engram.kernels import (  # noqa: E402
     GATE_FWD,
     GATE_FWD_TILINGS,
     GRAD_W_REDUCE,
+    GRAD_W_REDUCE_TILINGS,
     MAX_GATE_HIDDEN,
     SINKHORN_FINALIZE,
     SINKHORN_MOMENTUM,
+    SINKHORN_MOMENTUM_TILINGS,
     SINKHORN_STEP,
     SINKHORN_STEP_REDUCE,
 )
@@ -532,7 +534,7 @@ def grad_w_reduce(draw):
         "grad_w_partial": f32(partials, hc, hidden), "weight_hidden": meta(hc, hidden), "weight_embed": meta(hc, hidden),
         "grad_weight_hidden": f32(hc, hidden), "grad_weight_embed": f32(hc, hidden),
     }  # fmt: skip
-    made = [(GRAD_W_REDUCE, {"dtype": "bfloat16"})] if hc * hidden else []
+    made = [(GRAD_W_REDUCE, {"dtype": "bfloat16", "tiling": GRAD_W_REDUCE_TILINGS["default"]})] if hc * hidden else []
     return Call("engram.grad_w_reduce", kwargs, made, gate.REDUCE_SIGNATURE)
 
 
@@ -548,7 +550,8 @@ def engram_sinkhorn_momentum_update(draw):
               "beta1": 0.9, "nesterov": draw(st.booleans())}  # fmt: skip
     breaks = {"12 elements": {"grad": meta(12, dtype=BF16), "momentum_buffer": meta(12, dtype=BF16)},
               "momentum of 8 more elements": {"momentum_buffer": meta(numel + 8, dtype=torch_dtypes[momentum_dtype])}}  # fmt: skip
-    made = [(SINKHORN_MOMENTUM, {"grad_dtype": grad_dtype, "momentum_dtype": momentum_dtype})] if numel else []
+    static = {"grad_dtype": grad_dtype, "momentum_dtype": momentum_dtype, "tiling": SINKHORN_MOMENTUM_TILINGS["default"]}
+    made = [(SINKHORN_MOMENTUM, static)] if numel else []
     return Call("engram.engram_sinkhorn_momentum_update", kwargs, made, sinkhorn.MOMENTUM_SIGNATURE, breaks=breaks)
 
 

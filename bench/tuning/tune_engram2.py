@@ -48,41 +48,55 @@ SHAPES = ((TOKENS, False), (TOKENS, True), (1, False))  # (tokens, save_for_back
 CONTROL_MODULE = "bench.tuning._engram2_control"
 
 
-def build(out: str) -> None:
-    """Build the candidates, the control, the shipped backward and grad_w_reduce into `out`."""
+def declare(source, tilings: dict, module_name: str, base) -> None:
+    """Declare `base`'s kernel for the length of this process's build, with these tilings, built from `module_name`."""
+    from build_tools import ops
+    from tkaot._decl import KernelDecl, tiling_axis
+
+    fields = {name: getattr(base, name) for name in KernelDecl._fields}
+    axes = tuple(tiling_axis(tilings) if a.name == "tiling" else a for a in base.axes)
+    decl = KernelDecl(**{**fields, "source": module_name, "axes": axes, "tilings": tilings})
+    ops.DECLARATIONS[decl.name] = source.DECL = decl
+
+
+def build_control(commit: str, path: str, module_name: str, tiling: str, base, out: str) -> int:
+    """Build the kernel `base` declares from its source at `commit` (read with git into a module that lives for the
+    build only) as tiling `tiling` into `out`; the number of variants built (not from the cache)."""
     import importlib
 
+    from build_tools import ops
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+
+    control_file = Path(__file__).with_name(module_name.rsplit(".", 1)[1] + ".py")
+    old = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True)
+    try:
+        control_file.write_text(old.stdout)
+        control = importlib.import_module(module_name)
+        declare(control, {"default": tiling}, module_name, base)
+        static = tuple((a.name, tiling if a.name == "tiling" else a.choices[0]) for a in base.axes)
+        return build_variants([ops.Variant(base.name, static)], Path(out), "sm90", 1, BuildCache()).built
+    finally:
+        control_file.unlink(missing_ok=True)
+
+
+def build(out: str) -> None:
+    """Build the candidates, the control, the shipped backward and grad_w_reduce into `out`."""
     import kernels_src.engram.gate_bwd as bwd_source
     import kernels_src.engram.gate_fwd as fwd_source
     from build_tools import ops
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
-    from tkaot._decl import KernelDecl, tiling_axis
-    from tkaot._engram.kernels import GATE_BWD, GATE_BWD_TILINGS, GATE_FWD
+    from tkaot._engram.kernels import GATE_BWD, GATE_BWD_TILINGS, GATE_FWD, GRAD_W_REDUCE_TILINGS
 
-    def declare(source, tilings: dict, module_name: str, base=GATE_FWD) -> None:
-        fields = {name: getattr(base, name) for name in KernelDecl._fields}
-        decl = KernelDecl(**{**fields, "source": module_name, "axes": (tiling_axis(tilings),), "tilings": tilings})
-        ops.DECLARATIONS[decl.name] = source.DECL = decl
-
-    control_file = Path(__file__).with_name(CONTROL_MODULE.rsplit(".", 1)[1] + ".py")
-    old = subprocess.run(["git", "show", f"{CONTROL_COMMIT}:kernels_src/engram/gate_fwd.py"], capture_output=True, text=True, check=True)
     start = time.perf_counter()
-    built = 0
-    try:
-        control_file.write_text(old.stdout)
-        control = importlib.import_module(CONTROL_MODULE)
-        declare(control, {"default": CONTROL}, CONTROL_MODULE)
-        report = build_variants([ops.Variant("engram_gate_fwd", (("tiling", CONTROL),))], Path(out), "sm90", 1, BuildCache())
-        built += report.built
-    finally:
-        control_file.unlink(missing_ok=True)
-    declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(CANDIDATES)}, fwd_source.__name__)
+    built = build_control(CONTROL_COMMIT, "kernels_src/engram/gate_fwd.py", CONTROL_MODULE, CONTROL, GATE_FWD, out)
+    declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(CANDIDATES)}, fwd_source.__name__, GATE_FWD)
     variants = [ops.Variant("engram_gate_fwd", (("tiling", t),)) for t in CANDIDATES]
     bwd = (GATE_BWD_TILINGS["default"], *BWD_CANDIDATES)
     declare(bwd_source, {f"candidate{i}": t for i, t in enumerate(bwd)}, bwd_source.__name__, GATE_BWD)
     variants += [ops.Variant("engram_gate_bwd", (("tiling", t),)) for t in bwd]
-    variants += [ops.Variant("engram_grad_w_reduce", (("dtype", "bfloat16"),))]
+    variants += [ops.Variant("engram_grad_w_reduce", (("dtype", "bfloat16"), ("tiling", GRAD_W_REDUCE_TILINGS["default"])))]
     report = build_variants(variants, Path(out), "sm90", 1, BuildCache())
     print(f"built {built + report.built}, from cache {report.cached} -> {out} in {time.perf_counter() - start:.0f} s")
 
@@ -124,14 +138,16 @@ def _beside(tk, run, inputs: list[dict]) -> tuple:
     return want, device_us(run(tk), inputs)[0]
 
 
-def _fwd_rows(tk, log, gen) -> list[tuple]:
+def _fwd_rows(tk, log, gen, shapes=None) -> list[tuple]:
+    """Each (tokens, save_for_backward, tilings) of `shapes` (SHAPES with the control and CANDIDATES by default):
+    TileKernels, then each tiling, then the op as shipped, on the same inputs."""
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
-    shipped = dict(gate.GATE_FWD_TILINGS)
+    shipped = dict(kernels.GATE_FWD_TILINGS)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
-    for tokens, save in SHAPES:
+    for tokens, save, tilings in shapes or [(tokens, save, (CONTROL, *CANDIDATES)) for tokens, save in SHAPES]:
         per_set = tokens * (2 * HC + HC + 1) * HIDDEN * 2 + HC * HIDDEN * 4
         inputs = _inputs(tokens, min(64, max(2, -(-3 * l2 // per_set))), gen)
         shape = f"{tokens}x{HC}x{HIDDEN}{' save' if save else ''}"
@@ -140,49 +156,52 @@ def _fwd_rows(tk, log, gen) -> list[tuple]:
             return lambda a: lib.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, save)
 
         want, tk_us = _beside(tk, run, inputs)
-        for tiling in (CONTROL, *CANDIDATES):
-            gate.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tilings here at every call
+        for tiling in tilings:
+            kernels.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
             rows.append(_timed(tiling, shape, run(tkaot), inputs, want, tk_us, log))
-        gate.GATE_FWD_TILINGS = shipped
+        kernels.GATE_FWD_TILINGS = shipped
         rows.append(_timed("shipped", shape, run(tkaot), inputs, want, tk_us, log))
         del inputs
         torch.cuda.empty_cache()
-    rows += _masked_rows(gen, log)
-    gate.GATE_FWD_TILINGS = shipped
+    if shapes is None:
+        rows += _masked_rows(gen, log, (CONTROL, *CANDIDATES))
+    kernels.GATE_FWD_TILINGS = shipped
     return rows
 
 
-def _masked_rows(gen, log) -> list[tuple]:
+def _masked_rows(gen, log, tilings: tuple, tokens: int = 1000) -> list[tuple]:
     """The image-token path (saved, and in place) of each candidate against the same candidate unmasked: masked
     rows pass x and save zeros, the others keep the unmasked bytes (TileKernels' mask variant is not compiled
     here: its JIT would cost the time budget; the parity suite compares it)."""
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
-    a = _inputs(1000, 1, gen)[0]
-    mask = torch.rand(1000, generator=gen, device="cuda") < 0.3
+    a = _inputs(tokens, 1, gen)[0]
+    mask = torch.rand(tokens, generator=gen, device="cuda") < 0.3
+    shipped = dict(kernels.GATE_FWD_TILINGS)
     rows = []
-    for tiling in (CONTROL, *CANDIDATES):
-        gate.GATE_FWD_TILINGS = {"default": tiling}
+    for tiling in tilings:
+        kernels.GATE_FWD_TILINGS = {"default": tiling}
         try:
             plain = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True)
             masked = tkaot.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, True, mask)
             in_place = a["x"].clone()
             tkaot.engram.engram_gate_fwd(in_place, a["kv"], a["w"], EPS, CLAMP, False, mask, True)
         except Exception as exc:  # not built, or a launch error
-            rows.append((tiling, "1000 masked (self)", float("nan"), float("nan"), type(exc).__name__))
+            rows.append((tiling, f"{tokens} masked (self)", float("nan"), float("nan"), type(exc).__name__))
             continue
         want = torch.where(mask[:, None, None], a["x"], plain[0])
         saved = [torch.where(mask[:, None], torch.zeros_like(s), s) for s in plain[1:]]
         same = "yes" if _same(masked, (want, *saved)) and _same((in_place,), (want,)) else "NO"
-        log.write(json.dumps({"candidate": tiling, "shape": "1000 masked", "identical": same}) + "\n")
-        rows.append((tiling, "1000 masked (self)", float("nan"), float("nan"), same))
+        log.write(json.dumps({"candidate": tiling, "shape": f"{tokens} masked", "identical": same}) + "\n")
+        rows.append((tiling, f"{tokens} masked (self)", float("nan"), float("nan"), same))
+    kernels.GATE_FWD_TILINGS = shipped
     return rows
 
 
-def _bwd_rows(tk, log, gen) -> list[tuple]:
+def _bwd_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
     import tkaot
-    from tkaot._engram import gate
+    from tkaot._engram import kernels
 
     inputs = _inputs(TOKENS, 2, gen)  # 2.6 GB a set: two sets are past the L2 many times over
     for a in inputs:
@@ -193,20 +212,21 @@ def _bwd_rows(tk, log, gen) -> list[tuple]:
         return lambda a: lib.engram.engram_gate_bwd(a["go"], a["x"], a["kv"], a["w"], *a["saved"], CLAMP)
 
     want, tk_us = _beside(tk, run, inputs)
-    shipped = dict(gate.GATE_BWD_TILINGS)
+    shipped = dict(kernels.GATE_BWD_TILINGS)
     rows = []
-    for tiling in (shipped["default"], *BWD_CANDIDATES):
-        gate.GATE_BWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+    for tiling in tilings:
+        kernels.GATE_BWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
         rows.append(_timed(tiling, f"{TOKENS}x{HC}x{HIDDEN} bwd", run(tkaot), inputs, want, tk_us, log))
-    gate.GATE_BWD_TILINGS = shipped
+    kernels.GATE_BWD_TILINGS = shipped
     del inputs
     torch.cuda.empty_cache()
     return rows
 
 
-def _reduce_rows(tk, log, gen) -> list[tuple]:
+def _reduce_rows(tk, log, gen, tilings: tuple) -> list[tuple]:
     """grad_w_reduce updates its gradients in place: each call runs on clones, compared on the two gradients."""
     import tkaot
+    from tkaot._engram import kernels
 
     partials = torch.cuda.get_device_properties(0).multi_processor_count
     sets = -(-3 * torch.cuda.get_device_properties(0).L2_cache_size // (partials * HC * HIDDEN * 4))
@@ -226,20 +246,34 @@ def _reduce_rows(tk, log, gen) -> list[tuple]:
 
         return call
 
-    pristine = inputs[0]
-    inputs[0] = {k: v.clone() for k, v in pristine.items()}  # TileKernels' timing updates this one
-    want, tk_us = _beside(tk, run, inputs)
-    inputs[0] = pristine  # our first call starts from the same values as TileKernels' first
-    return [_timed("reduce", f"{partials}x{HC}x{HIDDEN} fp32", run(tkaot), inputs, want, tk_us, log)]
+    pristine = {k: v.clone() for k, v in inputs[0].items()}
+    want, tk_us = _beside(tk, run, inputs)  # TileKernels' timing updates inputs[0]
+    shipped = dict(kernels.GRAD_W_REDUCE_TILINGS)
+    rows = []
+    for tiling in tilings:
+        inputs[0] = {k: v.clone() for k, v in pristine.items()}  # each first call starts from TileKernels' first values
+        kernels.GRAD_W_REDUCE_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+        rows.append(_timed(tiling, f"{partials}x{HC}x{HIDDEN} fp32", run(tkaot), inputs, want, tk_us, log))
+    kernels.GRAD_W_REDUCE_TILINGS = shipped
+    return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _rows(tk, log, gen) -> list[tuple]:
+    from tkaot._engram import kernels
+
+    bwd = (kernels.GATE_BWD_TILINGS["default"], *BWD_CANDIDATES)
+    return _fwd_rows(tk, log, gen) + _bwd_rows(tk, log, gen, bwd) + _reduce_rows(tk, log, gen, (kernels.GRAD_W_REDUCE_TILINGS["default"],))
+
+
+def cli(doc: str, build_fn, rows_fn, log_name: str) -> None:
+    """`build --out DIR` runs build_fn(DIR); `[run] --out DIR` times rows_fn(tk, log, gen)'s rows (log_name in DIR)
+    and prints their table last."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("command", nargs="?", choices=("run", "build"), default="run")
     parser.add_argument("--out", required=True, help="run: the log's folder; build: the artifact set's")
     args = parser.parse_args()
     if args.command == "build":
-        build(args.out)
+        build_fn(args.out)
         return
     try:
         import tile_kernels as tk
@@ -250,8 +284,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    with open(out / "tune_engram2.jsonl", "w") as log:
-        rows = _fwd_rows(tk, log, gen) + _bwd_rows(tk, log, gen) + _reduce_rows(tk, log, gen)
+    with open(out / log_name, "w") as log:
+        rows = rows_fn(tk, log, gen)
     print(f"{torch.cuda.get_device_name()}, {time.perf_counter() - start:.0f} s")
     print(f"{'candidate':12s} {'shape':22s} {'µs':>9s} {'TK µs':>9s} {'ratio':>6s}  identical")
     for name, shape, us, tk_us, same in rows:
@@ -259,4 +293,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, _rows, "tune_engram2.jsonl")

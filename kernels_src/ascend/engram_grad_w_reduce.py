@@ -19,7 +19,7 @@ COLUMNS = 1024  # columns a block
 THREADS = 256
 
 
-def build(dtype: str):
+def build(dtype: str, tiling: str):  # the tiling is the CUDA kernel's (its grid): one layout here
     num_partials, numel = T.dynamic("num_partials"), T.dynamic("numel")
     weights, grads = tensor(dtype, numel), fp32(numel)
 

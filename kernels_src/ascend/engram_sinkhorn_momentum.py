@@ -18,7 +18,7 @@ BLOCK = 4096
 THREADS = 256
 
 
-def build(grad_dtype: str, momentum_dtype: str):
+def build(grad_dtype: str, momentum_dtype: str, tiling: str):  # the tiling is the CUDA kernel's (its lanes): one layout here
     numel = T.dynamic("numel")
 
     def fma(a, b, c):

@@ -16,11 +16,25 @@ group g, elements g * 256 + half * 128 + l * 4 + 0..3. Every sum runs in TileKer
 a warp sums its lanes' elements group by group, then the two warps add; grad_v: heads in order;
 grad_w: token by token), so the results are the same bits.
 
-With one CTA an SM the kernel lives on bytes in flight: its loads run `depth` groups ahead of their use
-in register rings. The first `keep` groups of a row are unrolled: their go is parked in shared memory
-in the dL/dg pass (grad_v and grad_x read it there, not from L2 again) and their grad_w is summed in
-registers, written once at the end. Groups past `keep` (hidden above keep * 256) take a plain loop
-that reads go again and sums grad_w in grad_w_partial itself, so hidden stays a runtime value.
+With one CTA an SM the kernel lives on bytes in flight. The first `keep` groups of a row are unrolled and
+their loads staged by cp.async into shared memory, so a load in flight holds no register: go straight to its
+parked place (grad_v and grad_x read it there, not from L2 again), v, x and k through a ring of `depth` slots.
+A token is a stream of 2 * keep positions: position p < keep is kept group p's go and v (the dL/dg pass),
+position keep + g group g's x and k (the grad_x pass); a lane stages position n + depth - 1 (one commit group,
+empty past the row) before it waits for position n; the ring drains at the end of each pass (form "c"), the
+grad_x pass's first loads in flight during the dL/dg exchange and grad_v. A token's saved scalars are read as it
+starts, behind its first loads. The kept groups' grad_w is summed in registers and written once at the end.
+Groups past `keep` (hidden above keep * 256) take a plain loop that reads go again and sums grad_w in
+grad_w_partial itself, so hidden stays a runtime value.
+
+Synchronisation is the kernel's own (no inserted barriers): a lane reads back from the ring and its own head's
+go only what it staged itself, after its own wait; two block barriers a token order the rest: one before the
+dL/dg halves are exchanged (through `sums`, two halves used in turn), one between the last reads of every
+head's parked go (grad_v) and the first overwrite of it (at the next token's start).
+
+Measured on the H200 at 8192x4x7168 (TileKernels 666 µs, 2026-12-02): k28d14c 751 µs, TileLang's inserted
+barriers (k28d12c, shipped before) 849; one cp.async stream across both passes and from token to token (form "s",
+deleted: more code, no faster) k28d14s 755, k28d8s 764 µs.
 """
 
 import re
@@ -32,32 +46,31 @@ from tkaot._engram.kernels import GATE_BWD
 
 DECL = GATE_BWD  # the declaration this module builds (tkaot/_engram/kernels.py)
 
+# the kernel places its own barriers (the module docstring): TileLang's inserted two a kept group
+PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
+
 HC = 4
 THREADS = HC * 2 * 32
 GROUP = 256  # elements of a head's row two warps cover at once (4 a lane)
 VEC = 4
+SMEM_KB = 226  # shared memory a CTA may take on sm90 / sm100 (227 KB), less `sums`, in KB
 
 
-def parse_tiling(tiling: str) -> tuple[int, int, bool]:
-    """Tiling "k<keep>d<depth>[c]": groups of a row kept on chip (6 KB of shared memory a group), groups in flight,
-    and with "c" (a tuning candidate, bench/tuning/tune_engram2.py) the kept groups' loads by cp.async into shared
-    memory (go straight to its parked place, v / x and k through a ring of `depth` slots of 4 KB) in place of the
-    register rings, so a load in flight holds no register."""
-    match = re.fullmatch(r"k(\d+)d(\d+)(c?)", tiling)
+def parse_tiling(tiling: str) -> tuple[int, int]:
+    """Tiling "k<keep>d<depth>c": groups of a row kept on chip (6 KB of shared memory a group) and ring slots
+    (4 KB each); "c" names the form, the ring drained at the end of each pass."""
+    match = re.fullmatch(r"k(\d+)d(\d+)c", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>[c]")
-    keep, depth, staged = int(match[1]), int(match[2]), match[3] == "c"
-    if not (1 <= keep <= 36 and 1 <= depth <= 16) or staged and (6 * keep + 4 * depth > 220 or depth < 2):
-        raise ValueError(
-            f"engram_gate_bwd tiling {tiling!r}: keep 1-36 (216 KB of shared memory), depth 1-16 (with c: 2-16, "
-            "6 KB a kept group + 4 KB a slot <= 220 KB)"
-        )
-    return keep, depth, staged
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>c")
+    keep, depth = int(match[1]), int(match[2])
+    if not (1 <= keep <= 36 and 2 <= depth <= 16) or 6 * keep + 4 * depth > SMEM_KB:
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36, depth 2-16, 6 KB a kept group + 4 KB a slot <= {SMEM_KB} KB")
+    return keep, depth
 
 
 def build(tiling: str):
-    keep, depth, staged = parse_tiling(tiling)
-    refill = 0 if staged else keep  # register rings: groups below this are loaded `depth` groups ahead
+    keep, depth = parse_tiling(tiling)
+    tail = keep - depth + 1  # from this group on, a pass stages positions past its own
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
@@ -68,27 +81,16 @@ def build(tiling: str):
         T.ptx_cp_async(T.access_ptr(dst, "w", VEC), T.access_ptr(src, "r", VEC), VEC)
 
     @T.macro
-    def fill(slot, u, first_ring, first, first_row, second_ring, second, second_row, t, own):
-        """Register rings: group u's two loads into ring slot `slot`."""
-        for j in T.vectorized(VEC):
-            first_ring[slot, j] = first[t, first_row, u * GROUP + own + j]
-        for j in T.vectorized(VEC):
-            second_ring[slot, j] = second[t, second_row, u * GROUP + own + j]
-
-    @T.macro
-    def stage_dg(u, t, head, own, groups, grad_out, kv, go_smem, ring):
-        """With "c": kept group u's go (to its parked place) and v in flight, one commit group (empty past them)."""
-        if u < groups and u < keep:
-            cp(go_smem[head, u * GROUP + own], grad_out[t, head, u * GROUP + own])
-            cp(ring[u % depth, head, 1, own], kv[t, HC, u * GROUP + own])
-        T.ptx_commit_group()
-
-    @T.macro
-    def stage_xk(u, t, head, own, groups, hidden_states, kv, ring):
-        """With "c": kept group u's x and k in flight, one commit group (empty past them)."""
-        if u < groups and u < keep:
-            cp(ring[u % depth, head, 0, own], hidden_states[t, head, u * GROUP + own])
-            cp(ring[u % depth, head, 1, own], kv[t, head, u * GROUP + own])
+    def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring):
+        """Position p of token t in flight where `on`, one commit group (empty past the row's groups)."""
+        if on:
+            if p < keep:
+                if p < groups:
+                    cp(go_smem[head, p * GROUP + own], grad_out[t, head, p * GROUP + own])
+                    cp(ring[p % depth, head, 1, own], kv[t, HC, p * GROUP + own])
+            elif p - keep < groups:
+                cp(ring[p % depth, head, 0, own], hidden_states[t, head, (p - keep) * GROUP + own])
+                cp(ring[p % depth, head, 1, own], kv[t, head, (p - keep) * GROUP + own])
         T.ptx_commit_group()
 
     @T.prim_func
@@ -127,13 +129,8 @@ def build(tiling: str):
             sums = T.alloc_shared((2, HC, 2), T.float32)
             go_smem = T.alloc_shared((HC, keep * GROUP), T.bfloat16)
             w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)
+            ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)  # [slot, head, v or x / k, element]
             grad_w = T.alloc_local((keep, VEC), T.float32)
-            if staged:  # a lane reads back only what it staged itself, after its own wait
-                ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)
-            go_ring = T.alloc_local((depth, VEC), T.bfloat16)  # the register rings (unused with "c")
-            v_ring = T.alloc_local((depth, VEC), T.bfloat16)
-            x_ring = T.alloc_local((depth, VEC), T.bfloat16)
-            k_ring = T.alloc_local((depth, VEC), T.bfloat16)
             go = T.alloc_local((VEC,), T.float32)
             v = T.alloc_local((VEC,), T.float32)
             x = T.alloc_local((VEC,), T.float32)
@@ -174,38 +171,27 @@ def build(tiling: str):
                                     grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
                     T.sync_threads()  # the previous token's readers of go_smem are done
+                    for u in T.unroll(depth - 1):
+                        stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    # this token's saved values, in flight during the dL/dg pass
+                    gate = gate_score[t, head]
+                    rx = rstd_x[t, head]
+                    rk = rstd_k[t, head]
+                    d = dot[t, head]
+                    for h in T.unroll(HC):
+                        gates[h] = gate_score[t, h]
                     # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
-                    if staged:
-                        for u in T.unroll(depth - 1):
-                            stage_dg(u, t, head, own, groups, grad_out, kv, go_smem, ring)
-                        for g in T.unroll(keep):
-                            if g < groups:
-                                stage_dg(g + depth - 1, t, head, own, groups, grad_out, kv, go_smem, ring)
-                                T.ptx_wait_group(depth - 1)
-                                for j in T.vectorized(VEC):
-                                    go[j] = go_smem[head, g * GROUP + own + j]
-                                for j in T.vectorized(VEC):
-                                    v[j] = ring[g % depth, head, 1, own + j]
-                                for j in T.serial(VEC):
-                                    acc[0] += go[j] * v[j]
-                    else:
-                        for u in T.unroll(depth):
-                            if u < groups and u < keep:
-                                fill(u, u, go_ring, grad_out, head, v_ring, kv, HC, t, own)
-                        for g in T.unroll(keep):
-                            if g < groups:
-                                for j in T.vectorized(VEC):
-                                    go[j] = go_ring[g % depth, j]
-                                for j in T.vectorized(VEC):
-                                    v[j] = v_ring[g % depth, j]
-                                for j in T.vectorized(VEC):
-                                    go_smem[head, g * GROUP + own + j] = go_ring[g % depth, j]
-                                if g + depth < keep:
-                                    if g + depth < groups:
-                                        fill(g % depth, g + depth, go_ring, grad_out, head, v_ring, kv, HC, t, own)
-                                for j in T.serial(VEC):
-                                    acc[0] += go[j] * v[j]
+                    for g in T.unroll(keep):
+                        stage(g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        T.ptx_wait_group(depth - 1)
+                        if g < groups:
+                            for j in T.vectorized(VEC):
+                                go[j] = go_smem[head, g * GROUP + own + j]
+                            for j in T.vectorized(VEC):
+                                v[j] = ring[g % depth, head, 1, own + j]
+                            for j in T.serial(VEC):
+                                acc[0] += go[j] * v[j]
                     for g in T.serial(keep, groups):
                         for j in T.vectorized(VEC):
                             go[j] = grad_out[t, head, g * GROUP + own + j]
@@ -213,24 +199,14 @@ def build(tiling: str):
                             v[j] = kv[t, HC, g * GROUP + own + j]
                         for j in T.serial(VEC):
                             acc[0] += go[j] * v[j]
-                    # x and k of the first groups, in flight during the exchange and grad_v
-                    if staged:
-                        for u in T.unroll(depth - 1):
-                            stage_xk(u, t, head, own, groups, hidden_states, kv, ring)
-                    else:
-                        for u in T.unroll(depth):
-                            if u < groups and u < keep:
-                                fill(u, u, x_ring, hidden_states, head, k_ring, kv, head, t, own)
+                    for u in T.unroll(depth - 1):  # x and k of the first groups, in flight during the exchange and grad_v
+                        stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
                     T.sync_threads()
                     r = sums[done % 2, head, 0] + sums[done % 2, head, 1]
                     done = done + 1
-                    gate = gate_score[t, head]
-                    rx = rstd_x[t, head]
-                    rk = rstd_k[t, head]
-                    d = dot[t, head]
                     r = T.Select(
                         T.abs(d) * scalar * rx * rk < clamp_value,
                         T.float32(0),
@@ -238,8 +214,6 @@ def build(tiling: str):
                     )
 
                     # grad_v: every thread, 4 elements at a time, heads summed in order
-                    for h in T.unroll(HC):
-                        gates[h] = gate_score[t, h]
                     for i in T.serial(T.ceildiv(hidden, THREADS * VEC)):
                         e = (i * THREADS + tid) * VEC
                         if e < hidden:
@@ -260,26 +234,17 @@ def build(tiling: str):
                     dot_x = d * rx * rx / T.cast(hidden, T.float32)
                     dot_k = d * rk * rk / T.cast(hidden, T.float32)
                     for g in T.unroll(keep):
+                        stage(keep + g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):
                                 go[j] = go_smem[head, g * GROUP + own + j]
-                            if staged:
-                                stage_xk(g + depth - 1, t, head, own, groups, hidden_states, kv, ring)
-                                T.ptx_wait_group(depth - 1)
-                                for j in T.vectorized(VEC):
-                                    x[j] = ring[g % depth, head, 0, own + j]
-                                for j in T.vectorized(VEC):
-                                    k[j] = ring[g % depth, head, 1, own + j]
-                            else:
-                                for j in T.vectorized(VEC):
-                                    x[j] = x_ring[g % depth, j]
-                                for j in T.vectorized(VEC):
-                                    k[j] = k_ring[g % depth, j]
+                            for j in T.vectorized(VEC):
+                                x[j] = ring[(keep + g) % depth, head, 0, own + j]
+                            for j in T.vectorized(VEC):
+                                k[j] = ring[(keep + g) % depth, head, 1, own + j]
                             for j in T.vectorized(VEC):
                                 w[j] = w_smem[head, g * GROUP + own + j]
-                            if g + depth < refill:
-                                if g + depth < groups:
-                                    fill(g % depth, g + depth, x_ring, hidden_states, head, k_ring, kv, head, t, own)
                             for j in T.vectorized(VEC):
                                 grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)

@@ -21,6 +21,7 @@ staged itself: the wait on its own groups is the only synchronisation (no block 
 x past the parked slice (hidden above slice * 256) is read from global memory in both passes. An item's
 fp32 weights (4 chunks, 32 registers a lane) are read before the wait on its loads, unguarded: one L2 round
 trip an item that overlaps the wait, where a read guarded by the chunk test waited once a chunk (28 a token).
+With "w" they are read an item earlier still, so their round trip also overlaps the item before.
 
 Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value,
 scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score / rstd_x / rstd_k, bit 1 reads
@@ -46,20 +47,21 @@ TILE = 4  # chunks an item (a ring slot) holds
 SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
-def parse_tiling(tiling: str) -> tuple[int, int, int]:
-    """Tiling "c<ctas>s<stages>x<slice>": CTAs of one warp in the grid (at most; split among the heads), ring
-    slots of 1024 elements, chunks of 256 of x parked in shared memory."""
-    match = re.fullmatch(r"c(\d+)s(\d+)x(\d+)", tiling)
+def parse_tiling(tiling: str) -> tuple[int, int, int, bool]:
+    """Tiling "c<ctas>s<stages>x<slice>[w]": CTAs of one warp in the grid (at most; split among the heads), ring
+    slots of 1024 elements, chunks of 256 of x parked in shared memory; with "w" an item's weights are read one
+    item ahead (while the warp waits for and sums the item before), not just ahead of the item's own wait."""
+    match = re.fullmatch(r"c(\d+)s(\d+)x(\d+)(w?)", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_fwd tiling {tiling!r} is not c<ctas>s<stages>x<slice>")
-    ctas, stages, slice_ = map(int, match.groups())
+        raise ValueError(f"engram_gate_fwd tiling {tiling!r} is not c<ctas>s<stages>x<slice>[w]")
+    ctas, stages, slice_ = map(int, match.groups()[:3])
     if not (1 <= ctas <= 65535 and 2 <= stages <= 32 and 1 <= slice_ <= MAX_GATE_HIDDEN // CHUNK):
         raise ValueError(f"engram_gate_fwd tiling {tiling!r}: ctas 1-65535, stages 2-32, slice 1-64")
-    return ctas, stages, slice_
+    return ctas, stages, slice_, match[4] == "w"
 
 
 def build(tiling: str):
-    ctas, stages, slice_ = parse_tiling(tiling)
+    ctas, stages, slice_, weights_ahead = parse_tiling(tiling)
     ahead = stages - 1  # items in flight beyond the one the warp waits for
     num_tokens = T.dynamic("num_tokens")
     hc_mult = T.dynamic("hc_mult")
@@ -86,6 +88,13 @@ def build(tiling: str):
                 if c < chunks:
                     cp(ring[n % stages, q * CHUNK + col], kv[t, hc_mult, c * CHUNK + col])
         T.ptx_commit_group()
+
+    @T.macro
+    def item_weights(n, head, col, chunks, weight_fused, w_local):
+        """Item n's fp32 weights (4 chunks a lane), read unguarded: a chunk past the row reads the last one."""
+        for q in T.unroll(TILE):
+            for j in T.vectorized(VEC):
+                w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
 
     @T.macro
     def load_x(t, c, head, col, hidden_states, x_smem, x_local):
@@ -132,6 +141,8 @@ def build(tiling: str):
             x_local = T.alloc_local((VEC,), T.float32)
             k_local = T.alloc_local((VEC,), T.float32)
             w_local = T.alloc_local((TILE * VEC,), T.float32)  # an item's weights
+            if weights_ahead:
+                w_next = T.alloc_local((TILE * VEC,), T.float32)  # the next item's weights
             sum_x = T.alloc_local((1,), T.float32)
             sum_k = T.alloc_local((1,), T.float32)
             sum_d = T.alloc_local((1,), T.float32)
@@ -166,13 +177,19 @@ def build(tiling: str):
                     T.clear(sum_x)
                     T.clear(sum_k)
                     T.clear(sum_d)
+                    if weights_ahead:
+                        item_weights(0, head, col, chunks, weight_fused, w_next)
                     for n in T.serial(tiles):
                         stage(n + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
                         # the item's weights, all in flight before the wait: an unguarded read (a chunk past the
-                        # row reads the last one, unused), so the L2 round trip is one an item, not one a chunk
-                        for q in T.unroll(TILE):
-                            for j in T.vectorized(VEC):
-                                w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
+                        # row reads the last one, unused), so the L2 round trip is one an item, not one a chunk;
+                        # with "w" read an item earlier, so it overlaps the previous item's wait and sums too
+                        if weights_ahead:
+                            for i in T.unroll(TILE * VEC):
+                                w_local[i] = w_next[i]
+                            item_weights(n + 1, head, col, chunks, weight_fused, w_next)
+                        else:
+                            item_weights(n, head, col, chunks, weight_fused, w_local)
                         T.ptx_wait_group(ahead)
                         for q in T.unroll(TILE):
                             c = n * TILE + q

@@ -3,22 +3,36 @@ grad_weight_hidden += sum_p partial[p] * weight_embed, grad_weight_embed += sum_
 
 The partials are summed in order p = 0, 1, ... (kernels_src/engram/column_sums.py), then each
 gradient is accumulated in place. Partial count and element count (hc_mult * hidden) are runtime.
-A thread issues the loads of ROWS_AHEAD rows before it adds them: a round trip to memory for 66 rows,
-where 4 rows at a time took 33 round trips for 132 partials (and 1.46x TileKernels' time).
+One thread a column; a thread issues the loads of `rows` partials before it adds them, so the kernel is a
+round trip to memory a `rows` partials (4 rows at a time took 33 round trips for 132 partials, 1.46x
+TileKernels' time). Tiling "t<threads>r<rows>": threads a CTA (columns a CTA) and rows in flight a thread.
 """
+
+import re
 
 import tilelang.language as T
 
-from kernels_src.engram.column_sums import THREADS, column_sum_batched
+from kernels_src.engram.column_sums import column_sum_batched
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
 DECL = GRAD_W_REDUCE  # the declaration this module builds (tkaot/_engram/kernels.py)
 
-ROWS_AHEAD = 66  # 132 partials (an H200's SMs) in two round trips
+
+def parse_tiling(tiling: str) -> tuple[int, int]:
+    """Tiling "t<threads>r<rows>": threads a CTA (a multiple of 32, at most 1024), partials a thread loads ahead of
+    its adds (1-160: a register each)."""
+    match = re.fullmatch(r"t(\d+)r(\d+)", tiling)
+    if match is None:
+        raise ValueError(f"engram_grad_w_reduce tiling {tiling!r} is not t<threads>r<rows>")
+    threads, rows = int(match[1]), int(match[2])
+    if not (threads % 32 == 0 and 32 <= threads <= 1024 and 1 <= rows <= 160):
+        raise ValueError(f"engram_grad_w_reduce tiling {tiling!r}: threads a multiple of 32 in [32, 1024], rows 1-160")
+    return threads, rows
 
 
-def build(dtype: str):
+def build(dtype: str, tiling: str):
+    threads, rows = parse_tiling(tiling)
     num_partials = T.dynamic("num_partials")
     numel = T.dynamic("numel")
 
@@ -30,12 +44,12 @@ def build(dtype: str):
         grad_weight_hidden: T.Tensor[(numel,), T.float32],
         grad_weight_embed: T.Tensor[(numel,), T.float32],
     ):
-        with T.Kernel(T.ceildiv(numel, THREADS), threads=THREADS) as block:
+        with T.Kernel(T.ceildiv(numel, threads), threads=threads) as block:
             T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
-            col = block * THREADS + T.get_thread_binding()
+            col = block * threads + T.get_thread_binding()
             acc = T.alloc_local((1,), T.float32)
-            rows_ahead = T.alloc_local((ROWS_AHEAD,), T.float32)
+            rows_ahead = T.alloc_local((rows,), T.float32)
             wh = T.alloc_var(T.float32)
             we = T.alloc_var(T.float32)
             gh = T.alloc_var(T.float32)

@@ -12,7 +12,8 @@ import torch
 
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
-from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_BWD_TILINGS, GATE_FWD, GATE_FWD_TILINGS, GRAD_W_REDUCE, MAX_GATE_HIDDEN
+from tkaot._engram import kernels  # the shipped tilings, read at every call
+from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_FWD, GRAD_W_REDUCE, MAX_GATE_HIDDEN
 from tkaot._op import current_stream, op_parts
 from tkaot._validate import Rule, Signature, Tensor
 
@@ -182,7 +183,7 @@ def engram_gate_fwd(
     if num_tokens == 0:
         return output, dot, gate_score, rstd_x, rstd_k
     flags = (_SAVE if save_for_backward else 0) | (_MASK if image_token_mask is not None else 0) | (_IN_PLACE if inplace else 0)
-    launcher = _FWD.get(device, GATE_FWD_TILINGS["default"])
+    launcher = _FWD.get(device, kernels.GATE_FWD_TILINGS["default"])
     launcher(
         device, current_stream(device),
         x_ptr, kv_ptr, w_ptr, mask_ptr, output.data_ptr(), *saved,
@@ -229,7 +230,7 @@ def engram_gate_bwd(
     grad_hidden_states = torch.empty_like(hidden_states)
     grad_kv = torch.empty_like(kv)
     grad_w_partial = torch.empty((num_partials, hc_mult, hidden), dtype=_F32, device=hidden_states.device)
-    launcher = _BWD.get(device, GATE_BWD_TILINGS["default"])
+    launcher = _BWD.get(device, kernels.GATE_BWD_TILINGS["default"])
     launcher(
         device, current_stream(device),
         go_ptr, x_ptr, kv_ptr, w_ptr, dot_ptr, gate_ptr, rx_ptr, rk_ptr, mask_ptr,
@@ -261,7 +262,7 @@ def grad_w_reduce(
         grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed
     )
     if hc_mult * hidden:
-        launcher = _REDUCE.get(device, "bfloat16")
+        launcher = _REDUCE.get(device, "bfloat16", kernels.GRAD_W_REDUCE_TILINGS["default"])
         launcher(device, current_stream(device), partial_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr, num_partials, hc_mult * hidden)
     return None
 

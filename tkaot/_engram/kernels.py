@@ -14,20 +14,37 @@ _E = "tkaot.engram."
 MAX_NGRAM = 8
 # The gate holds a head's fused weight row in shared memory (fp32): hidden at most 16384, a multiple of 256
 MAX_GATE_HIDDEN = 16384
-# Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>"): one warp a CTA running over consecutive
+# Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>[w]"): one warp a CTA running over consecutive
 # tokens of one head, loads by cp.async into a ring of `stages` slots of 1024 elements, x parked in shared memory for
 # the first `slice` chunks of 256, an item's weights read ahead of its wait; 1584 CTAs (12 an H200 SM at 18 KB each),
 # 2 slots. Measured on the H200 with the weights read a chunk at a time (TileKernels 402 µs at 8192x4x7168, 5.22 at
 # 1x4x7168): c1584s2x28 563 / 9.94 µs; c1320s3x28 597 / 10.34, c1188s4x28 624 / 9.98, the former decode pick
 # c1584s14x28 (a whole row in flight) 878 / 10.68: one tiling serves both. Before: register rings w4x28b6 591-603,
-# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted)
+# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted). With an
+# item's weights read before its wait (shipped): 421.9 / 7.90 µs (TileKernels 403.8 / 5.27). 2026-12-02 (TileKernels
+# 399.0 / 5.25 / 10.00 µs at 8192 / 1 / 128 tokens): c1584s2x28 421.4 / 7.79 / 11.74; a whole row in flight at few
+# tokens (deleted) c1584s14x28 - / 8.50 / 14.14, with "w" 8.98 / 14.35, c1584s8x28w 7.85 / 14.89: one tiling serves
+# every token count. "w" (weights an item ahead) 417.2 at 8192 tokens, unmeasured at 1 and 128
+# (bench/tuning/tune_engram3.py)
 GATE_FWD_TILINGS = {"default": "c1584s2x28"}
-# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>"): 8 warps a CTA, two a head (4 heads), one CTA a
-# weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in registers),
-# the kept groups' loads staged by cp.async through shared memory 12 groups ahead ("c": 219 registers, no spill).
-# Measured on the H200 at 8192x4x7168 (TileKernels 669 µs, 2026-12-02): k28d12c 843, k28d8c 883, k28d12 with
-# register rings (255 registers, 32 bytes spilled; shipped before) 1202; earlier k32d8 1472, k28d8 1458, k32d4 1759 µs
-GATE_BWD_TILINGS = {"default": "k28d12c"}
+# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth><form>"): 8 warps a CTA, two a head (4 heads), one
+# CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
+# registers), their loads staged by cp.async through a ring of 14 slots drained after each pass ("c"), the kernel's
+# own two barriers a token (TileLang inserted two a group before). Measured on
+# the H200 at 8192x4x7168 (TileKernels 666 µs, 2026-12-02): k28d14c 751, k28d12c with the inserted barriers (shipped
+# before) 849, one stream across passes and tokens k28d14s 755 and k28d8s 764 (deleted); earlier k28d8c 883,
+# register rings k28d12 (255 registers, spilled) 1202, k32d8 1472, k28d8 1458, k32d4 1759 µs
+GATE_BWD_TILINGS = {"default": "k28d14c"}
+# Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>"): one thread a column, the
+# loads of `rows` partials issued before their adds. 224 threads: 128 CTAs of 224 columns at 4 x 7168, one an H200
+# SM, all 132 partials in one round trip. Measured on the H200 (132x4x7168, TileKernels 6.90 µs, 2026-12-02):
+# t224r132 7.74, t256r132 7.73, t128r132 7.80, t128r66 (224 CTAs, 92 SMs holding two; shipped before) 8.00 µs
+GRAD_W_REDUCE_TILINGS = {"default": "t224r132"}
+# Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, two runs of 4
+# elements a lane, so every warp access is one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
+# momentum, nesterov; TileKernels 1453 µs, 2026-12-02): t128v4x2 1459, t128v8x1 (8 consecutive elements a lane;
+# shipped before) 1504, t256v4x2 1496, t32v4x2 2409 µs
+SINKHORN_MOMENTUM_TILINGS = {"default": "t128v4x2"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
@@ -78,19 +95,25 @@ GATE_BWD = KernelDecl(
 GRAD_W_REDUCE = KernelDecl(
     name="engram_grad_w_reduce",
     source="kernels_src.engram.grad_w_reduce",
-    axes=(Axis("dtype", str, choices=("bfloat16",)),),
+    axes=(Axis("dtype", str, choices=("bfloat16",)), tiling_axis(GRAD_W_REDUCE_TILINGS)),
     params=("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed"),
     dims=("num_partials", "numel"),
     ops=(_E + "grad_w_reduce",),
+    tilings=GRAD_W_REDUCE_TILINGS,
 )
 
 SINKHORN_MOMENTUM = KernelDecl(
     name="engram_sinkhorn_momentum",
     source="kernels_src.engram.sinkhorn_momentum",
-    axes=(Axis("grad_dtype", str, choices=MOMENTUM_DTYPES), Axis("momentum_dtype", str, choices=MOMENTUM_DTYPES)),
+    axes=(
+        Axis("grad_dtype", str, choices=MOMENTUM_DTYPES),
+        Axis("momentum_dtype", str, choices=MOMENTUM_DTYPES),
+        tiling_axis(SINKHORN_MOMENTUM_TILINGS),
+    ),
     params=("grad", "momentum_buffer", "sinkhorn_input", "beta1", "one_minus_beta1", "nesterov"),
     dims=("numel",),
     ops=(_E + "engram_sinkhorn_momentum_update",),
+    tilings=SINKHORN_MOMENTUM_TILINGS,
 )
 
 

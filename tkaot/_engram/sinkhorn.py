@@ -13,6 +13,7 @@ import torch
 
 from tkaot._compile import allocates_nothing, is_compiling, traced
 from tkaot._engram import device as _device
+from tkaot._engram import kernels  # the shipped tilings, read at every call
 from tkaot._engram.kernels import SINKHORN_FINALIZE, SINKHORN_HEAD_DIMS, SINKHORN_MOMENTUM, SINKHORN_STEP, SINKHORN_STEP_REDUCE
 from tkaot._op import current_stream, op_parts
 from tkaot._validate import Rule, Signature, Tensor
@@ -107,7 +108,7 @@ def engram_sinkhorn_momentum_update(
     device, numel, grad_dtype, momentum_dtype, grad_ptr, momentum_ptr = _check_momentum(grad, momentum_buffer)
     sinkhorn_input = torch.empty_like(momentum_buffer, dtype=_F32)
     if numel:
-        launcher = _MOMENTUM.get(device, _NAMES[grad_dtype], _NAMES[momentum_dtype])
+        launcher = _MOMENTUM.get(device, _NAMES[grad_dtype], _NAMES[momentum_dtype], kernels.SINKHORN_MOMENTUM_TILINGS["default"])
         beta1 = float(beta1)
         launcher(
             device, current_stream(device),
