@@ -250,13 +250,13 @@ NORM_BACKWARD_MAX_BLOCKS = 132  # 1 block on each of an H200's 132 SMs (its stag
 NORM_BACKWARD_MAX_VECTORS = 8
 
 
-def norm_backward_tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
-    """(elements per 16-byte vector, threads per row, vectors per thread): at most NORM_BACKWARD_MAX_VECTORS vectors
-    a thread (while a row takes fewer than 256 threads), a row in 8 to 256 threads."""
+def norm_backward_tiling(hidden: int, dtype: str, max_vectors: int = NORM_BACKWARD_MAX_VECTORS) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, threads per row, vectors per thread): at most max_vectors vectors a thread
+    (while a row takes fewer than 256 threads), a row in 8 to 256 threads."""
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = -(-hidden // vec)
     row_threads = 8
-    while row_threads < NORM_BACKWARD_THREADS and -(-num_vecs // row_threads) > NORM_BACKWARD_MAX_VECTORS:
+    while row_threads < NORM_BACKWARD_THREADS and -(-num_vecs // row_threads) > max_vectors:
         row_threads *= 2
     return vec, row_threads, -(-num_vecs // row_threads)
 
