@@ -59,7 +59,7 @@ class Candidate:
 
 CANDIDATES = (
     Candidate("before", 2, 264, None, "as shipped until now (BEFORE): 256-thread rows at 7168, 2 blocks an SM, og re-read"),
-    Candidate("new", 8, 132, None, "the new default: <= 8 vectors a thread (bf16 7168: 128-thread rows, 2 a block), 1 block an SM"),
+    Candidate("new", 7, 132, None, "the new default: <= 7 vectors a thread (bf16 7168: 128-thread rows, 2 a block), 1 block an SM"),
     Candidate("new.v4", 4, 132, None, "new body, <= 4 vectors a thread (bf16 7168: 256-thread rows), 1 block an SM"),
     Candidate("new.v4b2", 4, 264, 2, "new body at before's rows and grid: <= 4 vectors, 2 blocks an SM (128 registers)"),
 )  # fmt: skip
@@ -101,8 +101,8 @@ def _patched(c: Candidate, tmp: Path):
     patches = [(module, "build"), (generic, "build")]
     values = list(_builders(c, tmp))
     if c.name != "before":
-        patches += [(module, "norm_backward_tiling"), (module, "NORM_BACKWARD_MAX_VECTORS")]
-        values += [functools.partial(norm_backward_tiling, max_vectors=c.max_vectors), c.max_vectors]
+        patches.append((module, "norm_backward_tiling"))
+        values.append(functools.partial(norm_backward_tiling, max_vectors=c.max_vectors))
         if c.min_blocks is not None:
             patches.append((module, "MIN_BLOCKS_PER_SM"))
             values.append(c.min_blocks)

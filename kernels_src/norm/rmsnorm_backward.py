@@ -33,7 +33,7 @@ specialised kernel's bytes.
 import tilelang.language as T
 
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
-from tkaot._quant.kernels import NORM_BACKWARD_MAX_VECTORS, NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, norm_backward_tiling
+from tkaot._quant.kernels import NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, norm_backward_tiling
 
 DECL = RMSNORM_BACKWARD  # the declaration this module builds (tkaot/_quant/kernels.py)
 
@@ -42,8 +42,9 @@ NUM_THREADS = NORM_BACKWARD_THREADS
 # weight (NORM_BACKWARD_MAX_VECTORS vectors of each) and their fp32 weight-gradient sums. Before: 2 blocks an SM of
 # 128 registers, out_grad read from the stage again after the reduction and an fp32 weight read from L1 each row.
 MIN_BLOCKS_PER_SM = 1
-# Rows staged ahead of each row slot: a block's stage of one tensor is at most 256 threads' vectors (32 KiB), so
-# 2 stages of x, out_grad and residual_out_grad take 192 KiB (before: 1 stage for fp32 at 2 blocks an SM)
+# Rows staged ahead of each row slot: a block's stage of one tensor is at most 32 KiB (fp32 8192; bf16 rows of 7
+# vectors: 28 KiB), so 2 stages of x, out_grad and residual_out_grad take at most 192 KiB (before: 1 stage for fp32
+# at 2 blocks an SM)
 STAGES = 2
 STAGED_TENSORS = 3  # x, out_grad, residual_out_grad
 MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
@@ -119,8 +120,7 @@ class RuntimeTiling:
         self.row_threads = T.shift_left(1, self.shift)
         self.max_slots = NUM_THREADS // first
         self.slots = T.shift_right(NUM_THREADS, self.shift)
-        # slots * hidden is at most 256 threads' NORM_BACKWARD_MAX_VECTORS vectors (at the narrowest row threads)
-        self.stage_elems = NUM_THREADS * NORM_BACKWARD_MAX_VECTORS * self.vec
+        self.stage_elems = max(self.slot_floats, MAX_HIDDEN)  # the most a block's rows (slots * hidden) take
         self.row_warps = T.shift_right(self.row_threads, 5)  # 0 below a warp a row
 
     def in_row(self, col):

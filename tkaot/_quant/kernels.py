@@ -243,11 +243,12 @@ BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
 # here, where the op reads it too (it sizes the grid): a block of 256 threads holds 256 // row_threads rows.
 NORM_BACKWARD_THREADS = 256
 NORM_BACKWARD_MAX_BLOCKS = 132  # 1 block on each of an H200's 132 SMs (its staged rows take most of the shared memory)
-# The most 16-byte vectors a thread holds of a row: x, out_grad and the weight stay in registers (<= 255 a thread at
-# one block an SM), and the rows get as few threads as that allows (bf16 7168: 128 threads, 2 rows a block), so more
-# rows are in flight at a time and each row's reduction spans fewer warps. Before: 2 (256 threads a row at 7168, 4
-# vectors, 2 blocks an SM; 109.5 µs on the H200 against TileKernels' 96.7).
-NORM_BACKWARD_MAX_VECTORS = 8
+# The most 16-byte vectors a thread holds of a row (but at 256 threads a row: fp32 8192 takes 8): x, out_grad and the
+# weight stay in registers (<= 255 a thread at one block an SM), and the rows get as few threads as that allows
+# (bf16 7168: 128 threads, 2 rows a block), so more rows are in flight at a time and each row's reduction spans
+# fewer warps. 8 spills bf16 8192 (216 bytes at 255 registers). Before: 2 (256 threads a row at 7168, 4 vectors,
+# 2 blocks an SM; 109.5 µs on the H200 against TileKernels' 96.7).
+NORM_BACKWARD_MAX_VECTORS = 7
 
 
 def norm_backward_tiling(hidden: int, dtype: str, max_vectors: int = NORM_BACKWARD_MAX_VECTORS) -> tuple[int, int, int]:
