@@ -50,9 +50,8 @@ STAGED_TENSORS = 3  # x, out_grad, residual_out_grad
 MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
 # The kernel's barriers are its own (build_tools/compile.py applies this to its lowering): a thread reads only the
 # vectors its own cp.async wrote, after its own wait, so the only shared data are the warp sums (row_dot_*: a
-# barrier after writing them and one after reading them) and the slot sums at the end (a barrier before and after
-# writing them). TileLang's inserted barriers (around each staged read and copy: 4 more a row, 6 in all at 7168)
-# are left out.
+# barrier after writing them, in the half of the row's parity) and the slot sums at the end (a barrier before and
+# after writing them). TileLang's inserted barriers (around each staged read and copy: 6 a row at 7168) are left out.
 PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
 
 
