@@ -29,6 +29,10 @@ registers rather than 64, 8 KiB of shared memory a block rather than 16. What el
 built for its expert count (8 scores a lane at 256, 2 16-byte loads and stores), while ours runs to MAX_EXPERTS (512:
 u and h of 16 registers a lane, half of them idle at 256, 16 branch-guarded scalar accesses); a 256-expert bound (a
 second variant) is the next candidate: new.e256 (session 12, unmeasured), the kernel built for 256 experts at most.
+Session 12: "before" is now session 11's kernel (a3a2081), and "new" skips the slot loop (32 unrolled steps, each
+a uniform branch, 8 of them 2 shuffles) when no expert is chosen twice: one __match_any_sync and one vote a warp,
+then 0 + r_k, the loop's own sum, so its bytes must equal before's ("=before"). new.exact, new.1warp and new.b12
+(session 11's losers) are no longer built.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from pathlib import Path
 
 ARTIFACTS = "tune-artifacts/train2"
 KERNEL, MODULE = "moe_topk_gate_backward", "kernels_src.moe.moe_topk_gate_backward"
-BEFORE = "9e3421e"  # main before this change: the "scatter4" kernel (exact expm1f, a dependent gather)
+BEFORE = "a3a2081"  # main before session 12: the kernel of session 11 (the "scatter4" of 9e3421e before it)
 TOKENS, EXPERTS, TOPK, SCALE, SEQS = 8192, 256, 8, 2.5, 4
 SETS = 4  # rotating input sets: 4 x (8 MiB in + 8 MiB out), past the 50 MiB L2
 RTOL, ATOL = 1e-5, 1e-6
@@ -58,11 +62,8 @@ class Candidate:
 
 
 CANDIDATES = (
-    Candidate("before", "before", "scatter4 as shipped until now (9e3421e): loads in three dependent rounds, exact expm1f / division"),
-    Candidate("new", "shipped", "the new default: every load first, chosen scores from shared memory, fast derivative"),
-    Candidate("new.exact", "exact", "new with the exact expm1f / IEEE division of before: must write before's bytes"),
-    Candidate("new.1warp", "one_warp", "new at 1 token a block (TileKernels' grid: 8192 blocks of 32 threads)"),
-    Candidate("new.b12", "capped", "new with 12 blocks an SM asked (<= 40 registers: 48 warps, not 32)"),
+    Candidate("before", "before", "as shipped in session 11 (a3a2081): every slot lane runs the 32-slot loop of shuffles"),
+    Candidate("new", "shipped", "the new default: without repeated experts (one match + vote), a slot stores its own gradient"),
     Candidate("new.gather", "gathered", "new, the chosen scores gathered from global memory (L1): no scores row in shared memory"),
     Candidate("new.e256", "bounded", "new built for at most 256 experts (8 scores a lane, not 16): what a 256-expert variant gives"),
 )  # fmt: skip
@@ -73,27 +74,6 @@ CANDIDATES = (
 
 def shipped():
     return importlib.import_module(MODULE).build
-
-
-def exact():
-    import tilelang.language as T
-
-    module = importlib.import_module(MODULE)
-
-    def grad(u, du):  # the expression of the kernel before, term for term
-        return T.if_then_else(u > 0, -T.call_extern("float32", "expm1f", -u * u) / (2 * u) * du, T.float32(0.0))
-
-    return lambda tiling: module.gate_backward_kernel(4, grad=grad)
-
-
-def one_warp():
-    module = importlib.import_module(MODULE)
-    return lambda tiling: module.gate_backward_kernel(1)
-
-
-def capped():
-    module = importlib.import_module(MODULE)
-    return lambda tiling: module.gate_backward_kernel(4, min_blocks=12)
 
 
 def bounded():
@@ -140,7 +120,7 @@ def gathered(tmp: Path):
 
 
 def before(tmp: Path):
-    """`build` of the kernel module as it was at BEFORE (its WARPS map keys the default tiling's name: 4 tokens a block)."""
+    """`build` of the kernel module as it was at BEFORE."""
     from bench.tuning.tune_mhc_perf import _build_at
 
     return _build_at(MODULE, BEFORE, tmp)
