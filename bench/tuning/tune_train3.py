@@ -61,6 +61,7 @@ CANDIDATES = (
     Candidate("before", 2, 264, None, "as shipped until now (BEFORE): 256-thread rows at 7168, 2 blocks an SM, og re-read"),
     Candidate("new", 7, 132, None, "the new default: <= 7 vectors a thread (bf16 7168: 128-thread rows, 2 a block), 1 block an SM"),
     Candidate("new.v4", 4, 132, None, "new body, <= 4 vectors a thread (bf16 7168: 256-thread rows), 1 block an SM"),
+    # (its fp32 stage, 2 x 3 x 32 KiB, leaves room for 1 block an SM: its fp32 row runs 2 waves, not a candidate there)
     Candidate("new.v4b2", 4, 264, 2, "new body at before's rows and grid: <= 4 vectors, 2 blocks an SM (128 registers)"),
 )  # fmt: skip
 # (name, dtype, hidden, residual gradient, kernel): every row with a weight, out_scale 1
