@@ -18,6 +18,8 @@ suite's tolerance (tests/parity_backward_cases.py, as bench/tuning/tune_train_pe
 weight gradient in their own order, so no candidate is byte-identical to TileKernels, "before" included) and with
 "before"'s bytes; at bf16 7168 its generic variant's bytes with its specialised variant's (they must be identical).
 Prints a table last (candidate, shape, µs, TileKernels µs, ratio, identical?) and writes DIR/tune_train3.log.
+moe_topk_gate_backward's candidates (bench/tuning/tune_train2.py) are built into ARTIFACTS/gate/ and timed first,
+by that script's code (its log DIR/tune_train2.log), so one build and one call cover both kernels.
 
 Why TileKernels was faster (its source, session 12): at bf16 7168 it gives a row 128 threads (7 vectors of 8 a
 thread), 2 rows a block of 256 threads, one block an SM with up to 255 registers, so x, out_grad (as fp32) and the
@@ -134,6 +136,9 @@ def build(out: Path) -> None:
             with _patched(c, Path(cache)):
                 build_variants(variants, out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
             print(f"{c.name:10s} built in {time.perf_counter() - t:5.1f} s", flush=True)
+    from bench.tuning import tune_train2
+
+    tune_train2.build(out / "gate")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
 
@@ -192,9 +197,11 @@ def time_candidates(artifacts: Path, out: Path) -> None:
     import torch
 
     from bench.timing import device_us
+    from bench.tuning import tune_train2
     from bench.tuning.tune_train2 import finish
     from bench.tuning.tune_train_perf import SETS, _close, _inputs, _same, _theirs
 
+    tune_train2.time_candidates(artifacts / "gate", out)
     start = time.perf_counter()
     device = torch.cuda.current_device()
     torch.manual_seed(0)
