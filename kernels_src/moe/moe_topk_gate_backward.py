@@ -54,9 +54,11 @@ __device__ __forceinline__ int tkaot_sync_warp() {{
     __syncwarp();
     return 0;
 }}
-// Whether any lane's expert (idx >= 0) is another lane's too
+// Whether any lane's expert (idx >= 0) is another lane's too. Every lane of the warp must reach both full-mask
+// intrinsics: the match is taken before the test of idx (behind `&&`, lanes of empty slots skipped it: a hang)
 __device__ __forceinline__ int tkaot_any_repeated(int idx) {{
-    return __any_sync(0xffffffffu, idx >= 0 && __popc(__match_any_sync(0xffffffffu, idx)) > 1);
+    const unsigned peers = __match_any_sync(0xffffffffu, idx);
+    return __any_sync(0xffffffffu, (idx >= 0) & (__popc(peers) > 1));
 }}
 """
 SCORES_ROW, ROUTE_ROW = 0, 1
