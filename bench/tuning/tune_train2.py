@@ -32,7 +32,8 @@ second variant) is the next candidate: new.e256 (session 12, unmeasured), the ke
 Session 12: "before" is now session 11's kernel (a3a2081), and "new" skips the slot loop (32 unrolled steps, each
 a uniform branch, 8 of them 2 shuffles) when no expert is chosen twice: one __match_any_sync and one vote a warp,
 then 0 + r_k, the loop's own sum, so its bytes must equal before's ("=before"). new.exact, new.1warp and new.b12
-(session 11's losers) are no longer built.
+(session 11's losers) are no longer built. Round 1 on the H200 hung in "new" (its full-mask __match_any_sync was
+behind `&&`, skipped by the lanes of empty slots; fixed) after "before" 10.61 µs, TileKernels 8.21 (plain).
 """
 
 from __future__ import annotations
@@ -232,24 +233,33 @@ def _verdict(got, control, want, rtol: float, atol: float, against: str) -> str:
 
 
 def time_candidates(artifacts: Path, out: Path) -> None:
+    start = time.perf_counter()
+    log: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.append(line)
+
+    rows = measure(artifacts, say)
+    finish(say, rows, start, out / "tune_train2.log", log, (14, 24, 7))
+
+
+def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> list[tuple]:
+    """The rows (candidate, shape, µs, TK µs, ratio, verdict) of every candidate not in `skip`; `started(name, shape)`
+    is called before each call of a candidate (or of TileKernels, "TK"), so a hang shows where it is."""
     import tile_kernels as tk
     import torch
 
     from bench.timing import device_us
     from tkaot.reference import backward as ref
 
-    start = time.perf_counter()
     device = torch.cuda.current_device()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    log: list[str] = []
     rows: list[tuple] = []
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
-
     calls = {}
     for c in CANDIDATES:
+        if c.name in skip:
+            continue
         try:
             calls[c.name] = _call(_launcher(artifacts, c), device)
         except Exception as exc:  # a candidate that fails to load is reported, not fatal
@@ -257,10 +267,13 @@ def time_candidates(artifacts: Path, out: Path) -> None:
     for aux in (False, True):
         shape = f"{TOKENS}x{EXPERTS}, top-{TOPK}" + (", aux" if aux else "")
         sets = [_inputs(gen, aux) for _ in range(SETS)]
+        started("TK", shape)
         want = _run(_theirs(tk), sets[0])
         tk_us, _ = device_us(_theirs(tk), sets, reps=30)
+        started("before", shape)
         control = _run(calls["before"], sets[0]) if "before" in calls else None
         for name, call in calls.items():
+            started(name, shape)
             verdict = _verdict(_run(call, sets[0]), control, want, RTOL, ATOL, "TK")
             us, mode = device_us(call, sets, reps=30)
             say(f"{name:14s} {shape:24s} {us:7.2f} µs ({mode})  TK {tk_us:6.2f}  {verdict}")
@@ -268,13 +281,15 @@ def time_candidates(artifacts: Path, out: Path) -> None:
         del sets
     # Repeated experts and empty slots, against the torch reference
     for aux in (False, True):
+        shape = "repeats" + (" + aux" if aux else "")
         a = _inputs(gen, aux, tokens=1000, repeats=True)
         want = ref.moe_topk_gate_backward(a["scores"], a["idx"], a["w"], a["dw"], SCALE, a["mask"], a["h"])
+        started("before", shape)
         control = _run(calls["before"], a) if "before" in calls else None
         for name, call in calls.items():
-            say(f"repeats{' + aux' if aux else ''}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
-
-    finish(say, rows, start, out / "tune_train2.log", log, (14, 24, 7))
+            started(name, shape)
+            say(f"{shape}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
+    return rows
 
 
 def finish(say, rows, start: float, path: Path, log: list[str], widths: tuple[int, int, int]) -> None:

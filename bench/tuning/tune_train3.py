@@ -17,9 +17,14 @@ than L2 (bench.timing). Before timing, each candidate's outputs are compared wit
 suite's tolerance (tests/parity_backward_cases.py, as bench/tuning/tune_train_perf.py does: both libraries add the
 weight gradient in their own order, so no candidate is byte-identical to TileKernels, "before" included) and with
 "before"'s bytes; at bf16 7168 its generic variant's bytes with its specialised variant's (they must be identical).
-Prints a table last (candidate, shape, µs, TileKernels µs, ratio, identical?) and writes DIR/tune_train3.log.
-moe_topk_gate_backward's candidates (bench/tuning/tune_train2.py) are built into ARTIFACTS/gate/ and timed first,
-by that script's code (its log DIR/tune_train2.log), so one build and one call cover both kernels.
+moe_topk_gate_backward's candidates (bench/tuning/tune_train2.py) are built into ARTIFACTS/gate/ and timed after,
+by that script's code, so one build and one call cover both kernels. Each kernel's rows run in a child process that
+announces each candidate before it runs it; a child silent for STALL_S seconds (a hung kernel) or past the run's
+budget (--budget S, 70 by default, the last GATE_S of it kept for the gate) is killed, its candidate's row says so,
+and the kernel's rows are run again without it. Prints one table last (candidate, shape, µs, TileKernels µs, ratio,
+identical?) and writes DIR/tune_train3.log. Session 12, round 1 on the H200: the run hung after the gate's first
+row ("before" 10.61 µs, TileKernels 8.21): "new"'s repeat test took its full-mask __match_any_sync behind `&&`, so
+the lanes of empty slots never reached it (fixed; the MATCH is now straight-line code); nothing else was measured.
 
 Why TileKernels was faster (its source, session 12): at bf16 7168 it gives a row 128 threads (7 vectors of 8 a
 thread), 2 rows a block of 256 threads, one block an SM with up to 255 registers, so x, out_grad (as fp32) and the
@@ -36,6 +41,7 @@ import contextlib
 import functools
 import importlib
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -192,29 +198,23 @@ def _result(call, a: dict):
     return x_grad.clone(), weight_grad.clone()
 
 
-def time_candidates(artifacts: Path, out: Path) -> None:
+def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> list[tuple]:
+    """The rows (candidate, shape, µs, TK µs, ratio, verdict) of every candidate not in `skip`; `started(name, shape)`
+    is called before each call of a candidate (or of TileKernels, "TK"), so a hang shows where it is."""
     import tile_kernels as tk
     import torch
 
     from bench.timing import device_us
-    from bench.tuning import tune_train2
-    from bench.tuning.tune_train2 import finish
     from bench.tuning.tune_train_perf import SETS, _close, _inputs, _same, _theirs
 
-    tune_train2.time_candidates(artifacts / "gate", out)
-    start = time.perf_counter()
     device = torch.cuda.current_device()
     torch.manual_seed(0)
-    log: list[str] = []
     rows: list[tuple] = []
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
-
     pass2 = _launchers(artifacts / "common")
     sets = {}
     for c in CANDIDATES:
+        if c.name in skip:
+            continue
         try:
             sets[c.name] = _launchers(artifacts / c.name)
         except Exception as exc:  # a candidate that fails to load is reported, not fatal
@@ -226,6 +226,7 @@ def time_candidates(artifacts: Path, out: Path) -> None:
         for a in inputs:  # the outputs, before any graph capture
             a["partials"] = torch.empty(max(x.max_blocks for x in CANDIDATES), hidden, device="cuda")
             a["x_grad"], a["weight_grad"] = torch.empty_like(a["x"]), torch.empty_like(a["w"])
+        started("TK", shape)
         want = _theirs(tk)(inputs[0])
         torch.cuda.synchronize()
         tk_us, _ = device_us(_theirs(tk), inputs)
@@ -233,6 +234,7 @@ def time_candidates(artifacts: Path, out: Path) -> None:
         for c in CANDIDATES:
             if c.name not in sets:
                 continue
+            started(c.name, shape)
             call = _op(c, sets[c.name], pass2, kernel, dtype, hidden, device)
             got = _result(call, inputs[0])
             control = got if c.name == "before" else control
@@ -245,12 +247,126 @@ def time_candidates(artifacts: Path, out: Path) -> None:
             say(f"{c.name:10s} {shape:44s} {us:8.2f} µs ({mode})  TK {tk_us:8.2f}  {verdict}")
             rows.append((c.name, shape, us, tk_us, us / tk_us, verdict))
         del inputs
+    return rows
 
-    finish(say, rows, start, out / "tune_train3.log", log, (10, 44, 8))
+
+# ---- the run: each kernel's rows in a child process, watched (a candidate that hangs is killed and skipped)
+
+PARTS = ("norm", "gate")  # rmsnorm_backward first, then moe_topk_gate_backward (tune_train2's candidates)
+TOTAL_S = 70  # the whole run's budget (--budget S)
+GATE_S = 25  # the part of it kept for the gate's rows: norm_backward's child is stopped before
+STALL_S = 20  # a candidate silent this long is taken as hung (TileKernels' first calls compile: 40 s for those)
+START, ROW = "START ", "ROW "  # a child's protocol lines
+
+
+def _part(argv) -> None:
+    """Child: one part's rows, each candidate announced (START name|shape) before it runs, each row as ROW json."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("part", choices=PARTS)
+    parser.add_argument("--artifacts", type=Path, required=True)
+    parser.add_argument("--skip", default="")
+    args = parser.parse_args(argv)
+    skip = tuple(s for s in args.skip.split(",") if s)
+
+    def started(name: str, shape: str) -> None:
+        print(f"{START}{name}|{shape}", flush=True)
+
+    started("load", "")
+    if args.part == "norm":
+        rows = measure(args.artifacts, functools.partial(print, flush=True), started, skip)
+    else:
+        from bench.tuning import tune_train2
+
+        rows = tune_train2.measure(args.artifacts / "gate", functools.partial(print, flush=True), started, skip)
+    for row in rows:
+        print(ROW + json.dumps(row), flush=True)
+
+
+def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
+    """Run one part in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    cmd = [sys.executable, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
+    name, shape = "load", ""
+    while True:
+        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
+        try:
+            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
+        except queue.Empty:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
+            return _stopped(part, name, shape, f"KILLED ({why})", say, rows)
+        if line is None:
+            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
+                return _stopped(part, name, shape, f"FAILED (exit {child.returncode})", say, rows)
+            return None
+        line = line.rstrip("\n")
+        if line.startswith(START):
+            name, shape = line[len(START) :].split("|", 1)
+            print(f"  ({part}: {name} at {shape or '-'})", flush=True)
+        elif line.startswith(ROW):
+            row = tuple(json.loads(line[len(ROW) :]))
+            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
+        else:
+            say(line)
+
+
+def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
+    """Say where a child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
+    say(f"{part}: {what} in {name} at {shape or '-'}")
+    if name in ("load", "TK"):
+        return None
+    rows.setdefault((name, shape), (name, shape, math.nan, math.nan, math.nan, what))
+    return name
+
+
+def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
+    """Each part in its own child, norm_backward first; a candidate that hangs is killed and the part rerun without it."""
+    from bench.tuning.tune_train2 import finish
+
+    start = time.perf_counter()
+    log: list[str] = []
+    rows: dict = {}
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.append(line)
+
+    for part in PARTS:
+        deadline = start + (total_s if part == PARTS[-1] else total_s - GATE_S)
+        skip: list[str] = []
+        hung = _run_part(part, artifacts, skip, deadline, say, rows)
+        while hung is not None and hung not in skip and time.perf_counter() < deadline - 5:  # time for a rerun
+            skip.append(hung)
+            say(f"{part}: rerun without {', '.join(skip)}")
+            hung = _run_part(part, artifacts, skip, deadline, say, rows)
+    finish(say, list(rows.values()), start, out / "tune_train3.log", log, (14, 44, 8))
 
 
 def main(argv=None) -> None:
-    cli(argv, __doc__, ARTIFACTS, build, time_candidates)
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["part"]:
+        _part(argv[1:])
+        return
+    total_s = TOTAL_S
+    if "--budget" in argv:  # the whole run's seconds
+        at = argv.index("--budget")
+        total_s = float(argv[at + 1])
+        del argv[at : at + 2]
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=total_s))
 
 
 if __name__ == "__main__":
