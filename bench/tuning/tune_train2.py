@@ -28,7 +28,12 @@ the atol). new.gather not yet measured (earlier, a global gather timed as the sh
 registers rather than 64, 8 KiB of shared memory a block rather than 16. What else TileKernels does not do: it is
 built for its expert count (8 scores a lane at 256, 2 16-byte loads and stores), while ours runs to MAX_EXPERTS (512:
 u and h of 16 registers a lane, half of them idle at 256, 16 branch-guarded scalar accesses); a 256-expert bound (a
-second variant) is the next candidate.
+second variant) is the next candidate: new.e256 (session 12, unmeasured), the kernel built for 256 experts at most.
+Session 12: "before" is now session 11's kernel (a3a2081), and "new" skips the slot loop (32 unrolled steps, each
+a uniform branch, 8 of them 2 shuffles) when no expert is chosen twice: one __match_any_sync and one vote a warp,
+then 0 + r_k, the loop's own sum, so its bytes must equal before's ("=before"). new.exact, new.1warp and new.b12
+(session 11's losers) are no longer built. Round 1 on the H200 hung in "new" (its full-mask __match_any_sync was
+behind `&&`, skipped by the lanes of empty slots; fixed) after "before" 10.61 µs, TileKernels 8.21 (plain).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from pathlib import Path
 
 ARTIFACTS = "tune-artifacts/train2"
 KERNEL, MODULE = "moe_topk_gate_backward", "kernels_src.moe.moe_topk_gate_backward"
-BEFORE = "9e3421e"  # main before this change: the "scatter4" kernel (exact expm1f, a dependent gather)
+BEFORE = "a3a2081"  # main before session 12: the kernel of session 11 (the "scatter4" of 9e3421e before it)
 TOKENS, EXPERTS, TOPK, SCALE, SEQS = 8192, 256, 8, 2.5, 4
 SETS = 4  # rotating input sets: 4 x (8 MiB in + 8 MiB out), past the 50 MiB L2
 RTOL, ATOL = 1e-5, 1e-6
@@ -58,12 +63,10 @@ class Candidate:
 
 
 CANDIDATES = (
-    Candidate("before", "before", "scatter4 as shipped until now (9e3421e): loads in three dependent rounds, exact expm1f / division"),
-    Candidate("new", "shipped", "the new default: every load first, chosen scores from shared memory, fast derivative"),
-    Candidate("new.exact", "exact", "new with the exact expm1f / IEEE division of before: must write before's bytes"),
-    Candidate("new.1warp", "one_warp", "new at 1 token a block (TileKernels' grid: 8192 blocks of 32 threads)"),
-    Candidate("new.b12", "capped", "new with 12 blocks an SM asked (<= 40 registers: 48 warps, not 32)"),
+    Candidate("before", "before", "as shipped in session 11 (a3a2081): every slot lane runs the 32-slot loop of shuffles"),
+    Candidate("new", "shipped", "the new default: without repeated experts (one match + vote), a slot stores its own gradient"),
     Candidate("new.gather", "gathered", "new, the chosen scores gathered from global memory (L1): no scores row in shared memory"),
+    Candidate("new.e256", "bounded", "new built for at most 256 experts (8 scores a lane, not 16): what a 256-expert variant gives"),
 )  # fmt: skip
 
 
@@ -74,25 +77,19 @@ def shipped():
     return importlib.import_module(MODULE).build
 
 
-def exact():
-    import tilelang.language as T
-
+def bounded():
+    """new with MAX_EXPERTS 256 while the kernel is built (valid for <= 256 experts only: a measurement)."""
     module = importlib.import_module(MODULE)
 
-    def grad(u, du):  # the expression of the kernel before, term for term
-        return T.if_then_else(u > 0, -T.call_extern("float32", "expm1f", -u * u) / (2 * u) * du, T.float32(0.0))
+    def build(tiling):
+        saved = module.PER_LANE, module.MAX_EXPERTS
+        module.PER_LANE, module.MAX_EXPERTS = 256 // module.WARP, 256
+        try:
+            return module.gate_backward_kernel(4)
+        finally:
+            module.PER_LANE, module.MAX_EXPERTS = saved
 
-    return lambda tiling: module.gate_backward_kernel(4, grad=grad)
-
-
-def one_warp():
-    module = importlib.import_module(MODULE)
-    return lambda tiling: module.gate_backward_kernel(1)
-
-
-def capped():
-    module = importlib.import_module(MODULE)
-    return lambda tiling: module.gate_backward_kernel(4, min_blocks=12)
+    return build
 
 
 # new.gather: the shipped module with these exact edits (each must match once). TileKernels writes no scores row:
@@ -124,7 +121,7 @@ def gathered(tmp: Path):
 
 
 def before(tmp: Path):
-    """`build` of the kernel module as it was at BEFORE (its WARPS map keys the default tiling's name: 4 tokens a block)."""
+    """`build` of the kernel module as it was at BEFORE."""
     from bench.tuning.tune_mhc_perf import _build_at
 
     return _build_at(MODULE, BEFORE, tmp)
@@ -236,24 +233,33 @@ def _verdict(got, control, want, rtol: float, atol: float, against: str) -> str:
 
 
 def time_candidates(artifacts: Path, out: Path) -> None:
+    start = time.perf_counter()
+    log: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.append(line)
+
+    rows = measure(artifacts, say)
+    finish(say, rows, start, out / "tune_train2.log", log, (14, 24, 7))
+
+
+def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> list[tuple]:
+    """The rows (candidate, shape, µs, TK µs, ratio, verdict) of every candidate not in `skip`; `started(name, shape)`
+    is called before each call of a candidate (or of TileKernels, "TK"), so a hang shows where it is."""
     import tile_kernels as tk
     import torch
 
     from bench.timing import device_us
     from tkaot.reference import backward as ref
 
-    start = time.perf_counter()
     device = torch.cuda.current_device()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    log: list[str] = []
     rows: list[tuple] = []
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
-
     calls = {}
     for c in CANDIDATES:
+        if c.name in skip:
+            continue
         try:
             calls[c.name] = _call(_launcher(artifacts, c), device)
         except Exception as exc:  # a candidate that fails to load is reported, not fatal
@@ -261,10 +267,13 @@ def time_candidates(artifacts: Path, out: Path) -> None:
     for aux in (False, True):
         shape = f"{TOKENS}x{EXPERTS}, top-{TOPK}" + (", aux" if aux else "")
         sets = [_inputs(gen, aux) for _ in range(SETS)]
+        started("TK", shape)
         want = _run(_theirs(tk), sets[0])
         tk_us, _ = device_us(_theirs(tk), sets, reps=30)
+        started("before", shape)
         control = _run(calls["before"], sets[0]) if "before" in calls else None
         for name, call in calls.items():
+            started(name, shape)
             verdict = _verdict(_run(call, sets[0]), control, want, RTOL, ATOL, "TK")
             us, mode = device_us(call, sets, reps=30)
             say(f"{name:14s} {shape:24s} {us:7.2f} µs ({mode})  TK {tk_us:6.2f}  {verdict}")
@@ -272,30 +281,43 @@ def time_candidates(artifacts: Path, out: Path) -> None:
         del sets
     # Repeated experts and empty slots, against the torch reference
     for aux in (False, True):
+        shape = "repeats" + (" + aux" if aux else "")
         a = _inputs(gen, aux, tokens=1000, repeats=True)
         want = ref.moe_topk_gate_backward(a["scores"], a["idx"], a["w"], a["dw"], SCALE, a["mask"], a["h"])
+        started("before", shape)
         control = _run(calls["before"], a) if "before" in calls else None
         for name, call in calls.items():
-            say(f"repeats{' + aux' if aux else ''}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
+            started(name, shape)
+            say(f"{shape}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
+    return rows
 
-    say(f"\n{'candidate':14s} {'shape':24s} {'µs':>7s} {'TK µs':>7s} {'ratio':>6s}  identical?")
+
+def finish(say, rows, start: float, path: Path, log: list[str], widths: tuple[int, int, int]) -> None:
+    """Print the table (candidate, shape, µs, TK µs, ratio, identical?) and the run's seconds; write the log."""
+    name_w, shape_w, num_w = widths
+    say(f"\n{'candidate':{name_w}s} {'shape':{shape_w}s} {'µs':>{num_w}s} {'TK µs':>{num_w}s} {'ratio':>6s}  identical?")
     for name, shape, us, tk_us, ratio, verdict in rows:
-        say(f"{name:14s} {shape:24s} {us:7.2f} {tk_us:7.2f} {ratio:6.2f}  {verdict}")
+        say(f"{name:{name_w}s} {shape:{shape_w}s} {us:{num_w}.2f} {tk_us:{num_w}.2f} {ratio:6.2f}  {verdict}")
     say(f"{time.perf_counter() - start:.1f} s")
-    (out / "tune_train2.log").write_text("\n".join(log) + "\n")
+    path.write_text("\n".join(log) + "\n")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli(argv, __doc__, ARTIFACTS, build, time_candidates)
+
+
+def cli(argv, doc: str, artifacts: str, build_sets, time_sets) -> None:
+    """A two-command tuning script's command line: `build --out SETS` (CPU), or `--artifacts SETS --out DIR` (GPU)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("command", nargs="?", choices=("time", "build"), default="time")
-    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--artifacts", type=Path, default=Path(artifacts), help="the candidates' artifact sets")
     parser.add_argument("--out", type=Path, required=True, help="build: where the sets go; time: the log's directory")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "build":
-        build(args.out)
+        build_sets(args.out)
     else:
-        time_candidates(args.artifacts, args.out)
+        time_sets(args.artifacts, args.out)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ MAX_EXPERTS), so every sum is a warp shuffle reduction (16, 8, 4, 2, 1 lanes apa
 sums); lane k holds slot k. The kernel is latency-bound (8192 tokens are two waves of warps on an H200), so every
 global load a token needs is issued first, together: its scores row, its slots, and with the aux term its mask and
 h row; the chosen scores are then read from the warp's copy of its row in shared memory rather than by a second,
-dependent global load. The route gradients reach their experts through another shared row a warp: each slot lane
-adds, in slot order, the gradients of every slot choosing its expert, and the last of those slots stores the sum,
-so no atomics and the same bytes from run to run, repeated experts included. Slots of experts past num_experts are
+dependent global load. The route gradients reach their experts through another shared row a warp: a slot whose
+expert no other slot of the token chose stores its own gradient (0 + r, as a sum from 0 would); when some expert is
+chosen twice (a fixed routing; one vote a warp finds out), each slot lane adds, in slot order, the gradients of
+every slot choosing its expert, and the last of those slots stores the sum: no atomics, and the same bytes from
+run to run, repeated experts included. Slots of experts past num_experts are
 skipped by branches uniform over the warp. Token, expert and slot counts are runtime values: one variant.
 """
 
@@ -51,6 +53,12 @@ __device__ __forceinline__ float tkaot_row_get(int row, int warp, int expert) {{
 __device__ __forceinline__ int tkaot_sync_warp() {{
     __syncwarp();
     return 0;
+}}
+// Whether any lane's expert (idx >= 0) is another lane's too. Every lane of the warp must reach both full-mask
+// intrinsics: the match is taken before the test of idx (behind `&&`, lanes of empty slots skipped it: a hang)
+__device__ __forceinline__ int tkaot_any_repeated(int idx) {{
+    const unsigned peers = __match_any_sync(0xffffffffu, idx);
+    return __any_sync(0xffffffffu, (idx >= 0) & (__popc(peers) > 1));
 }}
 """
 SCORES_ROW, ROUTE_ROW = 0, 1
@@ -158,17 +166,21 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 warp_sum(dot)
                 r_k = (routed_scaling_factor * g_k - dot) / (topk_sum + T.float32(1e-20))
                 # Each slot lane sums, in slot order, the route gradients of the slots choosing its expert (from 0, as a
-                # register accumulator would); the last such slot stores the sum in the warp's row
-                r_sum = 0.0
+                # register accumulator would); the last such slot stores the sum in the warp's row. Without repeated
+                # experts (uniform), the sum is the slot's own: 0 + r_k, rounded as the sum from 0 (-0 becomes +0)
                 last = 1
-                for k in T.unroll(MAX_TOPK):
-                    if k < num_topk:  # uniform
-                        other = T.shfl_sync(idx, k)
-                        r_other = T.shfl_sync(r_k, k)
-                        if other == idx:
-                            r_sum += r_other
-                            if k > lane:
-                                last = 0
+                if T.call_extern("int32", "tkaot_any_repeated", idx) != 0:
+                    r_sum = 0.0
+                    for k in T.unroll(MAX_TOPK):
+                        if k < num_topk:  # uniform
+                            other = T.shfl_sync(idx, k)
+                            r_other = T.shfl_sync(r_k, k)
+                            if other == idx:
+                                r_sum += r_other
+                                if k > lane:
+                                    last = 0
+                else:
+                    r_sum = T.call_extern("float32", "__fadd_rn", T.float32(0.0), r_k)
                 if idx >= 0 and idx < num_experts and last != 0:
                     T.call_extern("int32", "tkaot_row_put", ROUTE_ROW, warp, idx, r_sum)
                 inv = 0.0

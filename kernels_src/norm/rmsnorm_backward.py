@@ -5,14 +5,15 @@ With xhat = x * rstd, g = out_grad * out_scale and gw = g * weight (g without a 
     weight_grad = sum over rows of xhat * g
 A row is spread over `row_threads` threads (tkaot/_quant/kernels.py: norm_backward_tiling; a block of 256
 threads holds several rows when they are short); each thread holds whole 16-byte vectors of x and out_grad
-(x in registers across the row; out_grad read from the stage again after the reduction) in their own dtype,
-so both are read from global memory once (a bf16 weight is held in registers from the start, WEIGHT_IN_REGISTERS;
-an fp32 one is read again for each row, from L1);
-the row's dot product is reduced with warp shuffles, then across warps through shared memory.
+in registers across the row, in their own dtype, so both are read from global memory once, and the weight's
+vectors from the start; the row's dot product is reduced with warp shuffles, then across warps through shared
+memory (double-buffered: one barrier a row).
 The rows a block visits next are staged in shared memory by cp.async, STAGES rows ahead of each row slot (x,
 out_grad and residual_out_grad; each thread copies and later reads only its own vectors), and each row's rstd
 is read one row ahead: the loads of the next rows are in flight while a row is reduced and written, rather
-than one row's loads, then its reduction, then its stores (TileKernels stages its rows likewise).
+than one row's loads, then its reduction, then its stores (TileKernels stages its rows likewise). x's and
+out_grad's stage slots are refilled as soon as the thread has read them, before the reduction; the residual
+gradient's after the row's stores.
 Every product that meets a sum is an explicit fused multiply-add or a product rounded on its own (__fmaf_rn),
 so the compiler cannot contract the two tiers' code differently: x_grad = fma(-xhat, mean, gw) * rstd (+ the
 residual gradient as the fma's addend).
@@ -37,22 +38,20 @@ from tkaot._quant.kernels import NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, norm_b
 DECL = RMSNORM_BACKWARD  # the declaration this module builds (tkaot/_quant/kernels.py)
 
 NUM_THREADS = NORM_BACKWARD_THREADS
-MIN_BLOCKS_PER_SM = 2  # caps registers at 128 a thread (no spills but fp32 rows of 8192: a few bytes)
-# Rows staged ahead of each row slot, per dtype: the most that keep 2 blocks an SM (the op's grid) with x,
-# out_grad and residual_out_grad of the widest row (8192 elements a slot's stage) staged: 96 KiB a block
-STAGES = {"bfloat16": 2, "float32": 1}
+# One block an SM (the op's grid, NORM_BACKWARD_MAX_BLOCKS): up to 255 registers a thread for x, out_grad, the
+# weight (NORM_BACKWARD_MAX_VECTORS vectors of each) and their fp32 weight-gradient sums. Before: 2 blocks an SM of
+# 128 registers, out_grad read from the stage again after the reduction and an fp32 weight read from L1 each row.
+MIN_BLOCKS_PER_SM = 1
+# Rows staged ahead of each row slot: a block's stage of one tensor is at most 32 KiB (fp32 8192; bf16 rows of 7
+# vectors: 28 KiB), so 2 stages of x, out_grad and residual_out_grad take at most 192 KiB (before: 1 stage for fp32
+# at 2 blocks an SM)
+STAGES = 2
 STAGED_TENSORS = 3  # x, out_grad, residual_out_grad
-# Whether a thread holds its weight vectors in registers from the start (bf16: 4 vectors of 8 at 7168, 16 registers;
-# 124-128 registers, no spills) rather than reading them from L1 twice a row: with the rows staged, the L1 reads
-# beside the shared-memory reads cost the bf16 7168 weight row 16 µs (H200: 112.6 µs unstaged, 128.4 staged, no
-# weight 97.9 -> 91.8). fp32 rows of 7168 take 7 vectors a thread: too many registers to hold a weight too.
-WEIGHT_IN_REGISTERS = {"bfloat16": True, "float32": False}
 MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
 # The kernel's barriers are its own (build_tools/compile.py applies this to its lowering): a thread reads only the
 # vectors its own cp.async wrote, after its own wait, so the only shared data are the warp sums (row_dot_*: a
-# barrier after writing them and one after reading them) and the slot sums at the end (a barrier before and after
-# writing them). TileLang's inserted barriers (around each staged read and copy: 4 more a row, 6 in all at 7168)
-# are left out.
+# barrier after writing them, in the half of the row's parity) and the slot sums at the end (a barrier before and
+# after writing them). TileLang's inserted barriers (around each staged read and copy: 6 a row at 7168) are left out.
 PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
 
 
@@ -120,7 +119,7 @@ class RuntimeTiling:
         self.row_threads = T.shift_left(1, self.shift)
         self.max_slots = NUM_THREADS // first
         self.slots = T.shift_right(NUM_THREADS, self.shift)
-        self.stage_elems = MAX_HIDDEN  # slots * hidden is at most a row of 256 threads' vectors: 8192 elements
+        self.stage_elems = max(self.slot_floats, MAX_HIDDEN)  # the most a block's rows (slots * hidden) take
         self.row_warps = T.shift_right(self.row_threads, 5)  # 0 below a warp a row
 
     def in_row(self, col):
@@ -156,22 +155,23 @@ def _thread_steps(dtype: str) -> tuple[int, tuple[tuple[int, int], ...], int, in
 
 
 @T.macro
-def row_dot_static(acc, warp_sums, sub, lane, lanes: int, row_warps: int):
-    """acc[0], a thread's share of the row's dot product, becomes the row's in every thread of the row."""
+def row_dot_static(acc, warp_sums, half, sub, lane, lanes: int, row_warps: int):
+    """acc[0], a thread's share of the row's dot product, becomes the row's in every thread of the row. The warp
+    sums alternate between two halves of warp_sums (`half`, the row's parity): the next row writes the other half,
+    and the row after it this one only after the next row's barrier, which every thread passes after its reads."""
     for i in T.unroll(lanes.bit_length() - 1):
         acc[0] += T.shfl_xor(acc[0], lanes >> (i + 1))
     if row_warps > 1:
         if lane % 32 == 0:
-            warp_sums[sub, lane // 32] = acc[0]
+            warp_sums[half, sub, lane // 32] = acc[0]
         T.sync_threads()
         acc[0] = 0.0
         for w in T.unroll(row_warps):
-            acc[0] += warp_sums[sub, w]
-        T.sync_threads()  # read before the next row writes warp_sums
+            acc[0] += warp_sums[half, sub, w]
 
 
 @T.macro
-def row_dot_runtime(acc, warp_sums, sub, lane, row_threads, row_warps):
+def row_dot_runtime(acc, warp_sums, half, sub, lane, row_threads, row_warps):
     """row_dot_static with a runtime (power of two) row_threads: the same shuffles in the same order (offsets from
     min(row_threads, 32) / 2 down to 1), then, over more than one warp, the warps' sums in warp order."""
     for i in T.unroll(5):
@@ -179,13 +179,12 @@ def row_dot_runtime(acc, warp_sums, sub, lane, row_threads, row_warps):
             acc[0] += T.shfl_xor(acc[0], T.shift_right(16, i))
     if row_warps > 1:
         if lane % 32 == 0:
-            warp_sums[sub * row_warps + lane // 32] = acc[0]
+            warp_sums[half, sub * row_warps + lane // 32] = acc[0]
         T.sync_threads()
         acc[0] = 0.0
         for w in T.unroll(NUM_THREADS // 32):
             if w < row_warps:
-                acc[0] += warp_sums[sub * row_warps + w]
-        T.sync_threads()  # read before the next row writes warp_sums
+                acc[0] += warp_sums[half, sub * row_warps + w]
 
 
 def _fma(a, b, c):
@@ -200,12 +199,11 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
     """The kernel over a tiling: StaticTiling (specialised) or RuntimeTiling (generic); the same sums in the same order."""
     hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
     row_threads, slots = tiling.row_threads, tiling.slots
-    stages, region = STAGES[dtype], tiling.stage_elems
-    held = WEIGHT_IN_REGISTERS[dtype]
+    stages, region = STAGES, tiling.stage_elems
     if tiling.static:
-        warps_shape, slots_shape = (slots, tiling.row_warps), (slots, hidden)
+        warps_shape, slots_shape = (2, slots, tiling.row_warps), (slots, hidden)
     else:
-        warps_shape, slots_shape = (NUM_THREADS // 32,), (tiling.slot_floats,)
+        warps_shape, slots_shape = (2, NUM_THREADS // 32), (tiling.slot_floats,)
 
     num_tokens = T.dynamic("num_tokens")
     num_blocks = T.dynamic("num_blocks")
@@ -220,7 +218,6 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
 
     @T.macro
     def load_weight(weight, w_in, col):
-        # Without WEIGHT_IN_REGISTERS, read again for each row (from L1): registers go to x, out_grad and dw
         if tiling.in_row(col):
             for j in T.vectorized(vec):
                 w_in[j] = weight[col + j]
@@ -269,7 +266,7 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
             x_in = T.alloc_local((vecs_per_thread, vec), dtype)
             g_in = T.alloc_local((vecs_per_thread, vec), dtype)
             w_in = T.alloc_local((vec,), dtype)
-            w_held = T.alloc_local((vecs_per_thread if held else 1, vec), dtype)
+            w_held = T.alloc_local((vecs_per_thread, vec), dtype)
             dw = T.alloc_local((vecs_per_thread, vec), T.float32)
             r_in = T.alloc_local((vec,), dtype)
             res = T.alloc_local((vec,), dtype)
@@ -286,12 +283,11 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
             for v in T.unroll(vecs_per_thread):
                 for j in T.unroll(vec):
                     dw[v, j] = 0.0
-            if held:
-                if has_weight != 0:
-                    for v in T.unroll(vecs_per_thread):
-                        load_weight(weight, w_in, (v * row_threads + lane) * vec)
-                        for j in T.unroll(vec):
-                            w_held[v, j] = w_in[j]
+            if has_weight != 0:
+                for v in T.unroll(vecs_per_thread):
+                    load_weight(weight, w_in, (v * row_threads + lane) * vec)
+                    for j in T.unroll(vec):
+                        w_held[v, j] = w_in[j]
 
             # The first `stages` rows of each slot, one commit group a row
             for s in T.unroll(stages):
@@ -325,52 +321,38 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                         for j in T.unroll(vec):
                             x_in[v, j] = T.cast(0, dtype)
                             g_in[v, j] = T.cast(0, dtype)
-                # x read: the stage takes x of the row `stages` ahead (out_grad and the residual gradient, which are
-                # read again after the reduction rather than held in registers across it, at the end of the row)
+                # x and out_grad read: the stage takes theirs of the row `stages` ahead (the residual gradient's, read
+                # after the reduction, at the end of the row)
                 stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
+                stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
                 for v in T.unroll(vecs_per_thread):
                     if tiling.live(v):  # a runtime tiling's vectors past the count: not the thread's, not added
-                        col = (v * row_threads + lane) * vec
-                        if not held:
-                            if has_weight != 0:
-                                load_weight(weight, w_in, col)
                         for j in T.unroll(vec):
                             xh = T.cast(x_in[v, j], T.float32) * r
                             g = T.cast(g_in[v, j], T.float32) * out_scale
                             if has_weight != 0:
                                 dw[v, j] = _fma(xh, g, dw[v, j])
-                                if held:
-                                    g = _mul(g, T.cast(w_held[v, j], T.float32))
-                                else:
-                                    g = _mul(g, T.cast(w_in[j], T.float32))
+                                g = _mul(g, T.cast(w_held[v, j], T.float32))
                             acc[0] = _fma(xh, g, acc[0])
 
                 # The row's dot product in every thread of the row (shuffles, then warps through shared memory)
                 if tiling.static:
-                    row_dot_static(acc, warp_sums, sub, lane, tiling.lanes, tiling.row_warps)
+                    row_dot_static(acc, warp_sums, it % 2, sub, lane, tiling.lanes, tiling.row_warps)
                 else:
-                    row_dot_runtime(acc, warp_sums, sub, lane, row_threads, tiling.row_warps)
+                    row_dot_runtime(acc, warp_sums, it % 2, sub, lane, row_threads, tiling.row_warps)
                 mean = tiling.mean(acc[0])
 
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
                     if token < num_tokens and tiling.in_row(col):
-                        for j in T.vectorized(vec):
-                            g_in[0, j] = stage_buf[staged(stage, 1, sub, col) + j]
                         if has_residual != 0:
                             for j in T.vectorized(vec):
                                 r_in[j] = stage_buf[staged(stage, 2, sub, col) + j]
-                        if not held:
-                            if has_weight != 0:
-                                load_weight(weight, w_in, col)
                         for j in T.unroll(vec):
                             xh = T.cast(x_in[v, j], T.float32) * r
-                            g = T.cast(g_in[0, j], T.float32) * out_scale
+                            g = T.cast(g_in[v, j], T.float32) * out_scale
                             if has_weight != 0:
-                                if held:
-                                    g = _mul(g, T.cast(w_held[v, j], T.float32))
-                                else:
-                                    g = _mul(g, T.cast(w_in[j], T.float32))
+                                g = _mul(g, T.cast(w_held[v, j], T.float32))
                             t = _fma(-xh, mean, g)
                             if has_residual != 0:
                                 res[j] = T.cast(_fma(t, r, T.cast(r_in[j], T.float32)), dtype)
@@ -378,7 +360,6 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                                 res[j] = T.cast(_mul(t, r), dtype)
                         for j in T.vectorized(vec):
                             x_grad[token, col + j] = res[j]
-                stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
                 if has_residual != 0:
                     stage_row(residual_out_grad, stage_buf, 2, stage, sub, ahead, lane)
                 T.ptx_commit_group()

@@ -46,7 +46,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
 # The default set's specialised widths (bf16), and widths only the generic tier serves: the narrowest, the first and
 # last of each threads-a-row class (8 to 256 threads), rows of partial vectors a thread, the parity run's, the widest
 NORM_SPECIALISED = [512, 1536, 2048, 4096, 5120, 7168, 8192]
-NORM_GENERIC = [32, 64, 96, 128, 160, 288, 544, 1056, 2080, 3168, 6144, 7776, 8160]
+NORM_GENERIC = [32, 64, 96, 224, 256, 448, 480, 896, 928, 1792, 1824, 3168, 3584, 3616, 6144, 7200, 7776, 8160]
 
 
 @pytest.mark.parametrize("hidden", NORM_SPECIALISED + NORM_GENERIC)

@@ -242,16 +242,22 @@ BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
 # a block; pass 2 (kernels_src/norm/weight_grad_reduce.py) sums the partials into weight_grad. Pass 1's tiling is
 # here, where the op reads it too (it sizes the grid): a block of 256 threads holds 256 // row_threads rows.
 NORM_BACKWARD_THREADS = 256
-NORM_BACKWARD_MAX_BLOCKS = 264  # 2 blocks on each of an H200's 132 SMs; more blocks only add partial rows
+NORM_BACKWARD_MAX_BLOCKS = 132  # 1 block on each of an H200's 132 SMs (its staged rows take most of the shared memory)
+# The most 16-byte vectors a thread holds of a row (but at 256 threads a row: fp32 8192 takes 8): x, out_grad and the
+# weight stay in registers (<= 255 a thread at one block an SM), and the rows get as few threads as that allows
+# (bf16 7168: 128 threads, 2 rows a block), so more rows are in flight at a time and each row's reduction spans
+# fewer warps. 8 spills bf16 8192 (216 bytes at 255 registers). Before: 2 (256 threads a row at 7168, 4 vectors,
+# 2 blocks an SM; 109.5 µs on the H200 against TileKernels' 96.7).
+NORM_BACKWARD_MAX_VECTORS = 7
 
 
-def norm_backward_tiling(hidden: int, dtype: str) -> tuple[int, int, int]:
-    """(elements per 16-byte vector, threads per row, vectors per thread): at most 2 vectors a thread, so x and
-    out_grad stay in registers with 2 blocks an SM, a row in 8 to 256 threads."""
+def norm_backward_tiling(hidden: int, dtype: str, max_vectors: int = NORM_BACKWARD_MAX_VECTORS) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, threads per row, vectors per thread): at most max_vectors vectors a thread
+    (while a row takes fewer than 256 threads), a row in 8 to 256 threads."""
     vec = 16 // (2 if dtype == "bfloat16" else 4)
     num_vecs = -(-hidden // vec)
     row_threads = 8
-    while row_threads < NORM_BACKWARD_THREADS and -(-num_vecs // row_threads) > 2:
+    while row_threads < NORM_BACKWARD_THREADS and -(-num_vecs // row_threads) > max_vectors:
         row_threads *= 2
     return vec, row_threads, -(-num_vecs // row_threads)
 
