@@ -1,0 +1,54 @@
+"""Time the multilayer recompute candidates beside TileKernels, at the bench shape (bench/cases/mhc_fused.py),
+each checked byte for byte against TileKernels' output.
+
+The machinery is bench/tuning/tune_mhc_perf.py's: each candidate is the op's kernel built into its own artifact
+set, ARTIFACTS/<candidate>/, from the kernel as shipped before these candidates (Source, the control), as
+shipped now ("staged") or with builder options changed. Build on a CPU with TileLang and nvcc (the build CLI's
+shape sets cannot pass builder options or build an older source, hence this command):
+
+    python -m bench.tuning.tune_mhc3 build --out tune-artifacts/mhc3
+
+then time on the GPU, where tile_kernels imports (rows past --budget seconds, 55 by default, are skipped):
+
+    python -m bench.tuning.tune_mhc3 --artifacts tune-artifacts/mhc3 --out DIR
+"""
+
+from __future__ import annotations
+
+import sys
+
+from bench.tuning import tune_mhc_perf
+from bench.tuning.tune_mhc_perf import Candidate, Source, options
+
+ARTIFACTS = "tune-artifacts/mhc3"
+BEFORE = "a3a2081"  # main before these candidates: recompute "stream6", 985.0 us (TileKernels 816.9)
+
+_RC = "kernels_src.mhc.multilayer_recompute"
+_RECOMPUTE = dict(kernel="mhc_multilayer_recompute", op="mhc_multilayer_recompute")
+_OLD = ((_RC, "build", Source(BEFORE)),)
+
+CANDIDATES = (
+    # the control: loads at each layer's start into registers, a stream at a time, 6 blocks an SM (80 registers)
+    Candidate("recompute.stream6", patches=_OLD, note="shipped before: loads at the layer's start, 6 blocks",
+              **_RECOMPUTE),
+    # last session's runner-up: the next layer's output read ahead into registers, 5 blocks
+    Candidate("recompute.ahead5", patches=_OLD + options(_RC, output_ahead=True, min_blocks=5),
+              note="before, next output ahead in registers, 5 blocks", **_RECOMPUTE),
+    # new default: a layer's output vector and mixes staged in shared memory by cp.async one layer ahead, one
+    # barrier a layer, 6 blocks (80 registers, no spills)
+    Candidate("recompute.staged", note="staged one layer ahead, 6 blocks", **_RECOMPUTE),
+    Candidate("recompute.staged5", patches=options(_RC, min_blocks=5), note="staged, 5 blocks (86 registers)",
+              **_RECOMPUTE),
+    Candidate("recompute.stages3", patches=options(_RC, stages=3), note="staged two layers ahead, 6 blocks",
+              **_RECOMPUTE),
+    Candidate("recompute.t64", patches=options(_RC, threads=64, min_blocks=12),
+              note="staged, 64 threads (512 columns) a block, 12 blocks", **_RECOMPUTE),
+)  # fmt: skip
+
+
+def main(argv=None) -> None:
+    tune_mhc_perf.main(argv, CANDIDATES, ARTIFACTS, "tune_mhc3.json", __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
