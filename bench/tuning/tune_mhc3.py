@@ -34,15 +34,15 @@ CANDIDATES = (
     # last session's runner-up: the next layer's output read ahead into registers, 5 blocks
     Candidate("recompute.ahead5", patches=_OLD + options(_RC, output_ahead=True, min_blocks=5),
               note="before, next output ahead in registers, 5 blocks", **_RECOMPUTE),
-    # new default: a layer's output vector and mixes staged in shared memory by cp.async one layer ahead, one
+    # new default: a layer's output vector and mixes staged in shared memory by cp.async two layers ahead, one
     # barrier a layer, 6 blocks (80 registers, no spills)
-    Candidate("recompute.staged", note="staged one layer ahead, 6 blocks", **_RECOMPUTE),
-    Candidate("recompute.staged5", patches=options(_RC, min_blocks=5), note="staged, 5 blocks (86 registers)",
+    Candidate("recompute.staged", note="staged two layers ahead, 6 blocks", **_RECOMPUTE),
+    Candidate("recompute.stages2", patches=options(_RC, stages=2), note="staged one layer ahead, 6 blocks",
               **_RECOMPUTE),
-    Candidate("recompute.stages3", patches=options(_RC, stages=3), note="staged two layers ahead, 6 blocks",
+    Candidate("recompute.staged5", patches=options(_RC, min_blocks=5), note="staged two ahead, 5 blocks",
               **_RECOMPUTE),
     Candidate("recompute.t64", patches=options(_RC, threads=64, min_blocks=12),
-              note="staged, 64 threads (512 columns) a block, 12 blocks", **_RECOMPUTE),
+              note="staged two ahead, 64 threads (512 columns) a block, 12 blocks", **_RECOMPUTE),
 )  # fmt: skip
 
 

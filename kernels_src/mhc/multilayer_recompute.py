@@ -42,8 +42,10 @@ VEC = 8  # bf16 elements in 16 bytes
 # start), H200, 8192 x 4 x 7168, 4 layers: 6 blocks 985.0 us, uncapped 1049, all streams together 1042, the next
 # layer's output read ahead into registers 1315 (6 blocks) / 972.7 (5 blocks); TileKernels 816.9
 MIN_BLOCKS = 6
-# Shared-memory slots a block cycles through: layers staged ahead = STAGES - 1 (2 KiB of output and the mixes a slot)
-STAGES = 2
+# Shared-memory slots a block cycles through: layers staged ahead = STAGES - 1 (2 KiB of output and the mixes a slot).
+# Two layers ahead: a layer's loads were issued two layers' compute and stores earlier, so most of their latency is
+# behind them (one layer ahead, as TileKernels stages, is tuning candidate "stages2")
+STAGES = 3
 
 
 def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, stages: int = STAGES, threads: int = THREADS):
