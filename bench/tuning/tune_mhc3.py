@@ -1,5 +1,5 @@
-"""Time the multilayer recompute candidates beside TileKernels, at the bench shape (bench/cases/mhc_fused.py),
-each checked byte for byte against TileKernels' output.
+"""Time the multilayer recompute and normw_merge_bwd candidates beside TileKernels, at the bench shapes
+(bench/cases/mhc_fused.py), each checked byte for byte against TileKernels' output.
 
 The machinery is bench/tuning/tune_mhc_perf.py's: each candidate is the op's kernel built into its own artifact
 set, ARTIFACTS/<candidate>/, from the kernel as shipped before these candidates (Source, the control), as
@@ -23,9 +23,10 @@ from bench.tuning.tune_mhc_perf import Candidate, Source, options
 ARTIFACTS = "tune-artifacts/mhc3"
 BEFORE = "a3a2081"  # main before these candidates: recompute "stream6", 985.0 us (TileKernels 816.9)
 
-_RC = "kernels_src.mhc.multilayer_recompute"
+_RC, _MERGE = "kernels_src.mhc.multilayer_recompute", "kernels_src.mhc.normw_merge_bwd"
 _RECOMPUTE = dict(kernel="mhc_multilayer_recompute", op="mhc_multilayer_recompute")
 _OLD = ((_RC, "build", Source(BEFORE)),)
+_MERGE_OP = dict(kernel="mhc_normw_merge_bwd", op="mhc_fn_normw_merge_bwd", values={"dtype": "float32"})
 
 CANDIDATES = (
     # the control: loads at each layer's start into registers, a stream at a time, 6 blocks an SM (80 registers)
@@ -43,6 +44,12 @@ CANDIDATES = (
               **_RECOMPUTE),
     Candidate("recompute.t64", patches=options(_RC, threads=64, min_blocks=12),
               note="staged two ahead, 64 threads (512 columns) a block, 12 blocks", **_RECOMPUTE),
+    # normw_merge_bwd (shipped unchanged: its cubin is main's): a thread's columns, rows in flight
+    Candidate("normw_merge_bwd.r8", note="shipped: a column a thread, 8 rows in flight", **_MERGE_OP),
+    Candidate("normw_merge_bwd.c2", patches=options(_MERGE, columns=2), note="2 columns a thread (256 a block), 8 rows",
+              **_MERGE_OP),
+    Candidate("normw_merge_bwd.c2r4", patches=options(_MERGE, columns=2, rows=4), note="2 columns a thread, 4 rows",
+              **_MERGE_OP),
 )  # fmt: skip
 
 
