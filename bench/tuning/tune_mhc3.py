@@ -1,4 +1,4 @@
-"""Time the multilayer recompute and normw_merge_bwd candidates beside TileKernels, at the bench shapes
+"""Time the multilayer recompute, pre big fuse and normw_merge_bwd candidates beside TileKernels, at the bench shapes
 (bench/cases/mhc_fused.py), each checked byte for byte against TileKernels' output.
 
 The machinery is bench/tuning/tune_mhc_perf.py's: each candidate is the op's kernel built into its own artifact
@@ -24,6 +24,8 @@ ARTIFACTS = "tune-artifacts/mhc3"
 BEFORE = "a3a2081"  # main before these candidates: recompute "stream6", 985.0 us (TileKernels 816.9)
 
 _RC, _MERGE = "kernels_src.mhc.multilayer_recompute", "kernels_src.mhc.normw_merge_bwd"
+_FUSE = "kernels_src.mhc.pre_big_fuse"
+_FUSE_OP = dict(kernel="mhc_pre_big_fuse", op="mhc_pre_big_fuse_fwd")
 _RECOMPUTE = dict(kernel="mhc_multilayer_recompute", op="mhc_multilayer_recompute")
 _OLD = ((_RC, "build", Source(BEFORE)),)
 _MERGE_OP = dict(kernel="mhc_normw_merge_bwd", op="mhc_fn_normw_merge_bwd", values={"dtype": "float32"})
@@ -44,6 +46,11 @@ CANDIDATES = (
               **_RECOMPUTE),
     Candidate("recompute.t64", patches=options(_RC, threads=64, min_blocks=12),
               note="staged two ahead, 64 threads (512 columns) a block, 12 blocks", **_RECOMPUTE),
+    # pre big fuse (8192 tokens and 1): warps 1..'s first apply round staged by cp.async before the mixes' barrier
+    Candidate("big_fuse.before", patches=((_FUSE, "build", Source(BEFORE)),), note="shipped before: loads after the barrier",
+              **_FUSE_OP),
+    Candidate("big_fuse.early1", note="first round staged before the barrier (12 KiB)", **_FUSE_OP),
+    Candidate("big_fuse.early2", patches=options(_FUSE, early_rounds=2), note="2 rounds staged (24 KiB)", **_FUSE_OP),
     # normw_merge_bwd (shipped unchanged: its cubin is main's): a thread's columns, rows in flight
     Candidate("normw_merge_bwd.r8", note="shipped: a column a thread, 8 rows in flight", **_MERGE_OP),
     Candidate("normw_merge_bwd.c2", patches=options(_MERGE, columns=2), note="2 columns a thread (256 a block), 8 rows",

@@ -70,15 +70,11 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, stages: int = STAGES, thr
                 post = T.make_tensor(pointer_table[2 * num_layers + 2 * num_post + n], (num_tokens, m), T.float32)
                 comb = T.make_tensor(pointer_table[2 * num_layers + 3 * num_post + n], (num_tokens, m * m), T.float32)
                 if h < hidden:
-                    T.ptx_cp_async(
-                        T.access_ptr(staged_out[slot, tid * VEC], "w", VEC), T.access_ptr(output[t, h], "r", VEC), VEC
-                    )
+                    T.ptx_cp_async(T.access_ptr(staged_out[slot, tid * VEC], "w", VEC), T.access_ptr(output[t, h], "r", VEC), VEC)
                 if tid >= m and tid < 2 * m:
                     T.ptx_cp_async(T.access_ptr(staged_mix[slot, tid], "w", 1), T.access_ptr(post[t, tid - m], "r", 1), 1)
                 if tid >= 2 * m and tid < mixes:
-                    T.ptx_cp_async(
-                        T.access_ptr(staged_mix[slot, tid], "w", 1), T.access_ptr(comb[t, tid - 2 * m], "r", 1), 1
-                    )
+                    T.ptx_cp_async(T.access_ptr(staged_mix[slot, tid], "w", 1), T.access_ptr(comb[t, tid - 2 * m], "r", 1), 1)
         T.ptx_commit_group()
 
     @T.prim_func

@@ -21,12 +21,12 @@ COLUMNS = 1  # columns a thread owns (TileKernels: 2, 256 a block of 128 threads
 
 def build(dtype: str, rows: int = ROWS, columns: int = COLUMNS):
     m = T.dynamic("m")
+    n = T.dynamic("n")
     span = THREADS * columns  # columns a block
 
     def inside(first, c, n):
         """Whether the thread's column c is in range (the first is tested once for all)."""
         return True if c == 0 else first + c * THREADS < n
-    n = T.dynamic("n")
 
     @T.prim_func
     def mhc_normw_merge_bwd(
