@@ -1,10 +1,20 @@
-"""Time the multilayer recompute, pre big fuse and normw_merge_bwd candidates beside TileKernels, at the bench shapes
-(bench/cases/mhc_fused.py), each checked byte for byte against TileKernels' output.
+"""Time the multilayer recompute's shipped kernel (the control) and its one remaining candidate beside TileKernels,
+at the bench shape (bench/cases/mhc_fused.py), each checked byte for byte against TileKernels' output.
+
+Session 12 round 1 (H200, us, TileKernels in brackets; every row identical to TileKernels), every new candidate
+lost and left kernels_src: recompute 8192x4x7168 bf16, 4 layers (828.83): shipped "stream6" 992.06, ahead5 983.20,
+each layer's output and mixes staged in shared memory by cp.async two layers ahead 1203.66 (one ahead 1120.96,
+5 blocks 1071.99, 64 threads 1229.97); pre big fuse 8192 / 1 token (146.82 / 4.87): shipped 142.35 / 5.42, first
+apply round staged before the mixes' barrier 142.06 / 5.74 (2 rounds 154.58 / 5.67); normw_merge_bwd 24x28672
+(5.38): shipped a column a thread 5.78, 2 columns 7.97 (4 rows 7.24). Staging added shared-memory traffic and a
+barrier a layer to a kernel whose loads were not its bottleneck. What the SASS shows instead: the recompute's bf16
+stores (5/6 of its bytes) are four 32-bit ST.E each, not one 128-bit store, where post_fwd's same store idiom into
+a kernel parameter is one STG.E.128; the recompute's destinations are generic pointers read from its pointer table.
+At the CUDA level neither alignas(16) sources, assume_aligned or __isGlobal destinations, a plain cast of the table
+entry nor make_uint4 merges them (cicc emits st.v2.u16 / st.u32 pieces) - the next thing to try.
 
 The machinery is bench/tuning/tune_mhc_perf.py's: each candidate is the op's kernel built into its own artifact
-set, ARTIFACTS/<candidate>/, from the kernel as shipped before these candidates (Source, the control), as
-shipped now ("staged") or with builder options changed. Build on a CPU with TileLang and nvcc (the build CLI's
-shape sets cannot pass builder options or build an older source, hence this command):
+set, ARTIFACTS/<candidate>/ (the shipped source, or with builder options). Build on a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_mhc3 build --out tune-artifacts/mhc3
 
@@ -18,45 +28,19 @@ from __future__ import annotations
 import sys
 
 from bench.tuning import tune_mhc_perf
-from bench.tuning.tune_mhc_perf import Candidate, Source, options
+from bench.tuning.tune_mhc_perf import Candidate, options
 
 ARTIFACTS = "tune-artifacts/mhc3"
-BEFORE = "a3a2081"  # main before these candidates: recompute "stream6", 985.0 us (TileKernels 816.9)
 
-_RC, _MERGE = "kernels_src.mhc.multilayer_recompute", "kernels_src.mhc.normw_merge_bwd"
-_FUSE = "kernels_src.mhc.pre_big_fuse"
-_FUSE_OP = dict(kernel="mhc_pre_big_fuse", op="mhc_pre_big_fuse_fwd")
+_RC = "kernels_src.mhc.multilayer_recompute"
 _RECOMPUTE = dict(kernel="mhc_multilayer_recompute", op="mhc_multilayer_recompute")
-_OLD = ((_RC, "build", Source(BEFORE)),)
-_MERGE_OP = dict(kernel="mhc_normw_merge_bwd", op="mhc_fn_normw_merge_bwd", values={"dtype": "float32"})
 
 CANDIDATES = (
     # the control: loads at each layer's start into registers, a stream at a time, 6 blocks an SM (80 registers)
-    Candidate("recompute.stream6", patches=_OLD, note="shipped before: loads at the layer's start, 6 blocks",
-              **_RECOMPUTE),
-    # last session's runner-up: the next layer's output read ahead into registers, 5 blocks
-    Candidate("recompute.ahead5", patches=_OLD + options(_RC, output_ahead=True, min_blocks=5),
-              note="before, next output ahead in registers, 5 blocks", **_RECOMPUTE),
-    # new default: a layer's output vector and mixes staged in shared memory by cp.async two layers ahead, one
-    # barrier a layer, 6 blocks (80 registers, no spills)
-    Candidate("recompute.staged", note="staged two layers ahead, 6 blocks", **_RECOMPUTE),
-    Candidate("recompute.stages2", patches=options(_RC, stages=2), note="staged one layer ahead, 6 blocks",
-              **_RECOMPUTE),
-    Candidate("recompute.staged5", patches=options(_RC, min_blocks=5), note="staged two ahead, 5 blocks",
-              **_RECOMPUTE),
-    Candidate("recompute.t64", patches=options(_RC, threads=64, min_blocks=12),
-              note="staged two ahead, 64 threads (512 columns) a block, 12 blocks", **_RECOMPUTE),
-    # pre big fuse (8192 tokens and 1): warps 1..'s first apply round staged by cp.async before the mixes' barrier
-    Candidate("big_fuse.before", patches=((_FUSE, "build", Source(BEFORE)),), note="shipped before: loads after the barrier",
-              **_FUSE_OP),
-    Candidate("big_fuse.early1", note="first round staged before the barrier (12 KiB)", **_FUSE_OP),
-    Candidate("big_fuse.early2", patches=options(_FUSE, early_rounds=2), note="2 rounds staged (24 KiB)", **_FUSE_OP),
-    # normw_merge_bwd (shipped unchanged: its cubin is main's): a thread's columns, rows in flight
-    Candidate("normw_merge_bwd.r8", note="shipped: a column a thread, 8 rows in flight", **_MERGE_OP),
-    Candidate("normw_merge_bwd.c2", patches=options(_MERGE, columns=2), note="2 columns a thread (256 a block), 8 rows",
-              **_MERGE_OP),
-    Candidate("normw_merge_bwd.c2r4", patches=options(_MERGE, columns=2, rows=4), note="2 columns a thread, 4 rows",
-              **_MERGE_OP),
+    Candidate("recompute.stream6", note="shipped: loads at the layer's start, 6 blocks", **_RECOMPUTE),
+    # 1 % ahead in sessions 11 (972.7 / 985.0) and 12 (983.20 / 992.06): the next layer's output read ahead, 5 blocks
+    Candidate("recompute.ahead5", patches=options(_RC, output_ahead=True, min_blocks=5),
+              note="next output ahead in registers, 5 blocks", **_RECOMPUTE),
 )  # fmt: skip
 
 

@@ -29,21 +29,13 @@ VEC = 8  # bf16 elements in 16 bytes
 UNROLL = 2  # vectors a thread has in flight per stream
 SPLITS = 16  # split partials a thread loads before adding them (in split order): one wait for 16 splits, not 16
 MIN_BLOCKS = 8  # keeps the registers at 64 (as with a split at a time): 8 blocks an SM at 8192 tokens
-WORKERS = THREADS - 32  # warps 1.., which apply the pre mix
-# Rounds of the apply loop (UNROLL vectors of each stream a worker) staged in shared memory by cp.async at the
-# kernel's start, so their loads overlap the split reduce (1 token: one load round trip fewer of 1 + 5); 2 rounds
-# (24 KiB a block) is tuning candidate big_fuse.early2
-EARLY_ROUNDS = 1
-# The kernel's one barrier is its own (after the mixes and pre mixes are written to shared memory); the staged first
-# round is read back only by the thread that staged it, after its own wait
-PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
 
 
 def _log2(n: int) -> int:
     return n.bit_length() - 1
 
 
-def build(mhc_mult: int, early_rounds: int = EARLY_ROUNDS):
+def build(mhc_mult: int):
     m = mhc_mult
     mm = m * m
     mix_count = m * (m + 2)
@@ -80,7 +72,6 @@ def build(mhc_mult: int, early_rounds: int = EARLY_ROUNDS):
             tid = T.get_thread_binding()
             mixes = T.alloc_shared((mix_count,), T.float32)
             pre = T.alloc_shared((m,), T.float32)
-            early = T.alloc_shared((early_rounds * UNROLL * m * WORKERS, VEC), T.bfloat16)  # 12 KiB a round at M = 4
             squares = T.alloc_var(T.float32)
             mix = T.alloc_var(T.float32)
             cm = T.alloc_var(T.float32)
@@ -90,21 +81,6 @@ def build(mhc_mult: int, early_rounds: int = EARLY_ROUNDS):
             out = T.alloc_local((VEC,), T.bfloat16)
             sq_part = T.alloc_local((SPLITS,), T.float32)
             mix_part = T.alloc_local((SPLITS,), T.float32)
-
-            vectors = hidden // VEC
-            worker = tid - 32
-            # warps 1..'s first rounds of residual vectors in flight by cp.async while warp 0 reduces the mixes (in
-            # registers they would be live across the reduce: 56 bytes of spills at 64 registers)
-            for u in T.unroll(early_rounds * UNROLL):
-                v = u * WORKERS + worker
-                if 0 <= worker and v < vectors:
-                    for i in T.unroll(m):
-                        T.ptx_cp_async(
-                            T.access_ptr(early[(u * m + i) * WORKERS + worker, 0], "w", VEC),
-                            T.access_ptr(residual[t, i, v * VEC], "r", VEC),
-                            VEC,
-                        )
-            T.ptx_commit_group()
 
             # the mixes: split sums from zero, times the RMS factor of the token's residual
             if tid < mix_count:
@@ -160,26 +136,19 @@ def build(mhc_mult: int, early_rounds: int = EARLY_ROUNDS):
             # layer_input = the pre-mix-weighted sum of the residual streams
             # by warps 1.. only: warp 0 runs the Sinkhorn meanwhile, and their loads overlap it (H200, 20 repeats:
             # 141.96 us at 8192 tokens, 5.27 at 1 token; with warp 0 sharing the streams 145.78 and 7.36, and
-            # sharing them only above 264 tokens 145.69 and 5.28). The first early_rounds rounds come from shared
-            # memory, staged before the mixes' barrier (a thread reads back only its own vectors); later rounds load
-            # into registers
-            T.ptx_wait_group(0)  # the first rounds, staged by this thread before the barrier
-            for it in T.serial(T.ceildiv(vectors, WORKERS * UNROLL)):
-                if it < early_rounds:
-                    if 0 <= worker:
-                        for u in T.unroll(UNROLL):
-                            for i in T.unroll(m):
-                                for k in T.vectorized(VEC):
-                                    xv[u, i, k] = early[((it * UNROLL + u) * m + i) * WORKERS + worker, k]
-                else:
-                    for u in T.unroll(UNROLL):
-                        v = (it * UNROLL + u) * WORKERS + worker
-                        if 0 <= worker and v < vectors:
-                            for i in T.unroll(m):
-                                for k in T.vectorized(VEC):
-                                    xv[u, i, k] = residual[t, i, v * VEC + k]
+            # sharing them only above 264 tokens 145.69 and 5.28)
+            vectors = hidden // VEC
+            workers = THREADS - 32
+            worker = tid - 32
+            for it in T.serial(T.ceildiv(vectors, workers * UNROLL)):
                 for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * WORKERS + worker
+                    v = (it * UNROLL + u) * workers + worker
+                    if 0 <= worker and v < vectors:
+                        for i in T.unroll(m):
+                            for k in T.vectorized(VEC):
+                                xv[u, i, k] = residual[t, i, v * VEC + k]
+                for u in T.unroll(UNROLL):
+                    v = (it * UNROLL + u) * workers + worker
                     if 0 <= worker and v < vectors:
                         for k in T.unroll(VEC):
                             acc[k] = T.float32(0)
