@@ -14,11 +14,16 @@ A thread keeps one 16-byte vector of every stream in registers through all layer
 token count and layer counts are runtime values; only M is static. A layer's new residual is made one stream
 at a time (VEC fp32 accumulators, not M * VEC), so the registers fit MIN_BLOCKS blocks an SM: more warps to
 wait on memory.
+
+Its stores go through tkaot_store16, one 128-bit st.global: the table's addresses are generic pointers, and nvcc
+splits a 16-byte store through one into four 32-bit ones (a kernel parameter's is one STG.E.128); the stores are
+five sixths of the kernel's bytes. H200 (session 12, same run, identical to TileKernels): 892.8 us against 991.1
+with the split stores; TileKernels 821.4.
 """
 
 import tilelang.language as T
 
-from kernels_src.pdl import kernel_entry
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE
 
 DECL = MULTILAYER_RECOMPUTE  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -31,8 +36,20 @@ VEC = 8  # bf16 elements in 16 bytes
 MIN_BLOCKS = 6
 # The next layer's output read before this layer's stores (they may alias it, so the compiler cannot move it there).
 # H200 (session 11, identical to TileKernels): off 985.0 us; ahead at 6 blocks 1315.0, at 5 blocks 972.7 (1 %,
-# one run: not shipped); before 1029.7; TileKernels 816.9
+# one run: not shipped); before 1029.7; TileKernels 816.9. With the 128-bit stores (session 12): ahead at 5 blocks 907.2,
+# off 892.8
 OUTPUT_AHEAD = False
+
+# dst[0:16 bytes] = src's 16 bytes, one global store (dst: a global address; both 16-byte aligned). The memory
+# clobber keeps every other access on its side of it, as a plain store through a generic pointer would be kept.
+STORE16_SOURCE = """
+__device__ __forceinline__ int tkaot_store16(void* dst, const void* src) {
+    uint4 v = *(const uint4*)src;
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(__cvta_generic_to_global(dst)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+    return 0;
+}
+"""
 
 
 def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTPUT_AHEAD):
@@ -40,6 +57,11 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     table_size = T.dynamic("table_size")
+
+    @T.macro
+    def store16(dst, di, src, si):
+        """The 16 bytes at src[*si] to dst[*di] (index tuples: a macro takes them as they are)"""
+        T.call_extern("int32", "tkaot_store16", T.address_of(dst[di]), T.address_of(src[si]))
 
     @T.macro
     def apply_pre(pre, layer_input, t, h, res, acc, out, weights):
@@ -52,8 +74,7 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
                 acc[k] = acc[k] + weights[i] * res[i, k]
         for k in T.unroll(VEC):
             out[k] = T.cast(acc[k], T.bfloat16)
-        for k in T.vectorized(VEC):
-            layer_input[t, h + k] = out[k]
+        store16(layer_input, (t, h), out, (0,))
 
     @T.prim_func
     def mhc_multilayer_recompute(
@@ -63,7 +84,8 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
         num_post: T.int32,
     ):
         with T.Kernel(T.ceildiv(hidden, VEC * THREADS), num_tokens, threads=THREADS) as (block, t):
-            kernel_entry()
+            T.import_source(STORE16_SOURCE + PDL_SOURCE)
+            pdl_entry()
             T.assume(hidden % VEC == 0)
             if min_blocks:
                 T.annotate_min_blocks_per_sm(min_blocks)
@@ -113,8 +135,7 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
                                 mixed[k] = mixed[k] + comb[t, i, o] * res[i, k]
                         for k in T.unroll(VEC):
                             loaded[o, k] = T.cast(mixed[k], T.bfloat16)
-                        for k in T.vectorized(VEC):
-                            residual[t, o, h + k] = loaded[o, k]
+                        store16(residual, (t, o, h), loaded, (o, 0))
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
                             res[o, k] = T.cast(loaded[o, k], T.float32)
