@@ -53,26 +53,30 @@ def save(scratch, rec, x, sums, r, half, token, mhc: int):
         scratch[r, half, token, k] = rec[k]
 
 
-@T.macro
-def back_through_cols(g, scratch, rec, t, r, token, mhc: int, eps):
-    for k in T.vectorized(record_row(mhc)):
-        rec[k] = scratch[r, 1, token, k]
-    for k in T.unroll(mhc):
-        t[k] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for i in range(mhc)]) / (rec[mhc * mhc + k] + eps)
-    for i in T.unroll(mhc):
-        for k in T.unroll(mhc):
-            g[i * mhc + k] = (g[i * mhc + k] - t[k]) / (rec[mhc * mhc + k] + eps)
+def _back_through(by_rows: bool):
+    """The macro taking g back through a row (by_rows) or column normalisation, from its record in scratch."""
+    half = 0 if by_rows else 1
+
+    def line(i, k):
+        return i if by_rows else k
+
+    def cells(a, mhc: int):
+        return [a * mhc + k for k in range(mhc)] if by_rows else [i * mhc + a for i in range(mhc)]
+
+    @T.macro
+    def back_through(g, scratch, rec, t, r, token, mhc: int, eps):
+        for k in T.vectorized(record_row(mhc)):
+            rec[k] = scratch[r, half, token, k]
+        for a in T.unroll(mhc):
+            t[a] = tree_sum([_mul(g[c], rec[c]) for c in cells(a, mhc)]) / (rec[mhc * mhc + a] + eps)
+        for i in T.unroll(mhc):
+            for k in T.unroll(mhc):
+                g[i * mhc + k] = (g[i * mhc + k] - t[line(i, k)]) / (rec[mhc * mhc + line(i, k)] + eps)
+
+    return back_through
 
 
-@T.macro
-def back_through_rows(g, scratch, rec, t, r, token, mhc: int, eps):
-    for k in T.vectorized(record_row(mhc)):
-        rec[k] = scratch[r, 0, token, k]
-    for i in T.unroll(mhc):
-        t[i] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for k in range(mhc)]) / (rec[mhc * mhc + i] + eps)
-    for i in T.unroll(mhc):
-        for k in T.unroll(mhc):
-            g[i * mhc + k] = (g[i * mhc + k] - t[i]) / (rec[mhc * mhc + i] + eps)
+back_through_rows, back_through_cols = _back_through(True), _back_through(False)
 
 
 def build(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
