@@ -34,25 +34,22 @@ def col_sum(x, k, mhc: int):
     return tree_sum([x[i * mhc + k] for i in range(mhc)])
 
 
-def _normaliser(by_rows: bool):
-    """The macro dividing each row (by_rows) or each column of x by its sum plus eps, the sums kept in `sums`."""
-    line_sum = row_sum if by_rows else col_sum
-
-    def line(i, k):
-        return i if by_rows else k
-
-    @T.macro
-    def normalise(x, sums, mhc: int, eps):
-        for i in T.unroll(mhc):
-            sums[i] = line_sum(x, i, mhc)
-        for i in T.unroll(mhc):
-            for k in T.unroll(mhc):
-                x[i * mhc + k] = x[i * mhc + k] / (sums[line(i, k)] + eps)
-
-    return normalise
+@T.macro
+def normalise_rows(x, sums, mhc: int, eps):
+    for i in T.unroll(mhc):
+        sums[i] = row_sum(x, i, mhc)
+    for i in T.unroll(mhc):
+        for k in T.unroll(mhc):
+            x[i * mhc + k] = x[i * mhc + k] / (sums[i] + eps)
 
 
-normalise_rows, normalise_cols = _normaliser(True), _normaliser(False)
+@T.macro
+def normalise_cols(x, sums, mhc: int, eps):
+    for k in T.unroll(mhc):
+        sums[k] = col_sum(x, k, mhc)
+    for i in T.unroll(mhc):
+        for k in T.unroll(mhc):
+            x[i * mhc + k] = x[i * mhc + k] / (sums[k] + eps)
 
 
 @T.macro
