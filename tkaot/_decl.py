@@ -22,7 +22,7 @@ Each family keeps its declarations in `tkaot/_<family>/kernels.py` as a tuple `K
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from tkaot._record import Record
@@ -187,6 +187,18 @@ def runtime_value(axis: Axis, value) -> int:
 def tiling_axis(tilings: Mapping[str, str]) -> Axis:
     """The static `tiling` axis of a kernel that ships these tilings (role -> name)."""
     return Axis("tiling", str, choices=tuple(dict.fromkeys(tilings.values())))
+
+
+def declarer(prefix: str, ops_module: str) -> Callable[..., KernelDecl]:
+    """A family's declaration constructor: `declare("mhc.post_fwd", axes, params, dims, ("mhc_post_fwd",), ...)`
+    declares kernel `prefix + "post_fwd"` built from kernels_src.mhc.post_fwd, serving ops `ops_module + op`."""
+
+    def declare(source: str, axes: tuple, params: tuple, dims: tuple, ops: tuple, **more) -> KernelDecl:
+        name = prefix + source.rpartition(".")[2]
+        ops = tuple(ops_module + op for op in ops)
+        return KernelDecl(name=name, source="kernels_src." + source, axes=axes, params=params, dims=dims, ops=ops, **more)
+
+    return declare
 
 
 def all_kernels() -> dict[str, KernelDecl]:

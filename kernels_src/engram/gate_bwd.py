@@ -41,6 +41,7 @@ import re
 
 import tilelang.language as T
 
+from kernels_src.engram.gate_fwd import cp_async
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from tkaot._engram.kernels import GATE_BWD
 
@@ -74,11 +75,8 @@ def build(tiling: str):
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
+    cp = cp_async(VEC)
     rows = (num_tokens, HC)
-
-    @T.macro
-    def cp(dst, src):
-        T.ptx_cp_async(T.access_ptr(dst, "w", VEC), T.access_ptr(src, "r", VEC), VEC)
 
     @T.macro
     def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring):

@@ -60,17 +60,24 @@ def parse_tiling(tiling: str) -> tuple[int, int, int, bool]:
     return ctas, stages, slice_, match[4] == "w"
 
 
+def cp_async(vec: int):
+    """The macro copying vec elements (16 bytes) from src to dst by cp.async (dst and src: element accesses)."""
+
+    @T.macro
+    def cp(dst, src):
+        T.ptx_cp_async(T.access_ptr(dst, "w", vec), T.access_ptr(src, "r", vec), vec)
+
+    return cp
+
+
 def build(tiling: str):
     ctas, stages, slice_, weights_ahead = parse_tiling(tiling)
     ahead = stages - 1  # items in flight beyond the one the warp waits for
     num_tokens = T.dynamic("num_tokens")
     hc_mult = T.dynamic("hc_mult")
     hidden = T.dynamic("hidden")
+    cp = cp_async(VEC)
     rows = (num_tokens, hc_mult)
-
-    @T.macro
-    def cp(dst, src):
-        T.ptx_cp_async(T.access_ptr(dst, "w", VEC), T.access_ptr(src, "r", VEC), VEC)
 
     @T.macro
     def stage(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring):

@@ -386,62 +386,14 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str, by_width: bool = F
             T.assume(ob_stride % vec == 0)
             T.assume(ob_bstride % vec == 0)
             split.enter()
+            # the parameters, as each body macro takes them
+            args = (x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual)
+            args += (has_rstd, has_out_bf16, block, b)
             if not by_width:
-                body(
-                    x,
-                    weight,
-                    residual,
-                    residual_out,
-                    out,
-                    out_sf,
-                    out_bf16,
-                    rstd,
-                    eps,
-                    out_scale,
-                    has_weight,
-                    has_residual,
-                    has_rstd,
-                    has_out_bf16,
-                    block,
-                    b,
-                )
+                body(*args)
             elif hidden > split.widest_from:
-                wide_body(
-                    x,
-                    weight,
-                    residual,
-                    residual_out,
-                    out,
-                    out_sf,
-                    out_bf16,
-                    rstd,
-                    eps,
-                    out_scale,
-                    has_weight,
-                    has_residual,
-                    has_rstd,
-                    has_out_bf16,
-                    block,
-                    b,
-                )
+                wide_body(*args)
             else:
-                narrow_body(
-                    x,
-                    weight,
-                    residual,
-                    residual_out,
-                    out,
-                    out_sf,
-                    out_bf16,
-                    rstd,
-                    eps,
-                    out_scale,
-                    has_weight,
-                    has_residual,
-                    has_rstd,
-                    has_out_bf16,
-                    block,
-                    b,
-                )
+                narrow_body(*args)
 
     return norm_cast

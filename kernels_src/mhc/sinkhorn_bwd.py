@@ -53,50 +53,62 @@ def save(scratch, rec, x, sums, r, half, token, mhc: int):
         scratch[r, half, token, k] = rec[k]
 
 
-@T.macro
-def back_through_cols(g, scratch, rec, t, r, token, mhc: int, eps):
-    for k in T.vectorized(record_row(mhc)):
-        rec[k] = scratch[r, 1, token, k]
-    for k in T.unroll(mhc):
-        t[k] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for i in range(mhc)]) / (rec[mhc * mhc + k] + eps)
-    for i in T.unroll(mhc):
-        for k in T.unroll(mhc):
-            g[i * mhc + k] = (g[i * mhc + k] - t[k]) / (rec[mhc * mhc + k] + eps)
+def _back_through(by_rows: bool):
+    """The macro taking g back through a row (by_rows) or column normalisation, from its record in scratch."""
+    half = 0 if by_rows else 1
+
+    def line(i, k):
+        return i if by_rows else k
+
+    def cells(a, mhc: int):
+        return [a * mhc + k for k in range(mhc)] if by_rows else [i * mhc + a for i in range(mhc)]
+
+    @T.macro
+    def back_through(g, scratch, rec, t, r, token, mhc: int, eps):
+        for k in T.vectorized(record_row(mhc)):
+            rec[k] = scratch[r, half, token, k]
+        for a in T.unroll(mhc):
+            t[a] = tree_sum([_mul(g[c], rec[c]) for c in cells(a, mhc)]) / (rec[mhc * mhc + a] + eps)
+        for i in T.unroll(mhc):
+            for k in T.unroll(mhc):
+                g[i * mhc + k] = (g[i * mhc + k] - t[line(i, k)]) / (rec[mhc * mhc + line(i, k)] + eps)
+
+    return back_through
 
 
-@T.macro
-def back_through_rows(g, scratch, rec, t, r, token, mhc: int, eps):
-    for k in T.vectorized(record_row(mhc)):
-        rec[k] = scratch[r, 0, token, k]
-    for i in T.unroll(mhc):
-        t[i] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for k in range(mhc)]) / (rec[mhc * mhc + i] + eps)
-    for i in T.unroll(mhc):
-        for k in T.unroll(mhc):
-            g[i * mhc + k] = (g[i * mhc + k] - t[i]) / (rec[mhc * mhc + i] + eps)
+back_through_rows, back_through_cols = _back_through(True), _back_through(False)
 
 
 def build(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
-    if mhc_mult * mhc_mult <= WARP:
-        return _build_lanes(mhc_mult, unrolled_repeat)
-    return _build_per_thread(mhc_mult)
-
-
-def _build_per_thread(mhc_mult: int):
-    """One thread a token (the module's docstring)."""
     mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     repeat = T.dynamic("repeat")
     mm = mhc * mhc
-    row = record_row(mhc)
+    if mm <= WARP:
+        body = _lanes_body(mhc, num_tokens, repeat, unrolled_repeat)
+    else:
+        body = _per_thread_body(mhc, num_tokens, repeat)
 
     @T.prim_func
     def sinkhorn_bwd(
         grad_output: T.Tensor[(num_tokens, mm), T.float32],
         x: T.Tensor[(num_tokens, mm), T.float32],
         grad_input: T.Tensor[(num_tokens, mm), T.float32],
-        scratch: T.Tensor[(repeat, 2, num_tokens, row), T.float32],
+        scratch: T.Tensor[(repeat, 2, num_tokens, record_row(mhc)), T.float32],
         eps: T.float32,
     ):
+        body(grad_output, x, grad_input, scratch, eps)
+
+    return sinkhorn_bwd
+
+
+def _per_thread_body(mhc: int, num_tokens, repeat):
+    """One thread a token (the module's docstring)."""
+    mm = mhc * mhc
+    row = record_row(mhc)
+
+    @T.macro
+    def body(grad_output, x, grad_input, scratch, eps):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
             kernel_entry()
             tid = T.get_thread_binding()
@@ -144,21 +156,17 @@ def _build_per_thread(mhc_mult: int):
                 for k in T.vectorized(mm):
                     grad_input[token, k] = g[k]
 
-    return sinkhorn_bwd
+    return body
 
 
 def _add(a, b):
     return a + b
 
 
-def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
+def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
     """One matrix element a lane (the module's docstring); a `repeat` of unrolled_repeat (0: none) runs an
     unrolled copy of the steps, every record in shared memory at a fixed place."""
-    mhc = mhc_mult
-    num_tokens = T.dynamic("num_tokens")
-    repeat = T.dynamic("repeat")
     mm = mhc * mhc
-    row_words = record_row(mhc)
     group, per_block = lane_layout(mhc, LANE_THREADS)
     assert unrolled_repeat == 0 or 2 * (unrolled_repeat - 1) <= SHARED_RECORDS
 
@@ -221,14 +229,8 @@ def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
     def unrolled(start, stop=None):
         return T.unroll(start, stop, explicit=True)
 
-    @T.prim_func
-    def sinkhorn_bwd(
-        grad_output: T.Tensor[(num_tokens, mm), T.float32],
-        x: T.Tensor[(num_tokens, mm), T.float32],
-        grad_input: T.Tensor[(num_tokens, mm), T.float32],
-        scratch: T.Tensor[(repeat, 2, num_tokens, row_words), T.float32],
-        eps: T.float32,
-    ):
+    @T.macro
+    def body(grad_output, x, grad_input, scratch, eps):
         with T.Kernel(T.ceildiv(num_tokens, per_block), threads=LANE_THREADS) as block:
             kernel_entry()
             tid = T.get_thread_binding()
@@ -277,4 +279,4 @@ def _build_lanes(mhc_mult: int, unrolled_repeat: int = UNROLLED_REPEAT):
             if live:
                 grad_input[token, e] = g[0]
 
-    return sinkhorn_bwd
+    return body

@@ -70,14 +70,10 @@ def softmax_rows(x, sums, mhc: int):
 
 
 def build(mhc_mult: int):
-    return _build_lanes(mhc_mult) if mhc_mult * mhc_mult <= WARP else _build_per_thread(mhc_mult)
-
-
-def _build_per_thread(mhc_mult: int):
-    """One thread a token (the module's docstring)."""
     mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
     mm = mhc * mhc
+    body = (_lanes_body if mm <= WARP else _per_thread_body)(mhc, num_tokens)
 
     @T.prim_func
     def sinkhorn_fwd(
@@ -86,6 +82,17 @@ def _build_per_thread(mhc_mult: int):
         repeat: T.int32,
         eps: T.float32,
     ):
+        body(comb_res_mix, comb_res_mix_out, repeat, eps)
+
+    return sinkhorn_fwd
+
+
+def _per_thread_body(mhc: int, num_tokens):
+    """One thread a token (the module's docstring)."""
+    mm = mhc * mhc
+
+    @T.macro
+    def body(comb_res_mix, comb_res_mix_out, repeat, eps):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
             kernel_entry()
             tid = T.get_thread_binding()
@@ -105,23 +112,16 @@ def _build_per_thread(mhc_mult: int):
                 for k in T.vectorized(mm):
                     comb_res_mix_out[token, k] = x[k]
 
-    return sinkhorn_fwd
+    return body
 
 
-def _build_lanes(mhc_mult: int):
+def _lanes_body(mhc: int, num_tokens):
     """One matrix element a lane, row and column sums by shuffles (kernels_src/mhc/sinkhorn_lanes.py)."""
-    mhc = mhc_mult
-    num_tokens = T.dynamic("num_tokens")
     mm = mhc * mhc
     group, per_block = lane_layout(mhc, LANE_THREADS)
 
-    @T.prim_func
-    def sinkhorn_fwd(
-        comb_res_mix: T.Tensor[(num_tokens, mm), T.float32],
-        comb_res_mix_out: T.Tensor[(num_tokens, mm), T.float32],
-        repeat: T.int32,
-        eps: T.float32,
-    ):
+    @T.macro
+    def body(comb_res_mix, comb_res_mix_out, repeat, eps):
         with T.Kernel(T.ceildiv(num_tokens, per_block), threads=LANE_THREADS) as block:
             kernel_entry()
             tid = T.get_thread_binding()
@@ -151,7 +151,7 @@ def _build_lanes(mhc_mult: int):
             if token < num_tokens and e < mm:
                 comb_res_mix_out[token, e] = x[0]
 
-    return sinkhorn_fwd
+    return body
 
 
 def _add(a, b):

@@ -187,6 +187,11 @@ def row_dot_runtime(acc, warp_sums, half, sub, lane, row_threads, row_warps):
                 acc[0] += warp_sums[half, sub * row_warps + w]
 
 
+def _at(buf, head, col):
+    """The index of column col in buf's row head[0] (a 2-D buf), or past flat offset head[0] (a flat one)."""
+    return (head[0] + col,) if len(buf.shape) == 1 else (head[0], col)
+
+
 def _fma(a, b, c):
     return T.call_extern("float32", "__fmaf_rn", a, b, c)
 
@@ -237,6 +242,16 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                     vec,
                     token < num_tokens,
                 )
+
+    @T.macro
+    def store_held(dst, head, dw, lane):
+        """Each thread's held weight-gradient sums (dw) into dst's row head[0], or from flat offset head[0] where dst
+        is flat."""
+        for v in T.unroll(vecs_per_thread):
+            col = (v * row_threads + lane) * vec
+            if tiling.in_row(col):
+                for j in T.vectorized(vec):
+                    dst[_at(dst, head, col + j)] = dw[v, j]
 
     @T.prim_func
     def rmsnorm_backward(
@@ -369,18 +384,10 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                 # The block's row slots added in slot order, one partial row a block
                 if tiling.static:
                     if slots == 1:
-                        for v in T.unroll(vecs_per_thread):
-                            col = (v * row_threads + lane) * vec
-                            if tiling.in_row(col):
-                                for j in T.vectorized(vec):
-                                    partials[block, col + j] = dw[v, j]
+                        store_held(partials, (block,), dw, lane)
                     else:
                         T.sync_threads()  # every thread's last staged reads are done: slot_sums may share their memory
-                        for v in T.unroll(vecs_per_thread):
-                            col = (v * row_threads + lane) * vec
-                            if tiling.in_row(col):
-                                for j in T.vectorized(vec):
-                                    slot_sums[sub, col + j] = dw[v, j]
+                        store_held(slot_sums, (sub,), dw, lane)
                         T.sync_threads()
                         for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
                             col = c * NUM_THREADS + tid
@@ -391,18 +398,10 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
                                 partials[block, col] = r
                 else:
                     if slots == 1:
-                        for v in T.unroll(vecs_per_thread):
-                            col = (v * row_threads + lane) * vec
-                            if tiling.in_row(col):
-                                for j in T.vectorized(vec):
-                                    partials[block, col + j] = dw[v, j]
+                        store_held(partials, (block,), dw, lane)
                     else:
                         T.sync_threads()  # as the static tiling's
-                        for v in T.unroll(vecs_per_thread):
-                            col = (v * row_threads + lane) * vec
-                            if tiling.in_row(col):
-                                for j in T.vectorized(vec):
-                                    slot_sums[sub * hidden + col + j] = dw[v, j]
+                        store_held(slot_sums, (sub * hidden,), dw, lane)
                         T.sync_threads()
                         for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
                             col = c * NUM_THREADS + tid

@@ -8,7 +8,9 @@ tables, rows, partial counts. What stays static: the n-gram order (its XOR chain
 
 from __future__ import annotations
 
-from tkaot._decl import Axis, KernelDecl, tiling_axis
+from tkaot._decl import Axis, declarer, tiling_axis
+
+_declare = declarer("engram_", "tkaot.engram.")
 
 _E = "tkaot.engram."
 MAX_NGRAM = 8
@@ -48,105 +50,64 @@ SINKHORN_MOMENTUM_TILINGS = {"default": "t128v4x2"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
-ENGRAM_HASH = KernelDecl(
-    name="engram_hash",
-    source="kernels_src.engram.hash",
-    axes=(Axis("max_ngram_size", int, check=lambda n: 2 <= n <= MAX_NGRAM, rule=f"in [2, {MAX_NGRAM}]"),),
-    params=("ngram_token_ids", "multipliers", "vocab_sizes", "offsets", "image_token_mask", "output", "has_mask"),
-    dims=("num_tokens", "num_layers", "num_tables"),
-    ops=(_E + "engram_hash",),
-)
-
-FUSED_WEIGHT = KernelDecl(
-    name="engram_fused_weight",
-    source="kernels_src.engram.fused_weight",
-    axes=(Axis("dtype", str, choices=("bfloat16",)),),
-    params=("weight_hidden", "weight_embed", "weight_fused"),
-    dims=("numel",),
-    ops=(_E + "fused_weight",),
-)
-
-GATE_FWD = KernelDecl(
-    name="engram_gate_fwd",
-    source="kernels_src.engram.gate_fwd",
-    axes=(tiling_axis(GATE_FWD_TILINGS),),
-    params=(
-        "hidden_states", "kv", "weight_fused", "image_token_mask", "output", "dot", "gate_score", "rstd_x", "rstd_k",
-        "eps", "clamp_value", "scalar", "flags",
-    ),
-    dims=("num_tokens", "hc_mult", "hidden"),
-    ops=(_E + "engram_gate_fwd",),
-    tilings=GATE_FWD_TILINGS,
+ENGRAM_HASH = _declare(
+    "engram.hash", (Axis("max_ngram_size", int, check=lambda n: 2 <= n <= MAX_NGRAM, rule=f"in [2, {MAX_NGRAM}]"),),
+    ("ngram_token_ids", "multipliers", "vocab_sizes", "offsets", "image_token_mask", "output", "has_mask"),
+    ("num_tokens", "num_layers", "num_tables"), ("engram_hash",),
 )  # fmt: skip
 
-GATE_BWD = KernelDecl(
-    name="engram_gate_bwd",
-    source="kernels_src.engram.gate_bwd",
-    axes=(tiling_axis(GATE_BWD_TILINGS),),
-    params=(
-        "grad_out", "hidden_states", "kv", "weight_fused", "dot", "gate_score", "rstd_x", "rstd_k", "image_token_mask",
-        "grad_hidden_states", "grad_kv", "grad_w_partial", "clamp_value", "scalar", "has_mask",
-    ),
-    dims=("num_tokens", "hidden", "num_partials"),
-    ops=(_E + "engram_gate_bwd",),
-    tilings=GATE_BWD_TILINGS,
+FUSED_WEIGHT = _declare(
+    "engram.fused_weight", (Axis("dtype", str, choices=("bfloat16",)),), ("weight_hidden", "weight_embed", "weight_fused"), ("numel",),
+    ("fused_weight",),
 )  # fmt: skip
 
-GRAD_W_REDUCE = KernelDecl(
-    name="engram_grad_w_reduce",
-    source="kernels_src.engram.grad_w_reduce",
-    axes=(Axis("dtype", str, choices=("bfloat16",)), tiling_axis(GRAD_W_REDUCE_TILINGS)),
-    params=("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed"),
-    dims=("num_partials", "numel"),
-    ops=(_E + "grad_w_reduce",),
-    tilings=GRAD_W_REDUCE_TILINGS,
-)
+GATE_FWD = _declare(
+    "engram.gate_fwd", (tiling_axis(GATE_FWD_TILINGS),),
+    ("hidden_states", "kv", "weight_fused", "image_token_mask", "output", "dot", "gate_score", "rstd_x", "rstd_k", "eps",
+        "clamp_value", "scalar", "flags"),
+    ("num_tokens", "hc_mult", "hidden"), ("engram_gate_fwd",), tilings=GATE_FWD_TILINGS,
+)  # fmt: skip
 
-SINKHORN_MOMENTUM = KernelDecl(
-    name="engram_sinkhorn_momentum",
-    source="kernels_src.engram.sinkhorn_momentum",
-    axes=(
-        Axis("grad_dtype", str, choices=MOMENTUM_DTYPES),
-        Axis("momentum_dtype", str, choices=MOMENTUM_DTYPES),
-        tiling_axis(SINKHORN_MOMENTUM_TILINGS),
-    ),
-    params=("grad", "momentum_buffer", "sinkhorn_input", "beta1", "one_minus_beta1", "nesterov"),
-    dims=("numel",),
-    ops=(_E + "engram_sinkhorn_momentum_update",),
-    tilings=SINKHORN_MOMENTUM_TILINGS,
-)
+GATE_BWD = _declare(
+    "engram.gate_bwd", (tiling_axis(GATE_BWD_TILINGS),),
+    ("grad_out", "hidden_states", "kv", "weight_fused", "dot", "gate_score", "rstd_x", "rstd_k", "image_token_mask",
+        "grad_hidden_states", "grad_kv", "grad_w_partial", "clamp_value", "scalar", "has_mask"),
+    ("num_tokens", "hidden", "num_partials"), ("engram_gate_bwd",), tilings=GATE_BWD_TILINGS,
+)  # fmt: skip
+
+GRAD_W_REDUCE = _declare(
+    "engram.grad_w_reduce", (Axis("dtype", str, choices=("bfloat16",)), tiling_axis(GRAD_W_REDUCE_TILINGS)),
+    ("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed"), ("num_partials", "numel"),
+    ("grad_w_reduce",), tilings=GRAD_W_REDUCE_TILINGS,
+)  # fmt: skip
+
+SINKHORN_MOMENTUM = _declare(
+    "engram.sinkhorn_momentum",
+    (Axis("grad_dtype", str, choices=MOMENTUM_DTYPES), Axis("momentum_dtype", str, choices=MOMENTUM_DTYPES),
+        tiling_axis(SINKHORN_MOMENTUM_TILINGS)),
+    ("grad", "momentum_buffer", "sinkhorn_input", "beta1", "one_minus_beta1", "nesterov"), ("numel",),
+    ("engram_sinkhorn_momentum_update",), tilings=SINKHORN_MOMENTUM_TILINGS,
+)  # fmt: skip
 
 
 def _head_dim() -> Axis:
     return Axis("head_dim", int, check=lambda d: 256 <= d <= 8192 and d % 256 == 0, rule=SINKHORN_HEAD_DIMS)
 
 
-SINKHORN_STEP = KernelDecl(
-    name="engram_sinkhorn_step",
-    source="kernels_src.engram.sinkhorn_step",
-    axes=(_head_dim(),),
-    params=("matrix", "row_scale", "col_scale", "row_norm", "col_sumsq_partial", "eps"),
-    dims=("num_rows", "num_partials"),
-    ops=(_E + "engram_sinkhorn_step",),
-)
+SINKHORN_STEP = _declare(
+    "engram.sinkhorn_step", (_head_dim(),), ("matrix", "row_scale", "col_scale", "row_norm", "col_sumsq_partial", "eps"),
+    ("num_rows", "num_partials"), ("engram_sinkhorn_step",),
+)  # fmt: skip
 
-SINKHORN_STEP_REDUCE = KernelDecl(
-    name="engram_sinkhorn_step_reduce",
-    source="kernels_src.engram.sinkhorn_step_reduce",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=("col_sumsq_partial", "col_sumsq"),
-    dims=("num_partials", "head_dim"),
-    ops=(_E + "engram_sinkhorn_step_reduce",),
-)
+SINKHORN_STEP_REDUCE = _declare(
+    "engram.sinkhorn_step_reduce", (Axis("dtype", str, choices=("float32",)),), ("col_sumsq_partial", "col_sumsq"),
+    ("num_partials", "head_dim"), ("engram_sinkhorn_step_reduce",),
+)  # fmt: skip
 
-SINKHORN_FINALIZE = KernelDecl(
-    name="engram_sinkhorn_finalize",
-    source="kernels_src.engram.sinkhorn_finalize",
-    axes=(_head_dim(),),
-    params=("matrix", "row_scale", "col_scale", "out", "eps", "alpha"),
-    dims=("num_rows",),
-    ops=(_E + "engram_sinkhorn_finalize",),
-)
+SINKHORN_FINALIZE = _declare(
+    "engram.sinkhorn_finalize", (_head_dim(),), ("matrix", "row_scale", "col_scale", "out", "eps", "alpha"), ("num_rows",),
+    ("engram_sinkhorn_finalize",),
+)  # fmt: skip
 
 KERNELS = (
     ENGRAM_HASH, FUSED_WEIGHT, GATE_FWD, GATE_BWD, GRAD_W_REDUCE,

@@ -9,7 +9,9 @@ are bf16 and mixes fp32, as in TileKernels.
 
 from __future__ import annotations
 
-from tkaot._decl import Axis, KernelDecl
+from tkaot._decl import Axis, declarer
+
+_declare = declarer("mhc_", "tkaot.mhc.")
 
 # Partial sums of the head-mix backward are reduced by a butterfly over one block: a power of two up to its width
 HEAD_MIX_BWD_THREADS = 128
@@ -27,89 +29,59 @@ def _power_of_two(limit: int) -> Axis:
 
 # ---- mhc_head_compute_mix_fwd / _bwd (tkaot/_mhc/head_mix.py)
 
-HEAD_MIX_FWD = KernelDecl(
-    name="mhc_head_mix_fwd",
-    source="kernels_src.mhc.head_mix_fwd",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=("input_mix", "mhc_scale", "mhc_base", "output_mix", "mhc_pre_eps"),
-    dims=("num_tokens", "mhc_mult"),
-    ops=("tkaot.mhc.mhc_head_compute_mix_fwd",),
-)
+HEAD_MIX_FWD = _declare(
+    "mhc.head_mix_fwd", (Axis("dtype", str, choices=("float32",)),),
+    ("input_mix", "mhc_scale", "mhc_base", "output_mix", "mhc_pre_eps"), ("num_tokens", "mhc_mult"), ("mhc_head_compute_mix_fwd",),
+)  # fmt: skip
 
-HEAD_MIX_BWD = KernelDecl(
-    name="mhc_head_mix_bwd",
-    source="kernels_src.mhc.head_mix_bwd",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=(
-        "output_mix_grad", "input_mix", "mhc_scale", "mhc_base", "input_mix_grad", "mhc_scale_grad_partial",
-        "mhc_base_grad_partial", "token_block_size",
-    ),
-    dims=("num_tokens", "mhc_mult", "num_sms"),
-    ops=("tkaot.mhc.mhc_head_compute_mix_bwd",),
+HEAD_MIX_BWD = _declare(
+    "mhc.head_mix_bwd", (Axis("dtype", str, choices=("float32",)),),
+    ("output_mix_grad", "input_mix", "mhc_scale", "mhc_base", "input_mix_grad", "mhc_scale_grad_partial", "mhc_base_grad_partial",
+        "token_block_size"),
+    ("num_tokens", "mhc_mult", "num_sms"), ("mhc_head_compute_mix_bwd",),
 )  # fmt: skip
 
 # ---- mhc_fn_normw_merge_fwd / _bwd, mhc_reduce_partials_and_rmsnorm_fwd / _bwd (tkaot/_mhc/norm_fn.py)
 
-NORMW_MERGE_FWD = KernelDecl(
-    name="mhc_normw_merge_fwd",
-    source="kernels_src.mhc.normw_merge_fwd",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=("fn", "normw", "out_fn"),
-    dims=("m", "n"),
-    ops=("tkaot.mhc.mhc_fn_normw_merge_fwd",),
-)
+NORMW_MERGE_FWD = _declare(
+    "mhc.normw_merge_fwd", (Axis("dtype", str, choices=("float32",)),), ("fn", "normw", "out_fn"), ("m", "n"),
+    ("mhc_fn_normw_merge_fwd",),
+)  # fmt: skip
 
-NORMW_MERGE_BWD = KernelDecl(
-    name="mhc_normw_merge_bwd",
-    source="kernels_src.mhc.normw_merge_bwd",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=("fn", "normw", "out_fn_grad", "fn_grad", "normw_grad"),
-    dims=("m", "n"),
-    ops=("tkaot.mhc.mhc_fn_normw_merge_bwd",),
-)
+NORMW_MERGE_BWD = _declare(
+    "mhc.normw_merge_bwd", (Axis("dtype", str, choices=("float32",)),), ("fn", "normw", "out_fn_grad", "fn_grad", "normw_grad"),
+    ("m", "n"), ("mhc_fn_normw_merge_bwd",),
+)  # fmt: skip
 
-REDUCE_PARTIALS_FWD = KernelDecl(
-    name="mhc_reduce_partials_fwd",
-    source="kernels_src.mhc.reduce_partials_fwd",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=("out_mul_splitted", "sqrsum_splitted", "out_mul", "sqrsum", "out", "rms_group_size", "rms_eps"),
-    dims=("n_splits", "num_tokens", "n_rms_group", "mhc_mult3"),
-    ops=("tkaot.mhc.mhc_reduce_partials_and_rmsnorm_fwd",),
-)
+REDUCE_PARTIALS_FWD = _declare(
+    "mhc.reduce_partials_fwd", (Axis("dtype", str, choices=("float32",)),),
+    ("out_mul_splitted", "sqrsum_splitted", "out_mul", "sqrsum", "out", "rms_group_size", "rms_eps"),
+    ("n_splits", "num_tokens", "n_rms_group", "mhc_mult3"), ("mhc_reduce_partials_and_rmsnorm_fwd",),
+)  # fmt: skip
 
-REDUCE_PARTIALS_BWD = KernelDecl(
-    name="mhc_reduce_partials_bwd",
-    source="kernels_src.mhc.reduce_partials_bwd",
-    axes=(Axis("dtype", str, choices=("float32",)),),
-    params=("out_grad", "out_mul", "sqrsum", "out_mul_grad", "sqrsum_grad", "rms_group_size", "rms_eps", "rms_eps_sum"),
-    dims=("num_tokens", "n_rms_group", "mhc_mult3"),
-    ops=("tkaot.mhc.mhc_reduce_partials_and_rmsnorm_bwd",),
-)
+REDUCE_PARTIALS_BWD = _declare(
+    "mhc.reduce_partials_bwd", (Axis("dtype", str, choices=("float32",)),),
+    ("out_grad", "out_mul", "sqrsum", "out_mul_grad", "sqrsum_grad", "rms_group_size", "rms_eps", "rms_eps_sum"),
+    ("num_tokens", "n_rms_group", "mhc_mult3"), ("mhc_reduce_partials_and_rmsnorm_bwd",),
+)  # fmt: skip
 
 # ---- mhc_pre_big_fuse_fwd (tkaot/_mhc/big_fuse.py)
 
-PRE_BIG_FUSE = KernelDecl(
-    name="mhc_pre_big_fuse",
-    source="kernels_src.mhc.pre_big_fuse",
-    axes=(_power_of_two(MAX_BIG_FUSE_MULT),),
-    params=(
-        "gemm_out_mul", "gemm_out_sqrsum", "mhc_scale", "mhc_base", "residual", "post_mix", "comb_mix", "layer_input",
-        "rms_eps", "mhc_pre_eps", "mhc_sinkhorn_eps", "mhc_post_mult_value", "sinkhorn_repeat",
-    ),
-    dims=("n_splits", "num_tokens", "hidden"),
-    ops=("tkaot.mhc.mhc_pre_big_fuse_fwd",),
+PRE_BIG_FUSE = _declare(
+    "mhc.pre_big_fuse", (_power_of_two(MAX_BIG_FUSE_MULT),),
+    ("gemm_out_mul", "gemm_out_sqrsum", "mhc_scale", "mhc_base", "residual", "post_mix", "comb_mix", "layer_input", "rms_eps",
+        "mhc_pre_eps", "mhc_sinkhorn_eps", "mhc_post_mult_value", "sinkhorn_repeat"),
+    ("n_splits", "num_tokens", "hidden"), ("mhc_pre_big_fuse_fwd",),
 )  # fmt: skip
 
 # ---- mhc_multilayer_recompute (tkaot/_mhc/recompute.py)
 
-MULTILAYER_RECOMPUTE = KernelDecl(
-    name="mhc_multilayer_recompute",
-    source="kernels_src.mhc.multilayer_recompute",
-    axes=(Axis("mhc_mult", int, check=lambda m: 1 <= m <= MAX_RECOMPUTE_MULT, rule=f"in [1, {MAX_RECOMPUTE_MULT}]"),),
-    params=("initial_residual", "pointer_table", "num_layers", "num_post"),
-    dims=("num_tokens", "hidden", "table_size"),
-    ops=("tkaot.mhc.mhc_multilayer_recompute",),
-)
+MULTILAYER_RECOMPUTE = _declare(
+    "mhc.multilayer_recompute",
+    (Axis("mhc_mult", int, check=lambda m: 1 <= m <= MAX_RECOMPUTE_MULT, rule=f"in [1, {MAX_RECOMPUTE_MULT}]"),),
+    ("initial_residual", "pointer_table", "num_layers", "num_post"), ("num_tokens", "hidden", "table_size"),
+    ("mhc_multilayer_recompute",),
+)  # fmt: skip
 
 _M = "tkaot.mhc."
 MAX_MHC = 8  # the widest expansion these kernels are written for (registers per thread grow as mhc_mult**2)
@@ -119,63 +91,44 @@ ROWS = ("num_tokens", "hidden")
 # ---- expand, pre-apply mix, post (tkaot/_mhc/expand.py, pre_apply_mix.py, post.py): streaming over
 # (num_tokens, mhc_mult, hidden) bf16 rows
 
-EXPAND_FWD = KernelDecl(
-    name="mhc_expand_fwd", source="kernels_src.mhc.expand_fwd", axes=(MHC,),
-    params=("x", "o"), dims=ROWS, ops=(_M + "expand_to_mhc_fwd",),
+EXPAND_FWD = _declare("mhc.expand_fwd", (MHC,), ("x", "o"), ROWS, ("expand_to_mhc_fwd",))  # fmt: skip
+EXPAND_BWD = _declare("mhc.expand_bwd", (MHC,), ("o_grad", "x_grad"), ROWS, ("expand_to_mhc_bwd",))  # fmt: skip
+PRE_APPLY_MIX_FWD = _declare("mhc.pre_apply_mix_fwd", (MHC,), ("x", "mix", "o"), ROWS, ("mhc_pre_apply_mix_fwd",))  # fmt: skip
+PRE_APPLY_MIX_BWD = _declare(
+    "mhc.pre_apply_mix_bwd", (MHC,), ("o_grad", "x", "mix", "x_grad", "mix_grad"), ROWS, ("mhc_pre_apply_mix_bwd",),
 )  # fmt: skip
-EXPAND_BWD = KernelDecl(
-    name="mhc_expand_bwd", source="kernels_src.mhc.expand_bwd", axes=(MHC,),
-    params=("o_grad", "x_grad"), dims=ROWS, ops=(_M + "expand_to_mhc_bwd",),
+POST_FWD = _declare(
+    "mhc.post_fwd", (MHC,), ("comb_res_mix", "residual", "post_layer_mix", "x", "out"), ROWS, ("mhc_post_fwd",),
 )  # fmt: skip
-PRE_APPLY_MIX_FWD = KernelDecl(
-    name="mhc_pre_apply_mix_fwd", source="kernels_src.mhc.pre_apply_mix_fwd", axes=(MHC,),
-    params=("x", "mix", "o"), dims=ROWS, ops=(_M + "mhc_pre_apply_mix_fwd",),
-)  # fmt: skip
-PRE_APPLY_MIX_BWD = KernelDecl(
-    name="mhc_pre_apply_mix_bwd", source="kernels_src.mhc.pre_apply_mix_bwd", axes=(MHC,),
-    params=("o_grad", "x", "mix", "x_grad", "mix_grad"), dims=ROWS, ops=(_M + "mhc_pre_apply_mix_bwd",),
-)  # fmt: skip
-POST_FWD = KernelDecl(
-    name="mhc_post_fwd", source="kernels_src.mhc.post_fwd", axes=(MHC,),
-    params=("comb_res_mix", "residual", "post_layer_mix", "x", "out"), dims=ROWS, ops=(_M + "mhc_post_fwd",),
-)  # fmt: skip
-POST_BWD = KernelDecl(
-    name="mhc_post_bwd", source="kernels_src.mhc.post_bwd", axes=(MHC,),
-    params=(
-        "d_o", "comb_res_mix", "residual", "post_layer_mix", "x", "d_comb_res_mix", "d_residual", "d_post_layer_mix", "d_x",
-    ),
-    dims=ROWS, ops=(_M + "mhc_post_bwd",),
+POST_BWD = _declare(
+    "mhc.post_bwd", (MHC,),
+    ("d_o", "comb_res_mix", "residual", "post_layer_mix", "x", "d_comb_res_mix", "d_residual", "d_post_layer_mix", "d_x"), ROWS,
+    ("mhc_post_bwd",),
 )  # fmt: skip
 
 # ---- split mixes (tkaot/_mhc/split_mixes.py): (num_tokens, mhc_mult * (mhc_mult + 2)) fp32 rows
 
-SPLIT_MIXES_FWD = KernelDecl(
-    name="mhc_split_mixes_fwd", source="kernels_src.mhc.split_mixes_fwd", axes=(MHC,),
-    params=(
-        "input_mixes", "mhc_scale", "mhc_base", "pre_layer_mix", "post_layer_mix", "comb_res_mix",
-        "mhc_post_mult_value", "mhc_pre_eps",
-    ),
-    dims=("num_tokens",), ops=(_M + "mhc_pre_split_mixes_fwd",),
+SPLIT_MIXES_FWD = _declare(
+    "mhc.split_mixes_fwd", (MHC,),
+    ("input_mixes", "mhc_scale", "mhc_base", "pre_layer_mix", "post_layer_mix", "comb_res_mix", "mhc_post_mult_value", "mhc_pre_eps"),
+    ("num_tokens",), ("mhc_pre_split_mixes_fwd",),
 )  # fmt: skip
 # Two launches, as the parameter gradients sum over every token: per-block partial sums, then their sum
-SPLIT_MIXES_BWD = KernelDecl(
-    name="mhc_split_mixes_bwd", source="kernels_src.mhc.split_mixes_bwd", axes=(MHC,),
-    params=(
-        "pre_layer_mix_grad", "post_layer_mix_grad", "comb_res_mix_grad", "input_mixes", "post_layer_mix", "mhc_scale",
-        "mhc_base", "input_mixes_grad", "partials", "mhc_post_mult_value",
-    ),
-    dims=("num_tokens", "num_partials"), ops=(_M + "mhc_pre_split_mixes_bwd",),
+SPLIT_MIXES_BWD = _declare(
+    "mhc.split_mixes_bwd", (MHC,),
+    ("pre_layer_mix_grad", "post_layer_mix_grad", "comb_res_mix_grad", "input_mixes", "post_layer_mix", "mhc_scale", "mhc_base",
+        "input_mixes_grad", "partials", "mhc_post_mult_value"),
+    ("num_tokens", "num_partials"), ("mhc_pre_split_mixes_bwd",),
 )  # fmt: skip
-SPLIT_MIXES_BWD_REDUCE = KernelDecl(
-    name="mhc_split_mixes_bwd_reduce", source="kernels_src.mhc.split_mixes_bwd_reduce", axes=(MHC,),
-    params=("partials", "mhc_scale_grad", "mhc_base_grad"), dims=("num_partials",), ops=(_M + "mhc_pre_split_mixes_bwd",),
+SPLIT_MIXES_BWD_REDUCE = _declare(
+    "mhc.split_mixes_bwd_reduce", (MHC,), ("partials", "mhc_scale_grad", "mhc_base_grad"), ("num_partials",),
+    ("mhc_pre_split_mixes_bwd",),
 )  # fmt: skip
 
 # ---- Sinkhorn (tkaot/_mhc/sinkhorn.py) of (num_tokens, mhc_mult, mhc_mult) fp32 matrices; `repeat` at run time
 
-SINKHORN_FWD = KernelDecl(
-    name="mhc_sinkhorn_fwd", source="kernels_src.mhc.sinkhorn_fwd", axes=(MHC,),
-    params=("comb_res_mix", "comb_res_mix_out", "repeat", "eps"), dims=("num_tokens",), ops=(_M + "mhc_sinkhorn_fwd",),
+SINKHORN_FWD = _declare(
+    "mhc.sinkhorn_fwd", (MHC,), ("comb_res_mix", "comb_res_mix_out", "repeat", "eps"), ("num_tokens",), ("mhc_sinkhorn_fwd",),
 )  # fmt: skip
 
 
@@ -187,9 +140,8 @@ def sinkhorn_record_row(mhc_mult: int) -> int:
 # The backward replays the forward, keeping every step's matrix and sums in `scratch`,
 # (repeat, 2, num_tokens, sinkhorn_record_row(mhc_mult)) fp32, allocated by the op (the CUDA kernel for
 # mhc_mult <= 5 keeps the steps of up to 20 repeats in shared memory instead)
-SINKHORN_BWD = KernelDecl(
-    name="mhc_sinkhorn_bwd", source="kernels_src.mhc.sinkhorn_bwd", axes=(MHC,),
-    params=("grad_output", "x", "grad_input", "scratch", "eps"), dims=("num_tokens", "repeat"), ops=(_M + "mhc_sinkhorn_bwd",),
+SINKHORN_BWD = _declare(
+    "mhc.sinkhorn_bwd", (MHC,), ("grad_output", "x", "grad_input", "scratch", "eps"), ("num_tokens", "repeat"), ("mhc_sinkhorn_bwd",),
 )  # fmt: skip
 
 KERNELS = (

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tkaot._decl import Axis, KernelDecl, tiling_axis
+from tkaot._decl import Axis, declarer, tiling_axis
+
+_declare = declarer("", "tkaot.quant.")
 
 _Q = "tkaot.quant."
 MAX_CAST_HIDDEN = 65536
@@ -29,22 +31,14 @@ def _hidden(multiple: int, limit: int) -> Axis:
 
 _BOOL = (False, True)
 
-RMSNORM = KernelDecl(
-    name="rmsnorm",
-    source="kernels_src.norm.rmsnorm",
-    axes=(
-        _hidden(16, 8192),
-        Axis("dtype", str, choices=FLOAT_DTYPES),
-        Axis("with_weight", bool, choices=_BOOL),
-        Axis("with_residual", bool, choices=_BOOL),
-        Axis("with_rstd", bool, choices=_BOOL),
-    ),
-    params=("x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale"),
-    dims=(
-        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-        "out_batch_stride", "out_stride", "residual_out_batch_stride", "residual_out_stride",
-    ),
-    ops=(_Q + "norm_forward",),
+RMSNORM = _declare(
+    "norm.rmsnorm",
+    (_hidden(16, 8192), Axis("dtype", str, choices=FLOAT_DTYPES), Axis("with_weight", bool, choices=_BOOL),
+        Axis("with_residual", bool, choices=_BOOL), Axis("with_rstd", bool, choices=_BOOL)),
+    ("x", "weight", "residual", "out", "residual_out", "rstd", "eps", "out_scale"),
+    ("batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride", "out_batch_stride", "out_stride",
+        "residual_out_batch_stride", "residual_out_stride"),
+    ("norm_forward",),
 )  # fmt: skip
 # Every row width norm_forward takes, one variant per dtype and flags: the calls whose specialised variant is not built
 RMSNORM_GENERIC = RMSNORM.generic("rmsnorm_generic", "kernels_src.norm.rmsnorm_generic", ("hidden",))
@@ -52,26 +46,16 @@ RMSNORM_GENERIC = RMSNORM.generic("rmsnorm_generic", "kernels_src.norm.rmsnorm_g
 # Tilings (kernels_src/fused/norm_cast.py): without a residual, 8 blocks an SM with the weight prefetched into L2;
 # with one, a residual-specialised tiling (H200 8192x7168: 102.6-103.1 µs against 106.2-107.6, TileKernels 103.3-104.0)
 NORM_CAST_TILINGS = {"default": "lean8nlbwdgw", "residual": "lean6plbwdgwRL"}
-NORM_CAST = KernelDecl(
-    name="norm_cast",
-    source="kernels_src.fused.norm_cast",
-    axes=(
-        _hidden(32, 8192),
-        Axis("dtype", str, choices=FLOAT_DTYPES),
-        Axis("sf", str, choices=SF_KINDS[:3]),
-        tiling_axis(NORM_CAST_TILINGS),
-    ),
-    params=(
-        "x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd", "eps", "out_scale",
-        "has_weight", "has_residual", "has_rstd", "has_out_bf16",
-    ),
-    dims=(
-        "batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride",
-        "residual_out_batch_stride", "residual_out_stride", "out_batch_stride", "out_stride",
-        "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride", "sf_stride", "sf_group_stride",
-    ),
-    ops=(_Q + "norm_forward_and_per_token_cast",),
-    tilings=NORM_CAST_TILINGS,
+NORM_CAST = _declare(
+    "fused.norm_cast",
+    (_hidden(32, 8192), Axis("dtype", str, choices=FLOAT_DTYPES), Axis("sf", str, choices=SF_KINDS[:3]),
+        tiling_axis(NORM_CAST_TILINGS)),
+    ("x", "weight", "residual", "residual_out", "out", "out_sf", "out_bf16", "rstd", "eps", "out_scale", "has_weight", "has_residual",
+        "has_rstd", "has_out_bf16"),
+    ("batch", "num_tokens", "x_batch_stride", "x_stride", "residual_batch_stride", "residual_stride", "residual_out_batch_stride",
+        "residual_out_stride", "out_batch_stride", "out_stride", "out_bf16_batch_stride", "out_bf16_stride", "sf_batch_stride",
+        "sf_stride", "sf_group_stride"),
+    ("norm_forward_and_per_token_cast",), tilings=NORM_CAST_TILINGS,
 )  # fmt: skip
 # Every row width norm_forward_and_per_token_cast takes, one variant per dtype, sf kind and tiling
 NORM_CAST_GENERIC = NORM_CAST.generic("norm_cast_generic", "kernels_src.fused.norm_cast_generic", ("hidden",))
@@ -79,50 +63,30 @@ NORM_CAST_GENERIC = NORM_CAST.generic("norm_cast_generic", "kernels_src.fused.no
 # Tilings (kernels_src/fused/swiglu.py): calls with a clamp_value take the one that clamps with NaN-propagating
 # min / max and counts clamped elements only when asked (H200, weights + clamp: 25.6-25.8 µs against 30.8-31.2)
 SWIGLU_TILINGS = {"default": "wscc2v9b1g", "clamp": "wscc2v9b1gkm"}
-SWIGLU = KernelDecl(
-    name="swiglu",
-    source="kernels_src.fused.swiglu",
-    axes=(
-        _hidden(256, 32768),
-        Axis("dtype", str, choices=FLOAT_DTYPES),
-        Axis("fmt", str, choices=("bf16", "fp32", "e4m3")),
-        Axis("group", int, choices=(0, 32, 128)),
-        Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0")),
-        tiling_axis(SWIGLU_TILINGS),
-    ),
-    params=(
-        "x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count", "has_psum", "alignment",
-        "search_steps", "has_weights", "routed_scaling_factor", "has_clamp", "clamp_value", "count_clamp",
-    ),
-    dims=("num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride"),
-    ops=(_Q + "swiglu_forward", _Q + "swiglu_forward_and_per_token_cast"),
-    tilings=SWIGLU_TILINGS,
+SWIGLU = _declare(
+    "fused.swiglu",
+    (_hidden(256, 32768), Axis("dtype", str, choices=FLOAT_DTYPES), Axis("fmt", str, choices=("bf16", "fp32", "e4m3")),
+        Axis("group", int, choices=(0, 32, 128)), Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0")),
+        tiling_axis(SWIGLU_TILINGS)),
+    ("x", "out", "out_sf", "psum_num_tokens_per_expert", "topk_weights", "clamped_count", "has_psum", "alignment", "search_steps",
+        "has_weights", "routed_scaling_factor", "has_clamp", "clamp_value", "count_clamp"),
+    ("num_rows", "num_experts", "x_stride", "topk_weights_stride", "sf_stride", "sf_group_stride"),
+    ("swiglu_forward", "swiglu_forward_and_per_token_cast"), tilings=SWIGLU_TILINGS,
 )  # fmt: skip
 
 # Every row width the SwiGLU ops take (a multiple of 64; the specialised tilings need 256) and either group, one
 # variant per dtype, format, sf kind and tiling: the calls whose specialised variant is not built (tkaot/_op.py)
 SWIGLU_GENERIC = SWIGLU.generic("swiglu_generic", "kernels_src.fused.swiglu_generic", ("hidden", "group"))
 
-PER_TOKEN_CAST = KernelDecl(
-    name="per_token_cast",
-    source="kernels_src.quant.per_token_cast",
-    axes=(
-        _hidden(64, MAX_CAST_HIDDEN),
-        Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3", "e2m1")),
-        Axis("in_block", str, choices=TOKEN_IN_BLOCKS),
-        Axis("in_sf", str, choices=IN_SF),
-        Axis("fmt", str, choices=("e4m3", "e2m1")),
-        Axis("group", int, choices=(16, 32, 64, 128)),
-        Axis("sf", str, choices=SF_KINDS),
-        Axis("sf_layout", str, choices=("row", "col")),
-        Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf", "round_trip")),
-        Axis("stochastic", bool, choices=_BOOL),
-    ),
-    params=("x", "x_sf", "out", "out_sf"),
-    dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
-    ops=tuple(_Q + op for op in (
-        "per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back",
-    )),
+PER_TOKEN_CAST = _declare(
+    "quant.per_token_cast",
+    (_hidden(64, MAX_CAST_HIDDEN), Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3", "e2m1")),
+        Axis("in_block", str, choices=TOKEN_IN_BLOCKS), Axis("in_sf", str, choices=IN_SF), Axis("fmt", str, choices=("e4m3", "e2m1")),
+        Axis("group", int, choices=(16, 32, 64, 128)), Axis("sf", str, choices=SF_KINDS),
+        Axis("sf_layout", str, choices=("row", "col")), Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf", "round_trip")),
+        Axis("stochastic", bool, choices=_BOOL)),
+    ("x", "x_sf", "out", "out_sf"), ("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
+    ("per_token_cast", "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf", "per_token_cast_and_cast_back"),
     # a row that ends in a partial group (hidden a multiple of 64 only, as TileKernels takes it) is the generic kernel's
     specialisable=lambda v: v["hidden"] % v["group"] == 0,
 )  # fmt: skip
@@ -131,23 +95,14 @@ PER_TOKEN_CAST = KernelDecl(
 # specialised variant is not built (tkaot/_op.py)
 PER_TOKEN_CAST_GENERIC = PER_TOKEN_CAST.generic("per_token_cast_generic", "kernels_src.quant.per_token_cast_generic", ("hidden",))
 
-PER_BLOCK_CAST = KernelDecl(
-    name="per_block_cast",
-    source="kernels_src.quant.per_block_cast",
-    axes=(
-        _hidden(128, MAX_CAST_HIDDEN),
-        Axis("in_dtype", str, choices=FLOAT_DTYPES),
-        Axis("fmt", str, choices=("e4m3", "e2m1")),
-        Axis("block_m", int, choices=(32, 128)),
-        Axis("block_k", int, choices=(32, 128)),
-        Axis("sf", str, choices=SF_KINDS[:3]),
-        Axis("sf_layout", str, choices=("row", "col")),
-        Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf")),
-    ),
-    params=("x", "out", "out_sf"),
-    dims=("num_tokens", "sf_stride"),
-    ops=tuple(_Q + op for op in ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf")),
-)
+PER_BLOCK_CAST = _declare(
+    "quant.per_block_cast",
+    (_hidden(128, MAX_CAST_HIDDEN), Axis("in_dtype", str, choices=FLOAT_DTYPES), Axis("fmt", str, choices=("e4m3", "e2m1")),
+        Axis("block_m", int, choices=(32, 128)), Axis("block_k", int, choices=(32, 128)), Axis("sf", str, choices=SF_KINDS[:3]),
+        Axis("sf_layout", str, choices=("row", "col")), Axis("mode", str, choices=("cast", "sf_only", "precomputed_sf"))),
+    ("x", "out", "out_sf"), ("num_tokens", "sf_stride"),
+    ("per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf"),
+)  # fmt: skip
 
 # Every row width, block and sf layout per_block_cast takes, one variant per dtype, format, sf kind and mode: the calls
 # whose specialised variant is not built (tkaot/_op.py)
@@ -155,21 +110,13 @@ PER_BLOCK_CAST_GENERIC = PER_BLOCK_CAST.generic(
     "per_block_cast_generic", "kernels_src.quant.per_block_cast_generic", ("hidden", "block_m", "block_k", "sf_layout")
 )
 
-PER_CHANNEL_CAST = KernelDecl(
-    name="per_channel_cast",
-    source="kernels_src.quant.per_channel_cast",
-    axes=(
-        _hidden(128, MAX_CAST_HIDDEN),
-        Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3")),
-        Axis("in_block", str, choices=("none", "1x32", "1x128")),
-        Axis("in_sf", str, choices=IN_SF),
-        Axis("block_m", int, choices=(32, 128)),
-        Axis("sf", str, choices=SF_KINDS[:3]),
-    ),
-    params=("x", "x_sf", "out", "out_sf"),
-    dims=("num_tokens", "in_sf_stride"),
-    ops=(_Q + "per_channel_cast",),
-)
+PER_CHANNEL_CAST = _declare(
+    "quant.per_channel_cast",
+    (_hidden(128, MAX_CAST_HIDDEN), Axis("in_dtype", str, choices=("bfloat16", "float32", "e4m3")),
+        Axis("in_block", str, choices=("none", "1x32", "1x128")), Axis("in_sf", str, choices=IN_SF),
+        Axis("block_m", int, choices=(32, 128)), Axis("sf", str, choices=SF_KINDS[:3])),
+    ("x", "x_sf", "out", "out_sf"), ("num_tokens", "in_sf_stride"), ("per_channel_cast",),
+)  # fmt: skip
 
 # Every row width, token block and input scale block per_channel_cast takes, one variant per input dtype, input sf
 # and sf kind (tkaot/_op.py's fallback)
@@ -177,47 +124,28 @@ PER_CHANNEL_CAST_GENERIC = PER_CHANNEL_CAST.generic(
     "per_channel_cast_generic", "kernels_src.quant.per_channel_cast_generic", ("hidden", "in_block", "block_m")
 )
 
-CAST = KernelDecl(
-    name="cast",
-    source="kernels_src.quant.cast",
-    axes=(Axis("in_dtype", str, choices=CAST_DTYPES), Axis("out_dtype", str, choices=CAST_DTYPES), Axis("stochastic", bool, choices=_BOOL)),
-    params=("x", "y"),
-    dims=("n",),
-    ops=(_Q + "cast",),
-)
+CAST = _declare(
+    "quant.cast",
+    (Axis("in_dtype", str, choices=CAST_DTYPES), Axis("out_dtype", str, choices=CAST_DTYPES), Axis("stochastic", bool, choices=_BOOL)),
+    ("x", "y"), ("n",), ("cast",),
+)  # fmt: skip
 
-CAST_BACK = KernelDecl(
-    name="cast_back",
-    source="kernels_src.quant.cast_back",
-    axes=(
-        _hidden(64, MAX_CAST_HIDDEN),
-        Axis("in_dtype", str, choices=("e4m3", "e2m1")),
-        Axis("in_block", str, choices=CAST_BACK_BLOCKS),
-        Axis("in_sf", str, choices=IN_SF[1:]),
-        Axis("out_dtype", str, choices=FLOAT_DTYPES),
-    ),
-    params=("x", "x_sf", "out"),
-    dims=("num_tokens", "x_stride", "sf_stride"),
-    ops=(_Q + "cast_back", _Q + "per_token_cast_back"),
-)
+CAST_BACK = _declare(
+    "quant.cast_back",
+    (_hidden(64, MAX_CAST_HIDDEN), Axis("in_dtype", str, choices=("e4m3", "e2m1")), Axis("in_block", str, choices=CAST_BACK_BLOCKS),
+        Axis("in_sf", str, choices=IN_SF[1:]), Axis("out_dtype", str, choices=FLOAT_DTYPES)),
+    ("x", "x_sf", "out"), ("num_tokens", "x_stride", "sf_stride"), ("cast_back", "per_token_cast_back"),
+)  # fmt: skip
 # Every row width, one variant per combination of options (tkaot/_op.py's fallback)
 CAST_BACK_GENERIC = CAST_BACK.generic("cast_back_generic", "kernels_src.quant.cast_back_generic", ("hidden",))
 
-PER_BLOCK_CAST_LOSSLESS = KernelDecl(
-    name="per_block_cast_lossless",
-    source="kernels_src.quant.per_block_cast_lossless",
-    axes=(
-        _hidden(128, MAX_CAST_HIDDEN),
-        Axis("in_block", str, choices=IN_BLOCKS[1:]),
-        Axis("in_sf", str, choices=("fp32", "fp32_col", "ue8m0", "ue8m0_col")),
-        Axis("out_block", str, choices=LOSSLESS_OUT_BLOCKS),
-        Axis("sf", str, choices=("pow2", "ue8m0")),
-        Axis("sf_layout", str, choices=("row", "col")),
-    ),
-    params=("x", "x_sf", "out", "out_sf"),
-    dims=("num_tokens", "x_stride", "in_sf_stride", "sf_stride"),
-    ops=(_Q + "per_block_cast_lossless",),
-)
+PER_BLOCK_CAST_LOSSLESS = _declare(
+    "quant.per_block_cast_lossless",
+    (_hidden(128, MAX_CAST_HIDDEN), Axis("in_block", str, choices=IN_BLOCKS[1:]),
+        Axis("in_sf", str, choices=("fp32", "fp32_col", "ue8m0", "ue8m0_col")), Axis("out_block", str, choices=LOSSLESS_OUT_BLOCKS),
+        Axis("sf", str, choices=("pow2", "ue8m0")), Axis("sf_layout", str, choices=("row", "col"))),
+    ("x", "x_sf", "out", "out_sf"), ("num_tokens", "x_stride", "in_sf_stride", "sf_stride"), ("per_block_cast_lossless",),
+)  # fmt: skip
 
 # Every row width, input and output block and output sf layout, one variant per input sf and output sf kind
 PER_BLOCK_CAST_LOSSLESS_GENERIC = PER_BLOCK_CAST_LOSSLESS.generic(
@@ -226,14 +154,10 @@ PER_BLOCK_CAST_LOSSLESS_GENERIC = PER_BLOCK_CAST_LOSSLESS.generic(
     ("hidden", "in_block", "out_block", "sf_layout"),
 )
 
-BATCHED_TRANSPOSE_WEIGHT_SF = KernelDecl(
-    name="batched_transpose_weight_sf",
-    source="kernels_src.quant.batched_transpose_weight_sf",
-    axes=(Axis("block_size", int, choices=(32, 128)),),
-    params=("sf", "sf0", "sf1"),
-    dims=("num_groups", "num_sf_n", "num_sf_k"),
-    ops=(_Q + "batched_transpose_weight_sf",),
-)
+BATCHED_TRANSPOSE_WEIGHT_SF = _declare(
+    "quant.batched_transpose_weight_sf", (Axis("block_size", int, choices=(32, 128)),), ("sf", "sf0", "sf1"),
+    ("num_groups", "num_sf_n", "num_sf_k"), ("batched_transpose_weight_sf",),
+)  # fmt: skip
 
 # ---- Backward (training) kernels: RMSNorm backward and SwiGLU backward (+ per-token FP8 cast).
 # Row widths are runtime values where that costs nothing measurable: the variants differ only in dtypes and formats.
@@ -262,43 +186,29 @@ def norm_backward_tiling(hidden: int, dtype: str, max_vectors: int = NORM_BACKWA
     return vec, row_threads, -(-num_vecs // row_threads)
 
 
-RMSNORM_BACKWARD = KernelDecl(
-    name="rmsnorm_backward",
-    source="kernels_src.norm.rmsnorm_backward",
-    axes=(_hidden(32, 8192), Axis("dtype", str, choices=FLOAT_DTYPES)),
-    params=("out_grad", "x", "weight", "rstd", "residual_out_grad", "x_grad", "partials", "out_scale", "has_weight", "has_residual"),
-    dims=("num_tokens", "num_blocks", "out_grad_stride", "x_stride", "residual_out_grad_stride"),
-    ops=(_Q + "norm_backward",),
+RMSNORM_BACKWARD = _declare(
+    "norm.rmsnorm_backward", (_hidden(32, 8192), Axis("dtype", str, choices=FLOAT_DTYPES)),
+    ("out_grad", "x", "weight", "rstd", "residual_out_grad", "x_grad", "partials", "out_scale", "has_weight", "has_residual"),
+    ("num_tokens", "num_blocks", "out_grad_stride", "x_stride", "residual_out_grad_stride"), ("norm_backward",),
 )  # fmt: skip
 # Every row width norm_backward takes, one variant per dtype: the calls whose specialised variant is not built
 RMSNORM_BACKWARD_GENERIC = RMSNORM_BACKWARD.generic("rmsnorm_backward_generic", "kernels_src.norm.rmsnorm_backward_generic", ("hidden",))
-WEIGHT_GRAD_REDUCE = KernelDecl(
-    name="weight_grad_reduce",
-    source="kernels_src.norm.weight_grad_reduce",
-    axes=(Axis("dtype", str, choices=FLOAT_DTYPES),),
-    params=("partials", "weight_grad", "accumulate"),
-    dims=("num_partials", "hidden"),
-    ops=(_Q + "norm_backward",),
-)
+WEIGHT_GRAD_REDUCE = _declare(
+    "norm.weight_grad_reduce", (Axis("dtype", str, choices=FLOAT_DTYPES),), ("partials", "weight_grad", "accumulate"),
+    ("num_partials", "hidden"), ("norm_backward",),
+)  # fmt: skip
 
 # SwiGLU backward; x is bf16 / fp32, or E4M3 with fp32 per-group sf (then the group is the output's too)
-SWIGLU_BACKWARD = KernelDecl(
-    name="swiglu_backward",
-    source="kernels_src.fused.swiglu_backward",
-    axes=(
-        Axis("x_dtype", str, choices=("bfloat16", "float32", "e4m3")),
-        Axis("grad_dtype", str, choices=FLOAT_DTYPES),
-        Axis("fmt", str, choices=("bf16", "fp32", "e4m3")),
-        Axis("group", int, choices=(0, 32, 128)),
-        Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0")),
-    ),
-    params=(
-        "x", "x_sf", "act_x_grad", "topk_weights", "psum_num_tokens_per_expert", "x_grad", "x_grad_fp8", "x_grad_sf",
-        "weight_grad", "act_out", "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor",
-        "has_clamp", "clamp_value", "recompute",
-    ),
-    dims=("num_rows", "hidden", "num_experts", "x_sf_stride", "sf_stride", "sf_group_stride"),
-    ops=(_Q + "swiglu_backward", _Q + "swiglu_backward_and_per_token_cast"),
+SWIGLU_BACKWARD = _declare(
+    "fused.swiglu_backward",
+    (Axis("x_dtype", str, choices=("bfloat16", "float32", "e4m3")), Axis("grad_dtype", str, choices=FLOAT_DTYPES),
+        Axis("fmt", str, choices=("bf16", "fp32", "e4m3")), Axis("group", int, choices=(0, 32, 128)),
+        Axis("sf", str, choices=("none", "fp32", "pow2", "ue8m0"))),
+    ("x", "x_sf", "act_x_grad", "topk_weights", "psum_num_tokens_per_expert", "x_grad", "x_grad_fp8", "x_grad_sf", "weight_grad",
+        "act_out", "has_psum", "alignment", "search_steps", "has_weights", "routed_scaling_factor", "has_clamp", "clamp_value",
+        "recompute"),
+    ("num_rows", "hidden", "num_experts", "x_sf_stride", "sf_stride", "sf_group_stride"),
+    ("swiglu_backward", "swiglu_backward_and_per_token_cast"),
 )  # fmt: skip
 
 BACKWARD_KERNELS = (RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
