@@ -219,8 +219,9 @@ def _verify_set(root: Path) -> int:
             data = path.read_bytes()
             if hashlib.sha256(data).hexdigest() != digest:
                 bad.append(f"{e['kernel']} [{e['key']}]: sha256 mismatch in {path}")
-            if folder == "cubins" and want and cubin_arch(data) != want:
-                bad.append(f"{e['kernel']} [{e['key']}]: cubin is {cubin_arch(data)}, expected {want}")
+            found = cubin_arch(data) if folder == "cubins" and want else want
+            if found != want:
+                bad.append(f"{e['kernel']} [{e['key']}]: cubin is {found}, expected {want}")
     for line in bad:
         click.echo(line, err=True)
     if bad:
