@@ -19,9 +19,15 @@ warp finishes pass 1 and reduces. Once a token's last reads are issued, the next
 are staged, so the run streams without a drain between tokens. A lane reads back only the vectors it
 staged itself: the wait on its own groups is the only synchronisation (no block barrier, one warp).
 x past the parked slice (hidden above slice * 256) is read from global memory in both passes. An item's
-fp32 weights (4 chunks, 32 registers a lane) are read before the wait on its loads, unguarded: one L2 round
-trip an item that overlaps the wait, where a read guarded by the chunk test waited once a chunk (28 a token).
-With "w" they are read an item earlier still, so their round trip also overlaps the item before.
+fp32 weights (4 chunks, 32 registers a lane) are read before it stages the next item and waits on its own
+loads, unguarded: one L2 round trip an item that overlaps the wait, where a read guarded by the chunk test
+waited once a chunk (28 a token). With "w" they are read an item earlier still, so their round trip also
+overlaps the item before.
+
+A warp's time on a token is mostly its instructions' latency (one warp a CTA; at few tokens, one an SM), so
+a whole item (its 4 chunks in the row and x's in the slice: every item where hidden is a multiple of 1024
+up to slice * 256) runs a body with no test a chunk and plain weight addresses; a partial item, or one
+past the slice, the tested body. The test is one a item, uniform across the warp.
 
 Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value,
 scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score / rstd_x / rstd_k, bit 1 reads
@@ -80,38 +86,110 @@ def build(tiling: str):
     rows = (num_tokens, hc_mult)
 
     @T.macro
+    def stage_k(n, t, head, col, chunks, hidden_states, kv, x_smem, ring, whole):
+        """Item n's x (up to the slice) and k; `whole`: all its chunks are in the row and x's in the slice."""
+        for q in T.unroll(TILE):
+            c = n * TILE + q
+            if whole:
+                cp(x_smem[c * CHUNK + col], hidden_states[t, head, c * CHUNK + col])
+                cp(ring[n % stages, q * CHUNK + col], kv[t, head, c * CHUNK + col])
+            elif c < chunks:
+                if c < slice_:
+                    cp(x_smem[c * CHUNK + col], hidden_states[t, head, c * CHUNK + col])
+                cp(ring[n % stages, q * CHUNK + col], kv[t, head, c * CHUNK + col])
+
+    @T.macro
+    def stage_v(n, m, t, col, chunks, kv, hc_mult, ring, whole):
+        """Item n (v's item m); `whole`: all its chunks are in the row."""
+        for q in T.unroll(TILE):
+            c = m * TILE + q
+            if whole:
+                cp(ring[n % stages, q * CHUNK + col], kv[t, hc_mult, c * CHUNK + col])
+            elif c < chunks:
+                cp(ring[n % stages, q * CHUNK + col], kv[t, hc_mult, c * CHUNK + col])
+
+    @T.macro
     def stage(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring):
-        """Item n of token t in flight, one commit group (empty past the token: the waits count items)."""
+        """Item n of token t in flight, one commit group (empty past the token: the waits count items). A whole
+        item (the common case: hidden a multiple of 1024, x parked) is staged without a test a chunk."""
         if n < tiles:
-            for q in T.unroll(TILE):
-                c = n * TILE + q
-                if c < chunks:
-                    if c < slice_:
-                        cp(x_smem[c * CHUNK + col], hidden_states[t, head, c * CHUNK + col])
-                    cp(ring[n % stages, q * CHUNK + col], kv[t, head, c * CHUNK + col])
+            if (n + 1) * TILE <= T.min(chunks, slice_):
+                stage_k(n, t, head, col, chunks, hidden_states, kv, x_smem, ring, True)
+            else:
+                stage_k(n, t, head, col, chunks, hidden_states, kv, x_smem, ring, False)
         elif n < 2 * tiles:
-            for q in T.unroll(TILE):
-                c = (n - tiles) * TILE + q
-                if c < chunks:
-                    cp(ring[n % stages, q * CHUNK + col], kv[t, hc_mult, c * CHUNK + col])
+            if (n - tiles + 1) * TILE <= chunks:
+                stage_v(n, n - tiles, t, col, chunks, kv, hc_mult, ring, True)
+            else:
+                stage_v(n, n - tiles, t, col, chunks, kv, hc_mult, ring, False)
         T.ptx_commit_group()
 
     @T.macro
-    def item_weights(n, head, col, chunks, weight_fused, w_local):
-        """Item n's fp32 weights (4 chunks a lane), read unguarded: a chunk past the row reads the last one."""
+    def item_weights(n, head, col, chunks, weight_fused, w_local, whole):
+        """Item n's fp32 weights (4 chunks a lane), read unguarded: a chunk past the row reads the last one (of a
+        `whole` item, none is past it)."""
         for q in T.unroll(TILE):
             for j in T.vectorized(VEC):
-                w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
+                if whole:
+                    w_local[q * VEC + j] = weight_fused[head, (n * TILE + q) * CHUNK + col + j]
+                else:
+                    w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
 
     @T.macro
-    def load_x(t, c, head, col, hidden_states, x_smem, x_local):
-        """x's chunk c: parked in shared memory, or past the slice from global memory."""
-        if c < slice_:
+    def load_x(t, c, head, col, hidden_states, x_smem, x_local, whole):
+        """x's chunk c: parked in shared memory, or past the slice from global memory (a `whole` item's is parked)."""
+        if whole:
+            for j in T.vectorized(VEC):
+                x_local[j] = x_smem[c * CHUNK + col + j]
+        elif c < slice_:
             for j in T.vectorized(VEC):
                 x_local[j] = x_smem[c * CHUNK + col + j]
         else:
             for j in T.vectorized(VEC):
                 x_local[j] = hidden_states[t, head, c * CHUNK + col + j]
+
+    @T.macro
+    def pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring, w_local,
+                   w_next, x_local, k_local, sum_x, sum_k, sum_d, whole):  # fmt: skip
+        """Item n of pass 1: its weights read, the next item staged, this one's loads waited for, its sums added.
+        `whole`: its 4 chunks are in the row and x's in the slice, so no chunk is tested."""
+        # the item's weights, all in flight before the wait: an unguarded read (a chunk past the row reads the
+        # last one, unused), so the L2 round trip is one an item, not one a chunk. Read ahead of the staging:
+        # read after it, ptxas placed most of them behind the wait, so their round trip followed the wait's. With
+        # "w" read an item earlier, so it overlaps the previous item's wait and sums too
+        if weights_ahead:
+            for i in T.unroll(TILE * VEC):
+                w_local[i] = w_next[i]
+            item_weights(n + 1, head, col, chunks, weight_fused, w_next, False)
+        else:
+            item_weights(n, head, col, chunks, weight_fused, w_local, whole)
+        stage(n + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
+        T.ptx_wait_group(ahead)
+        for q in T.unroll(TILE):
+            c = n * TILE + q
+            if whole or c < chunks:
+                load_x(t, c, head, col, hidden_states, x_smem, x_local, whole)
+                for j in T.vectorized(VEC):
+                    k_local[j] = ring[n % stages, q * CHUNK + col + j]
+                for j in T.serial(VEC):
+                    sum_x[0] += x_local[j] * x_local[j]
+                    sum_k[0] += k_local[j] * k_local[j]
+                    sum_d[0] += x_local[j] * w_local[q * VEC + j] * k_local[j]
+
+    @T.macro
+    def pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring, x_local, k_local,
+                   gate, whole):  # fmt: skip
+        """Item m of pass 2 (v's): the next item staged, this one's loads waited for, out = x + gate * v stored."""
+        stage(tiles + m + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
+        T.ptx_wait_group(ahead)
+        for q in T.unroll(TILE):
+            c = m * TILE + q
+            if whole or c < chunks:
+                load_x(t, c, head, col, hidden_states, x_smem, x_local, whole)
+                for j in T.vectorized(VEC):
+                    k_local[j] = ring[(tiles + m) % stages, q * CHUNK + col + j]
+                for j in T.vectorized(VEC):
+                    output[t, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
 
     @T.prim_func
     def engram_gate_fwd(
@@ -148,8 +226,7 @@ def build(tiling: str):
             x_local = T.alloc_local((VEC,), T.float32)
             k_local = T.alloc_local((VEC,), T.float32)
             w_local = T.alloc_local((TILE * VEC,), T.float32)  # an item's weights
-            if weights_ahead:
-                w_next = T.alloc_local((TILE * VEC,), T.float32)  # the next item's weights
+            w_next = T.alloc_local((TILE * VEC,), T.float32)  # with "w", the next item's weights (else unused)
             sum_x = T.alloc_local((1,), T.float32)
             sum_k = T.alloc_local((1,), T.float32)
             sum_d = T.alloc_local((1,), T.float32)
@@ -185,29 +262,14 @@ def build(tiling: str):
                     T.clear(sum_k)
                     T.clear(sum_d)
                     if weights_ahead:
-                        item_weights(0, head, col, chunks, weight_fused, w_next)
+                        item_weights(0, head, col, chunks, weight_fused, w_next, False)
                     for n in T.serial(tiles):
-                        stage(n + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
-                        # the item's weights, all in flight before the wait: an unguarded read (a chunk past the
-                        # row reads the last one, unused), so the L2 round trip is one an item, not one a chunk;
-                        # with "w" read an item earlier, so it overlaps the previous item's wait and sums too
-                        if weights_ahead:
-                            for i in T.unroll(TILE * VEC):
-                                w_local[i] = w_next[i]
-                            item_weights(n + 1, head, col, chunks, weight_fused, w_next)
+                        if (n + 1) * TILE <= T.min(chunks, slice_):
+                            pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring,
+                                       w_local, w_next, x_local, k_local, sum_x, sum_k, sum_d, True)  # fmt: skip
                         else:
-                            item_weights(n, head, col, chunks, weight_fused, w_local)
-                        T.ptx_wait_group(ahead)
-                        for q in T.unroll(TILE):
-                            c = n * TILE + q
-                            if c < chunks:
-                                load_x(t, c, head, col, hidden_states, x_smem, x_local)
-                                for j in T.vectorized(VEC):
-                                    k_local[j] = ring[n % stages, q * CHUNK + col + j]
-                                for j in T.serial(VEC):
-                                    sum_x[0] += x_local[j] * x_local[j]
-                                    sum_k[0] += k_local[j] * k_local[j]
-                                    sum_d[0] += x_local[j] * w_local[q * VEC + j] * k_local[j]
+                            pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring,
+                                       w_local, w_next, x_local, k_local, sum_x, sum_k, sum_d, False)  # fmt: skip
                     total_x = T.warp_reduce_sum(sum_x[0])
                     total_k = T.warp_reduce_sum(sum_k[0])
                     total_d = T.warp_reduce_sum(sum_d[0])
@@ -222,16 +284,12 @@ def build(tiling: str):
                         rstd_k[t, head] = total_k
                     # pass 2: out = x + gate * v
                     for m in T.serial(tiles):
-                        stage(tiles + m + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
-                        T.ptx_wait_group(ahead)
-                        for q in T.unroll(TILE):
-                            c = m * TILE + q
-                            if c < chunks:
-                                load_x(t, c, head, col, hidden_states, x_smem, x_local)
-                                for j in T.vectorized(VEC):
-                                    k_local[j] = ring[(tiles + m) % stages, q * CHUNK + col + j]
-                                for j in T.vectorized(VEC):
-                                    output[t, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
+                        if (m + 1) * TILE <= T.min(chunks, slice_):
+                            pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring,
+                                       x_local, k_local, gate, True)  # fmt: skip
+                        else:
+                            pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring,
+                                       x_local, k_local, gate, False)  # fmt: skip
                     # the next token's first items, behind this token's last reads of their slots
                     staged = False
                     if t + 1 < end:

@@ -1,0 +1,301 @@
+"""Time the Engram gate forward's lean candidates beside the kernel shipped before them and TileKernels, at 8192,
+1, 16 and 128 tokens of 4 x 7168 (bench/cases/engram.py's shapes and the decode sizes), bytes against TileKernels'.
+
+Why ours was slower at few tokens (session 13, read from the SASS; no GPU counter behind it): one warp runs a
+token's 14 items one after another, so its time is the item bodies' instruction latency, not the loads' round trip
+(a whole row in flight did not help: 8.50 µs against 7.79). The body shipped before tested every chunk (in the row?
+x parked?) and clamped every weight address in 64-bit arithmetic: 470 instructions an item of pass 1 against
+TileKernels' 274 (static hidden), and ptxas placed 6 of an item's 8 weight loads behind the cp.async wait, so their L2
+round trip followed the wait's instead of overlapping it (TileKernels' landed ahead of it). The candidates
+(kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>[w]") run a whole item (4 chunks in the row, x parked:
+every item at hidden 7168) without a test a chunk and read its weights before staging the next item:
+
+    c1585s2x28   the control: main's kernel at CONTROL_COMMIT (its c1584s2x28 under a key of its own, the same grid)
+    c1584s2x28   lean, 2 slots (the default's grid and shared memory: 12 CTAs an H200 SM)
+    c1584s2x28w  lean, the weights an item ahead
+    c1320s3x28   lean, 3 slots (10 CTAs an SM)
+    nopdl        c1584s2x28's cubin launched without programmatic dependent launch (is PDL part of the fixed cost?)
+
+Each timed row checks the outputs (out; with save, dot / gate_score / rstd_x / rstd_k) byte for byte against
+TileKernels' on the same inputs, then times by CUDA-graph replay over rotating inputs larger than L2
+(bench.timing.device_us). Then each candidate's bytes against the control's where TileKernels is not run: image
+tokens (30 %), in place, hidden 256 / 1792 / 4096 / 16384 (partial items, x past the slice), 1 and 3 tokens.
+
+The rows run in a child process that announces each candidate before it runs it; a child silent for STALL_S seconds
+(a hung kernel) or past the run's budget is killed, its row says so, and the rows are run again without it.
+
+    python -m bench.tuning.tune_engram4 build --out tune-artifacts/engram4          (CPU: TileLang and nvcc)
+    python -m bench.tuning.tune_engram4 --artifacts tune-artifacts/engram4 --out DIR  (GPU, tile_kernels importable)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from bench.tuning import tune_engram2 as harness
+from bench.tuning.tune_engram2 import CLAMP, EPS, HC, HIDDEN
+
+ARTIFACTS = "tune-artifacts/engram4"
+CONTROL_COMMIT = "cbe24e7"  # main before these candidates (H200: 421.0 / 7.79 / 11.74 µs at 8192 / 1 / 128 tokens)
+CONTROL = "c1585s2x28"  # main's c1584s2x28, under a key of its own beside the candidates (1585 // 4 = 1584 // 4 runs)
+CONTROL_MODULE = "bench.tuning._engram4_control"
+FWD = ("c1584s2x28", "c1584s2x28w", "c1320s3x28")
+NOPDL = "nopdl"  # FWD[0]'s cubin launched without PDL
+ROWS = ((8192, False), (8192, True), (1, False), (16, False), (128, False))  # (tokens, save_for_backward)
+TOTAL_S = 90  # the whole run's budget (--budget S)
+STALL_S = 25  # a candidate silent this long is taken as hung (TileKernels' first call compiles: twice this for it)
+START, ROW = "START ", "ROW "  # the child's protocol lines
+NAN = math.nan
+
+
+# ---- build (CPU)
+
+
+def build(out: Path) -> None:
+    """The control from CONTROL_COMMIT, then the candidates from the kernel source, into one artifact set."""
+    import kernels_src.engram.gate_fwd as fwd_source
+    from build_tools import ops
+    from build_tools.artifacts import BuildCache
+    from build_tools.build import build_variants
+    from tkaot._engram.kernels import GATE_FWD
+
+    start = time.perf_counter()
+    built = harness.build_control(CONTROL_COMMIT, "kernels_src/engram/gate_fwd.py", CONTROL_MODULE, CONTROL, GATE_FWD, str(out))
+    harness.declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(FWD)}, fwd_source.__name__, GATE_FWD)
+    variants = [ops.Variant(GATE_FWD.name, (("tiling", t),)) for t in FWD]
+    report = build_variants(variants, out, "sm90", 1, BuildCache())
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"built {built + report.built}, from cache {report.cached} -> {out} ({size / 1e6:.2f} MB) in {time.perf_counter() - start:.0f} s")
+
+
+# ---- the rows (GPU, in the child)
+
+
+def _use(tiling: str) -> None:
+    """Make tkaot.engram.engram_gate_fwd launch `tiling` (NOPDL: FWD[0]'s cubin without PDL)."""
+    import torch
+
+    from tkaot._engram import gate, kernels
+    from tkaot.registry import REGISTRY
+
+    if tiling == NOPDL:
+        device = torch.cuda.current_device()
+        if (device, NOPDL) not in gate._FWD.cache:  # the op's launcher cache, keyed (device, tiling)
+            kernel = REGISTRY.kernel(gate._FWD.op, gate._FWD.kernel, gate._FWD.key((FWD[0],)), device)
+            gate._FWD.cache[(device, NOPDL)] = kernel.bind(gate._FWD.args, pdl=False)
+    kernels.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
+
+
+def _timed_rows(tk, gen, started, skip) -> list[tuple]:
+    """Each ROWS shape: TileKernels, then the control and each candidate, on the same inputs."""
+    import torch
+
+    import tkaot
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for tokens, save in ROWS:
+        per_set = tokens * (2 * HC + HC + 1) * HIDDEN * 2 + HC * HIDDEN * 4
+        inputs = harness._inputs(tokens, min(64, max(2, -(-3 * l2 // per_set))), gen)
+        shape = f"{tokens}x{HC}x{HIDDEN}{' save' if save else ''}"
+
+        def run(lib, save=save):
+            return lambda a: lib.engram.engram_gate_fwd(a["x"], a["kv"], a["w"], EPS, CLAMP, save)
+
+        started("TK", shape)
+        want, tk_us = harness._beside(tk, run, inputs)
+        for tiling in (CONTROL, *FWD, NOPDL):
+            if tiling in skip:
+                continue
+            started(tiling, shape)
+            _use(tiling)
+            rows.append(harness._timed(tiling, shape, run(tkaot), inputs, want, tk_us, _Log()))
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+class _Log:
+    """harness._timed's log: the row goes out as the child's ROW line instead."""
+
+    def write(self, _line: str) -> None:
+        pass
+
+
+def _checks(gen, started, skip) -> list[tuple]:
+    """Each candidate's bytes against the control's where TileKernels is not run."""
+    import torch
+
+    import tkaot
+
+    def case(tokens, hidden, masked, in_place=False):
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, device="cuda").bfloat16()
+
+        x, kv, w = randn(tokens, HC, hidden), randn(tokens, HC + 1, hidden), randn(HC, hidden).float() * randn(HC, hidden).float()
+        mask = torch.rand(tokens, generator=gen, device="cuda") < masked if masked else None
+
+        def call():
+            if in_place:
+                y = x.clone()
+                return (tkaot.engram.engram_gate_fwd(y, kv, w, EPS, CLAMP, False, mask, True)[0],)
+            return tkaot.engram.engram_gate_fwd(x, kv, w, EPS, CLAMP, True, mask)
+
+        label = f"{tokens}x{hidden}{' masked' if masked else ''}{' in place' if in_place else ''}"
+        return label, call
+
+    cases = [
+        case(1000, HIDDEN, 0.3), case(1000, HIDDEN, 0.3, True), case(100, 4096, 0), case(3, 256, 0), case(5, 16384, 0.3),
+        case(1000, 1792, 0.3), case(300, 8192, 0), case(1, HIDDEN, 0), case(2, 1280, 0),
+    ]  # fmt: skip
+    rows = []
+    for label, call in cases:
+        want = None
+        for tiling in (CONTROL, *FWD, NOPDL):
+            if tiling in skip:
+                continue
+            started(tiling, label + " (ctl)")
+            _use(tiling)
+            try:
+                got = tuple(g if g is None else g.clone() for g in call())
+                torch.cuda.synchronize()
+            except Exception as exc:  # not built, or a launch error: the row says which
+                rows.append((tiling, label + " (ctl)", NAN, NAN, type(exc).__name__))
+                continue
+            if tiling == CONTROL:
+                want, same = got, "control"
+            else:
+                same = "yes" if want is not None and harness._same(got, want) else "NO"
+            rows.append((tiling, label + " (ctl)", NAN, NAN, same))
+    return rows
+
+
+def _child(artifacts: Path, skip: tuple[str, ...]) -> None:
+    """The child: every row, each candidate announced (START name|shape) before it runs, each row as ROW json."""
+    import torch
+
+    def started(name: str, shape: str) -> None:
+        print(f"{START}{name}|{shape}", flush=True)
+
+    started("load", "")
+    try:
+        import tile_kernels as tk
+    except Exception as exc:  # not installed, or no TileLang: the TileKernels columns stay empty
+        print(f"tile_kernels not importable ({type(exc).__name__}: {exc})", flush=True)
+        tk = None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for row in _timed_rows(tk, gen, started, skip) + _checks(gen, started, skip):
+        print(ROW + json.dumps(row), flush=True)
+
+
+# ---- the run (GPU): the child, watched
+
+
+def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
+    """Run the rows in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    env = {**os.environ, "TKAOT_PATH": str(artifacts.resolve())}
+    cmd = [sys.executable, "-m", "bench.tuning.tune_engram4", "child", "--artifacts", str(artifacts), "--skip", ",".join(skip)]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
+    name, shape = "load", ""
+    while True:
+        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
+        try:
+            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
+        except queue.Empty:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
+            return _stopped(name, shape, f"KILLED ({why})", say, rows)
+        if line is None:
+            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
+                return _stopped(name, shape, f"FAILED (exit {child.returncode})", say, rows)
+            return None
+        line = line.rstrip("\n")
+        if line.startswith(START):
+            name, shape = line[len(START) :].split("|", 1)
+        elif line.startswith(ROW):
+            row = tuple(json.loads(line[len(ROW) :]))
+            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
+            if not math.isnan(row[2]):
+                say(f"{row[0]:12s} {row[1]:28s} {row[2]:9.2f} µs  TK {row[3]:9.2f}  identical: {row[4]}")
+        else:
+            say(line)
+
+
+def _stopped(name: str, shape: str, what: str, say, rows: dict) -> str | None:
+    """Say where the child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
+    say(f"{what} in {name} at {shape or '-'}")
+    if name in ("load", "TK"):
+        return None
+    rows.setdefault((name, shape), (name, shape, NAN, NAN, what))
+    return name
+
+
+def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
+    """The rows in a child; a candidate that hangs is killed and the rows rerun without it. The table comes last."""
+    start = time.perf_counter()
+    deadline = start + total_s
+    log: list[str] = []
+    rows: dict = {}
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.append(line)
+
+    skip: list[str] = []
+    hung = _run_child(artifacts, skip, deadline, say, rows)
+    while hung is not None and hung not in skip and time.perf_counter() < deadline - 10:  # time for a rerun
+        skip.append(hung)
+        say(f"rerun without {', '.join(skip)}")
+        hung = _run_child(artifacts, skip, deadline, say, rows)
+    say(f"\n{'candidate':12s} {'shape':28s} {'µs':>9s} {'TK µs':>9s} {'ratio':>6s}  identical")
+    for name, shape, us, tk_us, same in rows.values():
+        say(f"{name:12s} {shape:28s} {us:9.2f} {tk_us:9.2f} {us / tk_us:6.3f}  {same}")
+    say(f"{time.perf_counter() - start:.1f} s")
+    (out / "tune_engram4.log").write_text("\n".join(log) + "\n")
+
+
+def main(argv=None) -> None:
+    import argparse
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["child"]:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--artifacts", type=Path, required=True)
+        parser.add_argument("--skip", default="")
+        args = parser.parse_args(argv[1:])
+        _child(args.artifacts, tuple(s for s in args.skip.split(",") if s))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("time", "build"), default="time")
+    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact set")
+    parser.add_argument("--out", type=Path, required=True, help="build: where the set goes; time: the log's directory")
+    parser.add_argument("--budget", type=float, default=TOTAL_S, help="the run's seconds (time)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "build":
+        build(args.out)
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to time (build runs here: `build --out DIR`)")
+        return
+    time_candidates(args.artifacts, args.out, args.budget)
+
+
+if __name__ == "__main__":
+    main()
