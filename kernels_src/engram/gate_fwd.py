@@ -27,7 +27,7 @@ overlaps the item before.
 A warp's time on a token is mostly its instructions' latency (one warp a CTA; at few tokens, one an SM), so
 a whole item (its 4 chunks in the row and x's in the slice: every item where hidden is a multiple of 1024
 up to slice * 256) runs a body with no test a chunk and plain weight addresses; a partial item, or one
-past the slice, the tested body. The test is one a item, uniform across the warp.
+past the slice, the tested body. The test is one an item, uniform across the warp.
 
 Runtime values: tokens, hc_mult, hidden (a multiple of 256, at most 16384), eps, clamp_value,
 scalar (hidden ** -0.5), and `flags`: bit 0 saves dot / gate_score / rstd_x / rstd_k, bit 1 reads
