@@ -207,8 +207,8 @@ VALID = [
     (lambda: E.engram_hash(M(3, 2, dtype=I32), M(1, 2, dtype=I64), M(1, 1, 4, dtype=I32), M(1, 4, dtype=I32), M(3, dtype=BOOL)),
      [("engram_hash", "max_ngram_size=2")]),
     (lambda: E.fused_weight(M(4, 7168), M(4, 7168)), [("engram_fused_weight", "dtype=bfloat16")]),
-    (lambda: E.engram_gate_fwd(*_gate(), 1e-20, 1e-6), [("engram_gate_fwd", "tiling=c1584s2x28")]),
-    (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c1584s2x28")]),
+    (lambda: E.engram_gate_fwd(*_gate(), 1e-20, 1e-6), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
+    (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
     (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d14c")]),
     (lambda: E.engram_gate_bwd(M(0, 4, 256), *_gate(0, 4, 256), *_saved(0), 1e-6, M(0, dtype=BOOL)),
      [("engram_gate_bwd", "tiling=k28d14c")]),
@@ -326,3 +326,35 @@ def test_modeling_keeps_tile_kernels_call_shape():
     params = list(inspect.signature(EngramGateFn.forward).parameters)
     assert params == ["ctx", "hidden_states", "kv", "weight_hidden", "weight_embed", "clamp_value", "eps", "image_token_mask"]
     assert tkaot.modeling.engram.engram_gate is engram_gate and engram_gate == EngramGateFn.apply
+
+
+def test_gate_forward_tiling_is_the_weights_ahead_form():
+    pytest.importorskip("tilelang")
+    from kernels_src.engram.gate_fwd import parse_tiling
+    from tkaot._engram.kernels import GATE_FWD_TILINGS
+
+    assert parse_tiling(GATE_FWD_TILINGS["default"]) == (1584, 2, 28)
+    for old in ("c1584s2x28", "c1584s2x28ww", "c0s2x28w", "c1584s1x28w", "c1584s2x65w"):
+        with pytest.raises(ValueError):
+            parse_tiling(old)
+
+
+def test_gate_forward_lowers_to_the_lean_body_with_weights_an_item_ahead():
+    """The shipped forward: one warp, no barrier; pass 1's whole items (x parked: n <= 6 at slice 28) and the rest
+    take separate bodies; every weight read fills the next item's registers, ahead of the staging and the wait."""
+    pytest.importorskip("tilelang")
+    from build_tools.compile import lower
+    from build_tools.ops import Variant
+    from tkaot._engram.kernels import GATE_FWD_TILINGS
+
+    source = str(lower(Variant.make("engram_gate_fwd", {"tiling": GATE_FWD_TILINGS["default"]}), "sm90")[2])
+    assert "__launch_bounds__(32, 1)" in source and "__syncthreads" not in source
+    assert source.count("+ 4) <= (hidden >> 8)) && (n <= 6)") == 1 and source.count("+ 4) <= (hidden >> 8)) && (m <= 6)") == 1
+    reads = [line for line in source.splitlines() if "weight_fused +" in line]
+    assert len(reads) == 3  # the first item's, then one in each pass-1 body
+    assert all(line.lstrip().startswith(("condval = ", "*(float4*)(w_next + ")) for line in reads)
+    bodies = source.split("= w_next[")[1:]  # each pass-1 body, from its copy of the weights read an item before
+    assert len(bodies) == 2
+    for body in bodies:
+        read, commit, wait = body.index("weight_fused +"), body.index("tl::cp_async_commit()"), body.index("tl::cp_async_wait<1>()")
+        assert read < commit < wait

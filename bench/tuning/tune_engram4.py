@@ -1,27 +1,38 @@
-"""Time the Engram gate forward's lean candidates beside the kernel shipped before them and TileKernels, at 8192,
-1, 16 and 128 tokens of 4 x 7168 (bench/cases/engram.py's shapes and the decode sizes), bytes against TileKernels'.
+"""Time the Engram gate forward shipped (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>w") beside the
+kernel shipped before it and TileKernels, at 8192, 1, 16 and 128 tokens of 4 x 7168 (bench/cases/engram.py's shapes
+and the decode sizes), bytes against TileKernels'.
 
 Why ours was slower at few tokens (session 13, read from the SASS; no GPU counter behind it): one warp runs a
 token's 14 items one after another, so its time is the item bodies' instruction latency, not the loads' round trip
 (a whole row in flight did not help: 8.50 µs against 7.79). The body shipped before tested every chunk (in the row?
 x parked?) and clamped every weight address in 64-bit arithmetic: 470 instructions an item of pass 1 against
 TileKernels' 274 (static hidden), and ptxas placed 6 of an item's 8 weight loads behind the cp.async wait, so their L2
-round trip followed the wait's instead of overlapping it (TileKernels' landed ahead of it). The candidates
-(kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>[w]") run a whole item (4 chunks in the row, x parked:
-every item at hidden 7168) without a test a chunk and read its weights before staging the next item:
+round trip followed the wait's instead of overlapping it (TileKernels' landed ahead of it). The lean body runs a
+whole item (4 chunks in the row, x parked: every item at hidden 7168) without a test a chunk and reads an item's
+weights ahead of the staging and the wait.
 
-    c1585s2x28   the control: main's kernel at CONTROL_COMMIT (its c1584s2x28 under a key of its own, the same grid)
-    c1584s2x28   lean, 2 slots (the default's grid and shared memory: 12 CTAs an H200 SM)
-    c1584s2x28w  lean, the weights an item ahead
-    c1320s3x28   lean, 3 slots (10 CTAs an SM)
-    nopdl        c1584s2x28's cubin launched without programmatic dependent launch (is PDL part of the fixed cost?)
+Round 1 (H200, 2026-12-02, TileKernels 2.1.0 in the same process; µs, ratio to TileKernels; every row's bytes
+identical to TileKernels', and every candidate's to the control's on the masked / in-place / odd-hidden rows):
+
+    candidate     8192 tokens    8192 save      1 token       16 tokens     128 tokens
+    TileKernels   400.3          401.6          5.20          8.00          9.77
+    c1585s2x28    420.1 1.050    421.7 1.050    7.85 1.508    10.19 1.273   11.70 1.198   the control (shipped before)
+    c1584s2x28    398.3 0.995    400.0 0.996    5.58 1.073     6.87 0.859    8.84 0.905   lean, weights at their item
+    c1584s2x28w   392.2 0.980    395.3 0.984    5.53 1.063     7.10 0.887    9.03 0.924   lean, weights an item ahead
+    c1320s3x28    404.1 1.010    410.5 1.022    5.77 1.108     6.55 0.819    8.82 0.903   lean, 3 slots
+    nopdl         393.9 0.984    396.1 0.986    6.02 1.156     7.47 0.934    9.36 0.958   c1584s2x28 without PDL
+
+c1584s2x28w ships (the only form now). The other lean candidates (weights read at their own item) are no longer
+buildable from the tree: they are kernels_src/engram/gate_fwd.py at commit 69a9cfe. This script now times the
+shipped tiling beside the control (main's kernel at CONTROL_COMMIT, under a key of its own, the same grid).
 
 Each timed row checks the outputs (out; with save, dot / gate_score / rstd_x / rstd_k) byte for byte against
 TileKernels' on the same inputs, then times by CUDA-graph replay over rotating inputs larger than L2
-(bench.timing.device_us). Then each candidate's bytes against the control's where TileKernels is not run: image
-tokens (30 %), in place, hidden 256 / 1792 / 4096 / 16384 (partial items, x past the slice), 1 and 3 tokens.
+(bench.timing.device_us). Then the shipped kernel's bytes against the control's where TileKernels is not run: image
+tokens (30 %), in place, hidden 256 / 1280 / 1792 / 4096 / 8192 / 16384 (partial items, x past the slice), 1, 2, 3
+and 5 tokens.
 
-The rows run in a child process that announces each candidate before it runs it; a child silent for STALL_S seconds
+The rows run in a child process that announces each kernel before it runs it; a child silent for STALL_S seconds
 (a hung kernel) or past the run's budget is killed, its row says so, and the rows are run again without it.
 
     python -m bench.tuning.tune_engram4 build --out tune-artifacts/engram4          (CPU: TileLang and nvcc)
@@ -38,13 +49,13 @@ from pathlib import Path
 
 from bench.tuning import tune_engram2 as harness
 from bench.tuning.tune_engram2 import CLAMP, EPS, HC, HIDDEN
+from tkaot._engram.kernels import GATE_FWD_TILINGS
 
 ARTIFACTS = "tune-artifacts/engram4"
 CONTROL_COMMIT = "cbe24e7"  # main before these candidates (H200: 421.0 / 7.79 / 11.74 µs at 8192 / 1 / 128 tokens)
 CONTROL = "c1585s2x28"  # main's c1584s2x28, under a key of its own beside the candidates (1585 // 4 = 1584 // 4 runs)
 CONTROL_MODULE = "bench.tuning._engram4_control"
-FWD = ("c1584s2x28", "c1584s2x28w", "c1320s3x28")
-NOPDL = "nopdl"  # FWD[0]'s cubin launched without PDL
+FWD = (GATE_FWD_TILINGS["default"],)  # the shipped tiling
 ROWS = ((8192, False), (8192, True), (1, False), (16, False), (128, False))  # (tokens, save_for_backward)
 TOTAL_S = 90  # the whole run's budget (--budget S)
 STALL_S = 25  # a candidate silent this long is taken as hung (TileKernels' first call compiles: twice this for it)
@@ -56,7 +67,7 @@ NAN = math.nan
 
 
 def build(out: Path) -> None:
-    """The control from CONTROL_COMMIT, then the candidates from the kernel source, into one artifact set."""
+    """The control from CONTROL_COMMIT, then the shipped tiling from the kernel source, into one artifact set."""
     import kernels_src.engram.gate_fwd as fwd_source
     from build_tools import ops
     from build_tools.artifacts import BuildCache
@@ -65,7 +76,7 @@ def build(out: Path) -> None:
 
     start = time.perf_counter()
     built = harness.build_control(CONTROL_COMMIT, "kernels_src/engram/gate_fwd.py", CONTROL_MODULE, CONTROL, GATE_FWD, str(out))
-    harness.declare(fwd_source, {f"candidate{i}": t for i, t in enumerate(FWD)}, fwd_source.__name__, GATE_FWD)
+    harness.declare(fwd_source, {"default": FWD[0]}, fwd_source.__name__, GATE_FWD)  # build_control declared the control
     variants = [ops.Variant(GATE_FWD.name, (("tiling", t),)) for t in FWD]
     report = build_variants(variants, out, "sm90", 1, BuildCache())
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -76,22 +87,14 @@ def build(out: Path) -> None:
 
 
 def _use(tiling: str) -> None:
-    """Make tkaot.engram.engram_gate_fwd launch `tiling` (NOPDL: FWD[0]'s cubin without PDL)."""
-    import torch
+    """Make tkaot.engram.engram_gate_fwd launch `tiling`."""
+    from tkaot._engram import kernels
 
-    from tkaot._engram import gate, kernels
-    from tkaot.registry import REGISTRY
-
-    if tiling == NOPDL:
-        device = torch.cuda.current_device()
-        if (device, NOPDL) not in gate._FWD.cache:  # the op's launcher cache, keyed (device, tiling)
-            kernel = REGISTRY.kernel(gate._FWD.op, gate._FWD.kernel, gate._FWD.key((FWD[0],)), device)
-            gate._FWD.cache[(device, NOPDL)] = kernel.bind(gate._FWD.args, pdl=False)
     kernels.GATE_FWD_TILINGS = {"default": tiling}  # the op reads its tiling here at every call
 
 
 def _timed_rows(tk, gen, started, skip) -> list[tuple]:
-    """Each ROWS shape: TileKernels, then the control and each candidate, on the same inputs."""
+    """Each ROWS shape: TileKernels, then the control and the shipped tiling, on the same inputs."""
     import torch
 
     import tkaot
@@ -108,7 +111,7 @@ def _timed_rows(tk, gen, started, skip) -> list[tuple]:
 
         started("TK", shape)
         want, tk_us = harness._beside(tk, run, inputs)
-        for tiling in (CONTROL, *FWD, NOPDL):
+        for tiling in (CONTROL, *FWD):
             if tiling in skip:
                 continue
             started(tiling, shape)
@@ -127,7 +130,7 @@ class _Log:
 
 
 def _checks(gen, started, skip) -> list[tuple]:
-    """Each candidate's bytes against the control's where TileKernels is not run."""
+    """The shipped tiling's bytes against the control's where TileKernels is not run."""
     import torch
 
     import tkaot
@@ -155,7 +158,7 @@ def _checks(gen, started, skip) -> list[tuple]:
     rows = []
     for label, call in cases:
         want = None
-        for tiling in (CONTROL, *FWD, NOPDL):
+        for tiling in (CONTROL, *FWD):
             if tiling in skip:
                 continue
             started(tiling, label + " (ctl)")

@@ -19,10 +19,11 @@ warp finishes pass 1 and reduces. Once a token's last reads are issued, the next
 are staged, so the run streams without a drain between tokens. A lane reads back only the vectors it
 staged itself: the wait on its own groups is the only synchronisation (no block barrier, one warp).
 x past the parked slice (hidden above slice * 256) is read from global memory in both passes. An item's
-fp32 weights (4 chunks, 32 registers a lane) are read before it stages the next item and waits on its own
-loads, unguarded: one L2 round trip an item that overlaps the wait, where a read guarded by the chunk test
-waited once a chunk (28 a token). With "w" they are read an item earlier still, so their round trip also
-overlaps the item before.
+fp32 weights (4 chunks, 32 registers a lane) are read one item ahead, unguarded (a chunk past the row reads
+the last one): one L2 round trip an item, overlapping the wait for and the sums of the item before, where a
+read guarded by the chunk test waited once a chunk (28 a token). Read just before their own item's wait
+instead: H200 398.3 / 5.58 / 6.87 / 8.84 µs against 392.2 / 5.53 / 7.10 / 9.03 at 8192 / 1 / 16 / 128 tokens
+(session 13).
 
 A warp's time on a token is mostly its instructions' latency (one warp a CTA; at few tokens, one an SM), so
 a whole item (its 4 chunks in the row and x's in the slice: every item where hidden is a multiple of 1024
@@ -53,17 +54,17 @@ TILE = 4  # chunks an item (a ring slot) holds
 SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
-def parse_tiling(tiling: str) -> tuple[int, int, int, bool]:
-    """Tiling "c<ctas>s<stages>x<slice>[w]": CTAs of one warp in the grid (at most; split among the heads), ring
-    slots of 1024 elements, chunks of 256 of x parked in shared memory; with "w" an item's weights are read one
-    item ahead (while the warp waits for and sums the item before), not just ahead of the item's own wait."""
-    match = re.fullmatch(r"c(\d+)s(\d+)x(\d+)(w?)", tiling)
+def parse_tiling(tiling: str) -> tuple[int, int, int]:
+    """Tiling "c<ctas>s<stages>x<slice>w": CTAs of one warp in the grid (at most; split among the heads), ring
+    slots of 1024 elements, chunks of 256 of x parked in shared memory; "w": an item's weights are read one item
+    ahead (the only form; the name tells it from the tilings measured before, which read them later)."""
+    match = re.fullmatch(r"c(\d+)s(\d+)x(\d+)w", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_fwd tiling {tiling!r} is not c<ctas>s<stages>x<slice>[w]")
-    ctas, stages, slice_ = map(int, match.groups()[:3])
+        raise ValueError(f"engram_gate_fwd tiling {tiling!r} is not c<ctas>s<stages>x<slice>w")
+    ctas, stages, slice_ = map(int, match.groups())
     if not (1 <= ctas <= 65535 and 2 <= stages <= 32 and 1 <= slice_ <= MAX_GATE_HIDDEN // CHUNK):
         raise ValueError(f"engram_gate_fwd tiling {tiling!r}: ctas 1-65535, stages 2-32, slice 1-64")
-    return ctas, stages, slice_, match[4] == "w"
+    return ctas, stages, slice_
 
 
 def cp_async(vec: int):
@@ -77,7 +78,7 @@ def cp_async(vec: int):
 
 
 def build(tiling: str):
-    ctas, stages, slice_, weights_ahead = parse_tiling(tiling)
+    ctas, stages, slice_ = parse_tiling(tiling)
     ahead = stages - 1  # items in flight beyond the one the warp waits for
     num_tokens = T.dynamic("num_tokens")
     hc_mult = T.dynamic("hc_mult")
@@ -125,19 +126,16 @@ def build(tiling: str):
         T.ptx_commit_group()
 
     @T.macro
-    def item_weights(n, head, col, chunks, weight_fused, w_local, whole):
-        """Item n's fp32 weights (4 chunks a lane), read unguarded: a chunk past the row reads the last one (of a
-        `whole` item, none is past it)."""
+    def item_weights(n, head, col, chunks, weight_fused, w_local):
+        """Item n's fp32 weights (4 chunks a lane), read unguarded: a chunk past the row reads the last one."""
         for q in T.unroll(TILE):
             for j in T.vectorized(VEC):
-                if whole:
-                    w_local[q * VEC + j] = weight_fused[head, (n * TILE + q) * CHUNK + col + j]
-                else:
-                    w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
+                w_local[q * VEC + j] = weight_fused[head, T.min(n * TILE + q, chunks - 1) * CHUNK + col + j]
 
     @T.macro
-    def load_x(t, c, head, col, hidden_states, x_smem, x_local, whole):
-        """x's chunk c: parked in shared memory, or past the slice from global memory (a `whole` item's is parked)."""
+    def chunk_in(t, c, slot, q, head, col, hidden_states, x_smem, ring, x_local, k_local, whole):
+        """Chunk c into registers: x's (parked in shared memory, or past the slice from global memory; a `whole`
+        item's is parked), then the vector of ring slot `slot` the chunk (the item's q-th) was staged into."""
         if whole:
             for j in T.vectorized(VEC):
                 x_local[j] = x_smem[c * CHUNK + col + j]
@@ -147,30 +145,25 @@ def build(tiling: str):
         else:
             for j in T.vectorized(VEC):
                 x_local[j] = hidden_states[t, head, c * CHUNK + col + j]
+        for j in T.vectorized(VEC):
+            k_local[j] = ring[slot, q * CHUNK + col + j]
 
     @T.macro
     def pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring, w_local,
                    w_next, x_local, k_local, sum_x, sum_k, sum_d, whole):  # fmt: skip
-        """Item n of pass 1: its weights read, the next item staged, this one's loads waited for, its sums added.
-        `whole`: its 4 chunks are in the row and x's in the slice, so no chunk is tested."""
-        # the item's weights, all in flight before the wait: an unguarded read (a chunk past the row reads the
-        # last one, unused), so the L2 round trip is one an item, not one a chunk. Read ahead of the staging:
-        # read after it, ptxas placed most of them behind the wait, so their round trip followed the wait's. With
-        # "w" read an item earlier, so it overlaps the previous item's wait and sums too
-        if weights_ahead:
-            for i in T.unroll(TILE * VEC):
-                w_local[i] = w_next[i]
-            item_weights(n + 1, head, col, chunks, weight_fused, w_next, False)
-        else:
-            item_weights(n, head, col, chunks, weight_fused, w_local, whole)
+        """Item n of pass 1: the next item's weights read, the next item staged, this one's loads waited for, its
+        sums added. `whole`: its 4 chunks are in the row and x's in the slice, so no chunk is tested."""
+        # the next item's weights, in flight across this item's wait and sums: an unguarded read (a chunk past the
+        # row reads the last one, unused; past the last item, the last item's), one L2 round trip an item. Read
+        # ahead of the staging: read after it, ptxas placed most of them behind the wait
+        for i in T.unroll(TILE * VEC):
+            w_local[i] = w_next[i]
+        item_weights(n + 1, head, col, chunks, weight_fused, w_next)
         stage(n + ahead, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
         T.ptx_wait_group(ahead)
         for q in T.unroll(TILE):
-            c = n * TILE + q
-            if whole or c < chunks:
-                load_x(t, c, head, col, hidden_states, x_smem, x_local, whole)
-                for j in T.vectorized(VEC):
-                    k_local[j] = ring[n % stages, q * CHUNK + col + j]
+            if whole or n * TILE + q < chunks:
+                chunk_in(t, n * TILE + q, n % stages, q, head, col, hidden_states, x_smem, ring, x_local, k_local, whole)
                 for j in T.serial(VEC):
                     sum_x[0] += x_local[j] * x_local[j]
                     sum_k[0] += k_local[j] * k_local[j]
@@ -185,9 +178,7 @@ def build(tiling: str):
         for q in T.unroll(TILE):
             c = m * TILE + q
             if whole or c < chunks:
-                load_x(t, c, head, col, hidden_states, x_smem, x_local, whole)
-                for j in T.vectorized(VEC):
-                    k_local[j] = ring[(tiles + m) % stages, q * CHUNK + col + j]
+                chunk_in(t, c, (tiles + m) % stages, q, head, col, hidden_states, x_smem, ring, x_local, k_local, whole)
                 for j in T.vectorized(VEC):
                     output[t, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
 
@@ -226,7 +217,7 @@ def build(tiling: str):
             x_local = T.alloc_local((VEC,), T.float32)
             k_local = T.alloc_local((VEC,), T.float32)
             w_local = T.alloc_local((TILE * VEC,), T.float32)  # an item's weights
-            w_next = T.alloc_local((TILE * VEC,), T.float32)  # with "w", the next item's weights (else unused)
+            w_next = T.alloc_local((TILE * VEC,), T.float32)  # the next item's
             sum_x = T.alloc_local((1,), T.float32)
             sum_k = T.alloc_local((1,), T.float32)
             sum_d = T.alloc_local((1,), T.float32)
@@ -261,8 +252,7 @@ def build(tiling: str):
                     T.clear(sum_x)
                     T.clear(sum_k)
                     T.clear(sum_d)
-                    if weights_ahead:
-                        item_weights(0, head, col, chunks, weight_fused, w_next, False)
+                    item_weights(0, head, col, chunks, weight_fused, w_next)
                     for n in T.serial(tiles):
                         if (n + 1) * TILE <= T.min(chunks, slice_):
                             pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring,

@@ -16,19 +16,16 @@ _E = "tkaot.engram."
 MAX_NGRAM = 8
 # The gate holds a head's fused weight row in shared memory (fp32): hidden at most 16384, a multiple of 256
 MAX_GATE_HIDDEN = 16384
-# Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>[w]"): one warp a CTA running over consecutive
+# Gate forward (kernels_src/engram/gate_fwd.py, "c<ctas>s<stages>x<slice>w"): one warp a CTA running over consecutive
 # tokens of one head, loads by cp.async into a ring of `stages` slots of 1024 elements, x parked in shared memory for
-# the first `slice` chunks of 256, an item's weights read ahead of its wait; 1584 CTAs (12 an H200 SM at 18 KB each),
-# 2 slots. Measured on the H200 with the weights read a chunk at a time (TileKernels 402 µs at 8192x4x7168, 5.22 at
-# 1x4x7168): c1584s2x28 563 / 9.94 µs; c1320s3x28 597 / 10.34, c1188s4x28 624 / 9.98, the former decode pick
-# c1584s14x28 (a whole row in flight) 878 / 10.68: one tiling serves both. Before: register rings w4x28b6 591-603,
-# w4x32b8 620, w4x32b4 801, w2x32b8 772, w4x32b12 898 µs; cp.async with a row a CTA 621-931 (deleted). With an
-# item's weights read before its wait (shipped): 421.9 / 7.90 µs (TileKernels 403.8 / 5.27). 2026-12-02 (TileKernels
-# 399.0 / 5.25 / 10.00 µs at 8192 / 1 / 128 tokens): c1584s2x28 421.4 / 7.79 / 11.74; a whole row in flight at few
-# tokens (deleted) c1584s14x28 - / 8.50 / 14.14, with "w" 8.98 / 14.35, c1584s8x28w 7.85 / 14.89: one tiling serves
-# every token count. "w" (weights an item ahead) 417.2 at 8192 tokens, unmeasured at 1 and 128
-# (bench/tuning/tune_engram3.py)
-GATE_FWD_TILINGS = {"default": "c1584s2x28"}
+# the first `slice` chunks of 256, a whole item run without a test a chunk, an item's weights read one item ahead;
+# 1584 CTAs (12 an H200 SM at 18 KB each), 2 slots. Measured on the H200 (2026-12-02, TileKernels 400.3 / 5.20 / 8.00
+# / 9.77 µs at 8192 / 1 / 16 / 128 tokens of 4 x 7168): c1584s2x28w 392.2 / 5.53 / 7.10 / 9.03; the body shipped
+# before (a test a chunk, c1584s2x28) 420.1 / 7.85 / 10.19 / 11.70; the lean body with the weights read at their own
+# item c1584s2x28 398.3 / 5.58 / 6.87 / 8.84, with 3 slots c1320s3x28 404.1 / 5.77 / 6.55 / 8.82
+# (bench/tuning/tune_engram4.py). Earlier: a whole row in flight at few tokens (c1584s14x28: 8.50 µs at 1 token
+# against 7.79) and register rings (w4x28b6 591-603 µs at 8192 tokens) lost (bench/tuning/tune_engram2.py, 3)
+GATE_FWD_TILINGS = {"default": "c1584s2x28w"}
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth><form>"): 8 warps a CTA, two a head (4 heads), one
 # CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
 # registers), their loads staged by cp.async through a ring of 14 slots drained after each pass ("c"), the kernel's
