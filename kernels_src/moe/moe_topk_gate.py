@@ -23,7 +23,7 @@ from kernels_src.moe.common import (
     warp_sum,
     warp_token,
 )
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
 DECL = MOE_TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
@@ -115,8 +115,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
         flags: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             lane, token = warp_token(block, warps)
             if isinstance(num_experts, int):
                 row = token
