@@ -1,0 +1,297 @@
+"""Time candidates of the mHC rows still slower than TileKernels (issue 16) beside TileKernels and the kernels as
+shipped (the controls, built from main's source at BEFORE), at the bench shapes (bench/cases/mhc*.py).
+
+Session 12's SASS count found scalar 32-bit stores where 16-byte ones could be: split_mixes_bwd 51, sinkhorn_bwd 13,
+normw_merge_bwd 9, reduce_partials_fwd 13. Candidates:
+- split_bwd.vec: each thread's token rows (96 bytes of input_mixes and its gradient, 64 of comb_res_mix_grad, 16 of
+  the others at mhc 4) moved as 16-byte vectors when every tensor is 16-byte aligned (checked in the kernel; the op
+  does not require it), else as scalars: 13 loads and 6 stores a token, not 52 and 24. A warp's scalar access to 32
+  rows 96 bytes apart touches 24 cache lines an instruction, so the L1 does about a quarter of the work. Same values
+  in the same order, so its bytes must equal the control's, and with misaligned inputs too (checked).
+- normw_merge_bwd.ahead{8,6,4}: the next chunk of rows loaded before this chunk's stores (rows a chunk 8, 6, 4), so
+  a thread waits about once for two chunks, not once a chunk (24 rows: 3 waits at 8 rows). Same bytes as the control.
+
+The machinery is bench/tuning/tune_mhc_perf.py's (candidates as patched builders, each built into its own artifact
+set ARTIFACTS/<candidate>/, launched through the op's own validation and argument packing). Build on a CPU with
+TileLang and nvcc (a few minutes on two shared cores):
+
+    python -m bench.tuning.tune_mhc4 build --out tune-artifacts/mhc4
+
+then on the GPU, where tile_kernels imports:
+
+    python -m bench.tuning.tune_mhc4 --artifacts tune-artifacts/mhc4 --out DIR [--budget S]
+
+Each op's rows run in a child process that announces every call before it makes it; a child silent for STALL_S
+seconds (a hung kernel; twice that for TileKernels' first calls, which compile) or past the run's budget (--budget,
+TOTAL_S by default) is killed, its row says so, and the op's rows run again without that candidate. Per candidate and
+row: its output bytes against TileKernels' ("TK yes", or how many tensors differ and by how much: split_mixes_bwd's
+parameter gradients are sums TileKernels adds in its own order, compared by value in the parity suite) and against
+the control's ("=ctl"), then its device µs (CUDA-graph replay over rotating inputs larger than L2, median) beside
+TileKernels' and the control's in the same child. Prints one table last and writes DIR/tune_mhc4.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from bench.tuning.tune_mhc_perf import Candidate, Source, options
+
+ARTIFACTS = "tune-artifacts/mhc4"
+BEFORE = "cbe24e7"  # main before these candidates: the controls
+
+_SPLIT, _MERGE = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.normw_merge_bwd"
+_SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
+_MERGE_OP = dict(kernel="mhc_normw_merge_bwd", op="mhc_fn_normw_merge_bwd", values={"dtype": "float32"})
+CONTROL = ".ctl"  # the suffix of a control's name: the op's other candidates are checked against its bytes
+
+CANDIDATES = (
+    Candidate("split_bwd.ctl", patches=((_SPLIT, "build", Source(BEFORE)),), note="shipped: scalar rows", **_SPLIT_OP),
+    Candidate("split_bwd.vec", patches=options(_SPLIT, vector=True), note="16-byte rows when aligned", **_SPLIT_OP),
+    Candidate("normw_merge_bwd.ctl", patches=((_MERGE, "build", Source(BEFORE)),), note="shipped: 8 rows a chunk",
+              **_MERGE_OP),
+    Candidate("normw_merge_bwd.ahead8", patches=options(_MERGE, ahead=True), note="next 8 rows loaded ahead", **_MERGE_OP),
+    Candidate("normw_merge_bwd.ahead6", patches=options(_MERGE, ahead=True, rows=6), note="next 6 rows loaded ahead",
+              **_MERGE_OP),
+    Candidate("normw_merge_bwd.ahead4", patches=options(_MERGE, ahead=True, rows=4), note="next 4 rows loaded ahead",
+              **_MERGE_OP),
+)  # fmt: skip
+# ops whose candidates also run on inputs at a 4-byte offset (their kernels branch on alignment)
+MISALIGNED_CHECK = ("mhc_pre_split_mixes_bwd",)
+
+TOTAL_S = 90  # the whole run's budget (--budget S)
+STALL_S = 20  # a call silent this long is taken as hung (TileKernels' first calls compile: twice that for those)
+START, ROW = "START ", "ROW "  # a child's protocol lines
+
+
+# ---- build (CPU)
+
+
+def build(out: Path, only: str | None = None) -> None:
+    from bench.tuning import tune_mhc_perf
+
+    tune_mhc_perf.build(out, only, CANDIDATES)
+
+
+# ---- one op's rows (GPU, in a child)
+
+
+def _outputs(case, inputs: dict) -> list:
+    """Every tensor the call writes or returns, on a copy of the inputs."""
+    import torch
+
+    from bench.tuning.tune_mhc_perf import _tensors
+
+    a = copy.deepcopy(inputs)
+    got = _tensors(case.tkaot(a)) + _tensors(a)
+    torch.cuda.synchronize()
+    return got
+
+
+def _same(a: list, b: list) -> bool:
+    import torch
+
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _misaligned(inputs: dict) -> dict:
+    """The inputs, each tensor copied to a place 4 bytes past a 16-byte boundary (a contiguous view at offset 1)."""
+    import torch
+
+    out = {}
+    for k, t in inputs.items():
+        if isinstance(t, torch.Tensor) and t.numel():
+            buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+            out[k] = buf[1:].view(t.shape).copy_(t)
+        else:
+            out[k] = t
+    return out
+
+
+def measure_op(op: str, artifacts: Path, skip: tuple, started) -> list[tuple]:
+    """The rows (candidate, shape, µs, TK µs, control µs, verdict) of op's candidates not in `skip`."""
+    import torch
+
+    from bench import timing
+    from bench.run import _tile_kernels, rotating_inputs
+    from bench.tuning.tune_mhc_perf import _cases, _identical, _launching
+
+    tk = _tile_kernels()
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    chosen = [c for c in CANDIDATES if c.op == op and c.name not in skip]
+    control = next((c for c in CANDIDATES if c.op == op and c.name.endswith(CONTROL)), None)
+    rows = []
+    for case in _cases()[op]:
+        torch.manual_seed(0)
+        inputs = rotating_inputs(case, l2)
+        tk_us = None
+        if tk is not None and case.tile_kernels is not None:
+            started("TK", case.shape)
+            tk_us, _ = timing.device_us(lambda a, case=case: case.tile_kernels(tk, a), inputs)
+        want = odd_want = None
+        if control is not None and control.name not in skip:
+            started(control.name, case.shape)
+            with _launching(control, artifacts):
+                want = _outputs(case, inputs[0])
+                if op in MISALIGNED_CHECK:
+                    odd = _misaligned(inputs[0])
+                    odd_want = _outputs(case, odd)
+        control_us = None
+        for c in chosen:
+            started(c.name, case.shape)
+            try:
+                with _launching(c, artifacts):
+                    verdict = "TK " + _identical(case, tk, inputs[0])
+                    if c is not control and want is not None:
+                        verdict += ", =ctl" if _same(_outputs(case, inputs[0]), want) else ", DIFFERS from ctl"
+                        if odd_want is not None:
+                            verdict += ", misaligned =ctl" if _same(_outputs(case, odd), odd_want) else ", misaligned DIFFERS"
+                    us, mode = timing.device_us(case.tkaot, inputs)
+            except Exception as exc:  # a candidate that fails to load or launch is reported, not fatal
+                us, mode, verdict = None, "-", f"error: {type(exc).__name__}: {exc}"[:120]
+            if c is control:
+                control_us = us
+            verdict += "" if mode in ("graph", "-") else " (events)"
+            rows.append((c.name, case.shape, us, tk_us, control_us, verdict))
+            print(f"{c.name:24s} {case.shape[:34]:34s} {_num(us)} TK {_num(tk_us)}  {verdict}", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _num(x) -> str:
+    return f"{x:8.2f}" if x is not None and not math.isnan(x) else f"{'-':>8s}"
+
+
+def _part(argv) -> None:
+    """Child: one op's rows, each call announced (START name|shape) before it is made, each row as ROW json."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("op")
+    parser.add_argument("--artifacts", type=Path, required=True)
+    parser.add_argument("--skip", default="")
+    args = parser.parse_args(argv)
+
+    def started(name: str, shape: str) -> None:
+        print(f"{START}{name}|{shape}", flush=True)
+
+    started("load", "")
+    for row in measure_op(args.op, args.artifacts, tuple(s for s in args.skip.split(",") if s), started):
+        print(ROW + json.dumps(row), flush=True)
+
+
+# ---- the run (GPU): each op's rows in a watched child
+
+
+def _run_op(op: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
+    """Run one op's rows in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import threading
+
+    cmd = [sys.executable, "-m", "bench.tuning.tune_mhc4", "part", op, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
+    name, shape = "load", ""
+    while True:
+        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
+        try:
+            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
+        except queue.Empty:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
+            return _stopped(op, name, shape, f"KILLED ({why})", say, rows)
+        if line is None:
+            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
+                return _stopped(op, name, shape, f"FAILED (exit {child.returncode})", say, rows)
+            return None
+        line = line.rstrip("\n")
+        if line.startswith(START):
+            name, shape = line[len(START) :].split("|", 1)
+        elif line.startswith(ROW):
+            row = tuple(json.loads(line[len(ROW) :]))
+            rows.setdefault(tuple(row[:2]), row)  # a rerun's repeat of a row keeps the first
+        else:
+            say(line)
+
+
+def _stopped(op: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
+    """Say where a child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
+    say(f"{op}: {what} in {name} at {shape or '-'}")
+    if name in ("load", "TK"):
+        return None
+    rows.setdefault((name, shape), (name, shape, None, None, None, what))
+    return name
+
+
+def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
+    """Each op in its own child, in CANDIDATES' order; one that hangs in a candidate is rerun without it."""
+    start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    log: list[str] = []
+    rows: dict = {}
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.append(line)
+
+    say(f"tune_mhc4: artifacts {artifacts}, budget {total_s:.0f} s")
+    ops = list(dict.fromkeys(c.op for c in CANDIDATES))
+    for i, op in enumerate(ops):
+        # each op may use its share of what is left, so one slow op cannot starve the rest
+        deadline = time.perf_counter() + (start + total_s - time.perf_counter()) / (len(ops) - i)
+        skip: list[str] = []
+        hung = _run_op(op, artifacts, skip, deadline, say, rows)
+        while hung is not None and hung not in skip and time.perf_counter() < deadline - 5:  # time for a rerun
+            skip.append(hung)
+            say(f"{op}: rerun without {', '.join(skip)}")
+            hung = _run_op(op, artifacts, skip, deadline, say, rows)
+    say(f"\n{'candidate':24s} {'shape':34s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s} {'ctl µs':>8s} {'/ctl':>6s}  identical?")
+    for name, shape, us, tk_us, ctl_us, verdict in rows.values():
+        ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
+        to_ctl = f"{us / ctl_us:6.2f}" if us and ctl_us else f"{'-':>6s}"
+        say(f"{name:24s} {shape[:34]:34s} {_num(us)} {_num(tk_us)} {ratio} {_num(ctl_us)} {to_ctl}  {verdict}")
+    say(f"{time.perf_counter() - start:.1f} s")
+    (out / "tune_mhc4.log").write_text("\n".join(log) + "\n")
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["part"]:
+        _part(argv[1:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("build", "time"), default="time")
+    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--out", type=Path, required=True, help="build: where the artifact sets go; time: the log's directory")
+    parser.add_argument("--only", help="build: only the candidates whose name contains this")
+    parser.add_argument("--budget", type=float, default=TOTAL_S, help="time: the whole run's seconds")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out, args.only)
+        return
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("tune_mhc4: no GPU here (torch.cuda.is_available() is False); nothing timed")
+            return
+    except ImportError:
+        print("tune_mhc4: torch not importable; nothing timed")
+        return
+    time_candidates(args.artifacts, args.out, args.budget)
+
+
+if __name__ == "__main__":
+    main()
