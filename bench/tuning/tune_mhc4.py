@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import sys
@@ -64,8 +65,9 @@ CANDIDATES = (
 # ops whose candidates also run on inputs at a 4-byte offset (their kernels branch on alignment)
 MISALIGNED_CHECK = ("mhc_pre_split_mixes_bwd",)
 
-TOTAL_S = 90  # the whole run's budget (--budget S)
-STALL_S = 20  # a call silent this long is taken as hung (TileKernels' first calls compile: twice that for those)
+TOTAL_S = 95  # the whole run's budget (--budget S)
+STALL_S = 20  # a candidate silent this long is taken as hung (and the loading: tkaot and torch import)
+TK_STALL_S = 60  # TileKernels' first calls compile its kernels
 START, ROW = "START ", "ROW "  # a child's protocol lines
 
 
@@ -116,55 +118,87 @@ def _misaligned(inputs: dict) -> dict:
     return out
 
 
-def measure_op(op: str, artifacts: Path, skip: tuple, started) -> list[tuple]:
-    """The rows (candidate, shape, µs, TK µs, control µs, verdict) of op's candidates not in `skip`."""
+def _against_tk(got: list, want: list) -> str:
+    """ "TK yes" if the two lists of tensors hold the same bytes, else how many differ and by how much at most."""
+    if len(got) != len(want) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(got, want, strict=False)):
+        return "TK MISMATCH (outputs differ in number, shape or dtype)"
+    differ = [(a, b) for a, b in zip(got, want, strict=True) if not _same([a], [b])]
+    if not differ:
+        return "TK yes"
+    worst = max(float((a.float() - b.float()).abs().max()) for a, b in differ)
+    return f"TK no: {len(differ)} of {len(got)} tensors, max |diff| {worst:.3g}"
+
+
+def measure_op(op: str, artifacts: Path, skip: tuple, started, say) -> None:
+    """Say a ROW (candidate, shape, µs, TK µs, control µs, verdict) for each of op's candidates not in `skip`; the
+    candidates run first, then TileKernels (its first call compiles), after which each row is said again with
+    TileKernels' µs and bytes ("TK" in skip: never)."""
     import torch
 
     from bench import timing
     from bench.run import _tile_kernels, rotating_inputs
-    from bench.tuning.tune_mhc_perf import _cases, _identical, _launching
+    from bench.tuning.tune_mhc_perf import _cases, _launching
 
-    tk = _tile_kernels()
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
     chosen = [c for c in CANDIDATES if c.op == op and c.name not in skip]
-    control = next((c for c in CANDIDATES if c.op == op and c.name.endswith(CONTROL)), None)
-    rows = []
+    control = next((c for c in chosen if c.name.endswith(CONTROL)), None)
+    if control is not None:  # first, so that the others compare with it
+        chosen.remove(control)
+        chosen.insert(0, control)
     for case in _cases()[op]:
         torch.manual_seed(0)
         inputs = rotating_inputs(case, l2)
-        tk_us = None
-        if tk is not None and case.tile_kernels is not None:
-            started("TK", case.shape)
-            tk_us, _ = timing.device_us(lambda a, case=case: case.tile_kernels(tk, a), inputs)
-        want = odd_want = None
-        if control is not None and control.name not in skip:
-            started(control.name, case.shape)
-            with _launching(control, artifacts):
-                want = _outputs(case, inputs[0])
-                if op in MISALIGNED_CHECK:
-                    odd = _misaligned(inputs[0])
-                    odd_want = _outputs(case, odd)
-        control_us = None
+        odd = _misaligned(inputs[0]) if op in MISALIGNED_CHECK else None
+        want = odd_want = control_us = None
+        rows, outputs = [], {}
         for c in chosen:
             started(c.name, case.shape)
             try:
                 with _launching(c, artifacts):
-                    verdict = "TK " + _identical(case, tk, inputs[0])
-                    if c is not control and want is not None:
-                        verdict += ", =ctl" if _same(_outputs(case, inputs[0]), want) else ", DIFFERS from ctl"
+                    got = outputs[c.name] = _outputs(case, inputs[0])
+                    odd_got = _outputs(case, odd) if odd is not None else None
+                    verdict = []
+                    if c is control:
+                        want, odd_want = got, odd_got
+                    elif want is not None:
+                        verdict.append("=ctl" if _same(got, want) else "DIFFERS from ctl")
                         if odd_want is not None:
-                            verdict += ", misaligned =ctl" if _same(_outputs(case, odd), odd_want) else ", misaligned DIFFERS"
+                            verdict.append("misaligned =ctl" if _same(odd_got, odd_want) else "misaligned DIFFERS from ctl")
                     us, mode = timing.device_us(case.tkaot, inputs)
+                    if mode != "graph":
+                        verdict.append(f"({mode})")
             except Exception as exc:  # a candidate that fails to load or launch is reported, not fatal
-                us, mode, verdict = None, "-", f"error: {type(exc).__name__}: {exc}"[:120]
-            if c is control:
-                control_us = us
-            verdict += "" if mode in ("graph", "-") else " (events)"
-            rows.append((c.name, case.shape, us, tk_us, control_us, verdict))
-            print(f"{c.name:24s} {case.shape[:34]:34s} {_num(us)} TK {_num(tk_us)}  {verdict}", flush=True)
-        del inputs
+                us, verdict = None, [f"error: {type(exc).__name__}: {exc}"[:120]]
+            control_us = us if c is control else control_us
+            rows.append([c.name, case.shape, us, None, control_us, ", ".join(verdict)])
+            say(ROW + json.dumps(rows[-1]))
+        tk = None if "TK" in skip else _tile_kernels()
+        if tk is not None and case.tile_kernels is not None:
+            started("TK", case.shape)
+            theirs = copy.deepcopy(inputs[0])
+            tk_got = _tensors_of(case.tile_kernels(tk, theirs)) + _tensors_of(theirs)
+            torch.cuda.synchronize()
+            tk_us, _ = timing.device_us(lambda a, case=case, tk=tk: case.tile_kernels(tk, a), inputs)
+            for row in rows:
+                row[3] = tk_us
+                if row[0] in outputs:
+                    row[5] = _against_tk(outputs[row[0]], tk_got) + (", " + row[5] if row[5] else "")
+                say(ROW + json.dumps(row))
+        del inputs, outputs
         torch.cuda.empty_cache()
-    return rows
+
+
+def _tensors_of(value) -> list:
+    from bench.tuning.tune_mhc_perf import _tensors
+
+    return _tensors(value)
+
+
+def _row_text(row) -> str:
+    name, shape, us, tk_us, ctl_us, verdict = row
+    ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
+    to_ctl = f"{us / ctl_us:6.2f}" if us and ctl_us else f"{'-':>6s}"
+    return f"{name:24s} {shape[:34]:34s} {_num(us)} {_num(tk_us)} {ratio} {_num(ctl_us)} {to_ctl}  {verdict}"
 
 
 def _num(x) -> str:
@@ -183,8 +217,7 @@ def _part(argv) -> None:
         print(f"{START}{name}|{shape}", flush=True)
 
     started("load", "")
-    for row in measure_op(args.op, args.artifacts, tuple(s for s in args.skip.split(",") if s), started):
-        print(ROW + json.dumps(row), flush=True)
+    measure_op(args.op, args.artifacts, tuple(s for s in args.skip.split(",") if s), started, functools.partial(print, flush=True))
 
 
 # ---- the run (GPU): each op's rows in a watched child
@@ -204,7 +237,7 @@ def _run_op(op: str, artifacts: Path, skip: list[str], deadline: float, say, row
     threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
     name, shape = "load", ""
     while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
+        limit = STALL_S if name != "TK" else TK_STALL_S
         try:
             line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
         except queue.Empty:
@@ -221,7 +254,8 @@ def _run_op(op: str, artifacts: Path, skip: list[str], deadline: float, say, row
             name, shape = line[len(START) :].split("|", 1)
         elif line.startswith(ROW):
             row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(tuple(row[:2]), row)  # a rerun's repeat of a row keeps the first
+            rows[tuple(row[:2])] = row  # a row said again (with TileKernels' figures, or by a rerun) replaces it
+            say(_row_text(row))
         else:
             say(line)
 
@@ -229,10 +263,11 @@ def _run_op(op: str, artifacts: Path, skip: list[str], deadline: float, say, row
 def _stopped(op: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
     """Say where a child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
     say(f"{op}: {what} in {name} at {shape or '-'}")
-    if name in ("load", "TK"):
+    if name == "load":
         return None
-    rows.setdefault((name, shape), (name, shape, None, None, None, what))
-    return name
+    if name != "TK":
+        rows[(name, shape)] = (name, shape, None, None, None, what)
+    return name  # "TK": the rows are rerun without TileKernels
 
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
@@ -258,10 +293,8 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
             say(f"{op}: rerun without {', '.join(skip)}")
             hung = _run_op(op, artifacts, skip, deadline, say, rows)
     say(f"\n{'candidate':24s} {'shape':34s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s} {'ctl µs':>8s} {'/ctl':>6s}  identical?")
-    for name, shape, us, tk_us, ctl_us, verdict in rows.values():
-        ratio = f"{us / tk_us:6.2f}" if us and tk_us else f"{'-':>6s}"
-        to_ctl = f"{us / ctl_us:6.2f}" if us and ctl_us else f"{'-':>6s}"
-        say(f"{name:24s} {shape[:34]:34s} {_num(us)} {_num(tk_us)} {ratio} {_num(ctl_us)} {to_ctl}  {verdict}")
+    for row in rows.values():
+        say(_row_text(row))
     say(f"{time.perf_counter() - start:.1f} s")
     (out / "tune_mhc4.log").write_text("\n".join(log) + "\n")
 
