@@ -10,6 +10,9 @@ normw_merge_bwd 9, reduce_partials_fwd 13. Candidates:
   in the same order, so its bytes must equal the control's, and with misaligned inputs too (checked).
 - normw_merge_bwd.ahead{8,6,4}: the next chunk of rows loaded before this chunk's stores (rows a chunk 8, 6, 4), so
   a thread waits about once for two chunks, not once a chunk (24 rows: 3 waits at 8 rows). Same bytes as the control.
+- reduce_fwd.s{16,8}: reduce_partials_fwd (already ahead of TileKernels, 7.01 against 7.65 us in session 10) loading
+  16 or 8 splits of both partials before adding them in split order (nvcc unrolls the shipped loop 4 times: 4 waits
+  for 16 splits, twice), its token and column kept as 32-bit values. Same bytes as the control.
 
 The machinery is bench/tuning/tune_mhc_perf.py's (candidates as patched builders, each built into its own artifact
 set ARTIFACTS/<candidate>/, launched through the op's own validation and argument packing). Build on a CPU with
@@ -47,6 +50,8 @@ ARTIFACTS = "tune-artifacts/mhc4"
 BEFORE = "cbe24e7"  # main before these candidates: the controls
 
 _SPLIT, _MERGE = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.normw_merge_bwd"
+_REDUCE = "kernels_src.mhc.reduce_partials_fwd"
+_REDUCE_OP = dict(kernel="mhc_reduce_partials_fwd", op="mhc_reduce_partials_and_rmsnorm_fwd", values={"dtype": "float32"})
 _SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
 _MERGE_OP = dict(kernel="mhc_normw_merge_bwd", op="mhc_fn_normw_merge_bwd", values={"dtype": "float32"})
 CONTROL = ".ctl"  # the suffix of a control's name: the op's other candidates are checked against its bytes
@@ -61,6 +66,10 @@ CANDIDATES = (
               **_MERGE_OP),
     Candidate("normw_merge_bwd.ahead4", patches=options(_MERGE, ahead=True, rows=4), note="next 4 rows loaded ahead",
               **_MERGE_OP),
+    Candidate("reduce_fwd.ctl", patches=((_REDUCE, "build", Source(BEFORE)),), note="shipped: a split at a time",
+              **_REDUCE_OP),
+    Candidate("reduce_fwd.s16", patches=options(_REDUCE, splits=16), note="16 splits in flight", **_REDUCE_OP),
+    Candidate("reduce_fwd.s8", patches=options(_REDUCE, splits=8), note="8 splits in flight", **_REDUCE_OP),
 )  # fmt: skip
 # ops whose candidates also run on inputs at a 4-byte offset (their kernels branch on alignment)
 MISALIGNED_CHECK = ("mhc_pre_split_mixes_bwd",)
