@@ -10,9 +10,10 @@ normw_merge_bwd 9, reduce_partials_fwd 13. Candidates:
   in the same order, so its bytes must equal the control's, and with misaligned inputs too (checked).
 - normw_merge_bwd.ahead{8,6,4}: the next chunk of rows loaded before this chunk's stores (rows a chunk 8, 6, 4), so
   a thread waits about once for two chunks, not once a chunk (24 rows: 3 waits at 8 rows). Same bytes as the control.
-- reduce_fwd.s{16,8}: reduce_partials_fwd (already ahead of TileKernels, 7.01 against 7.65 us in session 10) loading
-  16 or 8 splits of both partials before adding them in split order (nvcc unrolls the shipped loop 4 times: 4 waits
-  for 16 splits, twice), its token and column kept as 32-bit values. Same bytes as the control.
+- reduce_fwd.s{16,8,4}: reduce_partials_fwd (already ahead of TileKernels, 7.01 against 7.65 us in session 10) loading
+  16, 8 or 4 splits of both partials before adding them in split order (nvcc unrolls the shipped loop 4 times: 4 waits
+  for 16 splits, twice), its token and column kept as 32-bit values (s4: that alone). 102, 72 and fewer registers
+  (the control 64: 8 blocks an SM; 1536 blocks at 8192 tokens). Same bytes as the control.
 
 The machinery is bench/tuning/tune_mhc_perf.py's (candidates as patched builders, each built into its own artifact
 set ARTIFACTS/<candidate>/, launched through the op's own validation and argument packing). Build on a CPU with
@@ -70,6 +71,8 @@ CANDIDATES = (
               **_REDUCE_OP),
     Candidate("reduce_fwd.s16", patches=options(_REDUCE, splits=16), note="16 splits in flight", **_REDUCE_OP),
     Candidate("reduce_fwd.s8", patches=options(_REDUCE, splits=8), note="8 splits in flight", **_REDUCE_OP),
+    Candidate("reduce_fwd.s4", patches=options(_REDUCE, splits=4), note="4 splits in flight (as nvcc's unrolling), 32-bit token",
+              **_REDUCE_OP),
 )  # fmt: skip
 # ops whose candidates also run on inputs at a 4-byte offset (their kernels branch on alignment)
 MISALIGNED_CHECK = ("mhc_pre_split_mixes_bwd",)
