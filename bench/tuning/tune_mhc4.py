@@ -9,7 +9,8 @@ normw_merge_bwd 9, reduce_partials_fwd 13. Candidates:
   rows 96 bytes apart touches 24 cache lines an instruction, so the L1 does about a quarter of the work. Same values
   in the same order, so its bytes must equal the control's, and with misaligned inputs too (checked).
 - normw_merge_bwd.ahead{8,6,4}: the next chunk of rows loaded before this chunk's stores (rows a chunk 8, 6, 4), so
-  a thread waits about once for two chunks, not once a chunk (24 rows: 3 waits at 8 rows). Same bytes as the control.
+  a thread waits about once for two chunks, not once a chunk (24 rows: 3 waits at 8 rows); .t64: 64-thread blocks.
+  Same bytes as the control.
 - reduce_fwd.s{16,8,4}: reduce_partials_fwd (already ahead of TileKernels, 7.01 against 7.65 us in session 10) loading
   16, 8 or 4 splits of both partials before adding them in split order (nvcc unrolls the shipped loop 4 times: 4 waits
   for 16 splits, twice), its token and column kept as 32-bit values (s4: that alone). 102, 72 and fewer registers
@@ -45,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.tuning.tune_mhc_perf import Candidate, Source, options
+from bench.tuning.tune_mhc_perf import Candidate, Source, _set, options
 
 ARTIFACTS = "tune-artifacts/mhc4"
 BEFORE = "cbe24e7"  # main before these candidates: the controls
@@ -67,6 +68,10 @@ CANDIDATES = (
               **_MERGE_OP),
     Candidate("normw_merge_bwd.ahead4", patches=options(_MERGE, ahead=True, rows=4), note="next 4 rows loaded ahead",
               **_MERGE_OP),
+    # 64-thread blocks: 448 blocks at 28672 columns, not 224 (1 or 2 an SM: the SMs with 2 set the time)
+    Candidate("normw_merge_bwd.t64", patches=_set(_MERGE, THREADS=64), note="as shipped, 64 threads a block", **_MERGE_OP),
+    Candidate("normw_merge_bwd.ahead8.t64", patches=options(_MERGE, ahead=True) + _set(_MERGE, THREADS=64),
+              note="ahead8, 64 threads a block", **_MERGE_OP),
     Candidate("reduce_fwd.ctl", patches=((_REDUCE, "build", Source(BEFORE)),), note="shipped: a split at a time",
               **_REDUCE_OP),
     Candidate("reduce_fwd.s16", patches=options(_REDUCE, splits=16), note="16 splits in flight", **_REDUCE_OP),
