@@ -1,20 +1,21 @@
-"""Time candidates of the mHC rows still slower than TileKernels (issue 16) beside TileKernels and the kernels as
-shipped (the controls, built from main's source at BEFORE), at the bench shapes (bench/cases/mhc*.py).
+"""Time split_mixes_bwd's 16-byte rows (issue 16) beside TileKernels and the scalar kernel shipped before them (the
+control, built from main's source at BEFORE), at the bench shapes (bench/cases/mhc*.py).
 
 Session 12's SASS count found scalar 32-bit stores where 16-byte ones could be: split_mixes_bwd 51, sinkhorn_bwd 13,
-normw_merge_bwd 9, reduce_partials_fwd 13. Candidates:
-- split_bwd.vec: each thread's token rows (96 bytes of input_mixes and its gradient, 64 of comb_res_mix_grad, 16 of
-  the others at mhc 4) moved as 16-byte vectors when every tensor is 16-byte aligned (checked in the kernel; the op
-  does not require it), else as scalars: 13 loads and 6 stores a token, not 52 and 24. A warp's scalar access to 32
-  rows 96 bytes apart touches 24 cache lines an instruction, so the L1 does about a quarter of the work. Same values
-  in the same order, so its bytes must equal the control's, and with misaligned inputs too (checked).
-- normw_merge_bwd.ahead{8,6,4}: the next chunk of rows loaded before this chunk's stores (rows a chunk 8, 6, 4), so
-  a thread waits about once for two chunks, not once a chunk (24 rows: 3 waits at 8 rows); .t64: 64-thread blocks.
-  Same bytes as the control.
-- reduce_fwd.s{16,8,4}: reduce_partials_fwd (already ahead of TileKernels, 7.01 against 7.65 us in session 10) loading
-  16, 8 or 4 splits of both partials before adding them in split order (nvcc unrolls the shipped loop 4 times: 4 waits
-  for 16 splits, twice), its token and column kept as 32-bit values (s4: that alone). 102, 72 and fewer registers
-  (the control 64: 8 blocks an SM; 1536 blocks at 8192 tokens). Same bytes as the control.
+normw_merge_bwd 9, reduce_partials_fwd 13. Round 1 (H200, 2026-12-02, TileKernels 2.1.0 in the same process; µs,
+ratio to TileKernels):
+- split_bwd.vec, each thread's token rows moved as 16-byte vectors when every tensor is 16-byte aligned (checked in
+  the kernel), else as scalars: 4.44 (6.28, 0.71x) against the scalar control's 7.10 (1.13x), 8192 x 24; bytes equal
+  to the control's, on misaligned inputs too (TileKernels adds the parameter gradients in its own order: 2 of 12
+  tensors differ, at most 7.6e-5). Shipped (split_mixes_bwd.py): split_bwd.vec below builds the same cubin.
+- normw_merge_bwd, 24 x 28672, the next chunk of rows loaded before this chunk's stores: 8 rows a chunk 5.57, 6 rows
+  5.95, 4 rows 6.69; 64-thread blocks 5.54, both 5.49; shipped 5.79, TileKernels 5.29 (1.04x at best): not shipped,
+  no longer buildable from the tree (branch mhc4 at 2aeae9c has them). Their "DIFFERS from ctl" was this script's
+  fault, not theirs: the op accumulates into fn_grad and normw_grad, the timing's calls accumulated into the first
+  input set, and each candidate's bytes were taken from that set after the ones before it had been timed (its
+  |diff| against TileKernels fell by the same 729 a candidate). Bytes are now taken from a copy made first.
+- reduce_partials_fwd, 16 x 8192 x 24, 16, 8 or 4 splits loaded before they are added: 9.37, 7.97, 8.46 against the
+  shipped 7.23 (TileKernels 7.75; all bytes equal TileKernels'): not shipped, no longer buildable from the tree.
 
 The machinery is bench/tuning/tune_mhc_perf.py's (candidates as patched builders, each built into its own artifact
 set ARTIFACTS/<candidate>/, launched through the op's own validation and argument packing). Build on a CPU with
@@ -46,38 +47,22 @@ import sys
 import time
 from pathlib import Path
 
-from bench.tuning.tune_mhc_perf import Candidate, Source, _set, options
+from bench.tuning.tune_mhc_perf import Candidate, Source
+from bench.tuning.watch import ROW, START, run_child, with_reruns
 
 ARTIFACTS = "tune-artifacts/mhc4"
-BEFORE = "cbe24e7"  # main before these candidates: the controls
+BEFORE = "cbe24e7"  # main before the 16-byte rows: the control
 
-_SPLIT, _MERGE = "kernels_src.mhc.split_mixes_bwd", "kernels_src.mhc.normw_merge_bwd"
-_REDUCE = "kernels_src.mhc.reduce_partials_fwd"
-_REDUCE_OP = dict(kernel="mhc_reduce_partials_fwd", op="mhc_reduce_partials_and_rmsnorm_fwd", values={"dtype": "float32"})
+_SPLIT = "kernels_src.mhc.split_mixes_bwd"
 _SPLIT_OP = dict(kernel="mhc_split_mixes_bwd", op="mhc_pre_split_mixes_bwd", also=("mhc_split_mixes_bwd_reduce",))
 _MERGE_OP = dict(kernel="mhc_normw_merge_bwd", op="mhc_fn_normw_merge_bwd", values={"dtype": "float32"})
 CONTROL = ".ctl"  # the suffix of a control's name: the op's other candidates are checked against its bytes
 
 CANDIDATES = (
-    Candidate("split_bwd.ctl", patches=((_SPLIT, "build", Source(BEFORE)),), note="shipped: scalar rows", **_SPLIT_OP),
-    Candidate("split_bwd.vec", patches=options(_SPLIT, vector=True), note="16-byte rows when aligned", **_SPLIT_OP),
-    Candidate("normw_merge_bwd.ctl", patches=((_MERGE, "build", Source(BEFORE)),), note="shipped: 8 rows a chunk",
-              **_MERGE_OP),
-    Candidate("normw_merge_bwd.ahead8", patches=options(_MERGE, ahead=True), note="next 8 rows loaded ahead", **_MERGE_OP),
-    Candidate("normw_merge_bwd.ahead6", patches=options(_MERGE, ahead=True, rows=6), note="next 6 rows loaded ahead",
-              **_MERGE_OP),
-    Candidate("normw_merge_bwd.ahead4", patches=options(_MERGE, ahead=True, rows=4), note="next 4 rows loaded ahead",
-              **_MERGE_OP),
-    # 64-thread blocks: 448 blocks at 28672 columns, not 224 (1 or 2 an SM: the SMs with 2 set the time)
-    Candidate("normw_merge_bwd.t64", patches=_set(_MERGE, THREADS=64), note="as shipped, 64 threads a block", **_MERGE_OP),
-    Candidate("normw_merge_bwd.ahead8.t64", patches=options(_MERGE, ahead=True) + _set(_MERGE, THREADS=64),
-              note="ahead8, 64 threads a block", **_MERGE_OP),
-    Candidate("reduce_fwd.ctl", patches=((_REDUCE, "build", Source(BEFORE)),), note="shipped: a split at a time",
-              **_REDUCE_OP),
-    Candidate("reduce_fwd.s16", patches=options(_REDUCE, splits=16), note="16 splits in flight", **_REDUCE_OP),
-    Candidate("reduce_fwd.s8", patches=options(_REDUCE, splits=8), note="8 splits in flight", **_REDUCE_OP),
-    Candidate("reduce_fwd.s4", patches=options(_REDUCE, splits=4), note="4 splits in flight (as nvcc's unrolling), 32-bit token",
-              **_REDUCE_OP),
+    Candidate("split_bwd.ctl", patches=((_SPLIT, "build", Source(BEFORE)),), note="before: scalar rows", **_SPLIT_OP),
+    Candidate("split_bwd.vec", note="shipped: 16-byte rows when aligned", **_SPLIT_OP),
+    # the shipped kernel alone: its bytes against TileKernels' (round 1 compared them on accumulated inputs)
+    Candidate("normw_merge_bwd.ctl", note="shipped: 8 rows a chunk", **_MERGE_OP),
 )  # fmt: skip
 # ops whose candidates also run on inputs at a 4-byte offset (their kernels branch on alignment)
 MISALIGNED_CHECK = ("mhc_pre_split_mixes_bwd",)
@@ -85,7 +70,6 @@ MISALIGNED_CHECK = ("mhc_pre_split_mixes_bwd",)
 TOTAL_S = 95  # the whole run's budget (--budget S)
 STALL_S = 20  # a candidate silent this long is taken as hung (and the loading: tkaot and torch import)
 TK_STALL_S = 60  # TileKernels' first calls compile its kernels
-START, ROW = "START ", "ROW "  # a child's protocol lines
 
 
 # ---- build (CPU)
@@ -165,14 +149,17 @@ def measure_op(op: str, artifacts: Path, skip: tuple, started, say) -> None:
     for case in _cases()[op]:
         torch.manual_seed(0)
         inputs = rotating_inputs(case, l2)
-        odd = _misaligned(inputs[0]) if op in MISALIGNED_CHECK else None
+        # the inputs every output is taken from: an op that accumulates (+=) into its inputs, as normw_merge_bwd
+        # does, changes inputs[0] in each candidate's timing
+        first = copy.deepcopy(inputs[0])
+        odd = _misaligned(first) if op in MISALIGNED_CHECK else None
         want = odd_want = control_us = None
         rows, outputs = [], {}
         for c in chosen:
             started(c.name, case.shape)
             try:
                 with _launching(c, artifacts):
-                    got = outputs[c.name] = _outputs(case, inputs[0])
+                    got = outputs[c.name] = _outputs(case, first)
                     odd_got = _outputs(case, odd) if odd is not None else None
                     verdict = []
                     if c is control:
@@ -192,7 +179,7 @@ def measure_op(op: str, artifacts: Path, skip: tuple, started, say) -> None:
         tk = None if "TK" in skip else _tile_kernels()
         if tk is not None and case.tile_kernels is not None:
             started("TK", case.shape)
-            theirs = copy.deepcopy(inputs[0])
+            theirs = copy.deepcopy(first)
             tk_got = _tensors_of(case.tile_kernels(tk, theirs)) + _tensors_of(theirs)
             torch.cuda.synchronize()
             tk_us, _ = timing.device_us(lambda a, case=case, tk=tk: case.tile_kernels(tk, a), inputs)
@@ -201,7 +188,7 @@ def measure_op(op: str, artifacts: Path, skip: tuple, started, say) -> None:
                 if row[0] in outputs:
                     row[5] = _against_tk(outputs[row[0]], tk_got) + (", " + row[5] if row[5] else "")
                 say(ROW + json.dumps(row))
-        del inputs, outputs
+        del inputs, first, odd, outputs
         torch.cuda.empty_cache()
 
 
@@ -242,39 +229,14 @@ def _part(argv) -> None:
 
 def _run_op(op: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
     """Run one op's rows in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
-    import os
-    import queue
-    import signal
-    import subprocess
-    import threading
 
-    cmd = [sys.executable, "-m", "bench.tuning.tune_mhc4", "part", op, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, shape = "load", ""
-    while True:
-        limit = STALL_S if name != "TK" else TK_STALL_S
-        try:
-            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
-        except queue.Empty:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(op, name, shape, f"KILLED ({why})", say, rows)
-        if line is None:
-            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(op, name, shape, f"FAILED (exit {child.returncode})", say, rows)
-            return None
-        line = line.rstrip("\n")
-        if line.startswith(START):
-            name, shape = line[len(START) :].split("|", 1)
-        elif line.startswith(ROW):
-            row = tuple(json.loads(line[len(ROW) :]))
-            rows[tuple(row[:2])] = row  # a row said again (with TileKernels' figures, or by a rerun) replaces it
-            say(_row_text(row))
-        else:
-            say(line)
+    def on_row(row: tuple) -> None:
+        rows[tuple(row[:2])] = row  # a row said again (with TileKernels' figures, or by a rerun) replaces it
+        say(_row_text(row))
+
+    stop = run_child("bench.tuning.tune_mhc4", op, artifacts, skip, deadline, say, on_row,
+                     stall_s=lambda name: STALL_S if name != "TK" else TK_STALL_S)  # fmt: skip
+    return None if stop is None else _stopped(op, *stop, say, rows)
 
 
 def _stopped(op: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
@@ -303,12 +265,7 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
     for i, op in enumerate(ops):
         # each op may use its share of what is left, so one slow op cannot starve the rest
         deadline = time.perf_counter() + (start + total_s - time.perf_counter()) / (len(ops) - i)
-        skip: list[str] = []
-        hung = _run_op(op, artifacts, skip, deadline, say, rows)
-        while hung is not None and hung not in skip and time.perf_counter() < deadline - 5:  # time for a rerun
-            skip.append(hung)
-            say(f"{op}: rerun without {', '.join(skip)}")
-            hung = _run_op(op, artifacts, skip, deadline, say, rows)
+        with_reruns(op, deadline, say, lambda skip, op=op, deadline=deadline: _run_op(op, artifacts, skip, deadline, say, rows))
     say(f"\n{'candidate':24s} {'shape':34s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s} {'ctl µs':>8s} {'/ctl':>6s}  identical?")
     for row in rows.values():
         say(_row_text(row))

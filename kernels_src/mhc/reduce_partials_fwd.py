@@ -6,10 +6,6 @@ out[t, j] = sum over k of out_mul[t, k, j] * rsqrt(sqrsum[t, k] / rms_group_size
 
 One thread a (token, j) output, flattened, so the split count, group count, mix count (mhc_mult3) and
 tokens are all runtime values; each thread of a token sums the (cached) squared sums itself.
-
-With `splits` > 0, a thread loads that many splits of both partials before adding them (still in split order),
-so it waits for memory once a chunk of splits, not once every few (nvcc unrolls the plain loop 4 times), and
-keeps its token and column as 32-bit values (not recomputed with 64-bit divisions in every index).
 """
 
 import tilelang.language as T
@@ -21,45 +17,11 @@ from tkaot._mhc.kernels import REDUCE_PARTIALS_FWD
 DECL = REDUCE_PARTIALS_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
 THREADS = 128
-SPLITS = 0  # splits a thread has in flight (0: a plain loop; the module's docstring)
 
 
-def build(dtype: str, splits: int = SPLITS):
+def build(dtype: str):
     n_splits = T.dynamic("n_splits")
     num_tokens, n_rms_group, mhc_mult3 = partial_dims()
-
-    @T.macro
-    def chunked(out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out, rms_group_size, rms_eps, e):
-        t = T.alloc_var(T.int32)
-        j = T.alloc_var(T.int32)
-        total = T.alloc_var(T.float32)
-        squares = T.alloc_var(T.float32)
-        mix = T.alloc_var(T.float32)
-        sq_part = T.alloc_local((splits,), T.float32)
-        mix_part = T.alloc_local((splits,), T.float32)
-        t = e // mhc_mult3
-        j = e % mhc_mult3
-        T.assume(0 <= t and t < num_tokens and 0 <= j and j < mhc_mult3)
-        total = T.float32(0)
-        for k in T.serial(n_rms_group):
-            squares = T.float32(0)
-            mix = T.float32(0)
-            for chunk in T.serial(T.ceildiv(n_splits, splits)):
-                for u in T.unroll(splits):
-                    if chunk * splits + u < n_splits:
-                        sq_part[u] = sqrsum_splitted[chunk * splits + u, t, k]
-                        mix_part[u] = out_mul_splitted[chunk * splits + u, t, k, j]
-                for u in T.unroll(splits):
-                    if chunk * splits + u < n_splits:
-                        squares = squares + sq_part[u]
-                for u in T.unroll(splits):
-                    if chunk * splits + u < n_splits:
-                        mix = mix + mix_part[u]
-            if j == 0:
-                sqrsum[t, k] = squares
-            out_mul[t, k, j] = mix
-            total = total + mix * T.rsqrt(squares / rms_group_size + rms_eps)
-        out[t, j] = total
 
     @T.prim_func
     def mhc_reduce_partials_fwd(
@@ -79,23 +41,20 @@ def build(dtype: str, splits: int = SPLITS):
             squares = T.alloc_var(T.float32)
             mix = T.alloc_var(T.float32)
             if e < num_tokens * mhc_mult3:
-                if splits:
-                    chunked(out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out, rms_group_size, rms_eps, e)
-                else:
-                    t = e // mhc_mult3
-                    j = e % mhc_mult3
-                    total = T.float32(0)
-                    for k in T.serial(n_rms_group):
-                        squares = T.float32(0)
-                        for split in T.serial(n_splits):
-                            squares = squares + sqrsum_splitted[split, t, k]
-                        if j == 0:
-                            sqrsum[t, k] = squares
-                        mix = T.float32(0)
-                        for split in T.serial(n_splits):
-                            mix = mix + out_mul_splitted[split, t, k, j]
-                        out_mul[t, k, j] = mix
-                        total = total + mix * T.rsqrt(squares / rms_group_size + rms_eps)
-                    out[t, j] = total
+                t = e // mhc_mult3
+                j = e % mhc_mult3
+                total = T.float32(0)
+                for k in T.serial(n_rms_group):
+                    squares = T.float32(0)
+                    for split in T.serial(n_splits):
+                        squares = squares + sqrsum_splitted[split, t, k]
+                    if j == 0:
+                        sqrsum[t, k] = squares
+                    mix = T.float32(0)
+                    for split in T.serial(n_splits):
+                        mix = mix + out_mul_splitted[split, t, k, j]
+                    out_mul[t, k, j] = mix
+                    total = total + mix * T.rsqrt(squares / rms_group_size + rms_eps)
+                out[t, j] = total
 
     return mhc_reduce_partials_fwd
