@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.tuning.tune_train2 import cli
+from bench.tuning.watch import ROW, START, run_child, with_reruns
 
 ARTIFACTS = "tune-artifacts/train3"
 SPEC, GENERIC, PASS2 = "rmsnorm_backward", "rmsnorm_backward_generic", "weight_grad_reduce"
@@ -256,7 +257,6 @@ PARTS = ("norm", "gate")  # rmsnorm_backward first, then moe_topk_gate_backward 
 TOTAL_S = 70  # the whole run's budget (--budget S)
 GATE_S = 25  # the part of it kept for the gate's rows: norm_backward's child is stopped before
 STALL_S = 20  # a candidate silent this long is taken as hung (TileKernels' first calls compile: 40 s for those)
-START, ROW = "START ", "ROW "  # a child's protocol lines
 
 
 def _part(argv) -> None:
@@ -286,40 +286,13 @@ def _part(argv) -> None:
 
 def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
     """Run one part in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
-    import os
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
-
-    cmd = [sys.executable, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, shape = "load", ""
-    while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
-        try:
-            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
-        except queue.Empty:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(part, name, shape, f"KILLED ({why})", say, rows)
-        if line is None:
-            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(part, name, shape, f"FAILED (exit {child.returncode})", say, rows)
-            return None
-        line = line.rstrip("\n")
-        if line.startswith(START):
-            name, shape = line[len(START) :].split("|", 1)
-            print(f"  ({part}: {name} at {shape or '-'})", flush=True)
-        elif line.startswith(ROW):
-            row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
-        else:
-            say(line)
+    stop = run_child(
+        "bench.tuning.tune_train3", part, artifacts, skip, deadline, say,
+        on_row=lambda row: rows.setdefault(row[:2], row),  # a rerun's repeat of a row keeps the first
+        stall_s=lambda name: STALL_S if name not in ("load", "TK") else 2 * STALL_S,
+        on_start=lambda name, shape: print(f"  ({part}: {name} at {shape or '-'})", flush=True),
+    )  # fmt: skip
+    return None if stop is None else _stopped(part, *stop, say, rows)
 
 
 def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
@@ -345,12 +318,7 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
 
     for part in PARTS:
         deadline = start + (total_s if part == PARTS[-1] else total_s - GATE_S)
-        skip: list[str] = []
-        hung = _run_part(part, artifacts, skip, deadline, say, rows)
-        while hung is not None and hung not in skip and time.perf_counter() < deadline - 5:  # time for a rerun
-            skip.append(hung)
-            say(f"{part}: rerun without {', '.join(skip)}")
-            hung = _run_part(part, artifacts, skip, deadline, say, rows)
+        with_reruns(part, deadline, say, lambda skip, part=part, deadline=deadline: _run_part(part, artifacts, skip, deadline, say, rows))
     finish(say, list(rows.values()), start, out / "tune_train3.log", log, (14, 44, 8))
 
 
