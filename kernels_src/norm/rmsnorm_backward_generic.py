@@ -9,12 +9,18 @@ order, and a block's row slots are added in slot order; a thread's vectors past 
 
 import tilelang.language as T
 
-from kernels_src.norm.rmsnorm_backward import PASS_CONFIGS, RuntimeTiling, rmsnorm_backward_kernel
+from kernels_src.norm.rmsnorm_backward import PASS_CONFIGS, rmsnorm_backward_kernel, width_classes
 from tkaot._quant.kernels import RMSNORM_BACKWARD_GENERIC
 
 DECL = RMSNORM_BACKWARD_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
 __all__ = ["DECL", "PASS_CONFIGS", "build"]  # PASS_CONFIGS: the specialised kernel's barriers, its own
 
 
+# Rows of at least this many threads (bf16: hidden > 1792, fp32: > 896) take a body of their width class each, with
+# the row's threads a constant; the narrower rows one body over a runtime count of threads
+LEAST_CLASS_THREADS = 64
+
+
 def build(dtype: str):
-    return rmsnorm_backward_kernel(RuntimeTiling(T.dynamic("hidden"), dtype), dtype)
+    narrow, classes = width_classes(T.dynamic("hidden"), dtype, LEAST_CLASS_THREADS)
+    return rmsnorm_backward_kernel(narrow, dtype, classes)
