@@ -2,8 +2,9 @@
 
 norm_backward: rmsnorm_backward is specialised at the default widths (bf16); rmsnorm_backward_generic takes hidden
 at run time and serves every other width TileKernels takes (a multiple of 32 up to 8192) in either dtype. Its
-tiling is computed in the kernel from hidden (kernels_src/norm/rmsnorm_backward.py, RuntimeTiling) and must be
-norm_backward_tiling's at every width, or a thread would add other elements than the specialised kernel's does.
+tiling (kernels_src/norm/rmsnorm_backward.py: a width class's, ClassTiling, or one computed in the kernel from hidden,
+RuntimeTiling) must be norm_backward_tiling's at every width, or a thread would add other elements than the
+specialised kernel's does.
 swiglu_backward and swiglu_backward_and_per_token_cast: the row width is a runtime value already; the default set
 builds every dtype combination TileKernels takes (x and act_x_grad each bf16 or fp32, either output format; E4M3 x
 with either gradient dtype, each group and sf kind). Meta tensors stand in for CUDA tensors.
@@ -69,6 +70,36 @@ def test_the_runtime_tiling_is_norm_backward_tiling_at_every_width(dtype):
         assert NUM_THREADS // threads * h <= tiling.stage_elems  # a stage's rows fit their region of the buffer
     assert tiling.vectors == most  # the loops run no further than the widest row needs
     assert tiling.slot_floats == slot_floats  # shared memory for every width's row slots, no more
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_the_width_classes_serve_every_width_with_its_own_tiling(dtype):
+    """Each width is served by one body of the generic kernel: a class body (its row threads a constant) or the runtime
+    body, with norm_backward_tiling's threads; a class body's unchecked vectors are in the row at every width of it."""
+    tl = pytest.importorskip("tilelang.language")
+    from kernels_src.norm.rmsnorm_backward import NUM_THREADS, STAGED_TENSORS, STAGES, width_classes
+    from kernels_src.norm.rmsnorm_backward_generic import LEAST_CLASS_THREADS
+
+    narrow, classes = width_classes(tl.dynamic("hidden"), dtype, LEAST_CLASS_THREADS)
+    assert classes and [c.row_threads for c in classes] == sorted({c.row_threads for c in classes})
+    assert all(a.hi == b.lo for a, b in zip(classes, classes[1:])) and classes[-1].hi == 8192
+    assert narrow is not None and classes[0].lo > 0  # the default: the narrowest widths on the runtime body
+    elem = 2 if dtype == "bfloat16" else 4
+    for h in NORM_WIDTHS:
+        vec, threads, vectors = norm_backward_tiling(h, dtype)
+        serving = [c for c in classes if c.lo < h <= c.hi]
+        if h <= classes[0].lo:
+            assert not serving and helper_threads(narrow.helpers, h) == threads, h
+            assert narrow.vectors >= vectors and NUM_THREADS // threads * h <= narrow.stage_elems
+            continue
+        (c,) = serving
+        assert (c.vec, c.row_threads) == (vec, threads) and c.vectors >= vectors, h
+        # vectors below `sure` are whole in the row for every lane; below `counted`, among the thread's vectors
+        assert all((v * threads + threads - 1) * vec + vec <= h for v in range(c.sure)), h
+        assert all(v * threads < h // vec for v in range(c.counted)), h
+        assert c.slots * h <= c.stage_elems and c.slots == NUM_THREADS // threads
+    for c in classes:  # a body's staged rows and its slot sums (which reuse them) fit the shared memory
+        assert STAGES * STAGED_TENSORS * c.stage_elems * elem <= 227 * 1024 and c.slots_shape[0] * 4 <= 227 * 1024
 
 
 # ---- every call finds a variant of the default set (tests/fuzz.py's `launches` records how each is served)

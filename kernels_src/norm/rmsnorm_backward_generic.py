@@ -1,10 +1,12 @@
 """The generic RMSNorm backward (pass 1): rmsnorm_backward with the row width `hidden` a runtime value.
 
 It serves the norm_backward calls whose specialised rmsnorm_backward variant is not built, and writes the same
-bytes: one kernel body (kernels_src/norm/rmsnorm_backward.py) over a tiling the kernel computes from hidden as
-norm_backward_tiling does for the specialised one (RuntimeTiling). Each thread holds the same vectors of the same
-rows, adds their products in the same order, the row's dot product is reduced by the same shuffles and warp
-order, and a block's row slots are added in slot order; a thread's vectors past its count are skipped.
+bytes: the kernel body of kernels_src/norm/rmsnorm_backward.py over tilings equal to norm_backward_tiling at every
+width. The kernel branches once on hidden: the widths whose rows take LEAST_CLASS_THREADS threads or more run on a
+body of their width class (ClassTiling: the row's threads, slots and warps constants, as in the specialised kernel),
+the narrower on one body whose tiling is computed from hidden (RuntimeTiling). Each thread holds the same vectors of
+the same rows, adds their products in the same order, the row's dot product is reduced by the same shuffles and
+warp order, and a block's row slots are added in slot order; a thread's vectors past its count are skipped.
 """
 
 import tilelang.language as T
