@@ -23,8 +23,9 @@ and the run goes on without it; the whole run stops at --budget seconds, 80 by d
    poisoned with NaN first, so an unwritten element shows.
 2. times (8192 tokens, CUDA-graph replay over rotating inputs larger than L2, bench.timing), with each row's bytes
    checked again: bf16 7168 with a weight, with a residual gradient, without a weight (specialised, before,
-   classes), fp32 7168 and bf16 3168 (generic only), bf16 5120 with a residual gradient (specialised and generic).
-3. TileKernels on the timed rows (its kernels compile at the first call, so last), checked within the parity
+   classes), fp32 7168 and bf16 3168 (generic only), bf16 5120 with a residual gradient (specialised and generic),
+   bf16 1024 (generic only, on the runtime body).
+3. TileKernels on the first five rows (its kernels compile at the first call, so last), checked within the parity
    tolerance against "classes".
 Prints one table last (candidate, shape, µs, ratio to the row's specialised variant or else to "before", TileKernels
 µs, verdict) and writes DIR/tune_normbwd.log.
@@ -51,14 +52,15 @@ CANDIDATES = ("before", "classes")
 SPECIALISED = (7168, 5120)  # bf16 widths of the default set built beside "classes"
 TOKENS = 8192
 SETS = 3  # rotating input sets, each larger than L2 at the timed shapes
-# (name, dtype, hidden, weight, residual gradient): the timed rows
+# (name, dtype, hidden, weight, residual gradient, beside TileKernels): the timed rows
 ROWS = (
-    ("bf16, weight", "bfloat16", 7168, True, False),
-    ("bf16, weight + residual grad", "bfloat16", 7168, True, True),
-    ("bf16, no weight", "bfloat16", 7168, False, False),
-    ("fp32, weight", "float32", 7168, True, False),
-    ("bf16, weight", "bfloat16", 3168, True, False),
-    ("bf16, weight + residual grad", "bfloat16", 5120, True, True),
+    ("bf16, weight", "bfloat16", 7168, True, False, True),
+    ("bf16, weight + residual grad", "bfloat16", 7168, True, True, True),
+    ("bf16, no weight", "bfloat16", 7168, False, False, True),
+    ("fp32, weight", "float32", 7168, True, False, True),
+    ("bf16, weight", "bfloat16", 3168, True, False, True),
+    ("bf16, weight + residual grad", "bfloat16", 5120, True, True, False),
+    ("bf16, weight (runtime body)", "bfloat16", 1024, True, False, False),
 )
 # The checked widths: both ends of every class of threads a row (bf16 and fp32), widths a thread's vectors do not
 # divide, and the specialised ones
@@ -271,7 +273,7 @@ def measure(sets: Sets, say, started, emit) -> None:
     from bench.timing import device_us
 
     device = torch.cuda.current_device()
-    for r, (name, dtype, hidden, weight, residual) in enumerate(ROWS):
+    for r, (name, dtype, hidden, weight, residual, _) in enumerate(ROWS):
         torch_dtype = getattr(torch, dtype)
         shape = f"{TOKENS}x{hidden} {name}"
         inputs = [_inputs(torch_dtype, hidden, TOKENS, weight, residual, seed=1000 * r + s) for s in range(SETS)]
@@ -298,7 +300,9 @@ def measure_tk(sets: Sets, say, started, emit) -> None:
     from bench.tuning.tune_train_perf import _close
 
     device = torch.cuda.current_device()
-    for r, (name, dtype, hidden, weight, residual) in enumerate(ROWS):
+    for r, (name, dtype, hidden, weight, residual, beside) in enumerate(ROWS):
+        if not beside:
+            continue
         torch_dtype = getattr(torch, dtype)
         shape = f"{TOKENS}x{hidden} {name}"
         inputs = [_inputs(torch_dtype, hidden, TOKENS, weight, residual, seed=1000 * r + s) for s in range(SETS)]
@@ -389,6 +393,14 @@ def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dic
             say(line)
 
 
+def table(rows: list[tuple], say) -> None:
+    """The rows (candidate, shape, µs, ratio, TK µs, verdict), each shape's together, TileKernels' last."""
+    order = {shape: n for n, (_, shape, *_) in reversed(list(enumerate(rows)))}
+    say(f"\n{'candidate':9s} {'shape':44s} {'µs':>8s} {'ratio':>6s} {'TK µs':>8s}  verdict (ratio: to spec, else to before)")
+    for name, shape, us, ratio, tk_us, verdict in sorted(rows, key=lambda r: (order[r[1]], r[0] == "TK")):
+        say(f"{name:9s} {shape:44s} {us:8.2f} {ratio:6.2f} {tk_us:8.2f}  {verdict}")
+
+
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
     import torch
 
@@ -410,9 +422,7 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
         skip += [hung, "check"] if hung != "check" else [hung]  # the checks are done (or hung) either way
         say(f"rerun without {', '.join(skip)}")
         hung = _run_child(artifacts, skip, deadline, say, rows)
-    say(f"\n{'candidate':9s} {'shape':44s} {'µs':>8s} {'ratio':>6s} {'TK µs':>8s}  verdict (ratio: to spec, else to before)")
-    for name, shape, us, ratio, tk_us, verdict in sorted(rows.values(), key=lambda r: (r[1], r[0] == "TK")):
-        say(f"{name:9s} {shape:44s} {us:8.2f} {ratio:6.2f} {tk_us:8.2f}  {verdict}")
+    table(list(rows.values()), say)
     say(f"{time.perf_counter() - start:.1f} s")
     (out / "tune_normbwd.log").write_text("\n".join(log) + "\n")
 
