@@ -72,18 +72,20 @@ def test_the_runtime_tiling_is_norm_backward_tiling_at_every_width(dtype):
     assert tiling.slot_floats == slot_floats  # shared memory for every width's row slots, no more
 
 
+@pytest.mark.parametrize("least", ["shipped", 8, 64, 256])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_the_width_classes_serve_every_width_with_its_own_tiling(dtype):
+def test_the_width_classes_serve_every_width_with_its_own_tiling(dtype, least):
     """Each width is served by one body of the generic kernel: a class body (its row threads a constant) or the runtime
     body, with norm_backward_tiling's threads; a class body's unchecked vectors are in the row at every width of it."""
     tl = pytest.importorskip("tilelang.language")
     from kernels_src.norm.rmsnorm_backward import NUM_THREADS, STAGED_TENSORS, STAGES, width_classes
     from kernels_src.norm.rmsnorm_backward_generic import LEAST_CLASS_THREADS
 
-    narrow, classes = width_classes(tl.dynamic("hidden"), dtype, LEAST_CLASS_THREADS)
+    least = LEAST_CLASS_THREADS if least == "shipped" else least
+    narrow, classes = width_classes(tl.dynamic("hidden"), dtype, least)
     assert classes and [c.row_threads for c in classes] == sorted({c.row_threads for c in classes})
     assert all(a.hi == b.lo for a, b in zip(classes, classes[1:])) and classes[-1].hi == 8192
-    assert narrow is not None and classes[0].lo > 0  # the default: the narrowest widths on the runtime body
+    assert (narrow is None) == (classes[0].lo == 0) and min(c.row_threads for c in classes) >= least
     elem = 2 if dtype == "bfloat16" else 4
     for h in NORM_WIDTHS:
         vec, threads, vectors = norm_backward_tiling(h, dtype)
