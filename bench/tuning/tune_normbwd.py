@@ -11,25 +11,35 @@ then on the GPU, where tile_kernels imports:
     python -m bench.tuning.tune_normbwd --artifacts tune-artifacts/normbwd --out DIR [--budget S]
 
 - "before": the generic kernel as it was at BEFORE (one body, the row's threads computed from hidden), bf16 and fp32.
-- "classes": the new default (LEAST_CLASS_THREADS of kernels_src/norm/rmsnorm_backward_generic.py): rows of 64
-  threads or more on a body of their width class, the narrower on the runtime body; with it the specialised
-  variants at 7168 and 5120 (bf16), whose source did not change.
-- "classes8": every width on a body of its class (LEAST_CLASS_THREADS 8, no runtime body). On the CPU it builds no
-  slower than "classes" (both generic variants: 43 core-s against 46; before 31), and its bf16 variant does not
-  spill where "classes"' runtime body does (a 4-byte stack slot, one load a row).
+- "classes8": the shipped generic kernel (every width on the body of its width class), built from the tree, with the
+  specialised variants at 7168 and 5120 (bf16).
+- "classes" (round 1: rows of 64 threads or more on class bodies, the narrower on one body with the row's threads
+  computed from hidden) is no longer buildable from the tree: that runtime body was deleted when classes8 shipped.
+  `build` says so and builds the others; its round-1 rows are below.
+
+Round 1 (H200, 2026-12-02, TileKernels 2.1.0 in the same process; µs, ratio to the specialised variant, else to
+"before"; every candidate's bytes identical to the specialised variant's and to before's, 320 check calls, 0 mismatches):
+    bf16 7168 weight:            spec 96.4, before 150.6 (1.56), classes 97.9 (1.02), classes8 102.0 (1.06), TK 97.2
+    bf16 7168 weight + residual: spec 123.3, before 166.0 (1.35), classes 125.5 (1.02), classes8 127.0 (1.03), TK 119.1
+    bf16 7168 no weight:         spec 98.6, before 145.2 (1.47), classes 99.9 (1.01), classes8 100.0 (1.01), TK 91.9
+    fp32 7168 weight:            before 226.2, classes 177.7 (0.79), classes8 178.4 (0.79), TK 181.1
+    bf16 3168 weight:            before 79.6, classes 48.8 (0.61), classes8 51.4 (0.65), TK 54.2
+    bf16 5120 weight + residual: spec 88.1, before 139.5 (1.58), classes 91.2 (1.04), classes8 93.3 (1.06)
+    bf16 1024 weight:            before 33.6, classes 47.8 (1.42, its runtime body), classes8 23.1 (0.69)
+classes8 shipped: no width slower than "before", within 1.06x of the specialised variant.
 
 The run, in a child process watched by this one (a candidate silent for STALL_S seconds, a hung kernel, is killed
 and the run goes on without it; the whole run stops at --budget seconds, 80 by default):
-1. checks (small calls, every flag combination): the new generic kernel's bytes against "before"'s at widths across
-   every class of both dtypes (the same tiling, so they must be identical), against the specialised variant's at
-   7168 and 5120, and against the torch reference (tests/parity_backward_cases.py's tolerances); outputs are
+1. checks (small calls, every flag combination): the shipped generic kernel's bytes against "before"'s at widths
+   across every class of both dtypes (the same tiling, so they must be identical), against the specialised variant's
+   at 7168 and 5120, and against the torch reference (tests/parity_backward_cases.py's tolerances); outputs are
    poisoned with NaN first, so an unwritten element shows.
 2. times (8192 tokens, CUDA-graph replay over rotating inputs larger than L2, bench.timing), with each row's bytes
    checked again: bf16 7168 with a weight, with a residual gradient, without a weight (specialised, before,
-   classes), fp32 7168 and bf16 3168 (generic only), bf16 5120 with a residual gradient (specialised and generic),
-   bf16 1024 (generic only, on the runtime body).
+   classes8), fp32 7168 and bf16 3168 (generic only), bf16 5120 with a residual gradient (specialised and generic),
+   bf16 1024 (generic only).
 3. TileKernels on the first five rows (its kernels compile at the first call, so last), checked within the parity
-   tolerance against "classes".
+   tolerance against "classes8".
 Prints one table last (candidate, shape, µs, ratio to the row's specialised variant or else to "before", TileKernels
 µs, verdict) and writes DIR/tune_normbwd.log.
 """
@@ -51,9 +61,10 @@ ARTIFACTS = "tune-artifacts/normbwd"
 SPEC, GENERIC, PASS2 = "rmsnorm_backward", "rmsnorm_backward_generic", "weight_grad_reduce"
 MODULE, GENERIC_MODULE = "kernels_src.norm.rmsnorm_backward", "kernels_src.norm.rmsnorm_backward_generic"
 BEFORE = "cbe24e7"  # main before the width classes
-CANDIDATES = ("before", "classes", "classes8")
-LEAST = {"classes": 64, "classes8": 8}  # each new candidate's LEAST_CLASS_THREADS
-SPECIALISED = (7168, 5120)  # bf16 widths of the default set built beside "classes"
+CANDIDATES = ("before", "classes8")
+NEW = "classes8"  # the shipped generic kernel, built from the tree
+RETIRED = {"classes": "its body for rows under 64 threads (the row's threads computed from hidden) was deleted when classes8 shipped"}
+SPECIALISED = (7168, 5120)  # bf16 widths of the default set built beside NEW
 TOKENS = 8192
 SETS = 3  # rotating input sets, each larger than L2 at the timed shapes
 # (name, dtype, hidden, weight, residual gradient, beside TileKernels): the timed rows
@@ -64,7 +75,7 @@ ROWS = (
     ("fp32, weight", "float32", 7168, True, False, True),
     ("bf16, weight", "bfloat16", 3168, True, False, True),
     ("bf16, weight + residual grad", "bfloat16", 5120, True, True, False),
-    ("bf16, weight (runtime body)", "bfloat16", 1024, True, False, False),
+    ("bf16, weight", "bfloat16", 1024, True, False, False),
 )
 # The checked widths: both ends of every class of threads a row (bf16 and fp32), widths a thread's vectors do not
 # divide, and the specialised ones
@@ -75,18 +86,6 @@ CHECK_CALLS = ((True, False, 1.0), (True, True, 0.5), (False, True, 2.5), (False
 
 
 # ---- build (CPU)
-
-
-@contextlib.contextmanager
-def _least(threads: int):
-    """The generic module's `build` with LEAST_CLASS_THREADS patched."""
-    generic = importlib.import_module(GENERIC_MODULE)
-    saved = generic.LEAST_CLASS_THREADS
-    generic.LEAST_CLASS_THREADS = threads
-    try:
-        yield
-    finally:
-        generic.LEAST_CLASS_THREADS = saved
 
 
 @contextlib.contextmanager
@@ -124,10 +123,11 @@ def build(out: Path) -> None:
                 with _before_generic(Path(cache)):
                     build_variants(generic, out / name, "sm90", jobs=1, cache=BuildCache(Path(cache) / name))
             else:
-                spec = [Variant.make(SPEC, {"hidden": h, "dtype": "bfloat16"}) for h in SPECIALISED] if name == "classes" else []
-                with _least(LEAST[name]):
-                    build_variants(spec + generic, out / name, "sm90", jobs=1, cache=BuildCache(Path(cache) / name))
+                spec = [Variant.make(SPEC, {"hidden": h, "dtype": "bfloat16"}) for h in SPECIALISED]
+                build_variants(spec + generic, out / name, "sm90", jobs=1, cache=BuildCache(Path(cache) / name))
             print(f"{name:8s} built in {time.perf_counter() - t:5.1f} s", flush=True)
+    for name, why in RETIRED.items():
+        print(f"{name:8s} not built: no longer buildable from the tree ({why}); its round-1 rows are in the docstring")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
 
@@ -238,7 +238,7 @@ class Sets:
                 say(f"{name}: not loaded ({type(exc).__name__}: {exc})")
 
     def calls(self, dtype: str, hidden: int, device: int) -> dict:
-        """{label: call} of every kernel that serves the width: "spec" (from classes' set), then each candidate."""
+        """{label: call} of every kernel that serves the width: "spec" (from NEW's set), then each candidate."""
         calls = {}
         for kernels in self.sets.values():
             if (SPEC, f"hidden={hidden},dtype={dtype}") in kernels:
@@ -258,7 +258,7 @@ def _verdict(outs: dict, label: str) -> str:
 
 
 def check(sets: Sets, say, started) -> int:
-    """Phase 1: the new kernel's bytes against before's and the specialised variant's, and against the reference."""
+    """Phase 1: the shipped kernel's bytes against before's and the specialised variant's, and against the reference."""
     import torch
 
     device, bad, done = torch.cuda.current_device(), 0, 0
@@ -274,7 +274,7 @@ def check(sets: Sets, say, started) -> int:
                     outs = {label: _result(call, a) for label, call in calls.items()}
                     for label in outs:
                         verdict = _verdict(outs, label)
-                        if label in LEAST:
+                        if label == NEW:
                             verdict += f", reference {_near_reference(outs[label], a, torch_dtype)}"
                         if "DIFFERS" in verdict or "FAR" in verdict:
                             bad += 1
@@ -310,7 +310,7 @@ def measure(sets: Sets, say, started, emit) -> None:
 
 
 def measure_tk(sets: Sets, say, started, emit) -> None:
-    """Phase 3: TileKernels on the timed rows, checked within the parity tolerance against "classes"."""
+    """Phase 3: TileKernels on the timed rows, checked within the parity tolerance against NEW's."""
     import tile_kernels as tk
     import torch
 
@@ -332,8 +332,8 @@ def measure_tk(sets: Sets, say, started, emit) -> None:
         want = theirs(inputs[0])
         torch.cuda.synchronize()
         verdict = "-"
-        if "classes" in sets.sets:
-            verdict = "classes " + _close(_result(sets.calls(dtype, hidden, device)["classes"], inputs[0]), want, torch_dtype)
+        if NEW in sets.sets:
+            verdict = f"{NEW} " + _close(_result(sets.calls(dtype, hidden, device)[NEW], inputs[0]), want, torch_dtype)
         us, _ = device_us(theirs, inputs)
         emit(("TK", shape, us, math.nan, us, verdict))
         del inputs
