@@ -28,8 +28,8 @@ Round 1 (H200, 2026-12-02, TileKernels 2.1.0 in the same process; µs, ratio to 
     bf16 1024 weight:            before 33.6, classes 47.8 (1.42, its runtime body), classes8 23.1 (0.69)
 classes8 shipped: no width slower than "before", within 1.06x of the specialised variant.
 
-The run, in a child process watched by this one (a candidate silent for STALL_S seconds, a hung kernel, is killed
-and the run goes on without it; the whole run stops at --budget seconds, 80 by default):
+The run, in a child process watched by this one (tune_train3.watch: a candidate silent for STALL_S seconds, a hung
+kernel, is killed and the run goes on without it; the whole run stops at --budget seconds, 80 by default):
 1. checks (small calls, every flag combination): the shipped generic kernel's bytes against "before"'s at widths
    across every class of both dtypes (the same tiling, so they must be identical), against the specialised variant's
    at 7168 and 5120, and against the torch reference (tests/parity_backward_cases.py's tolerances); outputs are
@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 from bench.tuning.tune_train2 import cli
+from bench.tuning.tune_train3 import ROW, START, budget, watch
 
 ARTIFACTS = "tune-artifacts/normbwd"
 SPEC, GENERIC, PASS2 = "rmsnorm_backward", "rmsnorm_backward_generic", "weight_grad_reduce"
@@ -342,8 +343,6 @@ def measure_tk(sets: Sets, say, started, emit) -> None:
 # ---- the run: the phases in a child process, watched (a candidate that hangs is killed and skipped)
 
 TOTAL_S = 80  # the whole run's budget (--budget S)
-STALL_S = 20  # a candidate silent this long is taken as hung (TileKernels' first call compiles: twice this)
-START, ROW = "START ", "ROW "  # a child's protocol lines
 
 
 def _child(argv) -> None:
@@ -372,43 +371,15 @@ def _child(argv) -> None:
 
 
 def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
-    """Run the child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
-    import os
-    import queue
-    import signal
-    import subprocess
+    """Run the child until it ends, stalls or passes the deadline; the candidate (or "check") it hung in, if any."""
     import sys
-    import threading
 
     cmd = [sys.executable, "-m", "bench.tuning.tune_normbwd", "child", "--artifacts", str(artifacts), "--skip", ",".join(skip)]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, what = "load", ""
-    while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
-        try:
-            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
-        except queue.Empty:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            say(f"KILLED ({why}) in {name} at {what or '-'}")
-            return name if name in CANDIDATES or name == "check" else None
-        if line is None:
-            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                say(f"FAILED (exit {child.returncode}) in {name} at {what or '-'}")
-                return name if name in CANDIDATES or name == "check" else None
-            return None
-        line = line.rstrip("\n")
-        if line.startswith(START):
-            name, what = line[len(START) :].split("|", 1)
-            print(f"  ({name} at {what or '-'})", flush=True)
-        elif line.startswith(ROW):
-            row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
-        else:
-            say(line)
+    name, what, stopped = watch(cmd, deadline, say, rows)
+    if stopped is None:
+        return None
+    say(f"{stopped} in {name} at {what or '-'}")
+    return name if name in CANDIDATES or name == "check" else None
 
 
 def table(rows: list[tuple], say) -> None:
@@ -452,12 +423,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["child"]:
         _child(argv[1:])
         return
-    total_s = TOTAL_S
-    if "--budget" in argv:  # the whole run's seconds
-        at = argv.index("--budget")
-        total_s = float(argv[at + 1])
-        del argv[at : at + 2]
-    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=total_s))
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=budget(argv, TOTAL_S)))
 
 
 if __name__ == "__main__":

@@ -304,20 +304,21 @@ def _part(argv) -> None:
         print(ROW + json.dumps(row), flush=True)
 
 
-def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
-    """Run one part in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
+def watch(cmd: list[str], deadline: float, say, rows: dict, tag: str = "") -> tuple[str, str, str | None]:
+    """Run a child that announces each step (START name|what) and sends rows (ROW json) until it ends, stalls (silent
+    for STALL_S seconds; twice that while loading or in TileKernels' calls, which compile) or passes the deadline.
+    Rows go into `rows` (a rerun's repeat keeps the first), other lines to say. Returns the step it was at (name,
+    what) and how it stopped: None where it ended well, else "KILLED (why)" or "FAILED (exit n)"."""
     import os
     import queue
     import signal
     import subprocess
-    import sys
     import threading
 
-    cmd = [sys.executable, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, shape = "load", ""
+    name, what = "load", ""
     while True:
         limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
         try:
@@ -326,20 +327,39 @@ def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say,
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(part, name, shape, f"KILLED ({why})", say, rows)
+            return name, what, f"KILLED ({why})"
         if line is None:
             if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(part, name, shape, f"FAILED (exit {child.returncode})", say, rows)
-            return None
+                return name, what, f"FAILED (exit {child.returncode})"
+            return name, what, None
         line = line.rstrip("\n")
         if line.startswith(START):
-            name, shape = line[len(START) :].split("|", 1)
-            print(f"  ({part}: {name} at {shape or '-'})", flush=True)
+            name, what = line[len(START) :].split("|", 1)
+            print(f"  ({tag}{name} at {what or '-'})", flush=True)
         elif line.startswith(ROW):
             row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
+            rows.setdefault(row[:2], row)
         else:
             say(line)
+
+
+def budget(argv: list[str], default: float) -> float:
+    """The run's seconds from --budget S in argv (taken out of it), else default."""
+    if "--budget" not in argv:
+        return default
+    at = argv.index("--budget")
+    seconds = float(argv[at + 1])
+    del argv[at : at + 2]
+    return seconds
+
+
+def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
+    """Run one part in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
+    import sys
+
+    cmd = [sys.executable, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
+    name, shape, stopped = watch(cmd, deadline, say, rows, f"{part}: ")
+    return None if stopped is None else _stopped(part, name, shape, stopped, say, rows)
 
 
 def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
@@ -381,12 +401,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["part"]:
         _part(argv[1:])
         return
-    total_s = TOTAL_S
-    if "--budget" in argv:  # the whole run's seconds
-        at = argv.index("--budget")
-        total_s = float(argv[at + 1])
-        del argv[at : at + 2]
-    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=total_s))
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=budget(argv, TOTAL_S)))
 
 
 if __name__ == "__main__":

@@ -105,8 +105,8 @@ class ClassTiling:
     The threads a row takes, its lanes, a block's row slots and a row's warps are constants, as in the specialised
     kernel, so each vector's shared and global address is a constant offset from the thread's row. A vector in the
     row at the class's narrowest width is in it at every width of the class: only the others are checked against
-    hidden (and skipped past the thread's count), each check a constant for the vectors below
-    (`sure`, `counted`) once the loop is unrolled. Shared memory is sized for the class's widest rows and indexed flat.
+    hidden (and skipped past the thread's count), each check a constant for the vectors below (`sure`, `counted`)
+    once the loop is unrolled. Shared memory is sized for the class's widest rows and indexed flat.
     """
 
     static = False
