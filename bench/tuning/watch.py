@@ -2,7 +2,7 @@
 
 The child (`python -m MODULE part PART --artifacts DIR --skip A,B`) announces each call before it makes it
 (START name|shape) and prints each row as ROW json; the parent kills it when it has been silent too long or the
-run's deadline passes, and says where it stopped. Used by tune_train3.py and tune_mhc4.py.
+run's deadline passes, and says where it stopped. Used by tune_train3.py, tune_mhc4.py and tune_normbwd.py.
 """
 
 from __future__ import annotations
@@ -72,3 +72,13 @@ def with_reruns(part: str, deadline: float, say: Callable[[str], None], run: Cal
         skip.append(hung)
         say(f"{part}: rerun without {', '.join(skip)}")
         hung = run(skip)
+
+
+def budget(argv: list[str], default: float) -> float:
+    """The run's seconds from --budget S in argv (taken out of it), else default."""
+    if "--budget" not in argv:
+        return default
+    at = argv.index("--budget")
+    seconds = float(argv[at + 1])
+    del argv[at : at + 2]
+    return seconds
