@@ -1,9 +1,10 @@
 """The backward ops' coverage on CPU: every call TileKernels 2.1.0 takes finds a kernel in the default set.
 
 norm_backward: rmsnorm_backward is specialised at the default widths (bf16); rmsnorm_backward_generic takes hidden
-at run time and serves every other width TileKernels takes (a multiple of 32 up to 8192) in either dtype. Its
-tiling is computed in the kernel from hidden (kernels_src/norm/rmsnorm_backward.py, RuntimeTiling) and must be
-norm_backward_tiling's at every width, or a thread would add other elements than the specialised kernel's does.
+at run time and serves every other width TileKernels takes (a multiple of 32 up to 8192) in either dtype. It branches
+on hidden into the body of its width class (kernels_src/norm/rmsnorm_backward.py, ClassTiling), whose tiling must be
+norm_backward_tiling's at every width of the class, or a thread would add other elements than the specialised
+kernel's does.
 swiglu_backward and swiglu_backward_and_per_token_cast: the row width is a runtime value already; the default set
 builds every dtype combination TileKernels takes (x and act_x_grad each bf16 or fp32, either output format; E4M3 x
 with either gradient dtype, each group and sf kind). Meta tensors stand in for CUDA tensors.
@@ -40,35 +41,48 @@ NORM_WIDTHS = range(32, 8193, 32)  # every width TileKernels' CUDA norm_backward
 SPECIALISED_WIDTHS = (512, 1536, 2048, 4096, 5120, 7168, 8192)  # build_tools/shapesets/quant.toml, bf16
 
 
-# ---- the tiling the generic kernel computes
-
-
-def helper_threads(helpers: str, hidden: int) -> int:
-    """Evaluate the tiling's device function (log2 of the threads a row takes: a constant plus `(hidden > W ? A : 0)`
-    terms) at `hidden`, as threads."""
-    (body,) = re.findall(r"return (.*);", helpers)
-    steps = re.findall(r"\(hidden > (\d+) \? (\d+) : 0\)", body)
-    return 1 << (int(body.split(" ", 1)[0]) + sum(int(a) for w, a in steps if hidden > int(w)))
+# ---- the generic kernel's width classes
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_the_runtime_tiling_is_norm_backward_tiling_at_every_width(dtype):
+def test_the_width_classes_serve_every_width_with_its_own_tiling(dtype):
+    """Each width is served by exactly one class body, whose row threads (a constant) are norm_backward_tiling's; a class
+    body's unchecked vectors are in the row at every width of it."""
     tl = pytest.importorskip("tilelang.language")
-    from kernels_src.norm.rmsnorm_backward import NUM_THREADS, RuntimeTiling
+    from kernels_src.norm.rmsnorm_backward import NUM_THREADS, STAGED_TENSORS, STAGES, width_classes
 
-    tiling = RuntimeTiling(tl.dynamic("hidden"), dtype)
-    most = slot_floats = 0
+    classes = width_classes(tl.dynamic("hidden"), dtype)
+    assert classes[0].lo == 0 and classes[-1].hi == 8192 and all(a.hi == b.lo for a, b in zip(classes, classes[1:]))
+    assert [c.row_threads for c in classes] == sorted({c.row_threads for c in classes})  # one class per thread count
+    elem = 2 if dtype == "bfloat16" else 4
     for h in NORM_WIDTHS:
         vec, threads, vectors = norm_backward_tiling(h, dtype)
-        assert helper_threads(tiling.helpers, h) == threads, h
-        assert tiling.vec == vec and threads * vectors * vec >= h > threads * (vectors - 1) * vec
-        most = max(most, vectors)
-        if threads < NUM_THREADS:
-            slot_floats = max(slot_floats, NUM_THREADS // threads * h)
-            assert NUM_THREADS // threads <= tiling.max_slots
-        assert NUM_THREADS // threads * h <= tiling.stage_elems  # a stage's rows fit their region of the buffer
-    assert tiling.vectors == most  # the loops run no further than the widest row needs
-    assert tiling.slot_floats == slot_floats  # shared memory for every width's row slots, no more
+        (c,) = [c for c in classes if c.lo < h <= c.hi]
+        assert (c.vec, c.row_threads) == (vec, threads) and c.vectors >= vectors, h
+        # vectors below `sure` are whole in the row for every lane; below `counted`, among the thread's vectors
+        assert all((v * threads + threads - 1) * vec + vec <= h for v in range(c.sure)), h
+        assert all(v * threads < h // vec for v in range(c.counted)), h
+        assert c.slots * h <= c.stage_elems and c.slots == NUM_THREADS // threads
+    for c in classes:  # a body's staged rows and its slot sums (which reuse them) fit the shared memory
+        assert c.vectors == norm_backward_tiling(c.hi, dtype)[2]  # the loops run no further than the class's widest row
+        assert STAGES * STAGED_TENSORS * c.stage_elems * elem <= 227 * 1024 and c.slots_shape[0] * 4 <= 227 * 1024
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_the_generic_kernel_branches_once_into_a_class_body_of_16_byte_accesses(dtype):
+    """The lowered generic kernel: one branch on hidden per width class, in class order, each over exactly that class's
+    widths, and its row data moved in 16-byte accesses (cp.async into the stage, vector loads and stores)."""
+    tl = pytest.importorskip("tilelang.language")
+    from build_tools.compile import lower
+    from kernels_src.norm.rmsnorm_backward import width_classes
+
+    _, _, source = lower(Variant.make("rmsnorm_backward_generic", {"dtype": dtype}), "sm90")
+    branches = [(int(lo), int(hi)) for lo, hi in re.findall(r"^  if \(\((\d+) < hidden\) && \(hidden <= (\d+)\)\) \{", source, re.M)]
+    assert branches == [(c.lo, c.hi) for c in width_classes(tl.dynamic("hidden"), dtype)]
+    copies = re.findall(r"cp_async_gs\w*<(\d+)>", source)
+    assert copies and set(copies) == {"16"}
+    vector = "uint4" if dtype == "bfloat16" else "float4"  # 8 bf16 or 4 fp32
+    assert f"*({vector}*)(x_grad + " in source and f"*({vector}*)(weight + " in source
 
 
 # ---- every call finds a variant of the default set (tests/fuzz.py's `launches` records how each is served)

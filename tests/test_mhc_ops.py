@@ -41,6 +41,31 @@ def built(tmp_path_factory, build_cache):
     return build_by_kernel(tmp_path_factory.mktemp("mhc-art"), DEFAULT, build_cache)
 
 
+SPLIT_ROWS = ("pre_layer_mix_grad", "post_layer_mix_grad", "comb_res_mix_grad", "input_mixes", "post_layer_mix", "input_mixes_grad")
+
+
+@pytest.mark.parametrize("mhc", [4, 8, 2])
+def test_split_mixes_bwd_moves_aligned_rows_as_16_byte_vectors(mhc):
+    """At expansion rates whose rows are whole 16-byte vectors (4, 8), split_mixes_bwd tests every row tensor's
+    address in the kernel and moves the rows as float4 when all are aligned, as scalars otherwise (the op does
+    not require alignment); at other rates it has only the scalar path."""
+    from build_tools.compile import lower
+    from build_tools.ops import Variant
+
+    source = lower(Variant.make("mhc_split_mixes_bwd", {"mhc_mult": mhc}), "sm90")[2]
+    for name in SPLIT_ROWS:
+        scalar = f"{name}[((((int64_t)token) * (int64_t)"
+        assert (f"tkaot_aligned16((&({name}[0])))" in source) == (mhc % 4 == 0), name
+        assert (f"*(float4*)({name} + " in source) == (mhc % 4 == 0), name
+        assert scalar in source, name  # the scalar path: misaligned tensors, or every call at mhc 2
+    if mhc % 4 == 0:  # the vectors sit in the branch the test takes, the scalars in the other
+        vector = source.index("if (aligned_all != 0) {")
+        assert vector < source.index("*(float4*)(input_mixes + ") < source.index("} else {", vector) < source.index("= input_mixes[(")
+        assert source.count("if (aligned_all != 0) {") == 2  # the loads and the store
+    else:
+        assert "float4" not in source and "tkaot_aligned16" not in source
+
+
 def test_the_default_set_builds_every_kernel_once_at_expansion_4():
     assert sorted((v.kernel, v.key) for v in DEFAULT) == sorted((d.name, "mhc_mult=4") for d in KERNELS)
 

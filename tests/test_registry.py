@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -213,20 +214,23 @@ def test_a_useless_tkaot_path_entry_is_warned_about_once(tmp_path, monkeypatch, 
 
 def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
     """preload() of the committed set on a fake driver: every variant's cubin (sha256-checked) reaches the driver
-    exactly once, in the set's order; a second preload loads nothing new; a corrupt cubin fails it by name."""
+    exactly once (from preload's threads, in any order), each kernel keeping its own function; a second preload
+    loads nothing new; a corrupt cubin fails it by name."""
     import torch
 
     from tkaot import _kernel
     from tkaot._decl import all_kernels
 
-    loaded = []
+    loaded, lock = [], threading.Lock()
 
     class FakeModule:
         def __init__(self, image, device_index):
-            loaded.append(image)
+            with lock:
+                loaded.append(image)
+                self.number = len(loaded)
 
         def function(self, symbol, smem):
-            return len(loaded)
+            return self.number
 
     r = reg.Registry()
     monkeypatch.delenv("TKAOT_PATH", raising=False)
@@ -240,8 +244,9 @@ def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
     variants = [(kernel, key) for kernel, key in prebuilt.index() if kernel not in generic]
     assert r.preload() == len(variants) > 600
     kernels = [r.kernel("op", kernel, key, 0) for kernel, key in variants]
-    assert loaded == [k.read_cubin() for k in kernels]
-    assert all(k.functions[0] == i + 1 for i, k in enumerate(kernels))
+    assert sorted(loaded) == sorted(k.read_cubin() for k in kernels)
+    assert all(loaded[k.functions[0] - 1] == k.read_cubin() for k in kernels)  # its own module's function
+    assert len({k.functions[0] for k in kernels}) == len(kernels)
     assert r.preload() == len(variants) and len(loaded) == len(variants)
     # the generic tier too, when asked: only its variants are new
     assert r.preload(generic=True) == len(prebuilt.index()) == len(loaded)

@@ -129,16 +129,23 @@ def ensure_context(device_index: int) -> None:
 
 
 _primary: dict[int, object] = {}  # device index -> its primary context (torch's), retained once
+_primary_lock = threading.Lock()
 
 
 def primary_context(device_index: int):
     context = _primary.get(device_index)
     if context is None:
-        cu = lib()
-        dev, ctx = ffi.new("CUdevice *"), ffi.new("CUcontext *")
-        check(cu.cuDeviceGet(dev, device_index), "cuDeviceGet")
-        check(cu.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
-        context = _primary[device_index] = ctx[0]
+        with _primary_lock:  # preload's threads: retained once
+            return _primary.get(device_index) or _retain_primary(device_index)
+    return context
+
+
+def _retain_primary(device_index: int):
+    cu = lib()
+    dev, ctx = ffi.new("CUdevice *"), ffi.new("CUcontext *")
+    check(cu.cuDeviceGet(dev, device_index), "cuDeviceGet")
+    check(cu.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+    context = _primary[device_index] = ctx[0]
     return context
 
 

@@ -125,6 +125,8 @@ class KernelDecl(Record):
                 raise ValueError(f"{self.name}: the tiling axis must offer exactly the shipped tilings {dict(self.tilings)}")
         if bool(self.generic_of) != bool(self.runtime_axes):
             raise ValueError(f"{self.name}: a generic kernel names both the kernel it serves and its runtime axes")
+        if is_generic(self.name) != bool(self.generic_of) or (self.generic_of and self.name != self.generic_of + GENERIC_SUFFIX):
+            raise ValueError(f"{self.name}: a generic kernel, and only one, is named after the kernel it serves + {GENERIC_SUFFIX!r}")
         if not {a.name for a in self.runtime_axes} <= set(self.dims):
             raise ValueError(f"{self.name}: every runtime axis must be a dynamic dim")
 
@@ -199,6 +201,15 @@ def declarer(prefix: str, ops_module: str) -> Callable[..., KernelDecl]:
         return KernelDecl(name=name, source="kernels_src." + source, axes=axes, params=params, dims=dims, ops=ops, **more)
 
     return declare
+
+
+# A generic kernel's name: the specialised kernel's + this (KernelDecl checks it), so a manifest entry tells its tier
+# by name alone: preload skips the generic tier without importing the declarations
+GENERIC_SUFFIX = "_generic"
+
+
+def is_generic(kernel_name: str) -> bool:
+    return kernel_name.endswith(GENERIC_SUFFIX)
 
 
 def all_kernels() -> dict[str, KernelDecl]:

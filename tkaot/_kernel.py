@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import re
 import struct
 import threading
 from collections.abc import Mapping
 
 from tkaot import _cuda
 from tkaot._spec import LaunchSpec, compile_grid, grid_program
-from tkaot.errors import ArtifactError
+from tkaot.errors import ArtifactError, ManifestError
 
 _PACK_CODES = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
 _NULL = _cuda.ffi.NULL
@@ -66,15 +68,34 @@ _compiled, LAUNCHER_KIND, LAUNCHER_WHY = _select_launcher()
 PDL_ALLOWED = _pdl_allowed()
 
 
+# A launch spec's last two fields as tkaot-build writes them (keys sorted), closing the spec
+_LINE_ENTRY = re.compile(r'"smem": (\d+), "symbol": "([A-Za-z_]\w*)"\}')
+
+
+def _manifest_line(line: str, kernel) -> dict:
+    try:
+        return json.loads(line.rstrip(","))
+    except ValueError as exc:
+        raise ManifestError(f"{kernel}: its manifest entry is not valid JSON: {exc}") from None
+
+
 class Kernel:
     """A built variant: where its cubin is, how to launch it, and its loaded functions per device."""
 
     def __init__(
-        self, kernel: str, key: str, spec: LaunchSpec | dict, cubin_path: str, cubin_sha256: str, origin: str, fixed: Mapping | None = None
+        self,
+        kernel: str,
+        key: str,
+        spec: LaunchSpec | dict | str,
+        cubin_path: str,
+        cubin_sha256: str,
+        origin: str,
+        fixed: Mapping | None = None,
     ):
-        """`spec`: the LaunchSpec, or its manifest JSON, parsed and checked when first needed (preloading a whole
-        set reads only each variant's symbol and shared memory size). `fixed`: the manifest entry's values of the
-        static axes the kernel takes at run time (a cubin that serves several variants), passed at every launch."""
+        """`spec`: the LaunchSpec, or its manifest JSON, or the variant's whole manifest line (text), parsed and
+        checked when first needed (preloading a whole set reads only each variant's symbol and shared memory size).
+        `fixed`: the manifest entry's values of the static axes the kernel takes at run time (a cubin that serves
+        several variants), passed at every launch."""
         self.kernel, self.key = kernel, key
         self.fixed = dict(fixed or {})
         self._spec, self._spec_json = (spec, None) if isinstance(spec, LaunchSpec) else (None, spec)
@@ -90,16 +111,25 @@ class Kernel:
     def spec(self) -> LaunchSpec:
         spec = self._spec
         if spec is None:
-            spec = self._spec = LaunchSpec.from_json(self._spec_json)
+            data = self._spec_json
+            if type(data) is str:
+                data = self._spec_json = _manifest_line(data, self)["launch"]
+            spec = self._spec = LaunchSpec.from_json(data)
         return spec
 
     def _entry(self) -> tuple[str, int]:
-        """(symbol, dynamic shared memory bytes), from the JSON when the spec is not parsed yet and both are plain."""
+        """(symbol, dynamic shared memory bytes), from the JSON or the manifest line when the spec is not parsed yet
+        and both are plain."""
         data = self._spec_json
-        if self._spec is None and type(data) is dict:
-            symbol, smem = data.get("symbol"), data.get("smem")
-            if type(symbol) is str and symbol.isidentifier() and type(smem) is int and smem >= 0:
-                return symbol, smem
+        if self._spec is None:
+            if type(data) is dict:
+                symbol, smem = data.get("symbol"), data.get("smem")
+                if type(symbol) is str and symbol.isidentifier() and type(smem) is int and smem >= 0:
+                    return symbol, smem
+            elif type(data) is str:
+                match = _LINE_ENTRY.search(data)
+                if match is not None:
+                    return match.group(2), int(match.group(1))
         return self.spec.symbol, self.spec.smem
 
     def read_cubin(self) -> bytes:

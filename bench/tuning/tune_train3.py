@@ -25,6 +25,9 @@ and the kernel's rows are run again without it. Prints one table last (candidate
 identical?) and writes DIR/tune_train3.log. Session 12, round 1 on the H200: the run hung after the gate's first
 row ("before" 10.61 µs, TileKernels 8.21): "new"'s repeat test took its full-mask __match_any_sync behind `&&`, so
 the lanes of empty slots never reached it (fixed; the MATCH is now straight-line code); nothing else was measured.
+Since session 13 only "before" (and the gate's candidates) build: the others' generic variant was the body over
+RuntimeTiling, deleted when the generic kernel became a body per width class (bench/tuning/tune_normbwd.py); `build`
+says so for each and goes on.
 
 Why TileKernels was faster (its source, session 12): at bf16 7168 it gives a row 128 threads (7 vectors of 8 a
 thread), 2 rows a block of 256 threads, one block an SM with up to 255 registers, so x, out_grad (as fp32) and the
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.tuning.tune_train2 import cli
+from bench.tuning.watch import ROW, START, budget, run_child, with_reruns
 
 ARTIFACTS = "tune-artifacts/train3"
 SPEC, GENERIC, PASS2 = "rmsnorm_backward", "rmsnorm_backward_generic", "weight_grad_reduce"
@@ -83,6 +87,17 @@ ROWS = (
 
 # ---- build (CPU)
 
+# Why the candidates other than "before" no longer build: their generic variant is their rmsnorm_backward module's
+# body over RuntimeTiling (the row's threads computed from hidden), which that module no longer has
+RETIRED = (
+    "its generic variant was the body over RuntimeTiling, deleted from kernels_src/norm/rmsnorm_backward.py in "
+    "session 13 (the generic kernel is a body per width class since: bench/tuning/tune_normbwd.py)"
+)
+
+
+class NotBuildable(Exception):
+    """A candidate the tree can no longer build."""
+
 
 def _builders(c: Candidate, tmp: Path):
     """(specialised build, generic build) of candidate c."""
@@ -99,6 +114,8 @@ def _builders(c: Candidate, tmp: Path):
     else:
         module = vars(importlib.import_module(MODULE))
         spec = module["build"]
+        if "RuntimeTiling" not in module:
+            raise NotBuildable(f"{c.name}: no longer buildable from the tree: {RETIRED}")
     return spec, lambda dtype: module["rmsnorm_backward_kernel"](module["RuntimeTiling"](T.dynamic("hidden"), dtype), dtype)
 
 
@@ -139,8 +156,12 @@ def build(out: Path) -> None:
             t = time.perf_counter()
             variants = [Variant.make(SPEC, {"hidden": HIDDEN, "dtype": "bfloat16"})]
             variants += [Variant.make(GENERIC, {"dtype": d}) for d in ("bfloat16", "float32")]
-            with _patched(c, Path(cache)):
-                build_variants(variants, out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
+            try:
+                with _patched(c, Path(cache)):
+                    build_variants(variants, out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
+            except NotBuildable as exc:
+                print(f"{c.name:10s} not built: {exc}", flush=True)
+                continue
             print(f"{c.name:10s} built in {time.perf_counter() - t:5.1f} s", flush=True)
     from bench.tuning import tune_train2
 
@@ -256,7 +277,6 @@ PARTS = ("norm", "gate")  # rmsnorm_backward first, then moe_topk_gate_backward 
 TOTAL_S = 70  # the whole run's budget (--budget S)
 GATE_S = 25  # the part of it kept for the gate's rows: norm_backward's child is stopped before
 STALL_S = 20  # a candidate silent this long is taken as hung (TileKernels' first calls compile: 40 s for those)
-START, ROW = "START ", "ROW "  # a child's protocol lines
 
 
 def _part(argv) -> None:
@@ -286,40 +306,13 @@ def _part(argv) -> None:
 
 def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
     """Run one part in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
-    import os
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
-
-    cmd = [sys.executable, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, shape = "load", ""
-    while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
-        try:
-            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
-        except queue.Empty:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(part, name, shape, f"KILLED ({why})", say, rows)
-        if line is None:
-            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(part, name, shape, f"FAILED (exit {child.returncode})", say, rows)
-            return None
-        line = line.rstrip("\n")
-        if line.startswith(START):
-            name, shape = line[len(START) :].split("|", 1)
-            print(f"  ({part}: {name} at {shape or '-'})", flush=True)
-        elif line.startswith(ROW):
-            row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
-        else:
-            say(line)
+    stop = run_child(
+        "bench.tuning.tune_train3", part, artifacts, skip, deadline, say,
+        on_row=lambda row: rows.setdefault(row[:2], row),  # a rerun's repeat of a row keeps the first
+        stall_s=lambda name: STALL_S if name not in ("load", "TK") else 2 * STALL_S,
+        on_start=lambda name, shape: print(f"  ({part}: {name} at {shape or '-'})", flush=True),
+    )  # fmt: skip
+    return None if stop is None else _stopped(part, *stop, say, rows)
 
 
 def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
@@ -345,12 +338,7 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
 
     for part in PARTS:
         deadline = start + (total_s if part == PARTS[-1] else total_s - GATE_S)
-        skip: list[str] = []
-        hung = _run_part(part, artifacts, skip, deadline, say, rows)
-        while hung is not None and hung not in skip and time.perf_counter() < deadline - 5:  # time for a rerun
-            skip.append(hung)
-            say(f"{part}: rerun without {', '.join(skip)}")
-            hung = _run_part(part, artifacts, skip, deadline, say, rows)
+        with_reruns(part, deadline, say, lambda skip, part=part, deadline=deadline: _run_part(part, artifacts, skip, deadline, say, rows))
     finish(say, list(rows.values()), start, out / "tune_train3.log", log, (14, 44, 8))
 
 
@@ -361,12 +349,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["part"]:
         _part(argv[1:])
         return
-    total_s = TOTAL_S
-    if "--budget" in argv:  # the whole run's seconds
-        at = argv.index("--budget")
-        total_s = float(argv[at + 1])
-        del argv[at : at + 2]
-    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=total_s))
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=budget(argv, TOTAL_S)))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ E4M3; row- or column-major; blocks of one or many rows), then writes every eleme
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse, split_block
+from kernels_src.ascend.common import split_block, whole_row_build
 from kernels_src.ascend.quant_in import BYTES, STORAGE, Side, block_sides, decode
 from kernels_src.ascend.tile import rows_per_block, segment
 from kernels_src.quant import common
@@ -25,11 +25,6 @@ def unsupported(hidden, in_dtype, in_block, in_sf, out_dtype) -> str | None:
     if hidden % bk:
         return f"hidden={hidden} is not a multiple of the block width {bk}"
     return None
-
-
-def build(hidden: int, in_dtype: str, in_block: str, in_sf: str, out_dtype: str):
-    refuse(DECL, unsupported(hidden, in_dtype, in_block, in_sf, out_dtype))
-    return cast_back_kernel(hidden, None, in_dtype, in_block, in_sf, out_dtype)
 
 
 def cast_back_kernel(hidden, width: int | None, in_dtype: str, in_block, in_sf: str, out_dtype: str):
@@ -127,3 +122,6 @@ def cast_back_kernel(hidden, width: int | None, in_dtype: str, in_block, in_sf: 
                 T.copy(out_ub, out[row : row + rows, col : col + width])
 
     return cast_back
+
+
+build = whole_row_build(DECL, unsupported, cast_back_kernel)

@@ -1,6 +1,7 @@
 """What the Ascend kernel modules write the same way: the answers of a module that takes every value its declaration
-allows (`REQUIRES`, `unsupported`), the refusal a builder raises for a value it does not build, argument types as
-factories, a block's place in a two-level grid, a tile staged into the Unified Buffer and a column's split-K sum.
+allows (`REQUIRES`, `unsupported`), the refusal a builder raises for a value it does not build, the cast modules'
+builder (that refusal, then the kernel over whole rows), argument types as factories, a block's place in a two-level
+grid, a tile staged into the Unified Buffer and a column's split-K sum.
 
 A tile or variable made here is named by the kernel statement that takes it, and a macro here is given Vars only
 under their own names (TileLang names a Var after the macro parameter it is bound to), so a kernel written with these
@@ -21,6 +22,17 @@ def refuse(decl, why: str | None) -> None:
     """Raise, naming the kernel, when `why` (a module's `unsupported`) says a builder was given values it does not build."""
     if why:
         raise ValueError(f"{decl.name} for Ascend: {why}")
+
+
+def whole_row_build(decl, unsupported, kernel):
+    """A cast module's `build`: refuse the static values its `unsupported` names, else its kernel over whole rows,
+    kernel(hidden, None, the other values by name) (the module's generic tier passes a segment width instead)."""
+
+    def build(hidden, **static):
+        refuse(decl, unsupported(hidden, **static))
+        return kernel(hidden, None, **static)
+
+    return build
 
 
 def tensor(dtype, *shape):

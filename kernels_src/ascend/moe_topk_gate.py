@@ -6,8 +6,8 @@ bit of the runtime `flags`; the route is decided in the same priority (masked > 
 and each route writes what the CUDA kernel writes. A block copies `TOKENS` tokens' logits into the Unified
 Buffer; lane l of a token holds experts l * per .. l * per + per - 1 (the CUDA kernel's order), each round of the
 selection takes the warp's largest remaining value (T.warp_reduce_max) from its lowest lane, so ties go to the
-lower expert index. Forced-random tokens draw from the same Philox stream (kernels_src/moe/common.py), so
-they pick the CUDA kernel's experts. Outputs whose width is a runtime value (topk_idx, topk_weights,
+lower expert index. Forced-random tokens draw from the same Philox stream (kernels_src/moe/common.py) with the
+CUDA kernel's draw (draw_distinct), so they pick the CUDA kernel's experts. Outputs whose width is a runtime value (topk_idx, topk_weights,
 unmapped_topk_idx) and the small tables (bias, masks, the physical map) are read and written from the SIMT
 region directly; the scores go out through the Unified Buffer.
 """
@@ -26,6 +26,7 @@ from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`
     MASKED,
     RANDOM,
     ROUTED,
+    draw_distinct,
     gate_dims,
     physical_slot,
     pick_route,
@@ -48,6 +49,13 @@ def unsupported(num_experts, num_topk, tiling) -> str | None:
 def sqrt_softplus(x):
     # softplus with torch's threshold of 20, then sqrt (the CUDA kernel's expression)
     return T.sqrt(T.if_then_else(x > 20.0, x, T.log1p(T.exp(x))))
+
+
+@T.macro
+def warp_lowest(low: T.Ref, low_lane: T.Ref, pending: T.Ref, lane):
+    """draw_distinct's warp reduction, by the dialect's warp reductions."""
+    low = T.warp_reduce_min(pending)
+    low_lane = T.warp_reduce_min(T.if_then_else(pending == low, lane, INT_MAX))  # noqa: F841 (a T.Ref: the caller's variable is written)
 
 
 def build(num_experts: int, num_topk: int, tiling: str):
@@ -147,23 +155,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                             experts = T.warp_reduce_sum(count)
                         else:
                             experts = num_experts + num_shared_experts
-                        # lane l draws from experts - l values; taken in increasing order, each later-lane value at
-                        # or above the one just taken steps up by one, which makes them distinct
-                        if lane < num_physical_topk:
-                            pending = T.Cast(T.int32, c1 % T.Cast(T.uint32, experts - lane))
-                            choice = -1
-                        else:
-                            pending = INT_MAX
-                            choice = INT_MAX
-                        for _ in T.serial(num_physical_topk):
-                            low = T.warp_reduce_min(pending)
-                            low_lane = T.warp_reduce_min(T.if_then_else(pending == low, lane, INT_MAX))
-                            if choice == -1:
-                                if pending >= low and low_lane < lane:
-                                    pending = pending + 1
-                                elif low_lane == lane:
-                                    choice = pending
-                                    pending = INT_MAX
+                        draw_distinct(choice, pending, low, low_lane, c1, experts, lane, num_physical_topk, warp_lowest)
                         if lane < num_physical_topk:
                             topk_idx[token, lane] = T.Cast(T.int64, choice)
                             topk_weights[token, lane] = weight

@@ -11,7 +11,7 @@ codes two a byte, the lower-indexed element in the low nibble). Modes "cast", "s
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse
+from kernels_src.ascend.common import whole_row_build
 from kernels_src.ascend.quant_in import BYTES
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -29,11 +29,6 @@ def unsupported(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode) ->
     if hidden % block_k:
         return f"hidden={hidden} is not a multiple of block_k={block_k}"
     return None
-
-
-def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
-    refuse(DECL, unsupported(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode))
-    return per_block_cast_kernel(hidden, None, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode)
 
 
 def per_block_cast_kernel(hidden, width, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
@@ -177,3 +172,6 @@ def per_block_cast_kernel(hidden, width, in_dtype, fmt, block_m, block_k, sf, sf
                 T.copy(out_ub, out[row : row + rows, col // (2 if fp4 else 1) : (col + width) // (2 if fp4 else 1)])
 
     return per_block_cast
+
+
+build = whole_row_build(DECL, unsupported, per_block_cast_kernel)

@@ -15,7 +15,7 @@ byte table gives. Data and outputs are declared as words, as on CUDA, and read a
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse, split_block
+from kernels_src.ascend.common import split_block, whole_row_build
 from kernels_src.ascend.quant_in import Side, block_sides
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -40,11 +40,6 @@ def unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout) -> str | None
     if obm % ibm or obk % ibk:
         return f"out_block={out_block} is not a multiple of in_block={in_block} in both dimensions"
     return None
-
-
-def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
-    refuse(DECL, unsupported(hidden, in_block, in_sf, out_block, sf, sf_layout))
-    return per_block_cast_lossless_kernel(hidden, None, in_block, in_sf, out_block, sf, sf_layout)
 
 
 def per_block_cast_lossless_kernel(hidden, width, in_block, in_sf, out_block, sf, sf_layout):
@@ -191,3 +186,6 @@ def per_block_cast_lossless_kernel(hidden, width, in_block, in_sf, out_block, sf
             T.copy(out_ub, out[row : row + rows, col : col + width])
 
     return per_block_cast_lossless
+
+
+build = whole_row_build(DECL, unsupported, per_block_cast_lossless_kernel)

@@ -11,7 +11,7 @@ zeroed); then every element is scaled and rounded. An E4M3 input with per-token 
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse
+from kernels_src.ascend.common import whole_row_build
 from kernels_src.ascend.quant_in import BYTES, STORAGE
 from kernels_src.ascend.tile import segment
 from kernels_src.quant import common
@@ -30,11 +30,6 @@ def unsupported(hidden, in_dtype, in_block, in_sf, block_m, sf) -> str | None:
     if in_dtype == "e4m3" and hidden % common.block_shape(in_block)[1]:
         return f"hidden={hidden} is not a multiple of the input block {in_block}"
     return None
-
-
-def build(hidden, in_dtype, in_block, in_sf, block_m, sf):
-    refuse(DECL, unsupported(hidden, in_dtype, in_block, in_sf, block_m, sf))
-    return per_channel_cast_kernel(hidden, None, in_dtype, in_block, in_sf, block_m, sf)
 
 
 def per_channel_cast_kernel(hidden, width, in_dtype, in_block, in_sf, block_m, sf):
@@ -139,3 +134,6 @@ def per_channel_cast_kernel(hidden, width, in_dtype, in_block, in_sf, block_m, s
                 T.copy(out_ub, out[row : row + block_m, col : col + width])
 
     return per_channel_cast
+
+
+build = whole_row_build(DECL, unsupported, per_channel_cast_kernel)

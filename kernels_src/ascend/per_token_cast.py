@@ -17,7 +17,7 @@ CUDA kernels' hash of (element index, value).
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse, split_block
+from kernels_src.ascend.common import split_block, whole_row_build
 from kernels_src.ascend.quant_in import BYTES, STORAGE, RuntimeSfLayout, decode
 from kernels_src.ascend.tile import rows_per_block, segment
 from kernels_src.quant import common
@@ -34,11 +34,6 @@ def unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mo
     if hidden % group:
         return f"hidden={hidden} is not a multiple of group={group}"
     return None
-
-
-def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
-    refuse(DECL, unsupported(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic))
-    return per_token_cast_kernel(hidden, None, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic)
 
 
 def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, stochastic):
@@ -263,3 +258,6 @@ def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, 
                     T.copy(x_ub, x[row : row + rows, col : col + width])
 
     return per_token_cast
+
+
+build = whole_row_build(DECL, unsupported, per_token_cast_kernel)

@@ -6,7 +6,7 @@ elements); the element count is a runtime value (a multiple of 8).
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import FUSED_WEIGHT
 
 DECL = FUSED_WEIGHT  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -25,8 +25,7 @@ def build(dtype: str):
         weight_fused: T.Tensor[(numel,), T.float32],
     ):
         with T.Kernel(T.ceildiv(numel, THREADS * VEC), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(numel % VEC == 0)
             base = (block * THREADS + T.get_thread_binding()) * VEC
             a = T.alloc_local((VEC,), T.float32)

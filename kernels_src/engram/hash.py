@@ -10,7 +10,7 @@ values and the stores are coalesced; only the n-gram order is static (its XOR ch
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import ENGRAM_HASH
 
 DECL = ENGRAM_HASH  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -36,8 +36,7 @@ def build(max_ngram_size: int):
         has_mask: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * cols, THREADS), num_layers, threads=THREADS) as (block, layer):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(num_tables > 0)
             index = block * THREADS + T.get_thread_binding()
             token = index // cols

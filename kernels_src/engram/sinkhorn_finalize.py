@@ -6,7 +6,7 @@ One CTA a row (rows are runtime); head_dim is static (kernels_src/engram/sinkhor
 import tilelang.language as T
 
 from kernels_src.engram.sinkhorn_rows import load_row, row_layout, threads_for
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_FINALIZE
 
 DECL = SINKHORN_FINALIZE  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -26,8 +26,7 @@ def build(head_dim: int):
         alpha: T.float32,
     ):
         with T.Kernel(num_rows, threads=threads) as row:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             scale = T.alloc_var(T.float32)
             factor = T.alloc_var(T.float32)
             norm = T.alloc_fragment((1,), T.float32)

@@ -12,7 +12,7 @@ import re
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_MOMENTUM
 
 DECL = SINKHORN_MOMENTUM  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -44,8 +44,7 @@ def build(grad_dtype: str, momentum_dtype: str, tiling: str):
         nesterov: T.int32,
     ):
         with T.Kernel(T.ceildiv(numel, threads * vec * reps), threads=threads) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(numel % 8 == 0)
             g = T.alloc_local((reps, vec), T.float32)
             m = T.alloc_local((reps, vec), T.float32)

@@ -9,7 +9,7 @@ runtime); head_dim is static (kernels_src/engram/sinkhorn_rows.py).
 import tilelang.language as T
 
 from kernels_src.engram.sinkhorn_rows import load_row, row_layout, threads_for
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_STEP
 
 DECL = SINKHORN_STEP  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -30,8 +30,7 @@ def build(head_dim: int):
         eps: T.float32,
     ):
         with T.Kernel(num_partials, threads=threads) as part:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             tid = T.get_thread_binding()
             scale = T.alloc_var(T.float32)
             inverse = T.alloc_var(T.float32)

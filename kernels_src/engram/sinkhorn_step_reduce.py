@@ -4,7 +4,7 @@
 import tilelang.language as T
 
 from kernels_src.engram.column_sums import THREADS, column_sum
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
 
 DECL = SINKHORN_STEP_REDUCE  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -20,8 +20,7 @@ def build(dtype: str):
         col_sumsq: T.Tensor[(head_dim,), dtype],
     ):
         with T.Kernel(T.ceildiv(head_dim, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             col = block * THREADS + T.get_thread_binding()
             acc = T.alloc_local((1,), T.float32)
             if col < head_dim:

@@ -23,7 +23,7 @@ from kernels_src.moe.common import (
     warp_sum,
     warp_token,
 )
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
 DECL = MOE_TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
@@ -82,6 +82,37 @@ def physical_slot(out_idx: T.Ref, count: T.Ref, token, ep_rank, num_logical_expe
         )
 
 
+@T.macro
+def draw_distinct(choice: T.Ref, pending: T.Ref, low: T.Ref, low_lane: T.Ref, word: T.Ref, experts: T.Ref, lane, num_physical_topk, lowest):
+    """choice = this lane's expert of a forced-random token (INT_MAX past num_physical_topk), the token's picks distinct:
+    lane l draws `word` mod (experts - l); taking the drawn values in increasing order, each later-lane value at or
+    above the one just taken steps up by one. `lowest(low, low_lane, pending, lane)` is the backend's warp reduction:
+    low = the warp's lowest pending value, low_lane = the lowest lane holding it. The Ascend kernel draws with it too."""
+    if lane < num_physical_topk:
+        pending = T.Cast(T.int32, word % T.Cast(T.uint32, experts - lane))
+        choice = -1
+    else:
+        pending = INT_MAX
+        choice = INT_MAX
+    for _ in T.serial(num_physical_topk):
+        lowest(low, low_lane, pending, lane)
+        if choice == -1:
+            if pending >= low and low_lane < lane:
+                pending = pending + 1
+            elif low_lane == lane:
+                choice = pending
+                pending = INT_MAX
+
+
+@T.macro
+def warp_lowest(low: T.Ref, low_lane: T.Ref, pending: T.Ref, lane):
+    """draw_distinct's warp reduction, by shuffles."""
+    low = pending
+    warp_min(low)
+    low_lane = T.if_then_else(pending == low, lane, INT_MAX)
+    warp_min(low_lane)
+
+
 def build(num_experts: int, num_topk: int, tiling: str):
     if num_topk > num_experts:
         raise ValueError(f"num_topk={num_topk} exceeds num_experts={num_experts}")
@@ -115,8 +146,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
         flags: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             lane, token = warp_token(block, warps)
             if isinstance(num_experts, int):
                 row = token
@@ -166,26 +196,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
                         experts = count
                     else:
                         experts = num_experts + num_shared_experts
-                    # Lane l draws from experts - l values; taking the drawn values in
-                    # increasing order, each later-lane value at or above the one just
-                    # taken steps up by one, which makes them distinct.
-                    if lane < num_physical_topk:
-                        pending = T.Cast(T.int32, r1 % T.Cast(T.uint32, experts - lane))
-                        choice = -1
-                    else:
-                        pending = INT_MAX
-                        choice = INT_MAX
-                    for _ in T.serial(num_physical_topk):
-                        low = pending
-                        warp_min(low)
-                        low_lane = T.if_then_else(pending == low, lane, INT_MAX)
-                        warp_min(low_lane)
-                        if choice == -1:
-                            if pending >= low and low_lane < lane:
-                                pending = pending + 1
-                            elif low_lane == lane:
-                                choice = pending
-                                pending = INT_MAX
+                    draw_distinct(choice, pending, low, low_lane, r1, experts, lane, num_physical_topk, warp_lowest)
                     if lane < num_physical_topk:
                         topk_idx[token, lane] = T.Cast(T.int64, choice)
                         topk_weights[token, lane] = weight

@@ -24,10 +24,14 @@ adds its row slots in a fixed order and writes one partial row, partials[block, 
 depend on timing. Tokens, blocks, strides, out_scale and whether there is a weight or a residual
 gradient are runtime values.
 
-One kernel body serves both tiers: a static tiling (StaticTiling, the specialised kernel: hidden fixed) or one
-the kernel computes from a runtime hidden (RuntimeTiling, kernels_src/norm/rmsnorm_backward_generic.py). Both give
-each thread the same columns of the same rows and add them in the same order, so the generic kernel writes the
-specialised kernel's bytes.
+One kernel body serves both tiers: a static tiling (StaticTiling, the specialised kernel: hidden fixed) or, in the
+generic kernel (kernels_src/norm/rmsnorm_backward_generic.py), a body per width class that it branches into once on
+the runtime hidden: the widths whose rows take the same threads (ClassTiling: the row's threads, slots and warps
+constants, so each vector's address is a constant offset, as in the specialised kernel; only the vectors some width of
+the class leaves out of the row are checked against hidden). Every tiling gives each thread the same columns of the
+same rows and adds them in the same order, so the generic kernel writes the specialised kernel's bytes. (One body with
+the threads a row takes computed from hidden, for the narrow widths, measured slower: bf16 1024 47.8 µs against 23.1
+on its class body, H200, session 13.)
 """
 
 import tilelang.language as T
@@ -49,7 +53,7 @@ STAGES = 2
 STAGED_TENSORS = 3  # x, out_grad, residual_out_grad
 MULTIPLE, MAX_HIDDEN = 32, 8192  # the hidden axis: a multiple of 32 up to 8192
 # The kernel's barriers are its own (build_tools/compile.py applies this to its lowering): a thread reads only the
-# vectors its own cp.async wrote, after its own wait, so the only shared data are the warp sums (row_dot_*: a
+# vectors its own cp.async wrote, after its own wait, so the only shared data are the warp sums (row_dot: a
 # barrier after writing them, in the half of the row's parity) and the slot sums at the end (a barrier before and
 # after writing them). TileLang's inserted barriers (around each staged read and copy: 6 a row at 7168) are left out.
 PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
@@ -63,7 +67,6 @@ class StaticTiling:
     """norm_backward_tiling of a static hidden, as the specialised kernel uses it."""
 
     static = True
-    helpers = ""  # device functions the tiling needs
 
     def __init__(self, hidden: int, dtype: str):
         self.hidden = hidden
@@ -72,10 +75,11 @@ class StaticTiling:
         self.stage_elems = self.slots * hidden  # one tensor's rows of a stage
         self.lanes = min(self.row_threads, 32)
         self.row_warps = self.row_threads // self.lanes
+        self.warps_shape, self.slots_shape = (2, self.slots, self.row_warps), (self.slots, hidden)
         self.exact = hidden % (self.vec * self.row_threads) == 0  # every thread's vectors are in range
 
-    def in_row(self, col):
-        """Whether the vector at column col is in the row."""
+    def in_row(self, v, col):
+        """Whether the thread's vector v, at column col, is in the row."""
         return self.exact or col < self.hidden
 
     def live(self, v) -> bool:
@@ -88,103 +92,72 @@ class StaticTiling:
     def lane_and_slot(self, tid):
         return tid % self.row_threads, tid // self.row_threads
 
+    def warp_at(self, half, sub, w):
+        return half, sub, w
 
-class RuntimeTiling:
-    """norm_backward_tiling of a runtime hidden (a multiple of MULTIPLE up to MAX_HIDDEN), as expressions of it.
+    def slot_at(self, s, col):
+        return s, col
 
-    The threads a row takes double at a few widths (found by running norm_backward_tiling over every width), so
-    they are a sum of steps of hidden: a pure device function, clamped to its range so the compiler sees every
-    index in bounds. Loops run to the most vectors any width gives a thread and skip those past the width's count
-    (a branch the same in every thread of a block, so the shuffles stay whole). Shared memory is sized for the
-    widest use of any width and indexed flat.
+
+class ClassTiling:
+    """norm_backward_tiling over a class of widths whose rows take the same threads, (lo, hi], hidden a runtime value.
+
+    The threads a row takes, its lanes, a block's row slots and a row's warps are constants, as in the specialised
+    kernel, so each vector's shared and global address is a constant offset from the thread's row. A vector in the
+    row at the class's narrowest width is in it at every width of the class: only the others are checked against
+    hidden (and skipped past the thread's count), each check a constant for the vectors below (`sure`, `counted`)
+    once the loop is unrolled. Shared memory is sized for the class's widest rows and indexed flat.
     """
 
     static = False
     exact = False
 
-    def __init__(self, hidden, dtype: str):
-        self.hidden = hidden
-        self.vec = 16 // (2 if dtype == "bfloat16" else 4)
-        first, steps, self.vectors, self.slot_floats = _thread_steps(dtype)
-        # log2 of the threads a row takes: rows, lanes and slots are shifts and masks of it, never divisions (a
-        # division by a runtime value in the address of every access costs more than the access)
-        low = first.bit_length() - 1
-        c_shift, high = str(low), low
-        for width, factor in steps:
-            c_shift += f" + (hidden > {width} ? {factor.bit_length() - 1} : 0)"
-            high += factor.bit_length() - 1
-        name = f"tkaot_norm_backward_row_shift_{dtype}"
-        self.helpers = f"__device__ __forceinline__ int {name}(int hidden) {{\n    return {c_shift};\n}}\n"
-        self.shift = T.min(T.max(T.call_pure_extern("int32", name, hidden), low), high)
-        self.row_threads = T.shift_left(1, self.shift)
-        self.max_slots = NUM_THREADS // first
-        self.slots = T.shift_right(NUM_THREADS, self.shift)
-        self.stage_elems = max(self.slot_floats, MAX_HIDDEN)  # the most a block's rows (slots * hidden) take
-        self.row_warps = T.shift_right(self.row_threads, 5)  # 0 below a warp a row
+    def __init__(self, hidden, dtype: str, lo: int, hi: int):
+        self.hidden, self.lo, self.hi = hidden, lo, hi
+        self.vec, self.row_threads, self.vectors = norm_backward_tiling(hi, dtype)  # the most vectors: the widest's
+        self.narrowest = lo + MULTIPLE
+        if norm_backward_tiling(self.narrowest, dtype)[1] != self.row_threads:
+            raise AssertionError(f"widths {self.narrowest} and {hi} take different threads a row")
+        self.slots = NUM_THREADS // self.row_threads
+        self.lanes = min(self.row_threads, 32)
+        self.row_warps = self.row_threads // self.lanes
+        self.stage_elems = self.slots * hi  # one tensor's rows of a stage at the class's widest, flat
+        self.warps_shape, self.slots_shape = (2, self.slots * self.row_warps), (self.slots * hi,)
+        # a vector below `sure` is in the row at every width of the class; one below `counted`, among its vectors
+        self.sure = self.narrowest // (self.row_threads * self.vec)
+        self.counted = -(-self.narrowest // (self.row_threads * self.vec))
 
-    def in_row(self, col):
-        return col + self.vec <= self.hidden  # (the same as col < hidden) spelt so each access is seen in bounds
+    def in_row(self, v, col):
+        # (v < sure: a constant once the loop is unrolled; col < hidden spelt so each access is seen in bounds)
+        return T.Or(v < self.sure, col + self.vec <= self.hidden)
 
     def live(self, v):
-        return v * self.row_threads < self.hidden // self.vec
+        return T.Or(v < self.counted, v * self.row_threads < self.hidden // self.vec)
 
     def mean(self, total):
         return total / T.cast(self.hidden, "float32")  # IEEE division, as by the static one
 
     def lane_and_slot(self, tid):
-        return T.bitwise_and(tid, self.row_threads - 1), T.shift_right(tid, self.shift)
+        return tid % self.row_threads, tid // self.row_threads
+
+    def warp_at(self, half, sub, w):
+        return half, sub * self.row_warps + w
+
+    def slot_at(self, s, col):
+        return (s * self.hidden + col,)
 
 
-def _thread_steps(dtype: str) -> tuple[int, tuple[tuple[int, int], ...], int, int]:
-    """(threads a row of the narrowest width takes, ((width past which they grow, by what factor), ...), the most
-    vectors a thread holds, the most fp32 slot sums a block keeps), from norm_backward_tiling over every width."""
-    first, steps, most, slot_floats, prev = None, [], 0, 0, None
-    for hidden in range(MULTIPLE, MAX_HIDDEN + 1, MULTIPLE):
-        _, threads, vectors = norm_backward_tiling(hidden, dtype)
-        most = max(most, vectors)
-        if threads < NUM_THREADS:
-            slot_floats = max(slot_floats, NUM_THREADS // threads * hidden)
-        if prev is None:
-            first = threads
-        elif threads != prev[1]:
-            if threads % prev[1] or threads & (threads - 1):
-                raise AssertionError(f"norm_backward_tiling's threads go from {prev[1]} to {threads}: not a doubling")
-            steps.append((prev[0], threads // prev[1]))
-        prev = (hidden, threads)
-    return first, tuple(steps), most, slot_floats
-
-
-@T.macro
-def row_dot_static(acc, warp_sums, half, sub, lane, lanes: int, row_warps: int):
-    """acc[0], a thread's share of the row's dot product, becomes the row's in every thread of the row. The warp
-    sums alternate between two halves of warp_sums (`half`, the row's parity): the next row writes the other half,
-    and the row after it this one only after the next row's barrier, which every thread passes after its reads."""
-    for i in T.unroll(lanes.bit_length() - 1):
-        acc[0] += T.shfl_xor(acc[0], lanes >> (i + 1))
-    if row_warps > 1:
-        if lane % 32 == 0:
-            warp_sums[half, sub, lane // 32] = acc[0]
-        T.sync_threads()
-        acc[0] = 0.0
-        for w in T.unroll(row_warps):
-            acc[0] += warp_sums[half, sub, w]
-
-
-@T.macro
-def row_dot_runtime(acc, warp_sums, half, sub, lane, row_threads, row_warps):
-    """row_dot_static with a runtime (power of two) row_threads: the same shuffles in the same order (offsets from
-    min(row_threads, 32) / 2 down to 1), then, over more than one warp, the warps' sums in warp order."""
-    for i in T.unroll(5):
-        if T.shift_right(16, i) < row_threads:
-            acc[0] += T.shfl_xor(acc[0], T.shift_right(16, i))
-    if row_warps > 1:
-        if lane % 32 == 0:
-            warp_sums[half, sub * row_warps + lane // 32] = acc[0]
-        T.sync_threads()
-        acc[0] = 0.0
-        for w in T.unroll(NUM_THREADS // 32):
-            if w < row_warps:
-                acc[0] += warp_sums[half, sub * row_warps + w]
+def width_classes(hidden, dtype: str) -> tuple[ClassTiling, ...]:
+    """The generic kernel's tilings: a ClassTiling for each class of widths whose rows take the same threads, narrowest
+    first, together every width the generic tier takes (a multiple of MULTIPLE up to MAX_HIDDEN)."""
+    spans = []  # [lo, hi, threads]: the widths in (lo, hi] take `threads` threads a row
+    for h in range(MULTIPLE, MAX_HIDDEN + 1, MULTIPLE):
+        threads = norm_backward_tiling(h, dtype)[1]
+        if spans and spans[-1][2] == threads:
+            spans[-1][1] = h
+        else:
+            spans.append([h - MULTIPLE, h, threads])
+    return tuple(ClassTiling(hidden, dtype, lo, hi) for lo, hi, _ in spans)
 
 
 def _at(buf, head, col):
@@ -200,58 +173,17 @@ def _mul(a, b):
     return T.call_extern("float32", "__fmul_rn", a, b)
 
 
-def rmsnorm_backward_kernel(tiling, dtype: str):
-    """The kernel over a tiling: StaticTiling (specialised) or RuntimeTiling (generic); the same sums in the same order."""
-    hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
-    row_threads, slots = tiling.row_threads, tiling.slots
-    stages, region = STAGES, tiling.stage_elems
-    if tiling.static:
-        warps_shape, slots_shape = (2, slots, tiling.row_warps), (slots, hidden)
-    else:
-        warps_shape, slots_shape = (2, NUM_THREADS // 32), (tiling.slot_floats,)
+def rmsnorm_backward_kernel(tilings, dtype: str):
+    """The kernel over a StaticTiling (specialised: one body), or the generic kernel's tuple of ClassTiling (a body each,
+    taken where hidden is in its class). The same sums in the same order in each."""
+    main = tilings if isinstance(tilings, StaticTiling) else tilings[0]
+    hidden = main.hidden
 
     num_tokens = T.dynamic("num_tokens")
     num_blocks = T.dynamic("num_blocks")
     og_stride, x_stride, rg_stride = T.dynamic("out_grad_stride"), T.dynamic("x_stride"), T.dynamic("residual_out_grad_stride")
-
-    def token_of(it, block, sub):
-        return (it * num_blocks + block) * slots + sub
-
-    def staged(stage, tensor, sub, col):
-        """Flat index of a vector's first element in the staging buffer: (stage, tensor, row slot, column)."""
-        return (stage * STAGED_TENSORS + tensor) * region + sub * hidden + col
-
-    @T.macro
-    def load_weight(weight, w_in, col):
-        if tiling.in_row(col):
-            for j in T.vectorized(vec):
-                w_in[j] = weight[col + j]
-        else:
-            for j in T.unroll(vec):
-                w_in[j] = T.cast(0, dtype)
-
-    @T.macro
-    def stage_row(src, stage_buf, tensor, stage, sub, token, lane):
-        # The thread's own vectors of row `token` (zeros past the last token) into its slot of the stage
-        for v in T.unroll(vecs_per_thread):
-            col = (v * row_threads + lane) * vec
-            if tiling.in_row(col):
-                T.ptx_cp_async(
-                    T.access_ptr(stage_buf[staged(stage, tensor, sub, col)], "w", vec),
-                    T.access_ptr(src[T.min(token, num_tokens - 1), col], "r", vec),
-                    vec,
-                    token < num_tokens,
-                )
-
-    @T.macro
-    def store_held(dst, head, dw, lane):
-        """Each thread's held weight-gradient sums (dw) into dst's row head[0], or from flat offset head[0] where dst
-        is flat."""
-        for v in T.unroll(vecs_per_thread):
-            col = (v * row_threads + lane) * vec
-            if tiling.in_row(col):
-                for j in T.vectorized(vec):
-                    dst[_at(dst, head, col + j)] = dw[v, j]
+    only = tiling_body(main, dtype, num_tokens, num_blocks) if main.static else None
+    bodies = [] if main.static else [(c.lo, c.hi, tiling_body(c, dtype, num_tokens, num_blocks)) for c in tilings]
 
     @T.prim_func
     def rmsnorm_backward(
@@ -268,148 +200,202 @@ def rmsnorm_backward_kernel(tiling, dtype: str):
     ):
         with T.Kernel(num_blocks, threads=NUM_THREADS) as block:
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
-            T.import_source(tiling.helpers + PDL_SOURCE)
+            T.import_source(PDL_SOURCE)
             pdl_entry()  # kernels_src/pdl.py: before any memory access
-            if not tiling.static:
+            if not main.static:
                 T.assume(hidden % MULTIPLE == 0)  # as declared: whole vectors, so each access is one
             # Callers guarantee 16-byte aligned rows, so every vector access is one 16-byte access
-            T.assume(og_stride % vec == 0)
-            T.assume(x_stride % vec == 0)
-            T.assume(rg_stride % vec == 0)
-            tid = T.get_thread_binding()
-            lane, sub = tiling.lane_and_slot(tid)
-            x_in = T.alloc_local((vecs_per_thread, vec), dtype)
-            g_in = T.alloc_local((vecs_per_thread, vec), dtype)
-            w_in = T.alloc_local((vec,), dtype)
-            w_held = T.alloc_local((vecs_per_thread, vec), dtype)
-            dw = T.alloc_local((vecs_per_thread, vec), T.float32)
-            r_in = T.alloc_local((vec,), dtype)
-            res = T.alloc_local((vec,), dtype)
-            acc = T.alloc_local((1,), T.float32)
-            stage_buf = T.alloc_shared((stages * STAGED_TENSORS * region,), dtype)
-            warp_sums = T.alloc_shared(warps_shape, T.float32)
-            slot_sums = T.alloc_shared(slots_shape, T.float32)
-            r = T.alloc_var(T.float32)
-            r_next = T.alloc_var(T.float32)
-            xh = T.alloc_var(T.float32)
-            g = T.alloc_var(T.float32)
-            t = T.alloc_var(T.float32)
-
-            for v in T.unroll(vecs_per_thread):
-                for j in T.unroll(vec):
-                    dw[v, j] = 0.0
-            if has_weight != 0:
-                for v in T.unroll(vecs_per_thread):
-                    load_weight(weight, w_in, (v * row_threads + lane) * vec)
-                    for j in T.unroll(vec):
-                        w_held[v, j] = w_in[j]
-
-            # The first `stages` rows of each slot, one commit group a row
-            for s in T.unroll(stages):
-                stage_row(x, stage_buf, 0, s, sub, token_of(s, block, sub), lane)
-                stage_row(out_grad, stage_buf, 1, s, sub, token_of(s, block, sub), lane)
-                if has_residual != 0:
-                    stage_row(residual_out_grad, stage_buf, 2, s, sub, token_of(s, block, sub), lane)
-                T.ptx_commit_group()
-            r_next = 0.0
-            if token_of(0, block, sub) < num_tokens:
-                r_next = rstd[token_of(0, block, sub)]
-
-            for it in T.serial(T.ceildiv(num_tokens, num_blocks * slots)):
-                token = token_of(it, block, sub)
-                ahead = token_of(it + stages, block, sub)  # the row this iteration stages in its place
-                stage = it % stages
-                r = r_next
-                r_next = 0.0
-                if token_of(it + 1, block, sub) < num_tokens:
-                    r_next = rstd[token_of(it + 1, block, sub)]
-                T.ptx_wait_group(stages - 1)  # this row's group has landed: the thread reads its own vectors
-                acc[0] = 0.0
-                for v in T.unroll(vecs_per_thread):
-                    col = (v * row_threads + lane) * vec
-                    if token < num_tokens and tiling.in_row(col):
-                        for j in T.vectorized(vec):
-                            x_in[v, j] = stage_buf[staged(stage, 0, sub, col) + j]
-                        for j in T.vectorized(vec):
-                            g_in[v, j] = stage_buf[staged(stage, 1, sub, col) + j]
-                    else:
-                        for j in T.unroll(vec):
-                            x_in[v, j] = T.cast(0, dtype)
-                            g_in[v, j] = T.cast(0, dtype)
-                # x and out_grad read: the stage takes theirs of the row `stages` ahead (the residual gradient's, read
-                # after the reduction, at the end of the row)
-                stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
-                stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
-                for v in T.unroll(vecs_per_thread):
-                    if tiling.live(v):  # a runtime tiling's vectors past the count: not the thread's, not added
-                        for j in T.unroll(vec):
-                            xh = T.cast(x_in[v, j], T.float32) * r
-                            g = T.cast(g_in[v, j], T.float32) * out_scale
-                            if has_weight != 0:
-                                dw[v, j] = _fma(xh, g, dw[v, j])
-                                g = _mul(g, T.cast(w_held[v, j], T.float32))
-                            acc[0] = _fma(xh, g, acc[0])
-
-                # The row's dot product in every thread of the row (shuffles, then warps through shared memory)
-                if tiling.static:
-                    row_dot_static(acc, warp_sums, it % 2, sub, lane, tiling.lanes, tiling.row_warps)
-                else:
-                    row_dot_runtime(acc, warp_sums, it % 2, sub, lane, row_threads, tiling.row_warps)
-                mean = tiling.mean(acc[0])
-
-                for v in T.unroll(vecs_per_thread):
-                    col = (v * row_threads + lane) * vec
-                    if token < num_tokens and tiling.in_row(col):
-                        if has_residual != 0:
-                            for j in T.vectorized(vec):
-                                r_in[j] = stage_buf[staged(stage, 2, sub, col) + j]
-                        for j in T.unroll(vec):
-                            xh = T.cast(x_in[v, j], T.float32) * r
-                            g = T.cast(g_in[v, j], T.float32) * out_scale
-                            if has_weight != 0:
-                                g = _mul(g, T.cast(w_held[v, j], T.float32))
-                            t = _fma(-xh, mean, g)
-                            if has_residual != 0:
-                                res[j] = T.cast(_fma(t, r, T.cast(r_in[j], T.float32)), dtype)
-                            else:
-                                res[j] = T.cast(_mul(t, r), dtype)
-                        for j in T.vectorized(vec):
-                            x_grad[token, col + j] = res[j]
-                if has_residual != 0:
-                    stage_row(residual_out_grad, stage_buf, 2, stage, sub, ahead, lane)
-                T.ptx_commit_group()
-            T.ptx_wait_group(0)
-
-            if has_weight != 0:
-                # The block's row slots added in slot order, one partial row a block
-                if tiling.static:
-                    if slots == 1:
-                        store_held(partials, (block,), dw, lane)
-                    else:
-                        T.sync_threads()  # every thread's last staged reads are done: slot_sums may share their memory
-                        store_held(slot_sums, (sub,), dw, lane)
-                        T.sync_threads()
-                        for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
-                            col = c * NUM_THREADS + tid
-                            if col < hidden:
-                                r = slot_sums[0, col]
-                                for s in T.unroll(1, slots):
-                                    r += slot_sums[s, col]
-                                partials[block, col] = r
-                else:
-                    if slots == 1:
-                        store_held(partials, (block,), dw, lane)
-                    else:
-                        T.sync_threads()  # as the static tiling's
-                        store_held(slot_sums, (sub * hidden,), dw, lane)
-                        T.sync_threads()
-                        for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
-                            col = c * NUM_THREADS + tid
-                            if col < hidden:
-                                r = slot_sums[col]
-                                for s in T.unroll(1, tiling.max_slots):
-                                    if s < slots:
-                                        r += slot_sums[s * hidden + col]
-                                partials[block, col] = r
+            T.assume(og_stride % main.vec == 0)
+            T.assume(x_stride % main.vec == 0)
+            T.assume(rg_stride % main.vec == 0)
+            args = (out_grad, x, weight, rstd, residual_out_grad, x_grad, partials, out_scale, has_weight, has_residual, block)
+            if main.static:
+                only(*args)
+            else:
+                # One branch on hidden, the same in every thread: the body of its width class (each body's shared
+                # memory is its own, the same bytes as the others')
+                for lo, hi, body in bodies:
+                    if hidden > lo and hidden <= hi:
+                        body(*args)
 
     return rmsnorm_backward
+
+
+def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
+    """The kernel's body over one tiling, as a macro of the kernel's parameters and its block."""
+    hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
+    row_threads, slots = tiling.row_threads, tiling.slots
+    stages, region = STAGES, tiling.stage_elems
+
+    def token_of(it, block, sub):
+        return (it * num_blocks + block) * slots + sub
+
+    def staged(stage, tensor, sub, col):
+        """Flat index of a vector's first element in the staging buffer: (stage, tensor, row slot, column)."""
+        return (stage * STAGED_TENSORS + tensor) * region + sub * hidden + col
+
+    @T.macro
+    def row_dot(acc, warp_sums, half, sub, lane):
+        """acc[0], a thread's share of the row's dot product, becomes the row's in every thread of the row. The warp
+        sums alternate between two halves of warp_sums (`half`, the row's parity): the next row writes the other
+        half, and the row after it this one only after the next row's barrier, which every thread passes after its
+        reads."""
+        for i in T.unroll(tiling.lanes.bit_length() - 1):
+            acc[0] += T.shfl_xor(acc[0], tiling.lanes >> (i + 1))
+        if tiling.row_warps > 1:
+            if lane % 32 == 0:
+                warp_sums[tiling.warp_at(half, sub, lane // 32)] = acc[0]
+            T.sync_threads()
+            acc[0] = 0.0
+            for w in T.unroll(tiling.row_warps):
+                acc[0] += warp_sums[tiling.warp_at(half, sub, w)]
+
+    @T.macro
+    def stage_row(src, stage_buf, tensor, stage, sub, token, lane):
+        # The thread's own vectors of row `token` (zeros past the last token) into its slot of the stage
+        for v in T.unroll(vecs_per_thread):
+            col = (v * row_threads + lane) * vec
+            if tiling.in_row(v, col):
+                T.ptx_cp_async(
+                    T.access_ptr(stage_buf[staged(stage, tensor, sub, col)], "w", vec),
+                    T.access_ptr(src[T.min(token, num_tokens - 1), col], "r", vec),
+                    vec,
+                    token < num_tokens,
+                )
+
+    @T.macro
+    def store_held(dst, head, dw, lane):
+        """Each thread's held weight-gradient sums (dw) into dst's row head[0], or from flat offset head[0] where dst
+        is flat."""
+        for v in T.unroll(vecs_per_thread):
+            col = (v * row_threads + lane) * vec
+            if tiling.in_row(v, col):
+                for j in T.vectorized(vec):
+                    dst[_at(dst, head, col + j)] = dw[v, j]
+
+    @T.macro
+    def body(out_grad, x, weight, rstd, residual_out_grad, x_grad, partials, out_scale, has_weight, has_residual, block):
+        tid = T.get_thread_binding()
+        lane, sub = tiling.lane_and_slot(tid)
+        x_in = T.alloc_local((vecs_per_thread, vec), dtype)
+        g_in = T.alloc_local((vecs_per_thread, vec), dtype)
+        w_in = T.alloc_local((vec,), dtype)
+        w_held = T.alloc_local((vecs_per_thread, vec), dtype)
+        dw = T.alloc_local((vecs_per_thread, vec), T.float32)
+        r_in = T.alloc_local((vec,), dtype)
+        res = T.alloc_local((vec,), dtype)
+        acc = T.alloc_local((1,), T.float32)
+        stage_buf = T.alloc_shared((stages * STAGED_TENSORS * region,), dtype)
+        warp_sums = T.alloc_shared(tiling.warps_shape, T.float32)
+        slot_sums = T.alloc_shared(tiling.slots_shape, T.float32)
+        r = T.alloc_var(T.float32)
+        r_next = T.alloc_var(T.float32)
+        xh = T.alloc_var(T.float32)
+        g = T.alloc_var(T.float32)
+        t = T.alloc_var(T.float32)
+
+        for v in T.unroll(vecs_per_thread):
+            for j in T.unroll(vec):
+                dw[v, j] = 0.0
+        if has_weight != 0:
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                if tiling.in_row(v, col):
+                    for j in T.vectorized(vec):
+                        w_in[j] = weight[col + j]
+                else:
+                    for j in T.unroll(vec):
+                        w_in[j] = T.cast(0, dtype)
+                for j in T.unroll(vec):
+                    w_held[v, j] = w_in[j]
+
+        # The first `stages` rows of each slot, one commit group a row
+        for s in T.unroll(stages):
+            stage_row(x, stage_buf, 0, s, sub, token_of(s, block, sub), lane)
+            stage_row(out_grad, stage_buf, 1, s, sub, token_of(s, block, sub), lane)
+            if has_residual != 0:
+                stage_row(residual_out_grad, stage_buf, 2, s, sub, token_of(s, block, sub), lane)
+            T.ptx_commit_group()
+        r_next = 0.0
+        if token_of(0, block, sub) < num_tokens:
+            r_next = rstd[token_of(0, block, sub)]
+
+        for it in T.serial(T.ceildiv(num_tokens, num_blocks * slots)):
+            token = token_of(it, block, sub)
+            ahead = token_of(it + stages, block, sub)  # the row this iteration stages in its place
+            stage = it % stages
+            r = r_next
+            r_next = 0.0
+            if token_of(it + 1, block, sub) < num_tokens:
+                r_next = rstd[token_of(it + 1, block, sub)]
+            T.ptx_wait_group(stages - 1)  # this row's group has landed: the thread reads its own vectors
+            acc[0] = 0.0
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                if token < num_tokens and tiling.in_row(v, col):
+                    for j in T.vectorized(vec):
+                        x_in[v, j] = stage_buf[staged(stage, 0, sub, col) + j]
+                    for j in T.vectorized(vec):
+                        g_in[v, j] = stage_buf[staged(stage, 1, sub, col) + j]
+                else:
+                    for j in T.unroll(vec):
+                        x_in[v, j] = T.cast(0, dtype)
+                        g_in[v, j] = T.cast(0, dtype)
+            # x and out_grad read: the stage takes theirs of the row `stages` ahead (the residual gradient's, read
+            # after the reduction, at the end of the row)
+            stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
+            stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
+            for v in T.unroll(vecs_per_thread):
+                if tiling.live(v):  # a generic tiling's vectors past the count: not the thread's, not added
+                    for j in T.unroll(vec):
+                        xh = T.cast(x_in[v, j], T.float32) * r
+                        g = T.cast(g_in[v, j], T.float32) * out_scale
+                        if has_weight != 0:
+                            dw[v, j] = _fma(xh, g, dw[v, j])
+                            g = _mul(g, T.cast(w_held[v, j], T.float32))
+                        acc[0] = _fma(xh, g, acc[0])
+
+            # The row's dot product in every thread of the row (shuffles, then warps through shared memory)
+            row_dot(acc, warp_sums, it % 2, sub, lane)
+            mean = tiling.mean(acc[0])
+
+            for v in T.unroll(vecs_per_thread):
+                col = (v * row_threads + lane) * vec
+                if token < num_tokens and tiling.in_row(v, col):
+                    if has_residual != 0:
+                        for j in T.vectorized(vec):
+                            r_in[j] = stage_buf[staged(stage, 2, sub, col) + j]
+                    for j in T.unroll(vec):
+                        xh = T.cast(x_in[v, j], T.float32) * r
+                        g = T.cast(g_in[v, j], T.float32) * out_scale
+                        if has_weight != 0:
+                            g = _mul(g, T.cast(w_held[v, j], T.float32))
+                        t = _fma(-xh, mean, g)
+                        if has_residual != 0:
+                            res[j] = T.cast(_fma(t, r, T.cast(r_in[j], T.float32)), dtype)
+                        else:
+                            res[j] = T.cast(_mul(t, r), dtype)
+                    for j in T.vectorized(vec):
+                        x_grad[token, col + j] = res[j]
+            if has_residual != 0:
+                stage_row(residual_out_grad, stage_buf, 2, stage, sub, ahead, lane)
+            T.ptx_commit_group()
+        T.ptx_wait_group(0)
+
+        if has_weight != 0:
+            # The block's row slots added in slot order, one partial row a block
+            if slots == 1:
+                store_held(partials, (block,), dw, lane)
+            else:
+                T.sync_threads()  # every thread's last staged reads are done: slot_sums may share their memory
+                store_held(slot_sums, tiling.slot_at(sub, 0), dw, lane)
+                T.sync_threads()
+                for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
+                    col = c * NUM_THREADS + tid
+                    if col < hidden:
+                        r = slot_sums[tiling.slot_at(0, col)]
+                        for s in T.unroll(1, slots):
+                            r += slot_sums[tiling.slot_at(s, col)]
+                        partials[block, col] = r
+
+    return body

@@ -20,7 +20,7 @@ stores it four times with one 16-byte store.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from tkaot._quant.kernels import BATCHED_TRANSPOSE_WEIGHT_SF
 
@@ -54,8 +54,7 @@ def build(block_size):
         sf1: T.Tensor[(num_groups, packs_n, k), WORD],
     ):
         with T.Kernel(packs_k + packs_n, T.ceildiv(T.max(n, k), CHUNK), num_groups, threads=NUM_THREADS) as (row, chunk, g):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             tid = T.get_thread_binding()
             pos = chunk * CHUNK + tid * WORDS  # first word of this thread in its output row
             word = T.alloc_var(WORD)

@@ -8,7 +8,7 @@ fraction of a step, from hashed (index, value) bits.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from tkaot._quant.kernels import CAST, STOCHASTIC_PAIRS
 
@@ -69,8 +69,7 @@ def build(in_dtype, out_dtype, stochastic):
     @T.prim_func
     def cast(x: T.Tensor[(n,), src], y: T.Tensor[(n,), dst]):
         with T.Kernel(T.ceildiv(n, block_elems), threads=NUM_THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             tid = T.get_thread_binding()
             x_reg = T.alloc_local((VECS_PER_THREAD, vec), src)
             y_reg = T.alloc_local((vec,), dst)

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from kernels_src.quant.tiling import RowTiling
 from tkaot._quant.kernels import CAST_BACK
@@ -92,8 +92,7 @@ def build(hidden, in_dtype, in_block, in_sf, out_dtype, tiling: RowTiling | None
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
         with T.Kernel(*tiling.grid(T.ceildiv(num_tokens, rows_per_cta), segs), threads=num_threads) as (gx, gy):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(x_stride % 16 == 0)
             tid = T.get_thread_binding()
             first_row, first_vec = tiling.origin(gx, gy, tid, tpr, segs)

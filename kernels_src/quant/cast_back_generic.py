@@ -23,7 +23,7 @@ threads load and store nothing (hidden is a multiple of 64, so of the vector wid
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from kernels_src.quant.cast_back import TILING, check_static, dequantized, vector_elems
 from kernels_src.quant.segments import ROWS, SLOTS, THREADS, segment_dims, segment_grid, segment_place
@@ -88,8 +88,7 @@ def build(in_dtype, in_sf, out_dtype):
         out: T.Tensor[(num_tokens, hidden), out_dtype],
     ):
         with T.Kernel(*grid, threads=THREADS) as (bx, by, bz):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(x_stride % 16 == 0)
             T.assume(hidden % 64 == 0)  # as declared (cast_back's hidden axis): the output rows vectorize
             tid = T.get_thread_binding()

@@ -10,7 +10,7 @@ any token count works. Modes as in per_token_cast: "cast", "sf_only",
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from kernels_src.quant.encode import store_encoded
 from tkaot._quant.kernels import PER_BLOCK_CAST
@@ -52,8 +52,7 @@ def build(hidden, in_dtype, fmt, block_m, block_k, sf, sf_layout, mode):
         out_sf: T.StridedTensor[sf_out.shape(m_blocks), (sf_stride, 1), sf_out.dtype],
     ):
         with T.Kernel(k_blocks, m_blocks, threads=threads) as (kb, mb):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             tid = T.get_thread_binding()
             col = kb * block_k + tid % row_vecs * vec
             x_reg = T.alloc_local((passes, vec), in_dtype)

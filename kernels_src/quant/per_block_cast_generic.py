@@ -25,7 +25,7 @@ extent or stride to be bound); out_sf is read and written at [0, 0, i, j] (i * s
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from kernels_src.quant.encode import store_encoded
 from kernels_src.quant.per_block_cast import check_static
@@ -87,8 +87,7 @@ def build(in_dtype, fmt, sf, mode):
         out_sf: T.StridedTensor[(block_m, block_k, sf_rows, sf_cols), (sf_layout, sf_layout, sf_stride, 1), sf_dtype],
     ):
         with T.Kernel(hidden // TILE, T.ceildiv(num_tokens, TILE), threads=THREADS) as (kt, mt):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(hidden % TILE == 0)  # as the op checks: whole tiles, and the rows vectorize
             tid = T.get_thread_binding()
             lane = tid % 32

@@ -31,7 +31,7 @@ values) take the general path: decode to fp32, multiply by 2**s, round to E4M3.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from tkaot._quant.kernels import PER_BLOCK_CAST_LOSSLESS
 
@@ -124,8 +124,7 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
         out_sf: T.StridedTensor[sf_out.shape(out_sf_rows), (sf_stride, 1), sf_out.dtype],
     ):
         with T.Kernel(hidden // TILE, T.ceildiv(num_tokens, TILE), threads=NUM_THREADS) as (kb, mb):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(x_stride % 4 == 0)
             tid = T.get_thread_binding()
             lane = tid % 32

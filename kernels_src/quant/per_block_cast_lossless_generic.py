@@ -24,7 +24,7 @@ hidden / 8: every access is in the row). x is read at [0, 0, 0, row, word].
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from kernels_src.quant.per_block_cast_lossless import (
     EVEN_CODES,
@@ -114,8 +114,7 @@ def build(in_sf, sf):
         out_sf: T.StridedTensor[(sf_rows, sf_cols), (sf_stride, 1), sf_dtype],
     ):
         with T.Kernel(hidden // TILE, T.ceildiv(num_tokens, TILE), threads=NUM_THREADS) as (kb, mb):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             T.assume(x_stride % 4 == 0)
             T.assume(hidden % TILE == 0)  # as the op checks
             tid = T.get_thread_binding()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from tkaot._quant.kernels import PER_CHANNEL_CAST
 
@@ -140,8 +140,7 @@ def per_channel_kernel(rows: Rows, in_dtype: str, sf: str, tiling: tuple[int, in
         out_sf: T.Tensor[sf_shape, common.SF_DTYPE[sf]],
     ):
         with T.Kernel(T.ceildiv(hidden, tile_k), m_blocks, threads=num_threads) as (kb, mb):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()
             if rows.generic:
                 T.assume(hidden % 128 == 0)  # as the op checks: the rows vectorize
             tid = T.get_thread_binding()

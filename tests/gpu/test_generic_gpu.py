@@ -1060,9 +1060,24 @@ def check_norm_backward_against_reference(got: dict, call, what: str) -> None:
                                    msg=lambda m: f"weight_grad, {what}: {m}")  # fmt: skip
 
 
+def norm_backward_class_edges() -> set[int]:
+    """Both ends of each width class of the generic kernel's bodies (the widths whose rows take the same threads,
+    norm_backward_tiling), in either dtype: the last width of a class and the first of the next."""
+    from tkaot._quant.kernels import norm_backward_tiling
+
+    def threads(h, dtype):
+        return norm_backward_tiling(h, dtype)[1]
+
+    return {e for d in ("bfloat16", "float32") for h in range(32, 8192, 32) if threads(h, d) != threads(h + 32, d) for e in (h, h + 32)}
+
+
 @pytest.mark.parametrize("dtype", NORM_DTYPES, ids=str)
-@pytest.mark.parametrize("hidden", sorted({h for h in NORM_UNBUILT + NORM_BUILT if h % 32 == 0} | {64, 128, 288, 3168, 7776}))
+@pytest.mark.parametrize(
+    "hidden", sorted({h for h in NORM_UNBUILT + NORM_BUILT if h % 32 == 0} | {64, 128, 288, 3168, 7776} | norm_backward_class_edges())
+)
 def test_generic_norm_backward_matches_the_reference_at_any_width(seed, hidden, dtype):
+    """Every call kind (weight, residual gradient, given weight_grad, out_scale, strided rows) at widths of every class
+    body, both ends of each class among them."""
     for tokens in NORM_BACKWARD_TOKENS:
         for call in norm_backward_calls(hidden, dtype, tokens, seed + tokens, spread=1):
             with on_generic("rmsnorm_backward"):

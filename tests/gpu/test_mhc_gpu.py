@@ -157,6 +157,44 @@ def test_split_mixes_bwd(tokens):
             assert_sums(got, expected.float(), 1e-4)
 
 
+SPLIT_ROWS = ("pre_layer_mix_grad", "post_layer_mix_grad", "comb_res_mix_grad", "input_mixes", "post_layer_mix", "input_mixes_grad")
+
+
+def misaligned(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a copy of t at an address 4 bytes past a 16-byte boundary, the NaN-filled buffer it is a view into: one
+    element before it, three after)."""
+    buf = nan(t.numel() + 4, dtype=t.dtype)
+    view = buf[1 : 1 + t.numel()].view(t.shape).copy_(t)
+    assert view.data_ptr() % 16 == 4
+    return view, buf
+
+
+@pytest.mark.parametrize("moved", [*SPLIT_ROWS, "all"])
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_split_mixes_bwd_misaligned_rows(tokens, moved):
+    """split_mixes_bwd moves its rows as 16-byte vectors only when every row tensor is 16-byte aligned (the op does
+    not require it); with any one of them, or all, 4 bytes off, it reads and writes them as scalars: the same bytes
+    as the aligned call (same values, same order), nothing written outside the misaligned gradient."""
+    g = gen(7, tokens)
+    im, scale, base = split_inputs(g, tokens)
+    post = torch.rand(tokens, MHC, generator=g, device="cuda") * 2
+    rows = dict(zip(SPLIT_ROWS[:5], (randn(g, tokens, MHC), randn(g, tokens, MHC), randn(g, tokens, MHC * MHC), im, post)))
+    want = (nan(tokens, MHC * (MHC + 2)), nan(3), nan(MHC * (MHC + 2)))
+    tkaot.mhc.mhc_pre_split_mixes_bwd(*rows.values(), scale, base, *want, 2.0)
+    assert not any(t.isnan().any() for t in want)
+    rows["input_mixes_grad"] = nan(tokens, MHC * (MHC + 2))  # a new output, poisoned
+    bufs = {}
+    for k in SPLIT_ROWS if moved == "all" else (moved,):
+        rows[k], bufs[k] = misaligned(rows[k])
+    got = (rows.pop("input_mixes_grad"), nan(3), nan(MHC * (MHC + 2)))
+    with poisoned_allocations():
+        tkaot.mhc.mhc_pre_split_mixes_bwd(*rows.values(), scale, base, *got, 2.0)
+    for a, b in zip(got, want, strict=True):
+        assert a.data_ptr() != b.data_ptr() and torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for buf in bufs.values():  # the element before each view and the three after it are untouched
+        assert buf[0].isnan() and buf[-3:].isnan().all()
+
+
 # ---- Sinkhorn
 
 
