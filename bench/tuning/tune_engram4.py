@@ -49,6 +49,7 @@ from pathlib import Path
 
 from bench.tuning import tune_engram2 as harness
 from bench.tuning.tune_engram2 import CLAMP, EPS, HC, HIDDEN
+from bench.tuning.watch import ROW, START, budget, run_child, with_reruns
 from tkaot._engram.kernels import GATE_FWD_TILINGS
 
 ARTIFACTS = "tune-artifacts/engram4"
@@ -59,7 +60,6 @@ FWD = (GATE_FWD_TILINGS["default"],)  # the shipped tiling
 ROWS = ((8192, False), (8192, True), (1, False), (16, False), (128, False))  # (tokens, save_for_backward)
 TOTAL_S = 90  # the whole run's budget (--budget S)
 STALL_S = 25  # a candidate silent this long is taken as hung (TileKernels' first call compiles: twice this for it)
-START, ROW = "START ", "ROW "  # the child's protocol lines
 NAN = math.nan
 
 
@@ -195,50 +195,26 @@ def _child(artifacts: Path, skip: tuple[str, ...]) -> None:
         print(ROW + json.dumps(row), flush=True)
 
 
-# ---- the run (GPU): the child, watched
+# ---- the run (GPU): the child, watched (bench/tuning/watch.py)
 
 
 def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
-    """Run the rows in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
+    """Run the rows in a child until it ends, stalls or passes the deadline; the tiling it hung in, if any."""
 
-    env = {**os.environ, "TKAOT_PATH": str(artifacts.resolve())}
-    cmd = [sys.executable, "-m", "bench.tuning.tune_engram4", "child", "--artifacts", str(artifacts), "--skip", ",".join(skip)]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True, env=env)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, shape = "load", ""
-    while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
-        try:
-            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
-        except queue.Empty:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(name, shape, f"KILLED ({why})", say, rows)
-        if line is None:
-            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(name, shape, f"FAILED (exit {child.returncode})", say, rows)
-            return None
-        line = line.rstrip("\n")
-        if line.startswith(START):
-            name, shape = line[len(START) :].split("|", 1)
-        elif line.startswith(ROW):
-            row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
+    def on_row(row: tuple) -> None:
+        if tuple(row[:2]) not in rows:  # a rerun's repeat of a row keeps the first
+            rows[tuple(row[:2])] = row
             if not math.isnan(row[2]):
                 say(f"{row[0]:12s} {row[1]:28s} {row[2]:9.2f} µs  TK {row[3]:9.2f}  identical: {row[4]}")
-        else:
-            say(line)
 
-
-def _stopped(name: str, shape: str, what: str, say, rows: dict) -> str | None:
-    """Say where the child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
+    os.environ["TKAOT_PATH"] = str(artifacts.resolve())  # the child's artifact set
+    stop = run_child(
+        "bench.tuning.tune_engram4", "all", artifacts, skip, deadline, say, on_row,
+        stall_s=lambda name: STALL_S if name not in ("load", "TK") else 2 * STALL_S,
+    )  # fmt: skip
+    if stop is None:
+        return None
+    name, shape, what = stop
     say(f"{what} in {name} at {shape or '-'}")
     if name in ("load", "TK"):
         return None
@@ -247,57 +223,43 @@ def _stopped(name: str, shape: str, what: str, say, rows: dict) -> str | None:
 
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
-    """The rows in a child; a candidate that hangs is killed and the rows rerun without it. The table comes last."""
-    start = time.perf_counter()
-    deadline = start + total_s
-    log: list[str] = []
-    rows: dict = {}
+    """The rows in a child; a tiling that hangs is killed and the rows rerun without it. The table comes last."""
+    import torch
+
+    from bench.tuning.tune_train2 import finish
+
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to time (build runs here: `build --out DIR`)")
+        return
+    start, log, rows = time.perf_counter(), [], {}
 
     def say(line: str) -> None:
         print(line, flush=True)
         log.append(line)
 
-    skip: list[str] = []
-    hung = _run_child(artifacts, skip, deadline, say, rows)
-    while hung is not None and hung not in skip and time.perf_counter() < deadline - 10:  # time for a rerun
-        skip.append(hung)
-        say(f"rerun without {', '.join(skip)}")
-        hung = _run_child(artifacts, skip, deadline, say, rows)
-    say(f"\n{'candidate':12s} {'shape':28s} {'µs':>9s} {'TK µs':>9s} {'ratio':>6s}  identical")
-    for name, shape, us, tk_us, same in rows.values():
-        say(f"{name:12s} {shape:28s} {us:9.2f} {tk_us:9.2f} {us / tk_us:6.3f}  {same}")
-    say(f"{time.perf_counter() - start:.1f} s")
-    (out / "tune_engram4.log").write_text("\n".join(log) + "\n")
+    deadline = start + total_s
+    with_reruns("rows", deadline, say, lambda skip: _run_child(artifacts, skip, deadline, say, rows))
+    table = [(name, shape, us, tk_us, us / tk_us, same) for name, shape, us, tk_us, same in rows.values()]
+    finish(say, table, start, out / "tune_engram4.log", log, (12, 28, 9))
 
 
 def main(argv=None) -> None:
     import argparse
+    import functools
     import sys
 
+    from bench.tuning.tune_train2 import cli
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["child"]:
+    if argv[:1] == ["part"]:  # the child: `part all --artifacts DIR --skip A,B` (bench/tuning/watch.py)
         parser = argparse.ArgumentParser()
+        parser.add_argument("part")
         parser.add_argument("--artifacts", type=Path, required=True)
         parser.add_argument("--skip", default="")
         args = parser.parse_args(argv[1:])
         _child(args.artifacts, tuple(s for s in args.skip.split(",") if s))
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", nargs="?", choices=("time", "build"), default="time")
-    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact set")
-    parser.add_argument("--out", type=Path, required=True, help="build: where the set goes; time: the log's directory")
-    parser.add_argument("--budget", type=float, default=TOTAL_S, help="the run's seconds (time)")
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.command == "build":
-        build(args.out)
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        print("no GPU: nothing to time (build runs here: `build --out DIR`)")
-        return
-    time_candidates(args.artifacts, args.out, args.budget)
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=budget(argv, TOTAL_S)))
 
 
 if __name__ == "__main__":
