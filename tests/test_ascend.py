@@ -78,7 +78,7 @@ CASES = {
     "topk_gate_generic": dict(tiling="ballot4"),
     "moe_topk_gate_generic": dict(tiling="ballot4"),
     "normalize_weight_generic": dict(),
-    "engram_gate_fwd": dict(tiling="c1584s2x28"),
+    "engram_gate_fwd": dict(tiling="c1584s2x28w"),
     "engram_gate_bwd": dict(tiling="k28d14c"),
     "rmsnorm_backward_generic": dict(dtype="bfloat16"),
     "per_block_cast_generic": dict(in_dtype="bfloat16", fmt="e4m3", sf="fp32", mode="cast"),
