@@ -51,8 +51,8 @@ ROUNDS = 2
 class Candidate:
     name: str  # also its artifact set's directory
     values: dict = field(default_factory=dict)  # module values patched while it is built ("before": the old module)
-    warps: int = 4  # tokens a block (the shipped tiling's 4 unless said)
     note: str = ""
+    warps: int = 4  # tokens a block (the shipped tiling's 4 unless said)
 
 
 CANDIDATES = (
@@ -113,8 +113,12 @@ def build(out: Path) -> None:
 def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> list[tuple]:
     """The rows (candidate, shape, µs, TK µs, ratio, verdict) of every candidate not in `skip`; `started(name, shape)`
     is called before each call of a candidate (or of TileKernels, "TK"), so a hang shows where it is."""
-    import tile_kernels as tk
     import torch
+
+    if not torch.cuda.is_available():
+        say("no GPU: nothing measured")
+        return []
+    import tile_kernels as tk
 
     from bench.timing import device_us
     from bench.tuning.tune_train2 import ATOL, EXPERTS, RTOL, SCALE, SETS, TOKENS, TOPK, _call, _inputs, _launcher, _run, _theirs, _verdict
@@ -208,7 +212,8 @@ def _odd_rows(launchers: dict, started, gen, ref, scale: float, topk: int) -> st
 # ---- the run: the rows in a child process, watched (a candidate that hangs is killed and skipped)
 
 TOTAL_S = 55  # the whole run's budget (--budget S)
-STALL_S = 15  # a candidate silent this long is taken as hung (TileKernels' first calls JIT-compile: twice that)
+STALL_S = 15  # a candidate silent this long is taken as hung
+LOAD_S = 45  # the same for the imports (tilelang's) and TileKernels' first calls (JIT compiles)
 START, ROW = "START ", "ROW "  # the child's protocol lines
 
 
@@ -245,7 +250,7 @@ def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dic
     threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
     name, shape = "load", ""
     while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
+        limit = STALL_S if name not in ("load", "TK") else LOAD_S
         try:
             line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
         except queue.Empty:
