@@ -1,7 +1,8 @@
 """Time moe_topk_gate_backward's 128-bit candidates (kernels_src/moe/moe_topk_gate_backward.py) beside TileKernels.
 
-Each candidate is the kernel module built with some of its switches patched (SHIPPED_SUM_ORDER, U_FROM_ROW), or the
-module as it was at BEFORE, into its own artifact set ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
+Each candidate is the kernel module built with some of its switches patched (SHIPPED_SUM_ORDER, U_FROM_ROW, H_EARLY),
+another tiling or launch bound, or the module as it was at BEFORE, into its own artifact set ARTIFACTS/<candidate>/,
+on a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_moe4 build --out tune-artifacts/moe4
 
@@ -53,6 +54,7 @@ class Candidate:
     values: dict = field(default_factory=dict)  # module values patched while it is built ("before": the old module)
     note: str = ""
     warps: int = 4  # tokens a block (the shipped tiling's 4 unless said)
+    min_blocks: int = 1  # the launch bound's blocks an SM
 
 
 CANDIDATES = (
@@ -60,6 +62,8 @@ CANDIDATES = (
     Candidate("vec", {}, "the new default: 16-byte vectors, selected derivative, scores re-read from the row, 40 registers"),
     Candidate("vec.ureg", {"U_FROM_ROW": False}, "vec with the scores held in registers to the output (48 registers)"),
     Candidate("vec.w2", {}, "vec at 2 tokens a block (25 blocks of 64 threads an SM: 50 warps, not 48)", warps=2),
+    Candidate("vec.b13", {}, "vec bound to 13 blocks an SM (32 registers, one 4-byte spill: 52 warps, not 48)", min_blocks=13),
+    Candidate("vec.hearly", {"H_EARLY": True}, "vec, aux: h loaded with the scores (before's way; 54 registers), not where it sums"),
     Candidate("vec.regsum", {"SHIPPED_SUM_ORDER": False}, "vec, aux sums over a lane's vectors (h in registers): not before's aux bytes"),
 )  # fmt: skip
 
@@ -76,8 +80,8 @@ def _patched(c: Candidate, tmp: Path):
         values = {"build": _build_at(MODULE, BEFORE, tmp)}
     else:
         values = dict(c.values)
-        if c.warps != 4:
-            values["build"] = lambda tiling: module.gate_backward_kernel(c.warps)
+        if (c.warps, c.min_blocks) != (4, 1):
+            values["build"] = lambda tiling: module.gate_backward_kernel(c.warps, c.min_blocks)
     saved = {k: getattr(module, k) for k in values}
     try:
         for k, v in values.items():

@@ -60,6 +60,8 @@ SHIPPED_SUM_ORDER = True
 GATHER = False
 # U_FROM_ROW: the scores read back from the warp's scores row for the output (not held in registers across the token)
 U_FROM_ROW = True
+# H_EARLY: the shipped order's h (experts lane, lane + 32, ...) loaded with the scores, held in registers to its sums
+H_EARLY = False
 
 # The warp's rows (its scores, then its route gradients), reached through these helpers: a TileLang shared buffer
 # would have its storage-sync pass put block-wide barriers between the stores and loads that only one warp makes.
@@ -161,7 +163,7 @@ def store_vector(dst, row, start, src, vec, num_experts):
 
 def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
     """The kernel at `warps` tokens a block (`min_blocks`: a launch bound; `grad`: (u, du) -> the logit's gradient)."""
-    shipped_order, gather, u_from_row = SHIPPED_SUM_ORDER, GATHER, U_FROM_ROW
+    shipped_order, gather, u_from_row, h_early = SHIPPED_SUM_ORDER, GATHER, U_FROM_ROW, H_EARLY
     rows = 1 if gather else 2
     scores_row, route_row = (-1, 0) if gather else (SCORES_ROW, ROUTE_ROW)
     if gather and (shipped_order or u_from_row):
@@ -194,7 +196,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
             warp = tid // WARP
             token = block * warps + warp
             u = T.alloc_local((CHUNKS * VEC,), T.float32)
-            h = T.alloc_local((CHUNKS * VEC,), T.float32)  # the aux gradient as u (not the shipped order)
+            h = T.alloc_local((CHUNKS * VEC,), T.float32)  # the aux gradient as u, or strided (H_EARLY)
             uv = T.alloc_local((VEC,), T.float32)
             h_i = T.alloc_var(T.float32)
             dv = T.alloc_local((VEC,), T.float32)
@@ -245,6 +247,11 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 if has_aux != 0:
                     seq = T.truncdiv(token, tokens_per_seq)
                     masked = T.cast(mask[token], T.int32)
+                    if shipped_order and h_early:
+                        for i in T.unroll(PER_LANE):
+                            h[i] = 0.0
+                            if i * WARP < num_experts and lane + i * WARP < num_experts:
+                                h[i] = grad_scores_sum[seq, lane + i * WARP]
                     if not shipped_order:
                         for c in T.unroll(CHUNKS):
                             for j in T.unroll(VEC):
@@ -304,7 +311,9 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                             if i * WARP < num_experts:
                                 u_i = T.call_extern("float32", "tkaot_row_get", scores_row, warp, lane + i * WARP)
                                 h_i = 0.0
-                                if lane + i * WARP < num_experts:
+                                if h_early:
+                                    h_i = h[i]
+                                if not h_early and lane + i * WARP < num_experts:
                                     h_i = grad_scores_sum[seq, lane + i * WARP]
                                 u_sum += u_i
                                 aux_dot += h_i * u_i
