@@ -56,8 +56,6 @@ CHUNKS = MAX_EXPERTS // SPAN
 # SHIPPED_SUM_ORDER: the aux term's sums over experts lane, lane + 32, ... (read back from the scores row), the order of
 # the strided kernel before, so its bytes; else over the lane's own vectors (another rounding of two sums).
 SHIPPED_SUM_ORDER = True
-# GATHER: the chosen scores read from global memory (L1) rather than from a scores row in shared memory.
-GATHER = False
 # U_FROM_ROW: the scores read back from the warp's scores row for the output (not held in registers across the token)
 U_FROM_ROW = True
 # H_EARLY: the shipped order's h (experts lane, lane + 32, ...) loaded with the scores, held in registers to its sums
@@ -67,7 +65,7 @@ H_EARLY = False
 # would have its storage-sync pass put block-wide barriers between the stores and loads that only one warp makes.
 # The 4-float helpers move v[0..3] (registers) as one 16-byte access
 ROWS_SOURCE = """
-__shared__ __align__(16) float tkaot_gate_rows[{rows}][{warps}][{experts}];
+__shared__ __align__(16) float tkaot_gate_rows[2][{warps}][{experts}];
 __device__ __forceinline__ int tkaot_row_put(int row, int warp, int expert, float value) {{
     tkaot_gate_rows[row][warp][expert] = value;
     return 0;
@@ -163,11 +161,7 @@ def store_vector(dst, row, start, src, vec, num_experts):
 
 def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
     """The kernel at `warps` tokens a block (`min_blocks`: a launch bound; `grad`: (u, du) -> the logit's gradient)."""
-    shipped_order, gather, u_from_row, h_early = SHIPPED_SUM_ORDER, GATHER, U_FROM_ROW, H_EARLY
-    rows = 1 if gather else 2
-    scores_row, route_row = (-1, 0) if gather else (SCORES_ROW, ROUTE_ROW)
-    if gather and (shipped_order or u_from_row):
-        raise ValueError("the shipped sum order and U_FROM_ROW read the scores row")
+    shipped_order, u_from_row, h_early = SHIPPED_SUM_ORDER, U_FROM_ROW, H_EARLY
     num_tokens = T.dynamic("num_tokens")
     num_experts = T.dynamic("num_experts")
     num_topk = T.dynamic("num_topk")
@@ -189,7 +183,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
             if min_blocks > 1:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            T.import_source(PDL_SOURCE + ROWS_SOURCE.format(rows=rows, warps=warps, experts=MAX_EXPERTS))
+            T.import_source(PDL_SOURCE + ROWS_SOURCE.format(warps=warps, experts=MAX_EXPERTS))
             pdl_entry()  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             lane = tid % WARP
@@ -262,17 +256,13 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 # the last vector holding experts (zeros past the row)
                 for c in T.unroll(CHUNKS):
                     if c * SPAN < num_experts:
-                        if not gather:
-                            T.call_extern("int32", "tkaot_row_put4", scores_row, warp, first(c, lane), T.address_of(u[c * VEC]))
-                        T.call_extern("int32", "tkaot_row_zero4", route_row, warp, first(c, lane))
+                        T.call_extern("int32", "tkaot_row_put4", SCORES_ROW, warp, first(c, lane), T.address_of(u[c * VEC]))
+                        T.call_extern("int32", "tkaot_row_zero4", ROUTE_ROW, warp, first(c, lane))
                 T.call_extern("int32", "tkaot_sync_warp")
                 # Slot k on lane k: its expert, score and gradient (0 for an empty slot)
                 u_k = 0.0
                 if idx >= 0 and idx < num_experts:
-                    if gather:
-                        u_k = scores[token, idx]
-                    else:
-                        u_k = T.call_extern("float32", "tkaot_row_get", scores_row, warp, idx)
+                    u_k = T.call_extern("float32", "tkaot_row_get", SCORES_ROW, warp, idx)
                 if idx < 0:
                     g_k = 0.0
                 dot = 0.0
@@ -299,7 +289,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 else:
                     r_sum = T.call_extern("float32", "__fadd_rn", T.float32(0.0), r_k)
                 if idx >= 0 and idx < num_experts and last != 0:
-                    T.call_extern("int32", "tkaot_row_put", route_row, warp, idx, r_sum)
+                    T.call_extern("int32", "tkaot_row_put", ROUTE_ROW, warp, idx, r_sum)
                 inv = 0.0
                 aux_dot = 0.0
                 if has_aux != 0:
@@ -309,7 +299,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                         # (h's rows are few and shared by many tokens: its loads here hit L1 and hold no registers before)
                         for i in T.unroll(PER_LANE):
                             if i * WARP < num_experts:
-                                u_i = T.call_extern("float32", "tkaot_row_get", scores_row, warp, lane + i * WARP)
+                                u_i = T.call_extern("float32", "tkaot_row_get", SCORES_ROW, warp, lane + i * WARP)
                                 h_i = 0.0
                                 if h_early:
                                     h_i = h[i]
@@ -329,7 +319,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 T.call_extern("int32", "tkaot_sync_warp")  # the route row's stores before its loads
                 for c in T.unroll(CHUNKS):
                     if c * SPAN < num_experts:
-                        T.call_extern("int32", "tkaot_row_get4", route_row, warp, first(c, lane), T.address_of(dv[0]))
+                        T.call_extern("int32", "tkaot_row_get4", ROUTE_ROW, warp, first(c, lane), T.address_of(dv[0]))
                         if has_aux != 0:
                             for j in T.unroll(VEC):
                                 hv[j] = 0.0
@@ -342,7 +332,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                         for j in T.unroll(VEC):
                             uv[j] = u[c * VEC + j]
                         if u_from_row:
-                            T.call_extern("int32", "tkaot_row_get4", scores_row, warp, first(c, lane), T.address_of(uv[0]))
+                            T.call_extern("int32", "tkaot_row_get4", SCORES_ROW, warp, first(c, lane), T.address_of(uv[0]))
                         for j in T.unroll(VEC):
                             gv[j] = grad(uv[j], dv[j])
                         store_vector(grad_logits, token, first(c, lane), gv, vec, num_experts)
