@@ -1,8 +1,8 @@
 """Time moe_topk_gate_backward's 128-bit candidates (kernels_src/moe/moe_topk_gate_backward.py) beside TileKernels.
 
-Each candidate is the kernel module built with some of its switches patched (SHIPPED_SUM_ORDER, U_FROM_ROW, H_EARLY),
-another tiling or launch bound, or the module as it was at BEFORE, into its own artifact set ARTIFACTS/<candidate>/,
-on a CPU with TileLang and nvcc:
+Each candidate is the kernel module built with some of its switches patched (SHIPPED_SUM_ORDER, U_FROM_ROW,
+H_EARLY, FTZ_FAR), another tiling or launch bound, or the module as it was at BEFORE, into its own artifact set
+ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_moe4 build --out tune-artifacts/moe4
 
@@ -63,6 +63,8 @@ CANDIDATES = (
     Candidate("vec.ureg", {"U_FROM_ROW": False}, "vec with the scores held in registers to the output (48 registers)"),
     Candidate("vec.w2", {}, "vec at 2 tokens a block (25 blocks of 64 threads an SM: 50 warps, not 48)", warps=2),
     Candidate("vec.b13", {}, "vec bound to 13 blocks an SM (32 registers, one 4-byte spill: 52 warps, not 48)", min_blocks=13),
+    Candidate("vec.ftz", {"FTZ_FAR": True}, "vec, the derivative above v = 1 by ftz ex2 and rcp: same values, -6 instructions an expert"),
+    Candidate("vec.b13.ftz", {"FTZ_FAR": True}, "vec.b13 and vec.ftz together", min_blocks=13),
     Candidate("vec.hearly", {"H_EARLY": True}, "vec, aux: h loaded with the scores (before's way; 54 registers), not where it sums"),
     Candidate("vec.regsum", {"SHIPPED_SUM_ORDER": False}, "vec, aux sums over a lane's vectors (h in registers): not before's aux bytes"),
 )  # fmt: skip

@@ -60,6 +60,9 @@ SHIPPED_SUM_ORDER = True
 U_FROM_ROW = True
 # H_EARLY: the shipped order's h (experts lane, lane + 32, ...) loaded with the scores, held in registers to its sums
 H_EARLY = False
+# FTZ_FAR: the derivative's form above v = 1 as flush-to-zero ex2 and rcp (tkaot_far): the same values wherever it is
+# selected (u >= 1), without __expf's and __fdividef's handling of denormal inputs and results (6 instructions an expert)
+FTZ_FAR = False
 
 # The warp's rows (its scores, then its route gradients), reached through these helpers: a TileLang shared buffer
 # would have its storage-sync pass put block-wide barriers between the stores and loads that only one warp makes.
@@ -94,6 +97,14 @@ __device__ __forceinline__ int tkaot_store4(float* dst, const float* v) {{
     return 0;
 }}
 __device__ __forceinline__ int tkaot_aligned16(const void* p) {{ return (int)(((unsigned long long)p & 15ull) == 0ull); }}
+// (1 - exp(-v)) / two_u as __fdividef(1.0f - __expf(-v), two_u) is at u >= 1: exp(-v) < 2^-126 only where 1 - exp(-v)
+// rounds to 1 anyway, and two_u is normal; rcp.approx of a value past 2^126 is flushed to 0 by both
+__device__ __forceinline__ float tkaot_far(float v, float two_u) {{
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -0x1.715476p+0f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(two_u));
+    return r * (1.0f - e);
+}}
 // a if cond else b, both evaluated: a select the compiler cannot turn back into branches
 __device__ __forceinline__ float tkaot_select(int cond, float a, float b) {{
     float r;
@@ -121,7 +132,10 @@ def logit_grad(u, du):
     q = T.float32(DERIVATIVE_POLY[-1])
     for c in reversed(DERIVATIVE_POLY[:-1]):
         q = q * v + T.float32(c)
-    above = T.call_extern("float32", "__fdividef", 1.0 - T.call_extern("float32", "__expf", -v), 2 * u)
+    if FTZ_FAR:
+        above = T.call_extern("float32", "tkaot_far", v, 2 * u)
+    else:
+        above = T.call_extern("float32", "__fdividef", 1.0 - T.call_extern("float32", "__expf", -v), 2 * u)
     near_or_far = T.call_extern("float32", "tkaot_select", T.Cast("int32", v < 1.0), u * q, above)
     return T.call_extern("float32", "tkaot_select", T.Cast("int32", u > 0), near_or_far * du, T.float32(0.0))
 
