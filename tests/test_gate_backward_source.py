@@ -18,7 +18,7 @@ from tkaot._moe.kernels import MOE_GATE_BWD_TILINGS
 
 FULL_MASK = re.compile(r"__shfl\w*|__match_any_sync|__any_sync|__all_sync|__ballot_sync|__syncwarp|tkaot_any_repeated|tkaot_sync_warp")
 # What varies across a warp's lanes: the lane itself and the per-lane values of the kernel
-LANE_VALUES = re.compile(r"threadIdx|\b(idx|u|h|u_k|g_k|w_k|r_k|r_sum|r_other|other|last|dot|topk_sum|u_i|h_i|dv|uv|hv|gv)\b")
+LANE_VALUES = re.compile(r"threadIdx|\b(idx|u|h|u_k|g_k|w_k|r_k|r_sum|r_other|other|last|dot|topk_sum|u_sum|aux_dot|dv|uv|gv)\b")
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,19 @@ def test_rows_move_in_16_byte_accesses(source):
     for helper in ("tkaot_load4", "tkaot_store4", "tkaot_row_put4", "tkaot_row_get4"):
         assert helper + "(" in kernel
     assert "float4" in source[: source.index("__launch_bounds__")]
+
+
+def test_the_aux_row_is_read_in_the_lanes_vectors(source):
+    """h, like the scores, in 16-byte loads of the lane's vectors (experts 128c + 4 lane + j) where rows are aligned,
+    element by element in the same layout where not: no strided access (experts lane + 32i) is left."""
+    kernel = source[source.index("__launch_bounds__") :]
+    loads = [line for line in kernel.splitlines() if "tkaot_load4(" in line]
+    assert sum("grad_scores_sum[" in line for line in loads) == 1  # in the loop over a lane's vectors
+    assert sum("scores[" in line.replace("grad_scores_sum[", "") for line in loads) == 1
+    accesses = re.findall(r"grad_scores_sum\[([^\]]*)\]", kernel)
+    assert len(accesses) == 2  # the vector's load and the element path's
+    for index in accesses:
+        assert "(int64_t)128)" in index and "(int64_t)4)" in index and not re.search(r"\b32\b", index), index
 
 
 def test_the_check_sees_a_lane_dependent_branch():

@@ -1,8 +1,8 @@
-"""Time moe_topk_gate_backward's 128-bit candidates (kernels_src/moe/moe_topk_gate_backward.py) beside TileKernels.
+"""Time moe_topk_gate_backward's 128-bit kernel (kernels_src/moe/moe_topk_gate_backward.py) beside TileKernels.
 
-Each candidate is the kernel module built with some of its switches patched (SHIPPED_SUM_ORDER, U_FROM_ROW,
-H_EARLY, FTZ_FAR), another tiling or launch bound, or the module as it was at BEFORE, into its own artifact set
-ARTIFACTS/<candidate>/, on a CPU with TileLang and nvcc:
+Each candidate is the kernel module as it is in the tree, or as it was at a commit with some of that module's values
+patched (the switches of round 1, deleted from the tree since), built into its own artifact set ARTIFACTS/<candidate>/,
+on a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_moe4 build --out tune-artifacts/moe4
 
@@ -13,7 +13,7 @@ then on the GPU, where tile_kernels imports:
 Rows: bench/cases/backward.py's shapes (8192 x 256, top-8, without and with the aux term), each candidate's launcher
 called with the op's argument order, CUDA-graph replay over rotating inputs larger than L2 (bench.timing), two
 rounds (TileKernels, before, the candidates; then again), the lower median of each kept. Before timing, each
-candidate's output is compared with "before"'s bytes (the kernel shipped until now) and with TileKernels' within the
+candidate's output is compared with "before"'s bytes (session 12's kernel) and with TileKernels' within the
 parity suite's tolerance (bench/tuning/tune_train2.py's check: rtol 1e-5, atol 1e-6); a last check-only input
 repeats experts within a token and leaves slots empty (-1), against the torch reference, and one with 250 experts
 (not a multiple of 4: the element-by-element path). The rows run in a child process that announces each candidate
@@ -21,11 +21,18 @@ before it runs it; a child silent for STALL_S seconds (a hung kernel: a full-mas
 past the budget is killed, its candidate's row says so, and the rows are run again without it. Prints one table last
 (candidate, shape, µs, TileKernels µs, ratio, identical?) and writes DIR/tune_moe4.log.
 
-The candidates (session 13): a lane holds 16-byte vectors (experts 128c + 4 lane + j), so a 256-expert row is 2
-LDG.128 and 2 STG.128 a lane (8 guarded LDG.32 / STG.32 before); the derivative's two forms are both evaluated and
-one selected (before: three nested branch regions an expert, a warp straddling u^2 = 1 ran both forms); the scores
-are read back from the warp's scores row for the output and the aux term's h where its sums need it (L1 hits), so
-the kernel holds 40 registers rather than 53 (12 blocks an SM rather than 9: 8192 tokens in 1.3 waves, not 1.7).
+Round 1 (H200, 2026-12-02, TileKernels 2.1.0 in the same process; 8192 x 256, top-8; µs, ratio to TileKernels):
+    candidate       plain          aux            bytes
+    before (s12)    9.33  1.14    10.93  1.15    (TK: within tolerance, max rel 1.6e-2 aux)
+    vec             8.00  0.98    12.66  1.33    = before
+    vec.ureg        7.32  0.90    12.99  1.37    = before  (u held in registers to the output)
+    vec.w2 / b13    8.07 / 8.24   12.65 / 12.95  = before  (2 tokens a block / 13 blocks an SM)
+    vec.ftz (+b13)  7.98          12.61 (12.63)  = before  (the far derivative by ftz ex2, rcp)
+    vec.hearly      7.76  0.95    10.28  1.08    = before  (aux h loaded with the scores)
+    vec.regsum      7.75  0.95     9.38  0.99    aux differs from before; nearer TK (max rel 4.4e-3); shipped
+(TileKernels 8.15 plain, 9.49 aux.) vec.regsum ships: "shipped" below builds the tree, whose cubin is vec.regsum's
+(sha256 e0370152...). Round 1's other candidates are built from ROUND1 with their switches set (SHIPPED_SUM_ORDER,
+U_FROM_ROW, H_EARLY, FTZ_FAR there): add a Candidate(name, ROUND1, {switch: value}) to time one again.
 """
 
 from __future__ import annotations
@@ -35,38 +42,37 @@ import functools
 import importlib
 import json
 import math
-import tempfile
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.tuning import tune_train2
 from bench.tuning.tune_train2 import cli
+from bench.tuning.tune_train3 import ROW, START, pop_budget, watched_rows
 
 ARTIFACTS = "tune-artifacts/moe4"
 KERNEL, MODULE = "moe_topk_gate_backward", "kernels_src.moe.moe_topk_gate_backward"
-BEFORE = "cbe24e7"  # main before this change: the strided kernel of session 12
+BEFORE = "cbe24e7"  # main before session 13: the strided kernel of session 12
+ROUND1 = "779a59f"  # round 1's module, its candidates behind switches
 ROUNDS = 2
 
 
 @dataclass(frozen=True)
 class Candidate:
     name: str  # also its artifact set's directory
-    values: dict = field(default_factory=dict)  # module values patched while it is built ("before": the old module)
+    commit: str | None = None  # the module as it was at this commit (None: the tree)
+    values: dict = field(default_factory=dict)  # that module's values patched while it is built
     note: str = ""
     warps: int = 4  # tokens a block (the shipped tiling's 4 unless said)
     min_blocks: int = 1  # the launch bound's blocks an SM
 
 
 CANDIDATES = (
-    Candidate("before", note="as shipped (cbe24e7): strided scalar accesses, branchy derivative, 53 registers"),
-    Candidate("vec", {}, "the new default: 16-byte vectors, selected derivative, scores re-read from the row, 40 registers"),
-    Candidate("vec.ureg", {"U_FROM_ROW": False}, "vec with the scores held in registers to the output (48 registers)"),
-    Candidate("vec.w2", {}, "vec at 2 tokens a block (25 blocks of 64 threads an SM: 50 warps, not 48)", warps=2),
-    Candidate("vec.b13", {}, "vec bound to 13 blocks an SM (32 registers, one 4-byte spill: 52 warps, not 48)", min_blocks=13),
-    Candidate("vec.ftz", {"FTZ_FAR": True}, "vec, the derivative above v = 1 by ftz ex2 and rcp: same values, -6 instructions an expert"),
-    Candidate("vec.b13.ftz", {"FTZ_FAR": True}, "vec.b13 and vec.ftz together", min_blocks=13),
-    Candidate("vec.hearly", {"H_EARLY": True}, "vec, aux: h loaded with the scores (before's way; 54 registers), not where it sums"),
-    Candidate("vec.regsum", {"SHIPPED_SUM_ORDER": False}, "vec, aux sums over a lane's vectors (h in registers): not before's aux bytes"),
+    Candidate("before", BEFORE, note="session 12 (cbe24e7): strided scalar accesses, branchy derivative, 53 registers"),
+    Candidate("vec.r1", ROUND1, note="round 1's default: vec, the aux sums in session 12's order (its bytes)"),
+    Candidate("vec.ureg", ROUND1, {"U_FROM_ROW": False}, "round 1's vec with the scores held in registers to the output"),
+    Candidate("shipped", note="the tree: 16-byte vectors, aux sums over a lane's vectors (round 1's vec.regsum)"),
 )  # fmt: skip
 
 
@@ -76,14 +82,17 @@ CANDIDATES = (
 @contextlib.contextmanager
 def _patched(c: Candidate, tmp: Path):
     module = importlib.import_module(MODULE)
-    if c.name == "before":
+    values = {}
+    build = module.build
+    if c.commit is not None:
         from bench.tuning.tune_mhc_perf import _build_at
 
-        values = {"build": _build_at(MODULE, BEFORE, tmp)}
-    else:
-        values = dict(c.values)
-        if (c.warps, c.min_blocks) != (4, 1):
-            values["build"] = lambda tiling: module.gate_backward_kernel(c.warps, c.min_blocks)
+        build = _build_at(MODULE, c.commit, tmp)
+        build.__globals__.update(c.values)  # the module loaded at that commit (a fresh one each time)
+        values["build"] = build
+    if (c.warps, c.min_blocks) != (4, 1):
+        kernel = build.__globals__["gate_backward_kernel"]
+        values["build"] = lambda tiling: kernel(c.warps, c.min_blocks)
     saved = {k: getattr(module, k) for k in values}
     try:
         for k, v in values.items():
@@ -92,25 +101,6 @@ def _patched(c: Candidate, tmp: Path):
     finally:
         for k, v in saved.items():
             setattr(module, k, v)
-
-
-def build(out: Path) -> None:
-    from build_tools.artifacts import BuildCache
-    from build_tools.build import build_variants
-    from build_tools.ops import Variant
-    from tkaot._moe.kernels import MOE_GATE_BWD_TILINGS
-
-    t0 = time.perf_counter()
-    # A cache of its own: a patched module value does not change the kernel's source hash
-    with tempfile.TemporaryDirectory(prefix="tune-moe4-cache-") as cache:
-        for c in CANDIDATES:
-            t = time.perf_counter()
-            with _patched(c, Path(cache)):
-                variant = Variant.make(KERNEL, {"tiling": MOE_GATE_BWD_TILINGS["default"]})
-                build_variants([variant], out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
-            print(f"{c.name:12s} built in {time.perf_counter() - t:5.1f} s", flush=True)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"{out}: {size / 1e6:.2f} MB, {time.perf_counter() - t0:.0f} s")
 
 
 # ---- time (GPU)
@@ -127,21 +117,14 @@ def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> 
     import tile_kernels as tk
 
     from bench.timing import device_us
-    from bench.tuning.tune_train2 import ATOL, EXPERTS, RTOL, SCALE, SETS, TOKENS, TOPK, _call, _inputs, _launcher, _run, _theirs, _verdict
+    from bench.tuning.tune_train2 import ATOL, EXPERTS, RTOL, SCALE, SETS, TOKENS, TOPK, _call, _inputs, _run, _theirs, _verdict
     from tkaot.reference import backward as ref
 
     device = torch.cuda.current_device()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows: list[tuple] = []
-    calls, launchers = {}, {}
-    for c in CANDIDATES:
-        if c.name in skip:
-            continue
-        try:
-            launchers[c.name] = _launcher(artifacts, c)
-            calls[c.name] = _call(launchers[c.name], device)
-        except Exception as exc:  # a candidate that fails to load is reported, not fatal
-            say(f"{c.name}: not loaded ({type(exc).__name__}: {exc})")
+    launchers = tune_train2.load_launchers(artifacts, CANDIDATES, skip, say)
+    calls = {name: _call(launch, device) for name, launch in launchers.items()}
     for aux in (False, True):
         shape = f"{TOKENS}x{EXPERTS}, top-{TOPK}" + (", aux" if aux else "")
         sets = [_inputs(gen, aux) for _ in range(SETS)]
@@ -164,16 +147,7 @@ def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> 
             say(f"{name:12s} {shape:24s} {best[name]:7.2f} µs  TK {best['TK']:6.2f}  {verdicts[name]}")
             rows.append((name, shape, best[name], best["TK"], best[name] / best["TK"], verdicts[name]))
         del sets
-    # Repeated experts and empty slots, against the torch reference and before's bytes
-    for aux in (False, True):
-        shape = "repeats" + (" + aux" if aux else "")
-        a = _inputs(gen, aux, tokens=1000, repeats=True)
-        want = ref.moe_topk_gate_backward(a["scores"], a["idx"], a["w"], a["dw"], SCALE, a["mask"], a["h"])
-        started("before", shape)
-        control = _run(calls["before"], a) if "before" in calls else None
-        for name, call in calls.items():
-            started(name, shape)
-            say(f"{shape}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
+    tune_train2.check_repeats(calls, gen, say, started)
     # 250 experts (rows not 16-byte aligned: the element-by-element path), with aux, against the reference
     say(_odd_rows(launchers, started, gen, ref, SCALE, TOPK))
     return rows
@@ -220,7 +194,6 @@ def _odd_rows(launchers: dict, started, gen, ref, scale: float, topk: int) -> st
 TOTAL_S = 55  # the whole run's budget (--budget S)
 STALL_S = 15  # a candidate silent this long is taken as hung
 LOAD_S = 45  # the same for the imports (tilelang's) and TileKernels' first calls (JIT compiles)
-START, ROW = "START ", "ROW "  # the child's protocol lines
 
 
 def _child(argv) -> None:
@@ -241,57 +214,12 @@ def _child(argv) -> None:
         print(ROW + json.dumps(row), flush=True)
 
 
-def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
-    """Run the rows in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
-    import os
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
-
-    cmd = [sys.executable, "-m", "bench.tuning.tune_moe4", "child", "--artifacts", str(artifacts), "--skip", ",".join(skip)]
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
-    name, shape = "load", ""
-    while True:
-        limit = STALL_S if name not in ("load", "TK") else LOAD_S
-        try:
-            line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
-        except queue.Empty:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(name, shape, f"KILLED ({why})", say, rows)
-        if line is None:
-            if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(name, shape, f"FAILED (exit {child.returncode})", say, rows)
-            return None
-        line = line.rstrip("\n")
-        if line.startswith(START):
-            name, shape = line[len(START) :].split("|", 1)
-            print(f"  ({name} at {shape or '-'})", flush=True)
-        elif line.startswith(ROW):
-            row = tuple(json.loads(line[len(ROW) :]))
-            rows.setdefault(row[:2], row)
-        else:
-            say(line)
-
-
-def _stopped(name: str, shape: str, what: str, say, rows: dict) -> str | None:
-    """Say where the child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
-    say(f"{what} in {name} at {shape or '-'}")
-    if name in ("load", "TK"):
-        return None
-    rows.setdefault((name, shape), (name, shape, math.nan, math.nan, math.nan, what))
-    return name
+def _command(python: str, artifacts: Path, skip: list[str]) -> list[str]:
+    return [python, "-m", "bench.tuning.tune_moe4", "child", "--artifacts", str(artifacts), "--skip", ",".join(skip)]
 
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
     """The rows in a child; a candidate that hangs is killed and the rows rerun without it."""
-    from bench.tuning.tune_train2 import finish
-
     start = time.perf_counter()
     deadline = start + total_s
     log: list[str] = []
@@ -303,28 +231,17 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
 
     for c in CANDIDATES:
         say(f"# {c.name}: {c.note}")
-    skip: list[str] = []
-    hung = _run_child(artifacts, skip, deadline, say, rows)
-    while hung is not None and hung not in skip and time.perf_counter() < deadline - 10:  # time for a rerun
-        skip.append(hung)
-        say(f"rerun without {', '.join(skip)}")
-        hung = _run_child(artifacts, skip, deadline, say, rows)
-    finish(say, list(rows.values()), start, out / "tune_moe4.log", log, (12, 24, 7))
+    watched_rows(functools.partial(_command, sys.executable, artifacts), "", deadline, say, rows, STALL_S, LOAD_S, margin=10)
+    tune_train2.finish(say, list(rows.values()), start, out / "tune_moe4.log", log, (12, 24, 7))
 
 
 def main(argv=None) -> None:
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["child"]:
         _child(argv[1:])
         return
-    total_s = TOTAL_S
-    if "--budget" in argv:  # the whole run's seconds
-        at = argv.index("--budget")
-        total_s = float(argv[at + 1])
-        del argv[at : at + 2]
-    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=total_s))
+    build = functools.partial(tune_train2.build, candidates=CANDIDATES, patched=_patched)
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=pop_budget(argv, TOTAL_S)))
 
 
 if __name__ == "__main__":

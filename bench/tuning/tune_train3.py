@@ -284,37 +284,47 @@ def _part(argv) -> None:
         print(ROW + json.dumps(row), flush=True)
 
 
-def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> str | None:
-    """Run one part in a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
+def watched_rows(command, label: str, deadline: float, say, rows: dict, stall_s=STALL_S, load_s=2 * STALL_S, margin=5.0) -> None:
+    """Rows from `command(skip)` (a child's argv, speaking START / ROW lines) into `rows`, the child watched: one silent
+    for `stall_s` seconds in a candidate (`load_s` while it loads or runs TileKernels) is killed, and run again without
+    that candidate while `margin` seconds are left before the deadline."""
+    skip: list[str] = []
+    hung = _watch(command(skip), label, deadline, say, rows, (stall_s, load_s))
+    while hung is not None and hung not in skip and time.perf_counter() < deadline - margin:  # time for a rerun
+        skip.append(hung)
+        say(f"{label}rerun without {', '.join(skip)}")
+        hung = _watch(command(skip), label, deadline, say, rows, (stall_s, load_s))
+
+
+def _watch(cmd: list[str], label: str, deadline: float, say, rows: dict, limits: tuple[float, float]) -> str | None:
+    """Run a child until it ends, stalls or passes the deadline; the candidate it hung in, if any."""
     import os
     import queue
     import signal
     import subprocess
-    import sys
     import threading
 
-    cmd = [sys.executable, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in child.stdout] + [lines.put(None)], daemon=True).start()
     name, shape = "load", ""
     while True:
-        limit = STALL_S if name not in ("load", "TK") else 2 * STALL_S
+        limit = limits[0] if name not in ("load", "TK") else limits[1]
         try:
             line = lines.get(timeout=max(0.0, min(limit, deadline - time.perf_counter())))
         except queue.Empty:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             why = "past the run's budget" if time.perf_counter() >= deadline else f"silent for {limit} s"
-            return _stopped(part, name, shape, f"KILLED ({why})", say, rows)
+            return _stopped(label, name, shape, f"KILLED ({why})", say, rows)
         if line is None:
             if child.wait() != 0:  # an exception (its traceback on stderr), a CUDA error
-                return _stopped(part, name, shape, f"FAILED (exit {child.returncode})", say, rows)
+                return _stopped(label, name, shape, f"FAILED (exit {child.returncode})", say, rows)
             return None
         line = line.rstrip("\n")
         if line.startswith(START):
             name, shape = line[len(START) :].split("|", 1)
-            print(f"  ({part}: {name} at {shape or '-'})", flush=True)
+            print(f"  ({label}{name} at {shape or '-'})", flush=True)
         elif line.startswith(ROW):
             row = tuple(json.loads(line[len(ROW) :]))
             rows.setdefault(row[:2], row)  # a rerun's repeat of a row keeps the first
@@ -322,9 +332,9 @@ def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say,
             say(line)
 
 
-def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
+def _stopped(label: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
     """Say where a child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
-    say(f"{part}: {what} in {name} at {shape or '-'}")
+    say(f"{label}{what} in {name} at {shape or '-'}")
     if name in ("load", "TK"):
         return None
     rows.setdefault((name, shape), (name, shape, math.nan, math.nan, math.nan, what))
@@ -333,6 +343,8 @@ def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> st
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
     """Each part in its own child, norm_backward first; a candidate that hangs is killed and the part rerun without it."""
+    import sys
+
     from bench.tuning.tune_train2 import finish
 
     start = time.perf_counter()
@@ -345,13 +357,23 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
 
     for part in PARTS:
         deadline = start + (total_s if part == PARTS[-1] else total_s - GATE_S)
-        skip: list[str] = []
-        hung = _run_part(part, artifacts, skip, deadline, say, rows)
-        while hung is not None and hung not in skip and time.perf_counter() < deadline - 5:  # time for a rerun
-            skip.append(hung)
-            say(f"{part}: rerun without {', '.join(skip)}")
-            hung = _run_part(part, artifacts, skip, deadline, say, rows)
+        command = functools.partial(_part_command, sys.executable, part, artifacts)
+        watched_rows(command, f"{part}: ", deadline, say, rows)
     finish(say, list(rows.values()), start, out / "tune_train3.log", log, (14, 44, 8))
+
+
+def _part_command(python: str, part: str, artifacts: Path, skip: list[str]) -> list[str]:
+    return [python, "-m", "bench.tuning.tune_train3", "part", part, "--artifacts", str(artifacts), "--skip", ",".join(skip)]
+
+
+def pop_budget(argv: list[str], default: float) -> float:
+    """The whole run's seconds (--budget S, taken out of argv), else `default`."""
+    if "--budget" not in argv:
+        return default
+    at = argv.index("--budget")
+    total_s = float(argv[at + 1])
+    del argv[at : at + 2]
+    return total_s
 
 
 def main(argv=None) -> None:
@@ -361,12 +383,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["part"]:
         _part(argv[1:])
         return
-    total_s = TOTAL_S
-    if "--budget" in argv:  # the whole run's seconds
-        at = argv.index("--budget")
-        total_s = float(argv[at + 1])
-        del argv[at : at + 2]
-    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=total_s))
+    cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=pop_budget(argv, TOTAL_S)))
 
 
 if __name__ == "__main__":

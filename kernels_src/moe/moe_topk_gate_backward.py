@@ -12,11 +12,11 @@ One warp a token, `warps` tokens a block (the tiling, "scatter<warps>"): lane l 
 so a row is read and written in 16-byte vectors (two a lane at 256 experts; element by element, the same layout,
 where the expert count is not a multiple of 4 or a row pointer is not 16-byte aligned: one uniform test); every sum
 is a warp shuffle reduction (16, 8, 4, 2, 1 lanes apart, the order of moe_topk_gate's sums); lane k holds slot k.
-The kernel is latency-bound (8192 tokens are 1.3 waves of warps on an H200), so a token's slots and scores row are
-loaded first, together; the row goes to the warp's copy in shared memory, from which the chosen scores, the aux
-term's sums and the output read it back, so no score is held in registers across the token (40 registers). The aux
-term sums over experts lane, lane + 32, ... (the order of the strided kernel before this layout, so the same bytes),
-reading h where it sums (h's rows are few and shared by many tokens: L1 hits). The route gradients reach their
+The kernel is latency-bound (8192 tokens are 1.3 waves of warps on an H200), so a token's slots, scores row and (aux)
+h row are loaded first, together, in the lane's vectors; the scores row goes to the warp's copy in shared memory,
+from which the chosen scores and the output read it back. The aux term's sums run over the lane's own vectors (c,
+then j), then across the warp: another rounding than session 12's strided kernel (within the parity tolerance, and
+nearer TileKernels': 4.4e-3 rather than 1.6e-2 max relative at 8192 x 256). The route gradients reach their
 experts through another shared row a warp: a slot whose expert no other slot of the token chose stores its own
 gradient (0 + r, as a sum from 0 would); when some expert is chosen twice (a fixed routing; one vote a warp finds
 out), each slot lane adds, in slot order, the gradients of every slot choosing its expert, and the last of those
@@ -34,7 +34,6 @@ from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE_BACKWARD
 
 DECL = MOE_TOPK_GATE_BACKWARD  # the declaration this module builds (tkaot/_moe/kernels.py)
 
-PER_LANE = MAX_EXPERTS // WARP
 TILING_PREFIX = "scatter"  # "scatter<tokens a block>": route gradients scattered through shared memory
 
 # d/dx sqrt(softplus(x)) = (1 - exp(-v)) / (2u), v = u^2. Below v = 1, where 1 - exp(-v) cancels, u * Q(v) with
@@ -51,18 +50,6 @@ DERIVATIVE_POLY = (
 VEC = 4
 SPAN = WARP * VEC
 CHUNKS = MAX_EXPERTS // SPAN
-
-# Candidates' switches (bench/tuning/tune_moe4.py builds each setting; these are the shipped values).
-# SHIPPED_SUM_ORDER: the aux term's sums over experts lane, lane + 32, ... (read back from the scores row), the order of
-# the strided kernel before, so its bytes; else over the lane's own vectors (another rounding of two sums).
-SHIPPED_SUM_ORDER = True
-# U_FROM_ROW: the scores read back from the warp's scores row for the output (not held in registers across the token)
-U_FROM_ROW = True
-# H_EARLY: the shipped order's h (experts lane, lane + 32, ...) loaded with the scores, held in registers to its sums
-H_EARLY = False
-# FTZ_FAR: the derivative's form above v = 1 as flush-to-zero ex2 and rcp (tkaot_far): the same values wherever it is
-# selected (u >= 1), without __expf's and __fdividef's handling of denormal inputs and results (6 instructions an expert)
-FTZ_FAR = False
 
 # The warp's rows (its scores, then its route gradients), reached through these helpers: a TileLang shared buffer
 # would have its storage-sync pass put block-wide barriers between the stores and loads that only one warp makes.
@@ -97,14 +84,6 @@ __device__ __forceinline__ int tkaot_store4(float* dst, const float* v) {{
     return 0;
 }}
 __device__ __forceinline__ int tkaot_aligned16(const void* p) {{ return (int)(((unsigned long long)p & 15ull) == 0ull); }}
-// (1 - exp(-v)) / two_u as __fdividef(1.0f - __expf(-v), two_u) is at u >= 1: exp(-v) < 2^-126 only where 1 - exp(-v)
-// rounds to 1 anyway, and two_u is normal; rcp.approx of a value past 2^126 is flushed to 0 by both
-__device__ __forceinline__ float tkaot_far(float v, float two_u) {{
-    float e, r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -0x1.715476p+0f));
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(two_u));
-    return r * (1.0f - e);
-}}
 // a if cond else b, both evaluated: a select the compiler cannot turn back into branches
 __device__ __forceinline__ float tkaot_select(int cond, float a, float b) {{
     float r;
@@ -132,10 +111,7 @@ def logit_grad(u, du):
     q = T.float32(DERIVATIVE_POLY[-1])
     for c in reversed(DERIVATIVE_POLY[:-1]):
         q = q * v + T.float32(c)
-    if FTZ_FAR:
-        above = T.call_extern("float32", "tkaot_far", v, 2 * u)
-    else:
-        above = T.call_extern("float32", "__fdividef", 1.0 - T.call_extern("float32", "__expf", -v), 2 * u)
+    above = T.call_extern("float32", "__fdividef", 1.0 - T.call_extern("float32", "__expf", -v), 2 * u)
     near_or_far = T.call_extern("float32", "tkaot_select", T.Cast("int32", v < 1.0), u * q, above)
     return T.call_extern("float32", "tkaot_select", T.Cast("int32", u > 0), near_or_far * du, T.float32(0.0))
 
@@ -175,7 +151,6 @@ def store_vector(dst, row, start, src, vec, num_experts):
 
 def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
     """The kernel at `warps` tokens a block (`min_blocks`: a launch bound; `grad`: (u, du) -> the logit's gradient)."""
-    shipped_order, u_from_row, h_early = SHIPPED_SUM_ORDER, U_FROM_ROW, H_EARLY
     num_tokens = T.dynamic("num_tokens")
     num_experts = T.dynamic("num_experts")
     num_topk = T.dynamic("num_topk")
@@ -204,9 +179,8 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
             warp = tid // WARP
             token = block * warps + warp
             u = T.alloc_local((CHUNKS * VEC,), T.float32)
-            h = T.alloc_local((CHUNKS * VEC,), T.float32)  # the aux gradient as u, or strided (H_EARLY)
+            h = T.alloc_local((CHUNKS * VEC,), T.float32)  # the aux gradient, laid out as u
             uv = T.alloc_local((VEC,), T.float32)
-            h_i = T.alloc_var(T.float32)
             dv = T.alloc_local((VEC,), T.float32)
             hv = T.alloc_local((VEC,), T.float32)
             gv = T.alloc_local((VEC,), T.float32)
@@ -224,7 +198,6 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
             r_other = T.alloc_var(T.float32)
             r_sum = T.alloc_var(T.float32)
             last = T.alloc_var(T.int32)
-            u_i = T.alloc_var(T.float32)
             u_sum = T.alloc_var(T.float32)
             aux_dot = T.alloc_var(T.float32)
             inv = T.alloc_var(T.float32)
@@ -255,17 +228,11 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 if has_aux != 0:
                     seq = T.truncdiv(token, tokens_per_seq)
                     masked = T.cast(mask[token], T.int32)
-                    if shipped_order and h_early:
-                        for i in T.unroll(PER_LANE):
-                            h[i] = 0.0
-                            if i * WARP < num_experts and lane + i * WARP < num_experts:
-                                h[i] = grad_scores_sum[seq, lane + i * WARP]
-                    if not shipped_order:
-                        for c in T.unroll(CHUNKS):
-                            for j in T.unroll(VEC):
-                                h[c * VEC + j] = 0.0
-                            if c * SPAN < num_experts:
-                                load_vector(h, c * VEC, grad_scores_sum, seq, first(c, lane), vec, num_experts)
+                    for c in T.unroll(CHUNKS):
+                        for j in T.unroll(VEC):
+                            h[c * VEC + j] = 0.0
+                        if c * SPAN < num_experts:
+                            load_vector(h, c * VEC, grad_scores_sum, seq, first(c, lane), vec, num_experts)
                 # The warp's scores row (the chosen scores are read from it) and its zeroed route row, to the end of
                 # the last vector holding experts (zeros past the row)
                 for c in T.unroll(CHUNKS):
@@ -308,25 +275,12 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                 aux_dot = 0.0
                 if has_aux != 0:
                     u_sum = 0.0
-                    if shipped_order:
-                        # experts lane, lane + 32, ...: the terms past the row were +0, which the sums never needed
-                        # (h's rows are few and shared by many tokens: its loads here hit L1 and hold no registers before)
-                        for i in T.unroll(PER_LANE):
-                            if i * WARP < num_experts:
-                                u_i = T.call_extern("float32", "tkaot_row_get", SCORES_ROW, warp, lane + i * WARP)
-                                h_i = 0.0
-                                if h_early:
-                                    h_i = h[i]
-                                if not h_early and lane + i * WARP < num_experts:
-                                    h_i = grad_scores_sum[seq, lane + i * WARP]
-                                u_sum += u_i
-                                aux_dot += h_i * u_i
-                    else:
-                        for c in T.unroll(CHUNKS):
-                            if c * SPAN < num_experts:
-                                for j in T.unroll(VEC):
-                                    u_sum += u[c * VEC + j]
-                                    aux_dot += h[c * VEC + j] * u[c * VEC + j]
+                    # over the lane's vectors (terms past the row +0); session 12's order (lane, lane + 32, ...): 12.66 us, not 9.38
+                    for c in T.unroll(CHUNKS):
+                        if c * SPAN < num_experts:
+                            for j in T.unroll(VEC):
+                                u_sum += u[c * VEC + j]
+                                aux_dot += h[c * VEC + j] * u[c * VEC + j]
                     warp_sum(u_sum)
                     warp_sum(aux_dot)
                     inv = T.if_then_else(masked != 0, T.float32(1.0) / u_sum, T.float32(0.0))
@@ -335,18 +289,13 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
                     if c * SPAN < num_experts:
                         T.call_extern("int32", "tkaot_row_get4", ROUTE_ROW, warp, first(c, lane), T.address_of(dv[0]))
                         if has_aux != 0:
+                            # through hv: read from h directly, nvcc unswitched this loop on has_aux (55 registers, unmeasured)
                             for j in T.unroll(VEC):
-                                hv[j] = 0.0
-                                if not shipped_order:
-                                    hv[j] = h[c * VEC + j]
-                            if shipped_order:
-                                load_vector(hv, 0, grad_scores_sum, seq, first(c, lane), vec, num_experts)
+                                hv[j] = h[c * VEC + j]
                             for j in T.unroll(VEC):
                                 dv[j] = dv[j] + (hv[j] - aux_dot * inv) * inv
-                        for j in T.unroll(VEC):
-                            uv[j] = u[c * VEC + j]
-                        if u_from_row:
-                            T.call_extern("int32", "tkaot_row_get4", SCORES_ROW, warp, first(c, lane), T.address_of(uv[0]))
+                        # u held in registers to here instead: 7.32 us, not 7.75, without aux but 12.99, not 9.38, with it
+                        T.call_extern("int32", "tkaot_row_get4", SCORES_ROW, warp, first(c, lane), T.address_of(uv[0]))
                         for j in T.unroll(VEC):
                             gv[j] = grad(uv[j], dv[j])
                         store_vector(grad_logits, token, first(c, lane), gv, vec, num_experts)
