@@ -34,6 +34,8 @@ a uniform branch, 8 of them 2 shuffles) when no expert is chosen twice: one __ma
 then 0 + r_k, the loop's own sum, so its bytes must equal before's ("=before"). new.exact, new.1warp and new.b12
 (session 11's losers) are no longer built. Round 1 on the H200 hung in "new" (its full-mask __match_any_sync was
 behind `&&`, skipped by the lanes of empty slots; fixed) after "before" 10.61 µs, TileKernels 8.21 (plain).
+Session 13 gave the kernel another layout (bench/tuning/tune_moe4.py, which reuses this module's checks and launchers):
+new.gather's edits and new.e256's patch fit session 12's module (cbe24e7) only.
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ def _patched(candidate: Candidate, tmp: Path):
         module.build = saved
 
 
-def build(out: Path) -> None:
+def build(out: Path, candidates=CANDIDATES, patched=None) -> None:
+    """Each candidate (`patched(candidate, tmp)`: the context it builds in; this module's by default) into out/<name>."""
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
     from build_tools.ops import Variant
@@ -149,10 +152,10 @@ def build(out: Path) -> None:
 
     t0 = time.perf_counter()
     # A cache of its own: a patched builder does not change the kernel's source hash
-    with tempfile.TemporaryDirectory(prefix="tune-train2-cache-") as cache:
-        for c in CANDIDATES:
+    with tempfile.TemporaryDirectory(prefix="tune-gate-cache-") as cache:
+        for c in candidates:
             t = time.perf_counter()
-            with _patched(c, Path(cache)):
+            with (patched or _patched)(c, Path(cache)):
                 variant = Variant.make(KERNEL, {"tiling": MOE_GATE_BWD_TILINGS["default"]})
                 build_variants([variant], out / c.name, "sm90", jobs=1, cache=BuildCache(Path(cache) / c.name))
             print(f"{c.name:14s} built in {time.perf_counter() - t:5.1f} s", flush=True)
@@ -251,19 +254,11 @@ def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> 
     import torch
 
     from bench.timing import device_us
-    from tkaot.reference import backward as ref
 
     device = torch.cuda.current_device()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows: list[tuple] = []
-    calls = {}
-    for c in CANDIDATES:
-        if c.name in skip:
-            continue
-        try:
-            calls[c.name] = _call(_launcher(artifacts, c), device)
-        except Exception as exc:  # a candidate that fails to load is reported, not fatal
-            say(f"{c.name}: not loaded ({type(exc).__name__}: {exc})")
+    calls = {name: _call(launch, device) for name, launch in load_launchers(artifacts, CANDIDATES, skip, say).items()}
     for aux in (False, True):
         shape = f"{TOKENS}x{EXPERTS}, top-{TOPK}" + (", aux" if aux else "")
         sets = [_inputs(gen, aux) for _ in range(SETS)]
@@ -279,7 +274,27 @@ def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> 
             say(f"{name:14s} {shape:24s} {us:7.2f} µs ({mode})  TK {tk_us:6.2f}  {verdict}")
             rows.append((name, shape, us, tk_us, us / tk_us, verdict))
         del sets
-    # Repeated experts and empty slots, against the torch reference
+    check_repeats(calls, gen, say, started)
+    return rows
+
+
+def load_launchers(artifacts: Path, candidates, skip, say) -> dict:
+    """Each candidate's launcher (name -> launcher), those in `skip` left out; one that fails to load is said, not fatal."""
+    launchers = {}
+    for c in candidates:
+        if c.name in skip:
+            continue
+        try:
+            launchers[c.name] = _launcher(artifacts, c)
+        except Exception as exc:
+            say(f"{c.name}: not loaded ({type(exc).__name__}: {exc})")
+    return launchers
+
+
+def check_repeats(calls: dict, gen, say, started) -> None:
+    """Repeated experts and empty slots, without and with aux: each call against the torch reference and before's bytes."""
+    from tkaot.reference import backward as ref
+
     for aux in (False, True):
         shape = "repeats" + (" + aux" if aux else "")
         a = _inputs(gen, aux, tokens=1000, repeats=True)
@@ -289,7 +304,6 @@ def measure(artifacts: Path, say, started=lambda name, shape: None, skip=()) -> 
         for name, call in calls.items():
             started(name, shape)
             say(f"{shape}: {name}: {_verdict(_run(call, a), control, want, 1e-4, 1e-6, 'the reference')}")
-    return rows
 
 
 def finish(say, rows, start: float, path: Path, log: list[str], widths: tuple[int, int, int]) -> None:

@@ -315,9 +315,9 @@ def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say,
     return None if stop is None else _stopped(part, *stop, say, rows)
 
 
-def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
+def _stopped(label: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
     """Say where a child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
-    say(f"{part}: {what} in {name} at {shape or '-'}")
+    say(f"{label}{what} in {name} at {shape or '-'}")
     if name in ("load", "TK"):
         return None
     rows.setdefault((name, shape), (name, shape, math.nan, math.nan, math.nan, what))
@@ -326,6 +326,7 @@ def _stopped(part: str, name: str, shape: str, what: str, say, rows: dict) -> st
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
     """Each part in its own child, norm_backward first; a candidate that hangs is killed and the part rerun without it."""
+
     from bench.tuning.tune_train2 import finish
 
     start = time.perf_counter()

@@ -202,7 +202,8 @@ def test_swiglu_backward_and_per_token_cast_matches_reference(seed, hidden, grad
 # ---- MoE gate
 
 
-@pytest.mark.parametrize("experts, topk", [(64, 6), (128, 8), (256, 8), (72, 1), (512, 32)])
+# (250 and 61 experts: rows not 16-byte aligned, the kernel's element-by-element path)
+@pytest.mark.parametrize("experts, topk", [(64, 6), (128, 8), (256, 8), (72, 1), (512, 32), (250, 8), (61, 3)])
 @pytest.mark.parametrize("aux", [False, True])
 def test_moe_topk_gate_backward_matches_reference(seed, experts, topk, aux):
     for tokens in TOKENS:
@@ -226,6 +227,33 @@ def test_moe_topk_gate_backward_matches_reference(seed, experts, topk, aux):
         torch.cuda.synchronize()
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
         bits_equal(out, got)
+
+
+@pytest.mark.parametrize("aux", [False, True])
+def test_moe_topk_gate_backward_unaligned_rows_write_the_aligned_bytes(aux):
+    """Scores, h and the output 4 bytes past a 16-byte boundary (contiguous, accepted): the element-by-element path,
+    whose bytes are those of the 128-bit path on the same values."""
+    tokens, experts, topk = 1000, 256, 8
+
+    def shifted(t):  # t's values at an address 4 bytes past 16-byte alignment
+        buf = torch.empty(t.numel() + 1, device="cuda")
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    scores = torch.nn.functional.softplus(torch.randn(tokens, experts, device="cuda") * 2).sqrt()
+    idx = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(tokens)])
+    weights, dw = torch.rand(tokens, topk, device="cuda"), torch.randn(tokens, topk, device="cuda")
+    m = torch.rand(tokens, device="cuda") > 0.2 if aux else None
+    h = torch.randn(4, experts, device="cuda") if aux else None
+    aligned = tkaot.moe.moe_topk_gate_backward(scores, idx, weights, dw, 2.5, mask=m, grad_scores_sum=h)
+    out = shifted(torch.full_like(scores, float("nan")))
+    got = tkaot.moe.moe_topk_gate_backward(
+        shifted(scores), idx, weights, dw, 2.5, mask=m, grad_scores_sum=None if h is None else shifted(h), out=out
+    )
+    torch.cuda.synchronize()
+    assert got.data_ptr() % 16 == 4
+    bits_equal(got, aligned)
 
 
 # ---- rand
