@@ -49,7 +49,7 @@ from pathlib import Path
 
 from bench.tuning import tune_engram2 as harness
 from bench.tuning.tune_engram2 import CLAMP, EPS, HC, HIDDEN
-from bench.tuning.watch import ROW, START, budget, run_child, with_reruns
+from bench.tuning.watch import ROW, START, Log, budget, run_child, stopped, with_reruns
 from tkaot._engram.kernels import GATE_FWD_TILINGS
 
 ARTIFACTS = "tune-artifacts/engram4"
@@ -212,14 +212,7 @@ def _run_child(artifacts: Path, skip: list[str], deadline: float, say, rows: dic
         "bench.tuning.tune_engram4", "all", artifacts, skip, deadline, say, on_row,
         stall_s=lambda name: STALL_S if name not in ("load", "TK") else 2 * STALL_S,
     )  # fmt: skip
-    if stop is None:
-        return None
-    name, shape, what = stop
-    say(f"{what} in {name} at {shape or '-'}")
-    if name in ("load", "TK"):
-        return None
-    rows.setdefault((name, shape), (name, shape, NAN, NAN, what))
-    return name
+    return None if stop is None else stopped(stop, say, rows, 2)
 
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
@@ -231,16 +224,13 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
     if not torch.cuda.is_available():
         print("no GPU: nothing to time (build runs here: `build --out DIR`)")
         return
-    start, log, rows = time.perf_counter(), [], {}
+    start, say, rows = time.perf_counter(), Log(), {}
 
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
 
     deadline = start + total_s
     with_reruns("rows", deadline, say, lambda skip: _run_child(artifacts, skip, deadline, say, rows))
     table = [(name, shape, us, tk_us, us / tk_us, same) for name, shape, us, tk_us, same in rows.values()]
-    finish(say, table, start, out / "tune_engram4.log", log, (12, 28, 9))
+    finish(say, table, start, out / "tune_engram4.log", say.lines, (12, 28, 9))
 
 
 def main(argv=None) -> None:

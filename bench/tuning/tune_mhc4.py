@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from bench.tuning.tune_mhc_perf import Candidate, Source
-from bench.tuning.watch import ROW, START, run_child, with_reruns
+from bench.tuning.watch import ROW, Log, child_start, run_child, started, with_reruns
 
 ARTIFACTS = "tune-artifacts/mhc4"
 BEFORE = "cbe24e7"  # main before the 16-byte rows: the control
@@ -211,17 +211,8 @@ def _num(x) -> str:
 
 def _part(argv) -> None:
     """Child: one op's rows, each call announced (START name|shape) before it is made, each row as ROW json."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("op")
-    parser.add_argument("--artifacts", type=Path, required=True)
-    parser.add_argument("--skip", default="")
-    args = parser.parse_args(argv)
-
-    def started(name: str, shape: str) -> None:
-        print(f"{START}{name}|{shape}", flush=True)
-
-    started("load", "")
-    measure_op(args.op, args.artifacts, tuple(s for s in args.skip.split(",") if s), started, functools.partial(print, flush=True))
+    op, artifacts, skip = child_start(argv)
+    measure_op(op, artifacts, skip, started, functools.partial(print, flush=True))
 
 
 # ---- the run (GPU): each op's rows in a watched child
@@ -253,12 +244,8 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
     """Each op in its own child, in CANDIDATES' order; one that hangs in a candidate is rerun without it."""
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    log: list[str] = []
+    say = Log()
     rows: dict = {}
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
 
     say(f"tune_mhc4: artifacts {artifacts}, budget {total_s:.0f} s")
     ops = list(dict.fromkeys(c.op for c in CANDIDATES))
@@ -270,7 +257,7 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
     for row in rows.values():
         say(_row_text(row))
     say(f"{time.perf_counter() - start:.1f} s")
-    (out / "tune_mhc4.log").write_text("\n".join(log) + "\n")
+    (out / "tune_mhc4.log").write_text("\n".join(say.lines) + "\n")
 
 
 def main(argv=None) -> None:

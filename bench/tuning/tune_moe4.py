@@ -49,7 +49,7 @@ from pathlib import Path
 
 from bench.tuning import tune_train2
 from bench.tuning.tune_train2 import cli
-from bench.tuning.watch import ROW, START, budget, run_child, with_reruns
+from bench.tuning.watch import ROW, Log, budget, child_start, run_child, started, stopped, with_reruns
 
 ARTIFACTS = "tune-artifacts/moe4"
 KERNEL, MODULE = "moe_topk_gate_backward", "kernels_src.moe.moe_topk_gate_backward"
@@ -198,18 +198,8 @@ LOAD_S = 45  # the same for the imports (tilelang's) and TileKernels' first call
 
 def _child(argv) -> None:
     """Child: the rows, each candidate announced (START name|shape) before it runs, each row as ROW json."""
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--artifacts", type=Path, required=True)
-    parser.add_argument("--skip", default="")
-    args = parser.parse_args(argv)
-
-    def started(name: str, shape: str) -> None:
-        print(f"{START}{name}|{shape}", flush=True)
-
-    started("load", "")
-    rows = measure(args.artifacts, functools.partial(print, flush=True), started, tuple(s for s in args.skip.split(",") if s))
+    _, artifacts, skip = child_start(argv)
+    rows = measure(artifacts, functools.partial(print, flush=True), started, skip)
     for row in rows:
         print(ROW + json.dumps(row), flush=True)
 
@@ -222,37 +212,26 @@ def _run(artifacts: Path, skip: list[str], deadline: float, say, rows: dict) -> 
         stall_s=lambda name: STALL_S if name not in ("load", "TK") else LOAD_S,
         on_start=lambda name, shape: print(f"  ({name} at {shape or '-'})", flush=True),
     )  # fmt: skip
-    if stop is None:
-        return None
-    name, shape, what = stop
-    say(f"{what} in {name} at {shape or '-'}")
-    if name in ("load", "TK"):
-        return None
-    rows.setdefault((name, shape), (name, shape, math.nan, math.nan, math.nan, what))
-    return name
+    return None if stop is None else stopped(stop, say, rows, 3)
 
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
     """The rows in a child; a candidate that hangs is killed and the rows rerun without it."""
     start = time.perf_counter()
     deadline = start + total_s
-    log: list[str] = []
+    say = Log()
     rows: dict = {}
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
 
     for c in CANDIDATES:
         say(f"# {c.name}: {c.note}")
     with_reruns("gate", deadline, say, lambda skip: _run(artifacts, skip, deadline, say, rows))
-    tune_train2.finish(say, list(rows.values()), start, out / "tune_moe4.log", log, (12, 24, 7))
+    tune_train2.finish(say, list(rows.values()), start, out / "tune_moe4.log", say.lines, (12, 24, 7))
 
 
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["part"]:  # the child: `part all --artifacts DIR --skip A,B` (bench/tuning/watch.py)
-        _child(argv[2:])
+        _child(argv[1:])
         return
     build = functools.partial(tune_train2.build, candidates=CANDIDATES, patched=_patched)
     cli(argv, __doc__, ARTIFACTS, build, functools.partial(time_candidates, total_s=budget(argv, TOTAL_S)))

@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 from bench.tuning.tune_train2 import cli
-from bench.tuning.watch import ROW, START, budget, run_child
+from bench.tuning.watch import ROW, START, Log, budget, run_child
 
 ARTIFACTS = "tune-artifacts/normbwd"
 SPEC, GENERIC, PASS2 = "rmsnorm_backward", "rmsnorm_backward_generic", "weight_grad_reduce"
@@ -402,12 +402,8 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
         return
     start = time.perf_counter()
     deadline = start + total_s
-    log: list[str] = []
+    say = Log()
     rows: dict = {}
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
 
     skip: list[str] = []
     hung = _run_child(artifacts, skip, deadline, say, rows)
@@ -417,7 +413,7 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
         hung = _run_child(artifacts, skip, deadline, say, rows)
     table(list(rows.values()), say)
     say(f"{time.perf_counter() - start:.1f} s")
-    (out / "tune_normbwd.log").write_text("\n".join(log) + "\n")
+    (out / "tune_normbwd.log").write_text("\n".join(say.lines) + "\n")
 
 
 def main(argv=None) -> None:

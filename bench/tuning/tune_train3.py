@@ -44,14 +44,13 @@ import contextlib
 import functools
 import importlib
 import json
-import math
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.tuning.tune_train2 import cli
-from bench.tuning.watch import ROW, START, budget, run_child, with_reruns
+from bench.tuning.watch import ROW, START, Log, budget, run_child, stopped, with_reruns
 
 ARTIFACTS = "tune-artifacts/train3"
 SPEC, GENERIC, PASS2 = "rmsnorm_backward", "rmsnorm_backward_generic", "weight_grad_reduce"
@@ -312,16 +311,7 @@ def _run_part(part: str, artifacts: Path, skip: list[str], deadline: float, say,
         stall_s=lambda name: STALL_S if name not in ("load", "TK") else 2 * STALL_S,
         on_start=lambda name, shape: print(f"  ({part}: {name} at {shape or '-'})", flush=True),
     )  # fmt: skip
-    return None if stop is None else _stopped(part, *stop, say, rows)
-
-
-def _stopped(label: str, name: str, shape: str, what: str, say, rows: dict) -> str | None:
-    """Say where a child stopped; a candidate's (not TileKernels' or the loading's) row says so and is returned."""
-    say(f"{label}{what} in {name} at {shape or '-'}")
-    if name in ("load", "TK"):
-        return None
-    rows.setdefault((name, shape), (name, shape, math.nan, math.nan, math.nan, what))
-    return name
+    return None if stop is None else stopped(stop, say, rows, 3, f"{part}: ")
 
 
 def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> None:
@@ -330,17 +320,13 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
     from bench.tuning.tune_train2 import finish
 
     start = time.perf_counter()
-    log: list[str] = []
+    say = Log()
     rows: dict = {}
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.append(line)
 
     for part in PARTS:
         deadline = start + (total_s if part == PARTS[-1] else total_s - GATE_S)
         with_reruns(part, deadline, say, lambda skip, part=part, deadline=deadline: _run_part(part, artifacts, skip, deadline, say, rows))
-    finish(say, list(rows.values()), start, out / "tune_train3.log", log, (14, 44, 8))
+    finish(say, list(rows.values()), start, out / "tune_train3.log", say.lines, (14, 44, 8))
 
 
 def main(argv=None) -> None:

@@ -82,3 +82,46 @@ def budget(argv: list[str], default: float) -> float:
     seconds = float(argv[at + 1])
     del argv[at : at + 2]
     return seconds
+
+
+class Log:
+    """A run's `say`: prints each line at once and keeps it for the run's log file (`lines`)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+
+def stopped(stop: tuple[str, str, str], say: Callable[[str], None], rows: dict, blanks: int, label: str = "") -> str | None:
+    """Say where a child stopped (run_child's (candidate, shape, how)); a candidate's row (not TileKernels' or the
+    loading's) says how, after `blanks` NaN figures, and its name is returned for a rerun without it."""
+    import math
+
+    name, shape, what = stop
+    say(f"{label}{what} in {name} at {shape or '-'}")
+    if name in ("load", "TK"):
+        return None
+    rows.setdefault((name, shape), (name, shape, *[math.nan] * blanks, what))
+    return name
+
+
+def child_start(argv: list[str]) -> tuple[str, Path, tuple[str, ...]]:
+    """A child's command line (`PART --artifacts DIR --skip A,B`, after `part`): (part, artifacts, skip), its loading
+    announced."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("part")
+    parser.add_argument("--artifacts", type=Path, required=True)
+    parser.add_argument("--skip", default="")
+    args = parser.parse_args(argv)
+    started("load", "")
+    return args.part, args.artifacts, tuple(s for s in args.skip.split(",") if s)
+
+
+def started(name: str, shape: str) -> None:
+    """A child's announcement of the call it is about to make (the parent's watch names it if it hangs)."""
+    print(f"{START}{name}|{shape}", flush=True)
