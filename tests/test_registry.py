@@ -257,3 +257,34 @@ def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
     monkeypatch.setattr(victim, "cubin_sha256", "0" * 64)
     with pytest.raises(ArtifactError, match="is corrupt"):
         bad.preload()
+
+
+def test_a_kernel_read_from_its_manifest_line_has_the_parsed_entry_s_launch():
+    """ArtifactSet.kernel() builds a CUDA kernel from its manifest line without parsing it: for every variant of the
+    committed sets, the cubin sha256, symbol and shared memory read from the line, and the spec parsed at first use,
+    are the whole entry's."""
+    from tkaot._spec import LaunchSpec
+
+    for arch in ("sm90", "sm100"):
+        s = reg.ArtifactSet(reg.SOURCE_PREBUILT / arch, f"prebuilt/{arch}")
+        lines = dict(s.index())
+        assert lines and all(isinstance(line, str) for line in lines.values())
+        for (kernel, key), line in lines.items():
+            entry = json.loads(line.rstrip(","))
+            k = s.kernel(kernel, key)
+            spec = LaunchSpec.from_json(entry["launch"])
+            assert k.cubin_sha256 == entry["cubin"] and k.fixed == entry.get("fixed", {})
+            assert k._entry() == (spec.symbol, spec.smem)
+            assert k.spec == spec
+
+
+def test_a_generic_kernel_is_named_after_the_kernel_it_serves():
+    """Preload tells the generic tier by name alone (tkaot._decl.is_generic), so a declaration must follow the rule."""
+    from tkaot._decl import GENERIC_SUFFIX, all_kernels, is_generic
+
+    decls = all_kernels().values()
+    assert all(is_generic(d.name) == bool(d.generic_of) for d in decls)
+    rmsnorm = next(d for d in decls if d.name == "rmsnorm")
+    with pytest.raises(ValueError, match="named after the kernel it serves"):
+        rmsnorm.generic("rmsnorm_any", rmsnorm.source, ("hidden",))
+    assert rmsnorm.generic("rmsnorm" + GENERIC_SUFFIX, rmsnorm.source, ("hidden",)).generic_of == "rmsnorm"
