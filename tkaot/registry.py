@@ -96,16 +96,6 @@ class ArtifactSet:
             self._read_index()
         return self._index
 
-    def parse_all(self, names=None) -> None:
-        """Parse every entry not parsed yet, or those of `names` ((kernel, key) pairs of this set), in one pass
-        (preload wants them all: one JSON parse, not one a line)."""
-        index = self.index()
-        pending = [k for k in (index if names is None else names) if isinstance(index[k], str)]
-        if pending:
-            text = "[" + ",".join(index[k].rstrip(",") for k in pending) + "]"
-            for k, entry in zip(pending, _parse_json(text, self.root / "manifest.json")):
-                index[k] = entry
-
     def kernel(self, kernel: str, key: str) -> Kernel | None:
         entry = self.index().get((kernel, key))
         if entry is None:
