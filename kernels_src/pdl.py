@@ -38,8 +38,9 @@ def pdl_entry():
 
 
 @T.macro
-def kernel_entry():
-    """A kernel's first statements: PDL_SOURCE imported, then pdl_entry, before any memory access. (It takes no
-    sizes to assume positive: a macro parameter bound to a runtime size renames it in the kernel's signature.)"""
-    T.import_source(PDL_SOURCE)
+def kernel_entry(extra_source: str = ""):
+    """A kernel's first statements: PDL_SOURCE (and the kernel's own `extra_source` helpers) imported, then pdl_entry,
+    before any memory access. (It takes no sizes to assume positive: a macro parameter bound to a runtime size renames
+    it in the kernel's signature.)"""
+    T.import_source(PDL_SOURCE + extra_source)
     pdl_entry()

@@ -42,7 +42,7 @@ import re
 import tilelang.language as T
 
 from kernels_src.engram.gate_fwd import cp_async
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import GATE_BWD
 
 DECL = GATE_BWD  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -110,8 +110,7 @@ def build(tiling: str):
         has_mask: T.int32,
     ):
         with T.Kernel(num_partials, threads=THREADS) as part:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % GROUP == 0)
             T.assume(num_partials > 0)
             tid = T.get_thread_binding()

@@ -40,7 +40,7 @@ import re
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import GATE_FWD, MAX_GATE_HIDDEN
 
 DECL = GATE_FWD  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -199,8 +199,7 @@ def build(tiling: str):
         flags: T.int32,
     ):
         with T.Kernel(hc_mult, T.min(num_tokens, T.max(ctas // hc_mult, 1)), threads=32) as (head, run):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % CHUNK == 0)
             T.assume(hidden <= MAX_GATE_HIDDEN)
             lane = T.get_thread_binding()

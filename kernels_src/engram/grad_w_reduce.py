@@ -13,7 +13,7 @@ import re
 import tilelang.language as T
 
 from kernels_src.engram.column_sums import column_sum_batched
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
 DECL = GRAD_W_REDUCE  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -45,8 +45,7 @@ def build(dtype: str, tiling: str):
         grad_weight_embed: T.Tensor[(numel,), T.float32],
     ):
         with T.Kernel(T.ceildiv(numel, threads), threads=threads) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()  # kernels_src/pdl.py: before any memory access
             col = block * threads + T.get_thread_binding()
             acc = T.alloc_local((1,), T.float32)
             rows_ahead = T.alloc_local((rows,), T.float32)

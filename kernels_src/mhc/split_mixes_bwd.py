@@ -22,7 +22,7 @@ otherwise it reads and writes as scalars. Both paths compute the same values in 
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, block_sum
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD
 
 DECL = SPLIT_MIXES_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -98,8 +98,7 @@ def build(mhc_mult: int):
         mhc_post_mult_value: T.float32,
     ):
         with T.Kernel(num_partials, threads=THREADS) as block:
-            T.import_source(PDL_SOURCE + (ALIGNED16_SOURCE if vector_rows else ""))
-            pdl_entry()
+            kernel_entry(ALIGNED16_SOURCE if vector_rows else "")
             tid = T.get_thread_binding()
             scale = T.alloc_local((3,), T.float32)
             base = T.alloc_local((mixes,), T.float32)

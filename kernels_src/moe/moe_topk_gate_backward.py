@@ -29,7 +29,7 @@ one variant.
 import tilelang.language as T
 
 from kernels_src.moe.common import WARP, warp_sum
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE_BACKWARD
 
 DECL = MOE_TOPK_GATE_BACKWARD  # the declaration this module builds (tkaot/_moe/kernels.py)
@@ -172,8 +172,7 @@ def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
             if min_blocks > 1:
                 T.annotate_min_blocks_per_sm(min_blocks)
-            T.import_source(PDL_SOURCE + ROWS_SOURCE.format(warps=warps, experts=MAX_EXPERTS))
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry(ROWS_SOURCE.format(warps=warps, experts=MAX_EXPERTS))  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             lane = tid % WARP
             warp = tid // WARP

@@ -7,7 +7,7 @@ denominator here equals the one that kernel divides by.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._moe.kernels import MAX_TOPK, NORMALIZE_WEIGHT
 
 DECL = NORMALIZE_WEIGHT  # the declaration this module builds (tkaot/_moe/kernels.py)
@@ -55,8 +55,7 @@ def normalize(num_topk):
         normalized_weights: T.Tensor[(num_tokens, num_topk), T.float32],
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()  # kernels_src/pdl.py: before any memory access
             token = block * THREADS + T.get_thread_binding()
             if token < num_tokens:
                 if static:

@@ -6,7 +6,7 @@ One warp selects for one token (common.warp_topk_ballot); scores are read once w
 import tilelang.language as T
 
 from kernels_src.moe.common import TILINGS, WARP, Rows, load_row, warp_token, warp_topk_ballot
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._moe.kernels import TOPK_GATE
 
 DECL = TOPK_GATE  # the declaration this module builds (tkaot/_moe/kernels.py)
@@ -44,8 +44,7 @@ def topk_gate_kernel(num_experts, num_topk, warps: int, select):
         topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
     ):
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()  # kernels_src/pdl.py: before any memory access
             select(scores, topk_idx, block, num_tokens)
 
     return topk_gate

@@ -36,7 +36,7 @@ on its class body, H200, session 13.)
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._quant.kernels import NORM_BACKWARD_THREADS, RMSNORM_BACKWARD, norm_backward_tiling
 
 DECL = RMSNORM_BACKWARD  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -200,8 +200,7 @@ def rmsnorm_backward_kernel(tilings, dtype: str):
     ):
         with T.Kernel(num_blocks, threads=NUM_THREADS) as block:
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
-            T.import_source(PDL_SOURCE)
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry()  # kernels_src/pdl.py: before any memory access
             if not main.static:
                 T.assume(hidden % MULTIPLE == 0)  # as declared: whole vectors, so each access is one
             # Callers guarantee 16-byte aligned rows, so every vector access is one 16-byte access

@@ -11,7 +11,7 @@ dtype. Partial count and hidden are runtime values (hidden a multiple of VEC).
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._quant.kernels import WEIGHT_GRAD_REDUCE
 
 DECL = WEIGHT_GRAD_REDUCE  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -33,8 +33,7 @@ def build(dtype: str):
         accumulate: T.int32,
     ):
         with T.Kernel(T.ceildiv(hidden, cols_per_block), threads=ROW_GROUPS * COL_THREADS) as block:
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             T.assume(hidden % VEC == 0)
             tid = T.get_thread_binding()
             group = tid // COL_THREADS

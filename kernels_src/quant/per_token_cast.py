@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.per_token_vectors import VectorCast, cast_vectors, fp4_words_fit, vector_elems
 from kernels_src.quant.tiling import RowTiling
@@ -133,8 +133,7 @@ def build(hidden, in_dtype, in_block, in_sf, fmt, group, sf, sf_layout, mode, st
         out_sf: T.StridedTensor[c.sf_out.shape(num_tokens), (sf_stride, 1), c.sf_out.dtype],
     ):
         with T.Kernel(*tiling.grid(T.ceildiv(num_tokens, rows_per_cta), segs), threads=num_threads) as (gx, gy):
-            T.import_source(PDL_SOURCE + (fp4_words.DEVICE_HELPERS if tiling.fp4 else ""))  # one import a kernel
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry(fp4_words.DEVICE_HELPERS if tiling.fp4 else "")  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % (16 // c.storage_bytes) == 0)
             if full_tiles:
                 T.annotate_min_blocks_per_sm(full_tiles)

@@ -28,7 +28,7 @@ import math
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common, fp4_words
 from kernels_src.quant.per_token_cast import check_static
 from kernels_src.quant.per_token_vectors import GROUPS, VectorCast, cast_vectors, fp4_words_fit, vector_elems
@@ -78,8 +78,7 @@ def build(in_dtype, in_block, in_sf, fmt, sf, mode, stochastic):
         out_sf: T.StridedTensor[c.sf_out.shape(num_tokens), c.sf_out.strides(sf_stride), c.sf_out.dtype],
     ):
         with T.Kernel(*grid, threads=THREADS) as (bx, by, bz):
-            T.import_source(PDL_SOURCE + (fp4_words.DEVICE_HELPERS if c.fp4_helpers else ""))  # one import a kernel
-            pdl_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry(fp4_words.DEVICE_HELPERS if c.fp4_helpers else "")  # kernels_src/pdl.py: before any memory access
             T.assume(x_stride % (16 // c.storage_bytes) == 0)
             tid = T.get_thread_binding()
             T.assume(hidden % 64 == 0)  # as declared (per_token_cast's hidden axis): the output rows vectorize

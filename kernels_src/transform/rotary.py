@@ -17,7 +17,7 @@ waits for the grids before it at entry.
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import kernel_entry
 from tkaot._transform.kernels import ROTARY
 
 DECL = ROTARY  # the declaration this module builds (tkaot/_transform/kernels.py)
@@ -71,8 +71,7 @@ def build(rot_dim: int, dtype: str, interleaved: bool):
     def rotate(x, cos_sin_cache, positions, has_positions, conjugate, seqlen_offset, dims):
         batch, seqlen, num_heads = dims.batch, dims.seqlen, dims.num_heads
         with T.Kernel(T.ceildiv(seqlen * num_heads, rows_per_block), batch, threads=NUM_THREADS) as (block, b):
-            T.import_source(PDL_SOURCE)
-            pdl_entry()
+            kernel_entry()
             # Callers guarantee 16-byte aligned head rows and cache rows
             T.assume(dims.x_bstride % vec == 0)
             T.assume(dims.x_stride % vec == 0)
