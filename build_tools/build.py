@@ -12,18 +12,22 @@ together. The artifact directory gets the cubins, manifest.json and build-info.j
 from __future__ import annotations
 
 import multiprocessing
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from build_tools import nvcc_batch
 from build_tools.artifacts import BuildCache, write_artifacts
-from build_tools.compile import CompiledVariant, cache_key, compile_variants
+from build_tools.compile import CompiledVariant, cache_key, lower_variants, nvcc_compile_many, where
 from build_tools.ops import Variant, source_sha256
 
-# Variants of one kernel in one job: nvcc's pass over the headers (~2 CPU-s) is paid once per job, while jobs
-# stay small enough for `jobs` processes to share the work evenly
+# Variants of one kernel lowered in one job: small enough for `jobs` processes to share the work evenly
 BATCH = 16
+# Variants in one nvcc job (one front-end pass over the headers, ~1.9 CPU-s, then ptxas for each): those lowered to
+# the same preamble, whichever kernel they come from
+NVCC_BATCH = 32
 
 # Core-seconds to lower + nvcc one variant, measured when each variant had its own nvcc run (about 2 of these seconds;
 # a job of 16 variants of one kernel now spends about 0.5 a variant there, so `plan` over-states a cold build by about
@@ -81,10 +85,6 @@ class BuildReport:
     manifest: dict
 
 
-def _compile_in_worker(variants: list[Variant], arch: str) -> list[CompiledVariant]:
-    return compile_variants(variants, arch)
-
-
 def schedule(variants: list[Variant], batch: int = BATCH) -> list[list[Variant]]:
     """The variants as jobs of up to `batch` of one kernel each, the costliest first (COMPILE_SECONDS)."""
     by_kernel: dict[str, list[Variant]] = {}
@@ -93,6 +93,65 @@ def schedule(variants: list[Variant], batch: int = BATCH) -> list[list[Variant]]
     mean = sum(COMPILE_SECONDS.values()) / len(COMPILE_SECONDS)
     chunks = [vs[i : i + batch] for vs in by_kernel.values() for i in range(0, len(vs), batch)]
     return sorted(chunks, key=lambda c: -len(c) * COMPILE_SECONDS.get(c[0].kernel, mean))
+
+
+class _InProcess:
+    """Runs each job as it is submitted (-j 1): the same pipeline without worker processes; a job's error is raised
+    by submit, so it ends the build at once."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _compile(todo: list[tuple[Variant, str]], arch: str, hashes: dict[str, str], pool, slots: int, finished: Callable) -> None:
+    """Lower the variants in jobs (schedule), and nvcc them in batches of up to NVCC_BATCH that share their preamble,
+    whichever kernels they come from. A full batch runs before the next lowering job, the rest once every lowering is
+    done; `slots` jobs run at a time. `finished` gets each batch's CompiledVariants as they come."""
+    keys = dict(todo)
+    lowerings = deque(schedule([v for v, _ in todo], BATCH))
+    batches: deque[list] = deque()  # of (variant, spec, source), ready for nvcc
+    waiting: dict[str, list] = {}  # preamble -> the lowered variants with it, not yet a batch
+    running: dict[Future, tuple[bool, list]] = {}  # job -> (whether it is a lowering, its variants)
+
+    def start() -> None:
+        if batches:
+            batch = batches.popleft()
+            sources, wheres = [source for _, _, source in batch], [where(v) for v, _, _ in batch]
+            running[pool.submit(nvcc_compile_many, sources, arch, wheres)] = (False, batch)
+        else:
+            chunk = lowerings.popleft()
+            running[pool.submit(lower_variants, chunk, arch)] = (True, chunk)
+
+    try:
+        while lowerings or batches or waiting or running:
+            if waiting and not lowerings and not any(lowering for lowering, _ in running.values()):
+                batches.extend(sorted(waiting.values(), key=len, reverse=True))  # the last ones, the largest first
+                waiting.clear()
+            while len(running) < slots and (batches or lowerings):
+                start()
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                lowering, variants = running.pop(future)
+                if lowering:
+                    for v, (spec, source) in zip(variants, future.result()):
+                        head = nvcc_batch.preamble(source)
+                        waiting.setdefault(head, []).append((v, spec, source))
+                        if len(waiting[head]) == NVCC_BATCH:
+                            batches.append(waiting.pop(head))
+                else:
+                    finished([
+                        CompiledVariant(v, arch, spec, cubin, keys[v], hashes[v.kernel]).serving(v)
+                        for (v, spec, _), cubin in zip(variants, future.result())
+                    ])  # fmt: skip
+    except BaseException:
+        # The first failure ends the build: the jobs not started are dropped, not run first
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
 
 
 def build_variants(
@@ -130,23 +189,13 @@ def build_variants(
             if progress:
                 progress(compiled.variant, False)
 
-    chunks = schedule([v for v, _ in todo])
-    if chunks:
-        if jobs <= 1 or len(chunks) == 1:
-            for chunk in chunks:
-                finished(compile_variants(chunk, arch))
+    if todo:
+        if jobs <= 1 or len(todo) <= BATCH:  # one lowering job: no processes to start
+            _compile(todo, arch, hashes, _InProcess(), 1, finished)
         else:
             # spawn: TileLang/TVM state must not be forked mid-use
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                futures = [pool.submit(_compile_in_worker, chunk, arch) for chunk in chunks]
-                try:
-                    for fut in as_completed(futures):
-                        finished(fut.result())
-                except BaseException:
-                    # The first failure ends the build: the variants not started are dropped, not compiled first
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                _compile(todo, arch, hashes, pool, jobs, finished)
     compiled_for = {c.variant: c for c in done}
     for first, *others in sharing.values():
         for v in others:  # the shared cubin, launched with the variant's own runtime values

@@ -98,6 +98,81 @@ def test_batched_cubins_are_those_of_lone_compiles(built):
     assert alone == {e["key"]: e["cubin"] for e in manifest["variants"]}
 
 
+def test_one_nvcc_batch_takes_every_kernel_with_the_same_preamble(tmp_path, monkeypatch):
+    """Variants of different kernels whose CUDA shares the text before the kernel go to nvcc together, and each cubin
+    is the bytes a lone compile of its source gives."""
+    import hashlib
+
+    import build_tools.build
+    from build_tools.compile import lower_checked, nvcc_compile, nvcc_compile_many
+    from build_tools.nvcc_batch import preamble
+
+    default = load_shapeset("default")
+    variants = [next(v for v in default if v.kernel == kernel) for kernel in ("cast_back", "cast_back_generic")]
+    sources = [lower_checked(v, "sm90")[1] for v in variants]
+    assert preamble(sources[0]) == preamble(sources[1])
+    batches = []
+    monkeypatch.setattr(build_tools.build, "nvcc_compile_many", lambda s, *a: batches.append(len(s)) or nvcc_compile_many(s, *a))
+    build_variants(variants, tmp_path, "sm90", jobs=1, cache=BuildCache(tmp_path / "cache"))
+    assert batches == [2]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    alone = {v.key: hashlib.sha256(nvcc_compile(s, "sm90", v.key)).hexdigest() for v, s in zip(variants, sources)}
+    assert alone == {e["key"]: e["cubin"] for e in manifest["variants"]}
+
+
+def test_compile_pipeline_batches_by_preamble(monkeypatch):
+    """The pipeline without TileLang or nvcc: lowered variants wait by preamble; a batch of NVCC_BATCH goes to nvcc
+    as soon as it is full, before the lowering jobs left, and the rest once every lowering is done, the largest
+    first; every variant comes back once, with its own cubin; an error ends the build."""
+    import build_tools.build as build
+
+    kernels = {"rmsnorm": 7, "cast_back": 3}  # rmsnorm's variants share one preamble; cast_back's have each their own
+    default = load_shapeset("default")
+    variants = [v for kernel, n in kernels.items() for v in [v for v in default if v.kernel == kernel][:n]]
+    head = {v: "#include <a.h>\n" if v.kernel == "rmsnorm" else f"#include <{v.key}.h>\n" for v in variants}
+    log = []
+
+    def lower(chunk, arch):
+        log.append(("lower", len(chunk)))
+        return [(None, head[v] + f'extern "C" __global__ void k(int* x) {{ /* {v.key} */ }}\n') for v in chunk]
+
+    def nvcc(sources, arch, wheres):
+        log.append(("nvcc", len(sources)))
+        return [s.encode() for s in sources]
+
+    class Compiled:
+        def __init__(self, v, arch, spec, cubin, key, source):
+            self.variant, self.cubin = v, cubin
+
+        def serving(self, v):
+            return self
+
+    monkeypatch.setattr(build, "lower_variants", lower)
+    monkeypatch.setattr(build, "nvcc_compile_many", nvcc)
+    monkeypatch.setattr(build, "CompiledVariant", Compiled)
+    monkeypatch.setattr(build, "NVCC_BATCH", 3)
+    monkeypatch.setattr(build, "BATCH", 2)
+    todo = [(v, f"key{i}") for i, v in enumerate(variants)]
+    hashes = {k: "h" for k in kernels}
+    got = []
+    build._compile(todo, "sm90", hashes, build._InProcess(), 1, got.extend)
+    assert sorted(c.variant.key for c in got) == sorted(v.key for v in variants)
+    assert all(c.cubin.decode().startswith(head[c.variant]) and c.variant.key in c.cubin.decode() for c in got)
+    # rmsnorm (the costlier kernel) lowers first, 2 a job, and each 3 of it go to nvcc before the next lowering; then
+    # cast_back, and last the 4 preambles left with one variant each
+    lowered, compiled = (lambda n: ("lower", n)), (lambda n: ("nvcc", n))
+    assert log == [lowered(2), lowered(2), compiled(3), lowered(2), compiled(3), lowered(1), lowered(2), lowered(1), *[compiled(1)] * 4]
+
+    def broken(sources, arch, wheres):
+        raise BuildError("nvcc failed")
+
+    monkeypatch.setattr(build, "nvcc_compile_many", broken)
+    log.clear()
+    with pytest.raises(BuildError, match="nvcc failed"):
+        build._compile(todo, "sm90", hashes, build._InProcess(), 1, got.extend)
+    assert log == [("lower", 2), ("lower", 2)]  # nothing runs after the failure
+
+
 def test_ptx_cut_refuses_what_it_does_not_know():
     """The batch's PTX is cut only where it holds tagged kernel entries and their extern shared arrays; anything
     else (a global, a device function, an untagged or mangled name) sends the variants to lone compiles."""
