@@ -2,10 +2,11 @@
 
 A variant whose cache key (compile.cache_key: its declaration and sources, static values, tool
 versions and flags) is in the build cache is not compiled again; the rest compile in `jobs`
-processes, each checked against its kernel's declaration. A job is up to BATCH variants of one
-kernel, which share nvcc's pass over the template headers (compile.compile_variants; the cubins are
-the bytes each alone would give), and the costliest jobs start first, so the processes finish
-together. The artifact directory gets the cubins, manifest.json and build-info.json
+processes, each checked against its kernel's declaration. A job either lowers up to BATCH variants of
+one kernel (the costliest jobs first, so the processes finish together) or runs nvcc over up to NVCC_BATCH
+lowered variants whose CUDA shares the text before the kernel, of any kernels: most kernels include the same
+headers, so one pass of nvcc's front end over them serves many (compile.nvcc_compile_many; each cubin is the
+bytes it alone would give). The artifact directory gets the cubins, manifest.json and build-info.json
 (build_tools/artifacts.py).
 """
 
@@ -30,8 +31,8 @@ BATCH = 16
 NVCC_BATCH = 32
 
 # Core-seconds to lower + nvcc one variant, measured when each variant had its own nvcc run (about 2 of these seconds;
-# a job of 16 variants of one kernel now spends about 0.5 a variant there, so `plan` over-states a cold build by about
-# that much): each kernel's share of a from-scratch build of
+# nvcc now spends about 0.25 a variant, its front end shared by NVCC_BATCH of them, so `plan` over-states a cold build
+# by about that much): each kernel's share of a from-scratch build of
 # the default set (495 variants, -j 2, empty cache: 569 s) on a 2-core CPU machine that
 # other builds were also using, so they are rough (the 529-variant set later built from
 # scratch in 354 s on an idle machine: 1.34 core-seconds a variant on average). A kernel

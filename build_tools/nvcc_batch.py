@@ -1,8 +1,8 @@
 """Several variants through one nvcc front-end pass, each cubin still its own and the same bytes as alone.
 
 Most of nvcc's time on a generated kernel (about 2 of 2.5 CPU-s) goes to preprocessing and parsing the TileLang
-template headers every kernel includes; the kernel itself is a small part. The variants of one kernel share the
-text before their kernel (helpers and includes), so they are compiled to PTX together: one translation unit, each
+template headers every kernel includes; the kernel itself is a small part. Sources that share the text before their
+kernel (helpers and includes: most kernels' are one of a few) are compiled to PTX together: one translation unit, each
 kernel and its extern shared arrays renamed apart by a tag. The PTX is then cut back into each kernel's module as a
 lone compile writes it (the tag removed, its labels numbered as the module's first function), and ptxas turns each
 into its cubin. The cut takes only what it knows (kernel entries and their extern shared arrays); a module holding
