@@ -331,7 +331,7 @@ def lower_checked(variant: Variant, arch: str) -> tuple[LaunchSpec, str]:
 
 
 def compile_variants(variants: list[Variant], arch: str = "sm90", batch: bool = True) -> list[CompiledVariant]:
-    """Lower, compile and describe variants; those of one kernel share nvcc's front-end pass unless `batch` is
+    """Lower, compile and describe variants; those sharing a preamble share nvcc's front-end pass unless `batch` is
     False (the cubins are the same bytes either way). Pure: writes nothing outside a temp dir."""
     lowered = [lower_checked(v, arch) for v in variants]
     cubins = nvcc_compile_many([source for _, source in lowered], arch, [where(v) for v in variants], batch)
