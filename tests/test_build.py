@@ -126,7 +126,7 @@ def test_compile_pipeline_batches_by_preamble(monkeypatch):
     first; every variant comes back once, with its own cubin; an error ends the build."""
     import build_tools.build as build
 
-    kernels = {"rmsnorm": 7, "cast_back": 3}  # rmsnorm's variants share one preamble; cast_back's have each their own
+    kernels = {"rmsnorm": 7, "cast_back": 3}  # the fake lowering: rmsnorm's variants one preamble, each cast_back its own
     default = load_shapeset("default")
     variants = [v for kernel, n in kernels.items() for v in [v for v in default if v.kernel == kernel][:n]]
     head = {v: "#include <a.h>\n" if v.kernel == "rmsnorm" else f"#include <{v.key}.h>\n" for v in variants}
