@@ -191,7 +191,7 @@ def build_variants(
                 progress(compiled.variant, False)
 
     if todo:
-        if jobs <= 1 or len(todo) <= BATCH:  # one lowering job: no processes to start
+        if jobs <= 1 or len(schedule([v for v, _ in todo], BATCH)) == 1:  # one lowering job: no processes to start
             _compile(todo, arch, hashes, _InProcess(), 1, finished)
         else:
             # spawn: TileLang/TVM state must not be forked mid-use
