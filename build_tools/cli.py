@@ -127,7 +127,8 @@ _clock = time.monotonic  # tests replace it
 
 
 class ProgressLines:
-    """Build progress for a log (stderr not a terminal): a line every `interval` seconds and at the end."""
+    """Build progress for a log (stderr not a terminal): a line as variants finish, at most one every `interval`
+    seconds, and one at the end."""
 
     def __init__(self, total: int, interval: float = 30.0):
         self.total, self.interval, self.clock = total, interval, _clock
@@ -186,7 +187,7 @@ def build(shapeset, hf_configs, op, sets, arch, jobs, shard, cache_dir, out_dir,
         if sys.stderr.isatty():
             with click.progressbar(length=len(variants), label="building", file=sys.stderr) as bar:
                 report = build_variants(variants, Path(out_dir), arch, jobs, BuildCache(cache_dir), lambda v, cached: bar.update(1))
-        else:  # a log: a line every 30 s, so a long cold build is not silent
+        else:  # a log: a line as variants finish, at most one every 30 s
             click.echo(f"building {len(variants)} variants on {jobs} jobs", err=True)
             report = build_variants(variants, Path(out_dir), arch, jobs, BuildCache(cache_dir), ProgressLines(len(variants)))
     except BuildError as exc:
