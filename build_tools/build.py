@@ -109,12 +109,14 @@ class _InProcess:
         pass
 
 
-def _compile(todo: list[tuple[Variant, str]], arch: str, hashes: dict[str, str], pool, slots: int, finished: Callable) -> None:
-    """Lower the variants in jobs (schedule), and nvcc them in batches of up to NVCC_BATCH that share their preamble,
+def _compile(
+    todo: list[tuple[Variant, str]], chunks: list[list[Variant]], arch: str, hashes: dict[str, str], pool, slots: int, finished: Callable
+) -> None:
+    """Lower the variants in jobs (`chunks`, from schedule), and nvcc them in batches of up to NVCC_BATCH that share their preamble,
     whichever kernels they come from. A full batch runs before the next lowering job, the rest once every lowering is
     done; `slots` jobs run at a time. `finished` gets each batch's CompiledVariants as they come."""
     keys = dict(todo)
-    lowerings = deque(schedule([v for v, _ in todo], BATCH))
+    lowerings = deque(chunks)
     batches: deque[list] = deque()  # of (variant, spec, source), ready for nvcc
     waiting: dict[str, list] = {}  # preamble -> the lowered variants with it, not yet a batch
     running: dict[Future, tuple[bool, list]] = {}  # job -> (whether it is a lowering, its variants)
@@ -190,13 +192,14 @@ def build_variants(
             if progress:
                 progress(compiled.variant, False)
 
-    if todo:
-        if jobs <= 1 or len(schedule([v for v, _ in todo], BATCH)) == 1:  # one lowering job: no processes to start
-            _compile(todo, arch, hashes, _InProcess(), 1, finished)
+    chunks = schedule([v for v, _ in todo], BATCH)
+    if chunks:
+        if jobs <= 1 or len(chunks) == 1:  # one lowering job: no processes to start
+            _compile(todo, chunks, arch, hashes, _InProcess(), 1, finished)
         else:
             # spawn: TileLang/TVM state must not be forked mid-use
             with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                _compile(todo, arch, hashes, pool, jobs, finished)
+                _compile(todo, chunks, arch, hashes, pool, jobs, finished)
     compiled_for = {c.variant: c for c in done}
     for first, *others in sharing.values():
         for v in others:  # the shared cubin, launched with the variant's own runtime values

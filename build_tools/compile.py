@@ -333,7 +333,7 @@ def lower_checked(variant: Variant, arch: str) -> tuple[LaunchSpec, str]:
 def compile_variants(variants: list[Variant], arch: str = "sm90", batch: bool = True) -> list[CompiledVariant]:
     """Lower, compile and describe variants; those sharing a preamble share nvcc's front-end pass unless `batch` is
     False (the cubins are the same bytes either way). Pure: writes nothing outside a temp dir."""
-    lowered = [lower_checked(v, arch) for v in variants]
+    lowered = lower_variants(variants, arch)
     cubins = nvcc_compile_many([source for _, source in lowered], arch, [where(v) for v in variants], batch)
     hashes = {k: source_sha256(k) for k in {v.kernel for v in variants}}  # ~40 ms a kernel: once, not once a variant
     return [

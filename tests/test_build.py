@@ -154,8 +154,9 @@ def test_compile_pipeline_batches_by_preamble(monkeypatch):
     monkeypatch.setattr(build, "BATCH", 2)
     todo = [(v, f"key{i}") for i, v in enumerate(variants)]
     hashes = {k: "h" for k in kernels}
+    chunks = build.schedule([v for v, _ in todo], build.BATCH)
     got = []
-    build._compile(todo, "sm90", hashes, build._InProcess(), 1, got.extend)
+    build._compile(todo, chunks, "sm90", hashes, build._InProcess(), 1, got.extend)
     assert sorted(c.variant.key for c in got) == sorted(v.key for v in variants)
     assert all(c.cubin.decode().startswith(head[c.variant]) and c.variant.key in c.cubin.decode() for c in got)
     # rmsnorm (the costlier kernel) lowers first, 2 a job, and each 3 of it go to nvcc before the next lowering; then
@@ -169,7 +170,7 @@ def test_compile_pipeline_batches_by_preamble(monkeypatch):
     monkeypatch.setattr(build, "nvcc_compile_many", broken)
     log.clear()
     with pytest.raises(BuildError, match="nvcc failed"):
-        build._compile(todo, "sm90", hashes, build._InProcess(), 1, got.extend)
+        build._compile(todo, chunks, "sm90", hashes, build._InProcess(), 1, got.extend)
     assert log == [("lower", 2), ("lower", 2)]  # nothing runs after the failure
 
 
