@@ -22,7 +22,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -30,21 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lower(chunk: list) -> list[tuple[str, str, int]]:
-    from build_tools.compile import lower_checked
-
-    out = []
-    for v in chunk:
-        spec, source = lower_checked(v, "sm90")
-        out.append((source, spec.symbol, spec.smem))
-    return out
-
-
 def build(out: Path, group: int, jobs: int) -> None:
     import multiprocessing
 
     from build_tools import nvcc_batch
-    from build_tools.compile import cache_key, nvcc_command
+    from build_tools.compile import cache_key, lower_variants, nvcc_compile
     from build_tools.ops import source_sha256
     from build_tools.sweep import load_shapeset
 
@@ -63,7 +52,7 @@ def build(out: Path, group: int, jobs: int) -> None:
     chunks = [chosen[i : i + 16] for i in range(0, len(chosen), 16)]
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        lowered = [item for part in pool.map(_lower, chunks) for item in part]
+        lowered = [(source, spec.symbol, spec.smem) for part in pool.map(lower_variants, chunks) for spec, source in part]
     print(f"lowered in {time.time() - t0:.0f} s", flush=True)
     by_head: dict[str, list[int]] = {}
     for n, (source, _, _) in enumerate(lowered):
@@ -74,10 +63,8 @@ def build(out: Path, group: int, jobs: int) -> None:
         for i in range(0, len(members), group):
             part = members[i : i + group]
             name = f"m{len(modules):03d}.cubin"
-            with tempfile.TemporaryDirectory() as tmp:
-                Path(tmp, "kernel.cu").write_text(nvcc_batch.batch_source([lowered[n][0] for n in part]))
-                subprocess.run([*nvcc_command("sm90"), "kernel.cu", "-o", "kernel.cubin"], cwd=tmp, check=True, capture_output=True)
-                (out / name).write_bytes(Path(tmp, "kernel.cubin").read_bytes())
+            source = nvcc_batch.batch_source([lowered[n][0] for n in part])  # one module holding every entry
+            (out / name).write_bytes(nvcc_compile(source, "sm90", name))
             modules.append(
                 {
                     "cubin": name,
