@@ -213,9 +213,9 @@ def test_a_useless_tkaot_path_entry_is_warned_about_once(tmp_path, monkeypatch, 
 
 
 def test_preload_reads_checks_and_loads_every_variant_once(monkeypatch):
-    """preload() of the committed set on a fake driver: every variant's cubin (sha256-checked) reaches the driver
-    exactly once (from preload's threads, in any order), each kernel keeping its own function; a second preload
-    loads nothing new; a corrupt cubin fails it by name."""
+    """preload() of the committed set on a fake driver: every variant's cubin (sha256-checked by the reader thread)
+    reaches the driver exactly once, each kernel keeping its own function; a second preload loads nothing new; a
+    corrupt cubin fails it by name."""
     import torch
 
     from tkaot import _kernel

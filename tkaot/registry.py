@@ -16,9 +16,9 @@ read from its __init__.py as text and must equal this tkaot's.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
+import operator
 import os
 import re
 import sys
@@ -312,8 +312,10 @@ class Registry:
         used), so by default they load at their first call.
 
         Nothing is parsed but the variants' lines: each kernel reads its cubin's sha256 and its symbol from its
-        line. A few threads each take batches of variants and read, check (sha256) and hand each cubin to the
-        driver; file reads, hashing and driver calls run without the GIL, so they overlap."""
+        line. One reader thread reads and checks (sha256) the cubins in order while this thread hands each to the
+        driver as it arrives: file reads and hashing run without the GIL, so they overlap the driver's loads. (On
+        the H200's host, 741 kernels: 69 ms this way, 110 ms with four threads each reading and loading a batch,
+        92 ms with one: the driver's loads do not run in parallel, and threads contending for them cost time.)"""
         from concurrent.futures import ThreadPoolExecutor
 
         import torch
@@ -328,26 +330,23 @@ class Registry:
                 for name in s.index():
                     if generic or not is_generic(name[0]):
                         todo.setdefault(name, s)
-            variants = list(todo.items())
-            size = max(1, -(-len(variants) // (_PRELOAD_WORKERS * 4)))  # 4 batches a worker: an even finish
-            batches = [variants[i : i + size] for i in range(0, len(variants), size)]
-            with ThreadPoolExecutor(max_workers=_PRELOAD_WORKERS) as workers:
-                for _ in workers.map(functools.partial(self._preload_batch, arch, device_index), batches):
-                    pass
-        return len(variants)
-
-    def _preload_batch(self, arch: str, device_index: int, batch: list) -> None:
-        for (kernel, key), s in batch:
-            found = self._kernels.get((arch, kernel, key))
-            if found is None:
-                with self._lock:
-                    found = self._kernels.setdefault((arch, kernel, key), s.kernel(kernel, key))
-            if device_index not in found.functions:
-                found.load(device_index, found.read_cubin())
-
-
-# Threads loading kernels during preload (4 measured best on an H200 host of 16 cores against 2 and 8)
-_PRELOAD_WORKERS = 4
+            kernels = []
+            with self._lock:
+                for (kernel, key), s in todo.items():
+                    found = self._kernels.get((arch, kernel, key))
+                    if found is None:
+                        found = self._kernels[(arch, kernel, key)] = s.kernel(kernel, key)
+                    if device_index not in found.functions:
+                        kernels.append(found)
+            with ThreadPoolExecutor(max_workers=1) as reader:
+                images = reader.map(operator.methodcaller("read_cubin"), kernels)
+                try:
+                    for found, image in zip(kernels, images):
+                        found.load(device_index, image)
+                except BaseException:
+                    reader.shutdown(cancel_futures=True)  # a corrupt cubin: stop reading the rest
+                    raise
+        return len(todo)
 
 
 def check_version(s: ArtifactSet, arch: str) -> None:
