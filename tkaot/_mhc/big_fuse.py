@@ -110,7 +110,8 @@ def mhc_pre_big_fuse_fwd(
         sinkhorn_repeat: >= 0 (0 and 1 both stop after the first row and column pass).
         n_splits: the partials' leading dimension (checked against it); any count, one cubin.
 
-    Hidden size, token count, split count and Sinkhorn repeats are runtime values: one cubin per M.
+    Hidden size, token count, split count and Sinkhorn repeats are runtime values: one cubin per M, and for up to
+    SPLIT_MAX_TOKENS tokens, where it is built, a second that spreads each token over several blocks (same bytes).
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_pre_big_fuse_fwd(
