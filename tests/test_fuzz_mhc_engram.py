@@ -46,6 +46,7 @@ from tkaot._mhc.kernels import (  # noqa: E402
     PRE_APPLY_MIX_BWD,
     PRE_APPLY_MIX_FWD,
     PRE_BIG_FUSE,
+    PRE_BIG_FUSE_SPLIT,
     REDUCE_PARTIALS_BWD,
     REDUCE_PARTIALS_FWD,
     SINKHORN_BWD,
@@ -175,7 +176,8 @@ def mhc_pre_big_fuse_fwd(draw):
         "mhc_mult * hidden over 2**24": {"residual": meta(n, m, 2**24 // m + 8), "layer_input": meta(n, 2**24 // m + 8)},
         "n_splits unlike the partials": {"n_splits": splits + 1},
     }  # fmt: skip
-    made = [] if n == 0 else [(PRE_BIG_FUSE, {"mhc_mult": m})]
+    kernel = PRE_BIG_FUSE_SPLIT if n <= big_fuse.SPLIT_MAX_TOKENS else PRE_BIG_FUSE  # few tokens: a token over several blocks
+    made = [] if n == 0 else [(kernel, {"mhc_mult": m})]
     return Call("mhc.mhc_pre_big_fuse_fwd", kwargs, made, big_fuse.SIGNATURE, breaks=breaks)
 
 

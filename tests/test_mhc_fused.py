@@ -32,7 +32,7 @@ OP_KERNELS = {
     "mhc_head_mix_fwd": head_mix._FWD, "mhc_head_mix_bwd": head_mix._BWD,
     "mhc_normw_merge_fwd": norm_fn._MERGE_FWD, "mhc_normw_merge_bwd": norm_fn._MERGE_BWD,
     "mhc_reduce_partials_fwd": norm_fn._REDUCE_FWD, "mhc_reduce_partials_bwd": norm_fn._REDUCE_BWD,
-    "mhc_pre_big_fuse": big_fuse._FUSE, "mhc_multilayer_recompute": recompute._RECOMPUTE,
+    "mhc_pre_big_fuse": big_fuse._FUSE, "mhc_pre_big_fuse_split": big_fuse._SPLIT, "mhc_multilayer_recompute": recompute._RECOMPUTE,
 }  # fmt: skip
 OPS = {k.name: k for k in KERNELS if k.name in OP_KERNELS}  # the rest of tkaot.mhc: tests/test_mhc_ops.py
 MODULES = (head_mix, norm_fn, big_fuse, recompute)
@@ -71,6 +71,7 @@ def test_runtime_sizes_stay_out_of_the_grid_constants(built):
     grids = {e["kernel"]: LaunchSpec.from_json(e["launch"]).grid for e in manifest["variants"] if e["kernel"] in OPS}
     assert grids["mhc_head_mix_bwd"][0] == "num_sms"
     assert grids["mhc_pre_big_fuse"][0] == "num_tokens"
+    assert grids["mhc_pre_big_fuse_split"][1] == "num_tokens"  # grid y: the op keeps it to SPLIT_MAX_TOKENS
     assert "hidden" in grids["mhc_multilayer_recompute"][0] and grids["mhc_multilayer_recompute"][1] == "num_tokens"
 
 
@@ -133,6 +134,34 @@ def test_valid_calls_launch_one_kernel(recorded, op, tokens):
     assert len(recorded) == 1
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 32, 33, 127, 4097])
+def test_pre_big_fuse_splits_a_token_over_blocks_up_to_split_max_tokens(recorded, tokens):
+    args, kwargs = valid_calls(tokens)["mhc_pre_big_fuse_fwd"]
+    MHC.mhc_pre_big_fuse_fwd(*args, **kwargs)
+    want = "mhc_pre_big_fuse_split" if tokens <= big_fuse.SPLIT_MAX_TOKENS else "mhc_pre_big_fuse"
+    assert recorded == [(want, "mhc_mult=4")]
+
+
+def test_pre_big_fuse_without_its_split_variant_launches_the_one_block_kernel(monkeypatch):
+    """A set built without the split variant (an older set, a hand-written shape set) serves few tokens too."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(big_fuse, "current_stream", lambda device: 0)
+    launched = []
+
+    def get(self, device, *values, general_tiling=None):
+        if self.kernel == "mhc_pre_big_fuse_split":
+            raise tkaot.VariantNotBuilt("tkaot.mhc.mhc_pre_big_fuse_fwd", self.kernel, self.decl.key(values), [], "", [])
+        return lambda *a: launched.append(self.kernel)
+
+    monkeypatch.setattr(_op.OpKernels, "get", get)
+    for kernels in (big_fuse._FUSE, big_fuse._SPLIT):
+        monkeypatch.setattr(kernels, "cache", {})
+    for tokens in (1, 1, 4097):
+        args, kwargs = valid_calls(tokens)["mhc_pre_big_fuse_fwd"]
+        MHC.mhc_pre_big_fuse_fwd(*args, **kwargs)
+    assert launched == ["mhc_pre_big_fuse"] * 3
+
+
 def test_zero_tokens_launch_nothing_but_the_partials_of_the_head_mix_backward(recorded):
     for op, (args, kwargs) in valid_calls(0).items():
         if op.startswith("mhc_fn_normw_merge"):  # no token dimension
@@ -160,6 +189,8 @@ def test_every_call_resolves_to_a_built_variant(built, monkeypatch):
         monkeypatch.setattr(kernels, "cache", {})
     for op, (args, kwargs) in valid_calls(4097, hidden=7168, splits=16).items():
         getattr(MHC, op)(*args, **kwargs)
+    args, kwargs = valid_calls(1, hidden=7168, splits=16)["mhc_pre_big_fuse_fwd"]  # a decode token: the split kernel
+    MHC.mhc_pre_big_fuse_fwd(*args, **kwargs)
     assert sorted(resolved) == sorted(OPS)
     with pytest.raises(tkaot.VariantNotBuilt, match="mhc_mult=2"):  # a rate the default set does not build
         args, kwargs = valid_calls(3, m=2)["mhc_pre_big_fuse_fwd"]

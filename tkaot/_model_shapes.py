@@ -357,7 +357,7 @@ def mhc_f32_tables(model: ModelConfig) -> ShapeTables:
 for _kernel in (
     "mhc_expand_fwd", "mhc_expand_bwd", "mhc_pre_apply_mix_fwd", "mhc_pre_apply_mix_bwd", "mhc_split_mixes_fwd",
     "mhc_split_mixes_bwd", "mhc_split_mixes_bwd_reduce", "mhc_sinkhorn_fwd", "mhc_sinkhorn_bwd", "mhc_post_fwd", "mhc_post_bwd",
-    "mhc_pre_big_fuse", "mhc_multilayer_recompute",
+    "mhc_pre_big_fuse", "mhc_pre_big_fuse_split", "mhc_multilayer_recompute",
 ):  # fmt: skip
     mapping(_kernel)(mhc_tables)
 for _kernel in (

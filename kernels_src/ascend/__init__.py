@@ -51,6 +51,7 @@ ASCEND_SOURCES = {
     "mhc_pre_apply_mix_fwd": "kernels_src.ascend.mhc_pre_apply_mix_fwd",
     "mhc_pre_apply_mix_bwd": "kernels_src.ascend.mhc_pre_apply_mix_bwd",
     "mhc_pre_big_fuse": "kernels_src.ascend.mhc_pre_big_fuse",
+    "mhc_pre_big_fuse_split": "kernels_src.ascend.mhc_pre_big_fuse_split",
     "mhc_reduce_partials_fwd": "kernels_src.ascend.mhc_reduce_partials_fwd",
     "mhc_reduce_partials_bwd": "kernels_src.ascend.mhc_reduce_partials_bwd",
     "mhc_sinkhorn_fwd": "kernels_src.ascend.mhc_sinkhorn_fwd",

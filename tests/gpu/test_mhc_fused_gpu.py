@@ -1,23 +1,26 @@
 """tkaot.mhc's head mix, norm-weight merge, reduce partials + RMSNorm, pre big fuse and multilayer recompute on a GPU,
 against the pure-torch references (tkaot/reference/mhc.py).
 
-1, 3, 127, 4097 and 8191 tokens; every output buffer NaN-poisoned first, every element compared. Tolerances:
-float32 results 1e-5 relative (the kernels fuse multiply-adds and use expf / rsqrtf, the references round twice
-and use torch's); bf16 results one bf16 step (2**-7 relative); sums over splits, streams and rows run in the
-references' order, so nothing else differs. Each backward is also checked against autograd of its forward
-reference, and a forward mHC layer step (pre big fuse, then the post mix) captured in a CUDA graph replays
-bit-identical to eager launches.
+1, 3, 127, 4097 and 8191 tokens (pre big fuse also 32 and 33, either side of the token count up to which its split
+kernel runs); every output buffer NaN-poisoned first, every element compared. Tolerances: float32 results 1e-5
+relative (the kernels fuse multiply-adds and use expf / rsqrtf, the references round twice and use torch's); bf16
+results one bf16 step (2**-7 relative); sums over splits, streams and rows run in the references' order, so nothing
+else differs. Each backward is also checked against autograd of its forward reference, and a forward mHC layer step
+(pre big fuse, then the post mix) captured in a CUDA graph replays bit-identical to eager launches.
 """
 
 import pytest
 import torch
 
 import tkaot
+from tkaot._mhc import big_fuse
 from tkaot.reference import mhc as ref
 
 pytestmark = pytest.mark.gpu
 
 TOKENS = [1, 3, 127, 4097, 8191]
+# pre big fuse: its split kernel up to SPLIT_MAX_TOKENS (32) tokens, the one-block kernel past it
+BIG_FUSE_TOKENS = [1, 3, 32, 33, 127, 4097, 8191]
 F32, BF16 = torch.float32, torch.bfloat16
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=2**-7, atol=2**-7)
@@ -82,7 +85,7 @@ def test_head_mix_backward(tokens, m, num_sms, block):
 # ---- norm-weight merge
 
 
-@pytest.mark.parametrize("m, n", [(24, 4 * 7168), (24, 4 * 4096), (3, 1), (35, 1000)])
+@pytest.mark.parametrize("m, n", [(24, 4 * 7168), (24, 4 * 4096), (3, 1), (35, 1000), (49, 257)])
 def test_normw_merge_forward_and_backward(m, n):
     fn, w, dy = randn(m, n), randn(n, seed=1), randn(m, n, seed=2)
     out = poisoned(m, n)
@@ -154,7 +157,7 @@ def run_big_fuse(a: dict, repeat: int = 20, splits: int = 16):
     return post, comb, layer_input
 
 
-@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("tokens", BIG_FUSE_TOKENS)
 @pytest.mark.parametrize("hidden, repeat", [(7168, 20), (4096, 20), (2560, 1), (1032, 7)])
 def test_pre_big_fuse(tokens, hidden, repeat):
     a = big_fuse_inputs(tokens, hidden=hidden)
@@ -164,6 +167,24 @@ def test_pre_big_fuse(tokens, hidden, repeat):
     assert_written_close(post, expected[0], F32_TOL)
     assert_written_close(comb, expected[1], dict(rtol=1e-4, atol=1e-5))
     assert_written_close(layer_input.float(), expected[2].float(), BF16_TOL)
+
+
+def test_pre_big_fuse_split_kernel_is_built():
+    """The default set builds the split kernel, so few tokens run on it (the op would fall back to the other silently)."""
+    big_fuse._SPLIT.get(torch.cuda.current_device(), 4)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 32, 33, 127])
+@pytest.mark.parametrize("hidden, repeat", [(7168, 20), (1032, 7)])
+def test_pre_big_fuse_split_and_one_block_kernels_write_the_same_bytes(monkeypatch, tokens, hidden, repeat):
+    """The same sums in the same order: either kernel at any token count (SPLIT_MAX_TOKENS steers the op)."""
+    a = big_fuse_inputs(tokens, hidden=hidden)
+    outputs = []
+    for limit in (0, 65535):  # the one-block kernel, then the split kernel
+        monkeypatch.setattr(big_fuse, "SPLIT_MAX_TOKENS", limit)
+        outputs.append(run_big_fuse(a, repeat))
+    for name, one_block, split in zip(("post_mix", "comb_mix", "layer_input"), *outputs):
+        assert torch.equal(one_block, split), name
 
 
 @pytest.mark.parametrize("m", [1, 2])

@@ -73,6 +73,10 @@ PRE_BIG_FUSE = _declare(
         "mhc_pre_eps", "mhc_sinkhorn_eps", "mhc_post_mult_value", "sinkhorn_repeat"),
     ("n_splits", "num_tokens", "hidden"), ("mhc_pre_big_fuse_fwd",),
 )  # fmt: skip
+# The same step on several blocks a token, for few tokens (the op chooses by token count; tkaot/_mhc/big_fuse.py)
+PRE_BIG_FUSE_SPLIT = _declare(
+    "mhc.pre_big_fuse_split", PRE_BIG_FUSE.axes, PRE_BIG_FUSE.params, PRE_BIG_FUSE.dims, ("mhc_pre_big_fuse_fwd",),
+)  # fmt: skip
 
 # ---- mhc_multilayer_recompute (tkaot/_mhc/recompute.py)
 
@@ -146,7 +150,7 @@ SINKHORN_BWD = _declare(
 
 KERNELS = (
     HEAD_MIX_FWD, HEAD_MIX_BWD, NORMW_MERGE_FWD, NORMW_MERGE_BWD, REDUCE_PARTIALS_FWD, REDUCE_PARTIALS_BWD,
-    PRE_BIG_FUSE, MULTILAYER_RECOMPUTE,
+    PRE_BIG_FUSE, PRE_BIG_FUSE_SPLIT, MULTILAYER_RECOMPUTE,
     EXPAND_FWD, EXPAND_BWD, PRE_APPLY_MIX_FWD, PRE_APPLY_MIX_BWD, SPLIT_MIXES_FWD, SPLIT_MIXES_BWD, SPLIT_MIXES_BWD_REDUCE,
     SINKHORN_FWD, SINKHORN_BWD, POST_FWD, POST_BWD,
 )  # fmt: skip
