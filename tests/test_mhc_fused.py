@@ -134,7 +134,7 @@ def test_valid_calls_launch_one_kernel(recorded, op, tokens):
     assert len(recorded) == 1
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 32, 33, 127, 4097])
+@pytest.mark.parametrize("tokens", [1, 3, 64, 65, 127, 4097])
 def test_pre_big_fuse_splits_a_token_over_blocks_up_to_split_max_tokens(recorded, tokens):
     args, kwargs = valid_calls(tokens)["mhc_pre_big_fuse_fwd"]
     MHC.mhc_pre_big_fuse_fwd(*args, **kwargs)

@@ -1,7 +1,7 @@
 """tkaot.mhc's head mix, norm-weight merge, reduce partials + RMSNorm, pre big fuse and multilayer recompute on a GPU,
 against the pure-torch references (tkaot/reference/mhc.py).
 
-1, 3, 127, 4097 and 8191 tokens (pre big fuse also 32 and 33, either side of the token count up to which its split
+1, 3, 127, 4097 and 8191 tokens (pre big fuse also 64 and 65, either side of the token count up to which its split
 kernel runs); every output buffer NaN-poisoned first, every element compared. Tolerances: float32 results 1e-5
 relative (the kernels fuse multiply-adds and use expf / rsqrtf, the references round twice and use torch's); bf16
 results one bf16 step (2**-7 relative); sums over splits, streams and rows run in the references' order, so nothing
@@ -19,8 +19,8 @@ from tkaot.reference import mhc as ref
 pytestmark = pytest.mark.gpu
 
 TOKENS = [1, 3, 127, 4097, 8191]
-# pre big fuse: its split kernel up to SPLIT_MAX_TOKENS (32) tokens, the one-block kernel past it
-BIG_FUSE_TOKENS = [1, 3, 32, 33, 127, 4097, 8191]
+# pre big fuse: its split kernel up to SPLIT_MAX_TOKENS (64) tokens, the one-block kernel past it
+BIG_FUSE_TOKENS = [1, 3, 64, 65, 127, 4097, 8191]
 F32, BF16 = torch.float32, torch.bfloat16
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=2**-7, atol=2**-7)
@@ -174,7 +174,7 @@ def test_pre_big_fuse_split_kernel_is_built():
     big_fuse._SPLIT.get(torch.cuda.current_device(), 4)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 32, 33, 127])
+@pytest.mark.parametrize("tokens", [1, 3, 64, 65, 127])
 @pytest.mark.parametrize("hidden, repeat", [(7168, 20), (1032, 7)])
 def test_pre_big_fuse_split_and_one_block_kernels_write_the_same_bytes(monkeypatch, tokens, hidden, repeat):
     """The same sums in the same order: either kernel at any token count (SPLIT_MAX_TOKENS steers the op)."""
