@@ -30,6 +30,7 @@ from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`
     gate_dims,
     physical_slot,
     pick_route,
+    store_random_picks,
 )
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
@@ -156,11 +157,9 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                         else:
                             experts = num_experts + num_shared_experts
                         draw_distinct(choice, pending, low, low_lane, c1, experts, lane, num_physical_topk, warp_lowest)
-                        if lane < num_physical_topk:
-                            topk_idx[token, lane] = T.Cast(T.int64, choice)
-                            topk_weights[token, lane] = weight
-                        if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
-                            unmapped_topk_idx[token, lane] = T.int64(-1)
+                        store_random_picks(
+                            topk_idx, topk_weights, unmapped_topk_idx, token, lane, choice, weight, flags, num_topk, num_physical_topk
+                        )
                     else:
                         # scores (kept for the output), then the bias the ranking adds
                         if token < num_tokens and (flags & FLAG_IMAGE) != 0:

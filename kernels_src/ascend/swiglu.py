@@ -15,8 +15,9 @@ factors are not built (`unsupported`).
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import refuse, split_block, tensor
+from kernels_src.ascend.common import refuse, split_block
 from kernels_src.ascend.tile import chunk, rows_per_block
+from kernels_src.fused.swiglu_args import forward, forward_dims
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU
 
@@ -59,9 +60,8 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
     groups = width // group if quantized else 1  # a block's groups
     tile_groups = width // MIN_GROUP if segmented and quantized else groups
 
-    num_rows, num_experts = T.dynamic("num_rows"), T.dynamic("num_experts")
-    x_stride, weights_stride = T.dynamic("x_stride"), T.dynamic("topk_weights_stride")
-    sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    dims = forward_dims()
+    num_rows, num_experts, x_stride, _, sf_stride, sf_group_stride = dims
     if segmented:
         # the extents bind hidden and group (a dim must stand alone in some extent) and bound no index
         sf_shape, sf_strides = (num_rows, hidden, group), (sf_stride, sf_group_stride, 1)
@@ -81,23 +81,8 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
         sf_ub[i, q] = stored
         inv_ub[i, q] = inv
 
-    @T.prim_func
-    def swiglu(
-        x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
-        out: tensor(out_dtype, num_rows, hidden),
-        out_sf: T.StridedTensor[sf_shape, sf_strides, T.float32],
-        psum_num_tokens_per_expert: tensor(T.int32, num_experts),
-        topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
-        clamped_count: tensor(T.int64, 4),
-        has_psum: T.int32,
-        alignment: T.int32,
-        search_steps: T.int32,
-        has_weights: T.int32,
-        routed_scaling_factor: T.float32,
-        has_clamp: T.int32,
-        clamp_value: T.float32,
-        count_clamp: T.int32,
-    ):
+    @T.macro
+    def swiglu(x, out, out_sf, psum_num_tokens_per_expert, topk_weights, clamped_count, moe, count_clamp):
         with T.Kernel(blocks) as block:
             if segmented:
                 row, col = split_block(block, segs, width, rows)
@@ -117,16 +102,16 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
                 T.copy(x[row : row + rows, :], x_ub)
             for i in T.serial(rows):
                 w_ub[i] = T.float32(1)
-                if has_weights != 0 and row + i < num_rows:
-                    w_ub[i] = topk_weights[row + i] * routed_scaling_factor
+                if moe.has_weights != 0 and row + i < num_rows:
+                    w_ub[i] = topk_weights[row + i] * moe.routed_scaling_factor
             with T.SimtVF(threads=THREADS):
                 for k in T.serial(width // cols):
                     for i, j in T.Parallel(rows, cols):
                         c = k * cols + j
                         g0 = T.cast(x_ub[i, c], "float32")
                         u0 = T.cast(x_ub[i, width + c], "float32")
-                        g = T.if_then_else(has_clamp != 0, T.min(g0, clamp_value), g0)
-                        u = T.if_then_else(has_clamp != 0, T.max(T.min(u0, clamp_value), -clamp_value), u0)
+                        g = T.if_then_else(moe.has_clamp != 0, T.min(g0, moe.clamp_value), g0)
+                        u = T.if_then_else(moe.has_clamp != 0, T.max(T.min(u0, moe.clamp_value), -moe.clamp_value), u0)
                         val_ub[i, c] = g / (T.float32(1) + T.exp(-g)) * u * w_ub[i]
                 if quantized:
                     amax = T.alloc_local((1,), T.float32)  # each thread's running maximum
@@ -166,4 +151,4 @@ def swiglu_kernel(hidden, width: int, group, dtype: str, fmt: str, sf: str):
                     out_sf = T.StridedTensor((num_rows, groups), (sf_stride, 1), T.float32, data=out_sf.data)
                     T.copy(sf_ub, out_sf[row : row + rows, :])
 
-    return swiglu
+    return forward("swiglu", dims, hidden, dtype, out_dtype, T.StridedTensor[sf_shape, sf_strides, T.float32], swiglu)

@@ -21,9 +21,10 @@ differ from CUDA's in the last bits.
 
 from tilelang.ascend import language as T
 
-from kernels_src.ascend.common import fp32, refuse, tensor
+from kernels_src.ascend.common import refuse
 from kernels_src.ascend.tile import rows_per_block
-from kernels_src.quant.common import row_sf_type, scale_factor
+from kernels_src.fused.swiglu_args import backward, backward_dims
+from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU_BACKWARD
 
 DECL = SWIGLU_BACKWARD
@@ -66,30 +67,12 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
     col_bytes = 2 * _BYTES[x_dtype] + _BYTES[grad_dtype] + 2 * (4 + out_bytes) + out_bytes + 4 + (2 if quantized else 0)
     rows = rows_per_block(SEGMENT * col_bytes, 1)
 
-    num_rows, hidden, num_experts = T.dynamic("num_rows"), T.dynamic("hidden"), T.dynamic("num_experts")
-    x_sf_stride = T.dynamic("x_sf_stride")
-    sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    dims = backward_dims()
+    num_rows, hidden, num_experts = dims.num_rows, dims.hidden, dims.num_experts
 
-    @T.prim_func
+    @T.macro
     def swiglu_backward(
-        x: tensor(x_t, num_rows, 2 * hidden),
-        x_sf: T.StridedTensor[(num_rows, hidden), (x_sf_stride, 1), T.float32],
-        act_x_grad: tensor(grad_dtype, num_rows, hidden),
-        topk_weights: fp32(num_rows),
-        psum_num_tokens_per_expert: tensor(T.int32, num_experts),
-        x_grad: tensor(out_t, num_rows, 2 * hidden),
-        x_grad_fp8: tensor(FP8, num_rows, 2 * hidden),
-        x_grad_sf: row_sf_type((num_rows,), hidden, (sf_stride, sf_group_stride), packed),  # extents nominal, as on CUDA
-        weight_grad: fp32(num_rows),
-        act_out: tensor(out_t, num_rows, hidden),
-        has_psum: T.int32,
-        alignment: T.int32,
-        search_steps: T.int32,
-        has_weights: T.int32,
-        routed_scaling_factor: T.float32,
-        has_clamp: T.int32,
-        clamp_value: T.float32,
-        recompute: T.int32,
+        x, x_sf, act_x_grad, topk_weights, psum_num_tokens_per_expert, x_grad, x_grad_fp8, x_grad_sf, weight_grad, act_out, moe, recompute
     ):
         with T.Kernel(T.ceildiv(num_rows, rows)) as block:
             row = block * rows
@@ -115,10 +98,10 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                 for i in T.Parallel(rows):
                     # a row is padding when it lies before the aligned end of the last segment ending at or before it
                     padding = 0
-                    if has_psum != 0 and row + i < num_rows:
+                    if moe.has_psum != 0 and row + i < num_rows:
                         lo = 0
                         hi = num_experts
-                        for _ in T.serial(search_steps):
+                        for _ in T.serial(moe.search_steps):
                             if lo < hi:
                                 if psum_num_tokens_per_expert[(lo + hi) // 2] <= row + i:
                                     lo = (lo + hi) // 2 + 1
@@ -127,11 +110,11 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                         prev = 0
                         if lo > 0:
                             prev = psum_num_tokens_per_expert[lo - 1]
-                        if row + i < T.ceildiv(prev, alignment) * alignment:
+                        if row + i < T.ceildiv(prev, moe.alignment) * moe.alignment:
                             padding = 1
                     weight = T.float32(1)
-                    if has_weights != 0 and padding == 0 and row + i < num_rows:
-                        weight = topk_weights[row + i] * routed_scaling_factor
+                    if moe.has_weights != 0 and padding == 0 and row + i < num_rows:
+                        weight = topk_weights[row + i] * moe.routed_scaling_factor
                     pad_ub[i] = padding
                     w_ub[i] = weight
                     wg_ub[i] = T.float32(0)
@@ -156,9 +139,9 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                                 u0 = u0 * x_sf[row + i, hidden // group + (col + c) // group]
                         g = g0
                         u = u0
-                        if has_clamp != 0:
-                            g = T.min(g0, clamp_value)
-                            u = T.max(T.min(u0, clamp_value), -clamp_value)
+                        if moe.has_clamp != 0:
+                            g = T.min(g0, moe.clamp_value)
+                            u = T.max(T.min(u0, moe.clamp_value), -moe.clamp_value)
                         den = 1 + T.exp(-g)
                         s = T.float32(1.0) / den
                         act = silu_refined(g, s, den) * u
@@ -167,10 +150,10 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                         prods[i, c] = T.if_then_else(zero, T.float32(0), T.cast(dy_ub[i, c], "float32") * act)
                         act_ub[i, c] = T.cast(T.if_then_else(zero, T.float32(0), act * w_ub[i]), out_t)
                         xg_ub[i, c] = T.if_then_else(
-                            zero or (has_clamp != 0 and g0 > clamp_value), T.float32(0), ws * u * (1 + g * (1 - s))
+                            zero or (moe.has_clamp != 0 and g0 > moe.clamp_value), T.float32(0), ws * u * (1 + g * (1 - s))
                         )
                         yg_ub[i, c] = T.if_then_else(
-                            zero or (has_clamp != 0 and (u0 > clamp_value or u0 < -clamp_value)), T.float32(0), ws * g
+                            zero or (moe.has_clamp != 0 and (u0 > moe.clamp_value or u0 < -moe.clamp_value)), T.float32(0), ws * g
                         )
                         xg_out[i, c] = T.cast(xg_ub[i, c], out_t)
                         yg_out[i, c] = T.cast(yg_ub[i, c], out_t)
@@ -216,10 +199,10 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                 if quantized:
                     T.copy(xq_ub[:, 0:width], x_grad_fp8[row : row + rows, col : col + width])
                     T.copy(yq_ub[:, 0:width], x_grad_fp8[row : row + rows, hidden + col : hidden + col + width])
-            if has_weights != 0:
+            if moe.has_weights != 0:
                 with T.SimtVF(threads=THREADS):
                     for i in T.Parallel(rows):
-                        wg_ub[i] = T.if_then_else(pad_ub[i] != 0, T.float32(0), wg_ub[i] * routed_scaling_factor)
+                        wg_ub[i] = T.if_then_else(pad_ub[i] != 0, T.float32(0), wg_ub[i] * moe.routed_scaling_factor)
                 T.copy(wg_ub, weight_grad[row : row + rows])
 
-    return swiglu_backward
+    return backward("swiglu_backward", dims, x_t, grad_dtype, out_t, FP8, packed, swiglu_backward)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
+from kernels_src.fused import swiglu_args
 from kernels_src.fused import swiglu_math as m
 from kernels_src.fused.swiglu_math import DEVICE_HELPERS, FLT_MAX, OUT_DTYPES, Arith
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
@@ -118,11 +119,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
     packed = sf == "ue8m0"
     lean_sf = quantized and sf == "fp32"
 
-    num_rows = T.dynamic("num_rows")
-    num_experts = T.dynamic("num_experts")
-    x_stride = T.dynamic("x_stride")
-    weights_stride = T.dynamic("topk_weights_stride")
-    sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    dims = swiglu_args.forward_dims()
+    num_rows, num_experts, x_stride, _, sf_stride, sf_group_stride = dims
     grid = T.min(T.ceildiv(num_rows, rows_per_block), max_blocks)
 
     # "per_chunk": the gate check and the weight per chunk (the weight read when the row is computed)
@@ -133,23 +131,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
         # The first column of the thread's vector v in its row
         return (lane * iters + v) * vec if contig else (v * row_threads + lane) * vec
 
-    @T.prim_func
-    def swiglu(
-        x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
-        out: T.Tensor[(num_rows, hidden), out_dtype],
-        out_sf: row_sf_type((num_rows,), num_words if packed else num_groups, (sf_stride, sf_group_stride), packed),
-        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
-        topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
-        clamped_count: T.Tensor[(4,), T.int64],
-        has_psum: T.int32,
-        alignment: T.int32,
-        search_steps: T.int32,
-        has_weights: T.int32,
-        routed_scaling_factor: T.float32,
-        has_clamp: T.int32,
-        clamp_value: T.float32,
-        count_clamp: T.int32,
-    ):
+    @T.macro
+    def swiglu(x, out, out_sf, psum_num_tokens_per_expert, topk_weights, clamped_count, moe, count_clamp):
         with T.Kernel(grid, threads=threads) as block:
             T.annotate_min_blocks_per_sm(min_blocks)
             T.import_source(DEVICE_HELPERS + PDL_SOURCE)
@@ -183,8 +166,8 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
                 counts[k] = 0
             if lean_div:
                 limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
-                if has_clamp != 0:
-                    limit = T.min(clamp_value, T.float32(FLT_MAX))
+                if moe.has_clamp != 0:
+                    limit = T.min(moe.clamp_value, T.float32(FLT_MAX))
 
             # A thread loads all of its row_iters rows of an iteration before computing any (row_iters *
             # iters * 2 loads in flight); rows of one iteration are grid blocks apart, so in the last,
@@ -196,16 +179,18 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
                         row_of[r] = row
                         row = row_of[r]
                     valid[r] = T.if_then_else(row < num_rows, 1, 0)
-                    if has_psum != 0 and valid[r] != 0:
-                        m.segment_check(psum_num_tokens_per_expert, row, valid, r, num_experts, search_steps, alignment, lo, hi, begin)
+                    if moe.has_psum != 0 and valid[r] != 0:
+                        m.segment_check(
+                            psum_num_tokens_per_expert, row, valid, r, num_experts, moe.search_steps, moe.alignment, lo, hi, begin
+                        )
                     if valid[r] != 0:
                         T.assume(row < num_rows)
                         if words:
                             T.assume(row >= 0)
                         if not per_chunk:
                             weight[r] = 1.0
-                            if has_weights != 0:
-                                weight[r] = topk_weights[row] * routed_scaling_factor
+                            if moe.has_weights != 0:
+                                weight[r] = topk_weights[row] * moe.routed_scaling_factor
                         for v in T.unroll(iters):
                             col = vector_col(v, lane)
                             for j in T.vectorized(vec):
@@ -227,21 +212,21 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
                                 if not per_chunk and lean_div:
                                     # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
                                     exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[r, v, 0]), limit)
-                                m.vector_values(a, gate, up, val, r, v, k, g, u, counts, has_clamp, clamp_value, count_clamp)
+                                m.vector_values(a, gate, up, val, r, v, k, g, u, counts, moe.has_clamp, moe.clamp_value, count_clamp)
                                 if not per_chunk:
                                     if lean_div and exact == 0:
-                                        m.ieee_silu(a, gate, up, val, r, v, k, has_clamp, clamp_value)
+                                        m.ieee_silu(a, gate, up, val, r, v, k, moe.has_clamp, moe.clamp_value)
                                     # Multiplying by a weight of 1 is exact, so rows without weights skip it
-                                    if has_weights != 0:
+                                    if moe.has_weights != 0:
                                         for j in T.unroll(vec):
                                             val[k * vec + j] = val[k * vec + j] * weight[r]
                             if per_chunk:
                                 if lean_div and exact == 0:
                                     for k in T.unroll(chunk):
-                                        m.ieee_silu(a, gate, up, val, r, c * chunk + k, k, has_clamp, clamp_value)
-                                if has_weights != 0:
+                                        m.ieee_silu(a, gate, up, val, r, c * chunk + k, k, moe.has_clamp, moe.clamp_value)
+                                if moe.has_weights != 0:
                                     # The row's weight read here, off the load path of rows without weights
-                                    row_weight = topk_weights[row] * routed_scaling_factor
+                                    row_weight = topk_weights[row] * moe.routed_scaling_factor
                                     for j in T.unroll(chunk * vec):
                                         val[j] = val[j] * row_weight
                             col = vector_col(c * chunk, lane)
@@ -268,8 +253,9 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
 
             if count_clamp != 0:
                 m.add_counts(
-                    counts, count_sums, clamped_count, psum_num_tokens_per_expert, tid, block, num_warps, has_psum, num_rows,
-                    num_experts, alignment, T.int64(hidden),
+                    counts, count_sums, clamped_count, psum_num_tokens_per_expert, tid, block, num_warps, moe.has_psum, num_rows,
+                    num_experts, moe.alignment, T.int64(hidden),
                 )  # fmt: skip
 
-    return swiglu
+    sf_t = row_sf_type((num_rows,), num_words if packed else num_groups, (sf_stride, sf_group_stride), packed)
+    return swiglu_args.forward("swiglu", dims, hidden, dtype, out_dtype, sf_t, swiglu)

@@ -20,9 +20,10 @@ expert's segment gets zeros everywhere), weights, scaling, clamp and recompute a
 
 import tilelang.language as T
 
+from kernels_src.fused import swiglu_args
 from kernels_src.fused.swiglu_math import expert_search
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
-from kernels_src.quant.common import row_sf_type, scale_factor
+from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import SWIGLU_BACKWARD
 
 DECL = SWIGLU_BACKWARD  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -72,32 +73,12 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
     group_lanes = group // vec if quantized else 1
     packed = sf == "ue8m0"
 
-    num_rows = T.dynamic("num_rows")
-    hidden = T.dynamic("hidden")
-    num_experts = T.dynamic("num_experts")
-    x_sf_stride = T.dynamic("x_sf_stride")
-    sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    dims = swiglu_args.backward_dims()
+    num_rows, hidden, num_experts = dims.num_rows, dims.hidden, dims.num_experts
 
-    @T.prim_func
+    @T.macro
     def swiglu_backward(
-        x: T.Tensor[(num_rows, 2 * hidden), x_t],
-        x_sf: T.StridedTensor[(num_rows, hidden), (x_sf_stride, 1), T.float32],
-        act_x_grad: T.Tensor[(num_rows, hidden), grad_dtype],
-        topk_weights: T.Tensor[(num_rows,), T.float32],
-        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
-        x_grad: T.Tensor[(num_rows, 2 * hidden), out_t],
-        x_grad_fp8: T.Tensor[(num_rows, 2 * hidden), FP8],
-        x_grad_sf: row_sf_type((num_rows,), hidden, (sf_stride, sf_group_stride), packed),
-        weight_grad: T.Tensor[(num_rows,), T.float32],
-        act_out: T.Tensor[(num_rows, hidden), out_t],
-        has_psum: T.int32,
-        alignment: T.int32,
-        search_steps: T.int32,
-        has_weights: T.int32,
-        routed_scaling_factor: T.float32,
-        has_clamp: T.int32,
-        clamp_value: T.float32,
-        recompute: T.int32,
+        x, x_sf, act_x_grad, topk_weights, psum_num_tokens_per_expert, x_grad, x_grad_fp8, x_grad_sf, weight_grad, act_out, moe, recompute
     ):
         with T.Kernel(T.ceildiv(num_rows, WARPS), threads=WARPS * 32) as block:
             T.import_source(SILU_FMA + PDL_SOURCE)
@@ -139,16 +120,16 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                 # In expert layouts, a row is padding when it lies before the aligned end of the last segment that
                 # ends at or before it: lo = how many psum entries are <= row
                 padding = 0
-                if has_psum != 0:
-                    expert_search(psum_num_tokens_per_expert, row, num_experts, search_steps, lo, hi)
+                if moe.has_psum != 0:
+                    expert_search(psum_num_tokens_per_expert, row, num_experts, moe.search_steps, lo, hi)
                     prev = 0
                     if lo > 0:
                         prev = psum_num_tokens_per_expert[lo - 1]
-                    if row < T.ceildiv(prev, alignment) * alignment:
+                    if row < T.ceildiv(prev, moe.alignment) * moe.alignment:
                         padding = 1
                 w = 1.0
-                if has_weights != 0 and padding == 0:
-                    w = topk_weights[row] * routed_scaling_factor
+                if moe.has_weights != 0 and padding == 0:
+                    w = topk_weights[row] * moe.routed_scaling_factor
                 acc = 0.0
                 for c in T.serial(T.ceildiv(hidden, chunk)):
                     col = c * chunk + lane * vec
@@ -172,17 +153,17 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                                 u = T.cast(up_in[j], T.float32)
                             clamp_x = 0
                             clamp_y = 0
-                            if has_clamp != 0:
-                                clamp_x = T.if_then_else(g > clamp_value, 1, 0)
-                                clamp_y = T.if_then_else(u > clamp_value or u < -clamp_value, 1, 0)
-                                g = T.min(g, clamp_value)
-                                u = T.max(T.min(u, clamp_value), -clamp_value)
+                            if moe.has_clamp != 0:
+                                clamp_x = T.if_then_else(g > moe.clamp_value, 1, 0)
+                                clamp_y = T.if_then_else(u > moe.clamp_value or u < -moe.clamp_value, 1, 0)
+                                g = T.min(g, moe.clamp_value)
+                                u = T.max(T.min(u, moe.clamp_value), -moe.clamp_value)
                             dy = T.cast(dy_in[j], T.float32)
                             den = 1 + T.exp(-g)
                             s = 1.0 / den
-                            if has_weights != 0 or recompute != 0:
+                            if moe.has_weights != 0 or recompute != 0:
                                 act = T.call_extern("float32", "tkaot_silu_refined", g, s, den) * u
-                                if has_weights != 0:
+                                if moe.has_weights != 0:
                                     acc += dy * act
                                 if recompute != 0:
                                     act_res[j] = T.cast(act * w, out_t)
@@ -256,10 +237,10 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                                 if gy == last - 1 and last % 4 != 0:
                                     for p in T.serial(4 - last % 4):
                                         x_grad_sf[row, (last - 1) // 4, last % 4 + p] = T.uint8(0)
-                if has_weights != 0:
+                if moe.has_weights != 0:
                     for i in T.unroll(5):
                         acc += T.shfl_xor(acc, 1 << i)
                     if lane == 0:
-                        weight_grad[row] = T.if_then_else(padding != 0, T.float32(0), acc * routed_scaling_factor)
+                        weight_grad[row] = T.if_then_else(padding != 0, T.float32(0), acc * moe.routed_scaling_factor)
 
-    return swiglu_backward
+    return swiglu_args.backward("swiglu_backward", dims, x_t, grad_dtype, out_t, FP8, packed, swiglu_backward)

@@ -17,6 +17,7 @@ padding between expert segments) with an amax of zero and nothing to store.
 
 import tilelang.language as T
 
+from kernels_src.fused import swiglu_args
 from kernels_src.fused import swiglu_math as m
 from kernels_src.fused.swiglu import MAX_HIDDEN_FP32, NUM_SMS, TILINGS, check_static
 from kernels_src.fused.swiglu_math import DEVICE_HELPERS, FLT_MAX, OUT_DTYPES, Arith
@@ -46,13 +47,9 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
     num_warps = THREADS // 32
     max_group_lanes = MAX_GROUP // cols
 
-    num_rows = T.dynamic("num_rows")
-    hidden = T.dynamic("hidden")
-    group = T.dynamic("group")
-    num_experts = T.dynamic("num_experts")
-    x_stride = T.dynamic("x_stride")
-    weights_stride = T.dynamic("topk_weights_stride")
-    sf_stride, sf_group_stride = T.dynamic("sf_stride"), T.dynamic("sf_group_stride")
+    dims = swiglu_args.forward_dims()
+    num_rows, num_experts, x_stride, _, sf_stride, sf_group_stride = dims
+    hidden, group = T.dynamic("hidden"), T.dynamic("group")
     # The scale factors are addressed by their strides alone: fp32 [row, group, 0], packed UE8M0 bytes
     # [row, word, byte]. The extents only bind hidden and group (a dim must stand alone in some extent) and
     # bound no index: a group or word index is below hidden, a byte index below 4 <= group.
@@ -71,23 +68,8 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
             return chunk * cols + v * vec
         return (chunk >> 1) * (2 * cols) + (2 * v + (chunk & 1)) * vec
 
-    @T.prim_func
-    def swiglu_generic(
-        x: T.StridedTensor[(num_rows, 2 * hidden), (x_stride, 1), dtype],
-        out: T.Tensor[(num_rows, hidden), out_dtype],
-        out_sf: T.StridedTensor[(num_rows, hidden, group), (sf_stride, sf_group_stride, 1), sf_dtype],
-        psum_num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
-        topk_weights: T.StridedTensor[(num_rows,), (weights_stride,), T.float32],
-        clamped_count: T.Tensor[(4,), T.int64],
-        has_psum: T.int32,
-        alignment: T.int32,
-        search_steps: T.int32,
-        has_weights: T.int32,
-        routed_scaling_factor: T.float32,
-        has_clamp: T.int32,
-        clamp_value: T.float32,
-        count_clamp: T.int32,
-    ):
+    @T.macro
+    def swiglu_generic(x, out, out_sf, psum_num_tokens_per_expert, topk_weights, clamped_count, moe, count_clamp):
         with T.Kernel(grid, threads=THREADS) as block:
             T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             T.import_source(DEVICE_HELPERS + PDL_SOURCE)
@@ -118,8 +100,8 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
                 counts[k] = 0
             if lean_div:
                 limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
-                if has_clamp != 0:
-                    limit = T.min(clamp_value, T.float32(FLT_MAX))
+                if moe.has_clamp != 0:
+                    limit = T.min(moe.clamp_value, T.float32(FLT_MAX))
             if quantized:
                 T.assume(group >= 32)  # 32 or 128 (the op's formats)
             group_shift = T.alloc_var(T.int32, init=T.if_then_else(group > 32, 7, 5))  # log2(group)
@@ -136,8 +118,8 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
             for _ in T.serial(num_steps):
                 row, chunk = at_row, at_chunk  # values, not the variables: indices in them vectorize
                 valid[0] = T.if_then_else(row < num_rows, 1, 0)
-                if has_psum != 0 and valid[0] != 0:
-                    m.segment_check(psum_num_tokens_per_expert, row, valid, 0, num_experts, search_steps, alignment, lo, hi, begin)
+                if moe.has_psum != 0 and valid[0] != 0:
+                    m.segment_check(psum_num_tokens_per_expert, row, valid, 0, num_experts, moe.search_steps, moe.alignment, lo, hi, begin)
                 T.assume(chunk >= 0)
                 T.assume(chunk < chunks_per_row)
                 if not quantized:
@@ -154,11 +136,11 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
                         if lean_div:
                             # 0xC2AF: -87.5, the gate floor; limit: the clamp, so a clamped gate falls back
                             exact = T.call_extern("int32", "tkaot_gates_ok", T.address_of(gate[0, v, 0]), limit)
-                        m.vector_values(a, gate, up, val, 0, v, v, g, u, counts, has_clamp, clamp_value, count_clamp)
+                        m.vector_values(a, gate, up, val, 0, v, v, g, u, counts, moe.has_clamp, moe.clamp_value, count_clamp)
                         if lean_div and exact == 0:
-                            m.ieee_silu(a, gate, up, val, 0, v, v, has_clamp, clamp_value)
-                    if has_weights != 0:
-                        row_weight = topk_weights[row] * routed_scaling_factor
+                            m.ieee_silu(a, gate, up, val, 0, v, v, moe.has_clamp, moe.clamp_value)
+                    if moe.has_weights != 0:
+                        row_weight = topk_weights[row] * moe.routed_scaling_factor
                         for j in T.unroll(cols):
                             val[j] = val[j] * row_weight
                 if quantized:
@@ -204,8 +186,9 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
 
             if count_clamp != 0:
                 m.add_counts(
-                    counts, count_sums, clamped_count, psum_num_tokens_per_expert, tid, block, num_warps, has_psum, num_rows,
-                    num_experts, alignment, T.cast(hidden, T.int64),
+                    counts, count_sums, clamped_count, psum_num_tokens_per_expert, tid, block, num_warps, moe.has_psum, num_rows,
+                    num_experts, moe.alignment, T.cast(hidden, T.int64),
                 )  # fmt: skip
 
-    return swiglu_generic
+    sf_t = T.StridedTensor[(num_rows, hidden, group), (sf_stride, sf_group_stride, 1), sf_dtype]
+    return swiglu_args.forward("swiglu_generic", dims, hidden, dtype, out_dtype, sf_t, swiglu_generic)

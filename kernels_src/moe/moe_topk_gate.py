@@ -105,6 +105,19 @@ def draw_distinct(choice: T.Ref, pending: T.Ref, low: T.Ref, low_lane: T.Ref, wo
 
 
 @T.macro
+def store_random_picks(
+    topk_idx, topk_weights, unmapped_topk_idx, token, lane, choice: T.Ref, weight: T.Ref, flags, num_topk, num_physical_topk
+):
+    """A forced-random token's outputs: this lane's drawn expert (draw_distinct's choice) and weight, and no unmapped
+    expert. The Ascend kernel stores with it too."""
+    if lane < num_physical_topk:
+        topk_idx[token, lane] = T.Cast(T.int64, choice)
+        topk_weights[token, lane] = weight
+    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
+        unmapped_topk_idx[token, lane] = T.int64(-1)
+
+
+@T.macro
 def warp_lowest(low: T.Ref, low_lane: T.Ref, pending: T.Ref, lane):
     """draw_distinct's warp reduction, by shuffles."""
     low = pending
@@ -197,11 +210,9 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
                     else:
                         experts = num_experts + num_shared_experts
                     draw_distinct(choice, pending, low, low_lane, r1, experts, lane, num_physical_topk, warp_lowest)
-                    if lane < num_physical_topk:
-                        topk_idx[token, lane] = T.Cast(T.int64, choice)
-                        topk_weights[token, lane] = weight
-                    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
-                        unmapped_topk_idx[token, lane] = T.int64(-1)
+                    store_random_picks(
+                        topk_idx, topk_weights, unmapped_topk_idx, token, lane, choice, weight, flags, num_topk, num_physical_topk
+                    )
                 else:
                     # Scores, written out if asked, then the bias the ranking adds
                     load_row(vals, logits, token, lane, rows)
