@@ -34,22 +34,33 @@ def col_sum(x, k, mhc: int):
     return tree_sum([x[i * mhc + k] for i in range(mhc)])
 
 
+def _line(i, k, rows: bool):
+    """The line of element (i, k): its row, or its column."""
+    return i if rows else k
+
+
 @T.macro
-def normalise_rows(x, sums, mhc: int, eps):
-    for i in T.unroll(mhc):
-        sums[i] = row_sum(x, i, mhc)
+def normalise_lines(x, sums, mhc: int, eps, rows: bool):
+    """x's rows (rows) or columns divided by their sums plus eps."""
+    if rows:
+        for i in T.unroll(mhc):
+            sums[i] = row_sum(x, i, mhc)
+    else:
+        for k in T.unroll(mhc):
+            sums[k] = col_sum(x, k, mhc)
     for i in T.unroll(mhc):
         for k in T.unroll(mhc):
-            x[i * mhc + k] = x[i * mhc + k] / (sums[i] + eps)
+            x[i * mhc + k] = x[i * mhc + k] / (sums[_line(i, k, rows)] + eps)
+
+
+@T.macro
+def normalise_rows(x, sums, mhc: int, eps):
+    normalise_lines(x, sums, mhc, eps, True)
 
 
 @T.macro
 def normalise_cols(x, sums, mhc: int, eps):
-    for k in T.unroll(mhc):
-        sums[k] = col_sum(x, k, mhc)
-    for i in T.unroll(mhc):
-        for k in T.unroll(mhc):
-            x[i * mhc + k] = x[i * mhc + k] / (sums[k] + eps)
+    normalise_lines(x, sums, mhc, eps, False)
 
 
 @T.macro
