@@ -22,7 +22,7 @@ import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
 from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
-from kernels_src.mhc.sinkhorn_lanes import lane_layout, lane_reduce
+from kernels_src.mhc.sinkhorn_lanes import add, lane_first_step, lane_layout, lane_reduce
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
 from tkaot._mhc.kernels import sinkhorn_record_row as record_row
@@ -159,10 +159,6 @@ def _per_thread_body(mhc: int, num_tokens, repeat):
     return body
 
 
-def _add(a, b):
-    return a + b
-
-
 def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
     """One matrix element a lane (the module's docstring); a `repeat` of unrolled_repeat (0: none) runs an
     unrolled copy of the steps, every record in shared memory at a fixed place."""
@@ -198,7 +194,7 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
         """g = the gradient at the input m of a normalisation along the lines from first_lane, stride apart,
         d = the line's sum of m plus eps."""
         prod[0] = _mul(g[0], m[0])
-        lane_reduce(t, prod[0], first_lane, mhc, stride, _add)
+        lane_reduce(t, prod[0], first_lane, mhc, stride, add)
         t[0] = t[0] / d[0]
         g[0] = (g[0] - t[0]) / d[0]
 
@@ -207,11 +203,11 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
               live, row, col, eps):  # fmt: skip
         """The forward replay from the first column normalisation's output in m, then the steps back."""
         for r in steps_loop(1, repeat):
-            lane_reduce(d, m[0], row, mhc, 1, _add)
+            lane_reduce(d, m[0], row, mhc, 1, add)
             d[0] = d[0] + eps
             keep(records, denoms, scratch, m, d, r, 0, tid, slot, rline, token, e, live)
             m[0] = m[0] / d[0]
-            lane_reduce(d, m[0], col, mhc, mhc, _add)
+            lane_reduce(d, m[0], col, mhc, mhc, add)
             d[0] = d[0] + eps
             keep(records, denoms, scratch, m, d, r, 1, tid, slot, cline, token, e, live)
             m[0] = m[0] / d[0]
@@ -259,14 +255,7 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
             if live:
                 m[0] = x[token, e]
                 g[0] = grad_output[token, e]
-            lane_reduce(d, m[0], row, mhc, 1, T.max)
-            m[0] = T.exp(m[0] - d[0])
-            lane_reduce(d, m[0], row, mhc, 1, _add)
-            p[0] = m[0] / d[0]
-            m[0] = p[0] + eps
-            lane_reduce(d, m[0], col, mhc, mhc, _add)
-            d0[0] = d[0] + eps
-            m[0] = m[0] / d0[0]
+            lane_first_step(m, d, p, d0, row, col, mhc, eps)
             if unrolled_repeat and repeat == unrolled_repeat:
                 steps(unrolled, unrolled_repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline,
                       cline, token, e, live, row, col, eps)  # fmt: skip
@@ -274,7 +263,7 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
                 steps(T.serial, repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline, cline,
                       token, e, live, row, col, eps)  # fmt: skip
             prod[0] = _mul(g[0], p[0])
-            lane_reduce(t, prod[0], row, mhc, 1, _add)
+            lane_reduce(t, prod[0], row, mhc, 1, add)
             g[0] = (g[0] - t[0]) * p[0]
             if live:
                 grad_input[token, e] = g[0]

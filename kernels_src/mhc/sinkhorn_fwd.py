@@ -15,7 +15,7 @@ Wider matrices keep one thread per token, the matrix in its registers.
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
-from kernels_src.mhc.sinkhorn_lanes import lane_layout, lane_reduce
+from kernels_src.mhc.sinkhorn_lanes import add, lane_first_step, lane_layout, lane_reduce
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_FWD
 
@@ -147,23 +147,13 @@ def _lanes_body(mhc: int, num_tokens):
             x[0] = T.float32(0)
             if token < num_tokens and e < mm:
                 x[0] = comb_res_mix[token, e]
-            lane_reduce(total, x[0], row, mhc, 1, T.max)
-            x[0] = T.exp(x[0] - total[0])
-            lane_reduce(total, x[0], row, mhc, 1, _add)
-            x[0] = x[0] / total[0]
-            x[0] = x[0] + eps
-            lane_reduce(total, x[0], col, mhc, mhc, _add)
-            x[0] = x[0] / (total[0] + eps)
+            lane_first_step(x, total, x, total, row, col, mhc, eps)
             for _ in T.serial(repeat - 1):
-                lane_reduce(total, x[0], row, mhc, 1, _add)
+                lane_reduce(total, x[0], row, mhc, 1, add)
                 x[0] = x[0] / (total[0] + eps)
-                lane_reduce(total, x[0], col, mhc, mhc, _add)
+                lane_reduce(total, x[0], col, mhc, mhc, add)
                 x[0] = x[0] / (total[0] + eps)
             if token < num_tokens and e < mm:
                 comb_res_mix_out[token, e] = x[0]
 
     return body
-
-
-def _add(a, b):
-    return a + b
