@@ -196,6 +196,17 @@ def post_and_comb(a: Args, b: Tiles, t, tid, m: int):
 
 
 @T.macro
+def load_residual(a: Args, b: Tiles, t, it, part, worker, vectors, workers: int, blocks: int, unroll: int, m: int):
+    """b.xv[u], u < unroll: the streams of token t's vector (it * unroll + u) * workers * blocks + part * workers +
+    worker of the hidden dimension (the `blocks` blocks' workers interleaved; worker < 0 or past the vectors: none)."""
+    for u in T.unroll(unroll):
+        if 0 <= worker and (it * unroll + u) * workers * blocks + part * workers + worker < vectors:
+            for i in T.unroll(m):
+                for k in T.vectorized(VEC):
+                    b.xv[u, i, k] = a.residual[t, i, ((it * unroll + u) * workers * blocks + part * workers + worker) * VEC + k]
+
+
+@T.macro
 def pre_mixed_vector(a: Args, b: Tiles, t, u, v, m: int):
     """Vector v of layer_input[t] = bf16 of the pre-mix-weighted sum of b.xv[u]'s streams, in stream order from zero."""
     for k in T.unroll(VEC):
@@ -233,12 +244,7 @@ def build(mhc_mult: int):
             workers = THREADS - 32
             worker = tid - 32
             for it in T.serial(T.ceildiv(vectors, workers * UNROLL)):
-                for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * workers + worker
-                    if 0 <= worker and v < vectors:
-                        for i in T.unroll(m):
-                            for k in T.vectorized(VEC):
-                                b.xv[u, i, k] = a.residual[t, i, v * VEC + k]
+                load_residual(a, b, t, it, 0, worker, vectors, workers, 1, UNROLL, m)
                 for u in T.unroll(UNROLL):
                     v = (it * UNROLL + u) * workers + worker
                     if 0 <= worker and v < vectors:

@@ -12,7 +12,7 @@ for at most tkaot/_mhc/big_fuse.py's SPLIT_MAX_TOKENS tokens, far below the grid
 import tilelang.language as T
 
 from kernels_src.mhc.common import VEC, WARP
-from kernels_src.mhc.pre_big_fuse import Args, kernel, post_and_comb, pre_mixed_vector, token_entry, token_mixes, token_tiles
+from kernels_src.mhc.pre_big_fuse import Args, kernel, load_residual, post_and_comb, pre_mixed_vector, token_entry, token_mixes, token_tiles
 from tkaot._mhc.kernels import PRE_BIG_FUSE_SPLIT
 
 DECL = PRE_BIG_FUSE_SPLIT  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -29,14 +29,6 @@ def build(mhc_mult: int):
     m = mhc_mult
     workers = THREADS - WARP  # warps 1.. of every block
 
-    @T.macro
-    def load_residual(xv, residual, t, it, part, worker, vectors):
-        for u in T.unroll(UNROLL):
-            if 0 <= worker and (it * UNROLL + u) * workers * BLOCKS + part * workers + worker < vectors:
-                for i in T.unroll(m):
-                    for k in T.vectorized(VEC):
-                        xv[u, i, k] = residual[t, i, ((it * UNROLL + u) * workers * BLOCKS + part * workers + worker) * VEC + k]
-
     # the one-block kernel's arguments and entry symbol
     @T.macro
     def body(a: Args, num_tokens):
@@ -48,7 +40,7 @@ def build(mhc_mult: int):
             worker = tid - WARP
 
             # the first residual vectors are in flight while the mixes are reduced
-            load_residual(b.xv, a.residual, t, 0, part, worker, vectors)
+            load_residual(a, b, t, 0, part, worker, vectors, workers, BLOCKS, UNROLL, m)
 
             token_mixes(a, b, t, tid, m)
             T.sync_threads()
@@ -60,7 +52,7 @@ def build(mhc_mult: int):
             # layer_input = the pre-mix-weighted sum of the residual streams, in stream order from zero
             for it in T.serial(T.ceildiv(vectors, workers * BLOCKS * UNROLL)):
                 if it > 0:
-                    load_residual(b.xv, a.residual, t, it, part, worker, vectors)
+                    load_residual(a, b, t, it, part, worker, vectors, workers, BLOCKS, UNROLL, m)
                 for u in T.unroll(UNROLL):
                     v = (it * UNROLL + u) * workers * BLOCKS + part * workers + worker
                     if 0 <= worker and v < vectors:
