@@ -80,6 +80,20 @@ def softmax_rows(x, sums, mhc: int):
             x[i * mhc + k] = x[i * mhc + k] / sums[i]
 
 
+@T.macro
+def sinkhorn(x, sums, mhc: int, repeat, eps):
+    """One thread's Sinkhorn of the (mhc, mhc) matrix x (local, row-major), in place: a row softmax plus eps, a
+    column normalisation, then repeat - 1 times a row and a column normalisation, each dividing by (sum + eps)
+    (this kernel's one-thread form and the Ascend kernels', kernels_src/ascend/mhc_common.py)."""
+    softmax_rows(x, sums, mhc)
+    for k in T.unroll(mhc * mhc):
+        x[k] = x[k] + eps
+    normalise_cols(x, sums, mhc, eps)
+    for _ in T.serial(repeat - 1):
+        normalise_rows(x, sums, mhc, eps)
+        normalise_cols(x, sums, mhc, eps)
+
+
 def build(mhc_mult: int):
     mhc = mhc_mult
     num_tokens = T.dynamic("num_tokens")
@@ -113,13 +127,7 @@ def _per_thread_body(mhc: int, num_tokens):
             if token < num_tokens:
                 for k in T.vectorized(mm):
                     x[k] = comb_res_mix[token, k]
-                softmax_rows(x, sums, mhc)
-                for k in T.unroll(mm):
-                    x[k] = x[k] + eps
-                normalise_cols(x, sums, mhc, eps)
-                for _ in T.serial(repeat - 1):
-                    normalise_rows(x, sums, mhc, eps)
-                    normalise_cols(x, sums, mhc, eps)
+                sinkhorn(x, sums, mhc, repeat, eps)
                 for k in T.vectorized(mm):
                     comb_res_mix_out[token, k] = x[k]
 
