@@ -21,7 +21,7 @@ before they are summed (__fmul_rn) and sums add in butterfly order, as in the fo
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
-from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
+from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, per_thread_kernel, softmax_rows
 from kernels_src.mhc.sinkhorn_lanes import add, lane_first_step, lane_layout, lane_reduce
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
@@ -29,7 +29,6 @@ from tkaot._mhc.kernels import sinkhorn_record_row as record_row
 
 DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
-THREADS = 64  # one thread a token
 LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 us; 64 threads 27.8, within noise)
 # Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
 # 19 KB a block of LANE_THREADS, and 5 KB of denominators; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
@@ -108,53 +107,54 @@ def _per_thread_body(mhc: int, num_tokens, repeat):
     row = record_row(mhc)
 
     @T.macro
-    def body(grad_output, x, grad_input, scratch, eps):
-        with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            kernel_entry()
-            tid = T.get_thread_binding()
-            m = T.alloc_local((mm,), T.float32)
-            g = T.alloc_local((mm,), T.float32)
-            sums = T.alloc_local((mhc,), T.float32)
-            rec = T.alloc_local((row,), T.float32)
-            token = block * THREADS + tid
-            if token < num_tokens:
-                for k in T.vectorized(mm):
-                    m[k] = x[token, k]
-                for k in T.unroll(row):
-                    rec[k] = 0.0
-                softmax_rows(m, sums, mhc)
-                save(scratch, rec, m, sums, 0, 0, token, mhc)
-                for k in T.unroll(mm):
-                    m[k] = m[k] + eps
-                for k in T.unroll(mhc):
-                    sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
-                save(scratch, rec, m, sums, 0, 1, token, mhc)
-                normalise_cols(m, sums, mhc, eps)
-                for r in T.serial(repeat - 1):
-                    for i in T.unroll(mhc):
-                        sums[i] = tree_sum([m[i * mhc + k] for k in range(mhc)])
-                    save(scratch, rec, m, sums, r + 1, 0, token, mhc)
-                    normalise_rows(m, sums, mhc, eps)
-                    for k in T.unroll(mhc):
-                        sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
-                    save(scratch, rec, m, sums, r + 1, 1, token, mhc)
-                    normalise_cols(m, sums, mhc, eps)
+    def tiles():
+        m = T.alloc_local((mm,), T.float32)
+        g = T.alloc_local((mm,), T.float32)
+        sums = T.alloc_local((mhc,), T.float32)
+        rec = T.alloc_local((row,), T.float32)
+        return m, g, sums, rec
 
-                for k in T.vectorized(mm):
-                    g[k] = grad_output[token, k]
-                for back in T.serial(repeat):
-                    back_through_cols(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
-                    if back < repeat - 1:
-                        back_through_rows(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
-                for k in T.vectorized(row):
-                    rec[k] = scratch[0, 0, token, k]
-                for i in T.unroll(mhc):
-                    sums[i] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for k in range(mhc)])
-                for i in T.unroll(mhc):
-                    for k in T.unroll(mhc):
-                        g[i * mhc + k] = (g[i * mhc + k] - sums[i]) * rec[i * mhc + k]
-                for k in T.vectorized(mm):
-                    grad_input[token, k] = g[k]
+    @T.macro
+    def finish(m, g, sums, rec, grad_output, grad_input, scratch, eps, token):
+        for k in T.unroll(row):
+            rec[k] = 0.0
+        softmax_rows(m, sums, mhc)
+        save(scratch, rec, m, sums, 0, 0, token, mhc)
+        for k in T.unroll(mm):
+            m[k] = m[k] + eps
+        for k in T.unroll(mhc):
+            sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
+        save(scratch, rec, m, sums, 0, 1, token, mhc)
+        normalise_cols(m, sums, mhc, eps)
+        for r in T.serial(repeat - 1):
+            for i in T.unroll(mhc):
+                sums[i] = tree_sum([m[i * mhc + k] for k in range(mhc)])
+            save(scratch, rec, m, sums, r + 1, 0, token, mhc)
+            normalise_rows(m, sums, mhc, eps)
+            for k in T.unroll(mhc):
+                sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
+            save(scratch, rec, m, sums, r + 1, 1, token, mhc)
+            normalise_cols(m, sums, mhc, eps)
+
+        for k in T.vectorized(mm):
+            g[k] = grad_output[token, k]
+        for back in T.serial(repeat):
+            back_through_cols(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
+            if back < repeat - 1:
+                back_through_rows(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
+        for k in T.vectorized(row):
+            rec[k] = scratch[0, 0, token, k]
+        for i in T.unroll(mhc):
+            sums[i] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for k in range(mhc)])
+        for i in T.unroll(mhc):
+            for k in T.unroll(mhc):
+                g[i * mhc + k] = (g[i * mhc + k] - sums[i]) * rec[i * mhc + k]
+        for k in T.vectorized(mm):
+            grad_input[token, k] = g[k]
+
+    @T.macro
+    def body(grad_output, x, grad_input, scratch, eps):
+        per_thread_kernel(num_tokens, mm, tiles, x, finish, (grad_output, grad_input, scratch, eps))
 
     return body
 

@@ -112,24 +112,40 @@ def build(mhc_mult: int):
     return sinkhorn_fwd
 
 
+@T.macro
+def per_thread_kernel(num_tokens, mm: int, tiles, source, body, args):
+    """One thread a token, THREADS a block: tiles() allocates the thread's local tiles, the first the token's (mm,)
+    matrix, loaded from source[token]; then body(*tiles, *args, token) for a token in range."""
+    with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
+        kernel_entry()
+        tid = T.get_thread_binding()
+        bufs = tiles()
+        token = block * THREADS + tid
+        if token < num_tokens:
+            for k in T.vectorized(mm):
+                bufs[0][k] = source[token, k]
+            body(*bufs, *args, token)
+
+
 def _per_thread_body(mhc: int, num_tokens):
     """One thread a token (the module's docstring)."""
     mm = mhc * mhc
 
     @T.macro
+    def tiles():
+        x = T.alloc_local((mm,), T.float32)
+        sums = T.alloc_local((mhc,), T.float32)
+        return x, sums
+
+    @T.macro
+    def finish(x, sums, comb_res_mix_out, repeat, eps, token):
+        sinkhorn(x, sums, mhc, repeat, eps)
+        for k in T.vectorized(mm):
+            comb_res_mix_out[token, k] = x[k]
+
+    @T.macro
     def body(comb_res_mix, comb_res_mix_out, repeat, eps):
-        with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            kernel_entry()
-            tid = T.get_thread_binding()
-            x = T.alloc_local((mm,), T.float32)
-            sums = T.alloc_local((mhc,), T.float32)
-            token = block * THREADS + tid
-            if token < num_tokens:
-                for k in T.vectorized(mm):
-                    x[k] = comb_res_mix[token, k]
-                sinkhorn(x, sums, mhc, repeat, eps)
-                for k in T.vectorized(mm):
-                    comb_res_mix_out[token, k] = x[k]
+        per_thread_kernel(num_tokens, mm, tiles, comb_res_mix, finish, (comb_res_mix_out, repeat, eps))
 
     return body
 
