@@ -23,7 +23,7 @@ from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the de
 from kernels_src.ascend.common import fp32, split_block
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import UB_BUDGET
-from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
+from kernels_src.mhc.sinkhorn_fwd import sinkhorn as sinkhorn  # one thread's Sinkhorn, the CUDA kernel's
 
 THREADS = 128  # SIMT threads of a vector-function region
 MAX_SPAN = 4096
@@ -76,20 +76,6 @@ def as_f32(value):
 def sigmoid(x):
     """1 / (1 + exp(-x)) in fp32, TileLang's sigmoid on CUDA."""
     return T.float32(1) / (T.float32(1) + T.exp(-x))
-
-
-@T.macro
-def sinkhorn(x, sums, mhc: int, repeat, eps):
-    """One thread's Sinkhorn of the (mhc, mhc) matrix x (local, row-major), in place: a row softmax plus eps, a
-    column normalisation, then repeat - 1 times a row and a column normalisation, each dividing by (sum + eps).
-    The CUDA kernels' own steps (kernels_src/mhc/sinkhorn_fwd.py), so every sum adds in the same order."""
-    softmax_rows(x, sums, mhc)
-    for k in T.unroll(mhc * mhc):
-        x[k] = x[k] + eps
-    normalise_cols(x, sums, mhc, eps)
-    for _ in T.serial(repeat - 1):
-        normalise_rows(x, sums, mhc, eps)
-        normalise_cols(x, sums, mhc, eps)
 
 
 @T.macro

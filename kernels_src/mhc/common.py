@@ -110,6 +110,37 @@ def flat_slots(token, col, block, tid, row_vecs, num_tokens, threads: int, unrol
             finish(u, *bufs)
 
 
+# The kernels over a token's row (token_row_kernel): threads a block, one block a token
+ROW_THREADS = 128
+
+
+@T.macro
+def token_row_kernel(num_tokens, hidden, count: int, tiles, start, visit, finish, tensors):
+    """The kernel of an op with one block of ROW_THREADS a token: each thread walks the token's row of 16-byte
+    vectors ROW_THREADS apart (so hidden is a runtime value), then `count` fp32 sums over the row are added across
+    the block (block_sum). tiles() allocates the thread's local tiles and returns them, the (count,) sums last;
+    start(*tiles, *tensors, token) runs before the walk, visit(*tiles, *tensors, token, col) for each of the
+    thread's vectors col (an int32 variable: visit takes it as a T.Ref), finish(*tiles, *tensors, token) in thread
+    0 with the block's sums."""
+    threads = ROW_THREADS
+    with T.Kernel(num_tokens, threads=threads) as token:
+        vec_entry(hidden)
+        tid = T.get_thread_binding()
+        row_vecs = hidden // VEC
+        bufs = tiles()
+        red = T.alloc_shared((threads // WARP, count), T.float32)
+        col = T.alloc_var(T.int32)
+        start(*bufs, *tensors, token)
+        for step in T.serial(T.ceildiv(row_vecs, threads)):
+            col = step * threads + tid
+            if col < row_vecs:
+                T.assume(0 <= col)
+                visit(*bufs, *tensors, token, col)
+        block_sum(bufs[-1], red, count, threads)
+        if tid == 0:
+            finish(*bufs, *tensors, token)
+
+
 # The tiling of the kernels over flat vectors (flat_kernel): threads a block, vectors a thread
 FLAT_THREADS = 256
 FLAT_UNROLL = 2

@@ -17,6 +17,8 @@ apply the pre mix to 16-byte vectors of the hidden dimension. Hidden size, split
 Sinkhorn repeats are runtime values; only M is static.
 """
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 from kernels_src.pdl import kernel_entry
@@ -35,19 +37,35 @@ def _log2(n: int) -> int:
     return n.bit_length() - 1
 
 
-def build(mhc_mult: int):
-    m = mhc_mult
+class Args(NamedTuple):
+    """The arguments of both kernels (this one and kernels_src/mhc/pre_big_fuse_split.py), and the dims of the
+    tensors, n_splits and hidden."""
+
+    gemm_out_mul: T.Buffer
+    gemm_out_sqrsum: T.Buffer
+    mhc_scale: T.Buffer
+    mhc_base: T.Buffer
+    residual: T.Buffer
+    post_mix: T.Buffer
+    comb_mix: T.Buffer
+    layer_input: T.Buffer
+    rms_eps: T.Var
+    mhc_pre_eps: T.Var
+    mhc_sinkhorn_eps: T.Var
+    mhc_post_mult_value: T.Var
+    sinkhorn_repeat: T.Var
+    n_splits: T.Var
+    hidden: T.Var
+
+
+def kernel(m: int, body):
+    """The prim_func mhc_pre_big_fuse (both kernels' entry symbol) for M = m: body(args, num_tokens), a macro,
+    emits it."""
     mm = m * m
     mix_count = m * (m + 2)
     num_tokens = T.dynamic("num_tokens")
     n_splits = T.dynamic("n_splits")
     hidden = T.dynamic("hidden")
-
-    @T.macro
-    def row_sum(x):
-        for s in T.unroll(_log2(m)):
-            x = x + T.shfl_xor(x, (m // 2) >> s)
-        return x
 
     @T.prim_func
     def mhc_pre_big_fuse(
@@ -65,99 +83,171 @@ def build(mhc_mult: int):
         mhc_post_mult_value: T.float32,
         sinkhorn_repeat: T.int32,
     ):
-        with T.Kernel(num_tokens, threads=THREADS) as t:
-            kernel_entry()
-            T.assume(hidden % VEC == 0)
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
-            tid = T.get_thread_binding()
-            mixes = T.alloc_shared((mix_count,), T.float32)
-            pre = T.alloc_shared((m,), T.float32)
-            squares = T.alloc_var(T.float32)
-            mix = T.alloc_var(T.float32)
-            cm = T.alloc_var(T.float32)
-            total = T.alloc_var(T.float32)
-            xv = T.alloc_local((UNROLL, m, VEC), T.bfloat16)
-            acc = T.alloc_local((VEC,), T.float32)
-            out = T.alloc_local((VEC,), T.bfloat16)
-            sq_part = T.alloc_local((SPLITS,), T.float32)
-            mix_part = T.alloc_local((SPLITS,), T.float32)
+        body(
+            Args(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, rms_eps,
+                 mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits, hidden),
+            num_tokens,
+        )  # fmt: skip
 
-            # the mixes: split sums from zero, times the RMS factor of the token's residual
-            if tid < mix_count:
-                squares = T.float32(0)
-                mix = T.float32(0)
-                for chunk in T.serial(T.ceildiv(n_splits, SPLITS)):
-                    for u in T.unroll(SPLITS):
-                        if chunk * SPLITS + u < n_splits:
-                            sq_part[u] = gemm_out_sqrsum[chunk * SPLITS + u, t]
-                            mix_part[u] = gemm_out_mul[chunk * SPLITS + u, t, tid]
-                    for u in T.unroll(SPLITS):
-                        if chunk * SPLITS + u < n_splits:
-                            squares = squares + sq_part[u]
-                    for u in T.unroll(SPLITS):
-                        if chunk * SPLITS + u < n_splits:
-                            mix = mix + mix_part[u]
-                mix = mix * T.rsqrt(squares / T.cast(m * hidden, T.float32) + rms_eps)
-                mixes[tid] = mix
-                if tid < m:
-                    pre[tid] = T.sigmoid(mix * mhc_scale[0] + mhc_base[tid]) + mhc_pre_eps
+    return mhc_pre_big_fuse
+
+
+class Tiles(NamedTuple):
+    """A block's shared mixes and pre mixes, and a thread's variables and local tiles."""
+
+    mixes: T.Buffer
+    pre: T.Buffer
+    squares: T.Buffer
+    mix: T.Buffer
+    cm: T.Buffer
+    total: T.Buffer
+    xv: T.Buffer
+    acc: T.Buffer
+    out: T.Buffer
+    sq_part: T.Buffer
+    mix_part: T.Buffer
+
+
+def token_tiles(m: int, unroll: int) -> Tiles:
+    """The Tiles for M = m and `unroll` vectors a stream in flight, allocated in field order."""
+    mixes = T.alloc_shared((m * (m + 2),), T.float32)
+    pre = T.alloc_shared((m,), T.float32)
+    squares = T.alloc_var(T.float32)
+    mix = T.alloc_var(T.float32)
+    cm = T.alloc_var(T.float32)
+    total = T.alloc_var(T.float32)
+    xv = T.alloc_local((unroll, m, VEC), T.bfloat16)
+    acc = T.alloc_local((VEC,), T.float32)
+    out = T.alloc_local((VEC,), T.bfloat16)
+    sq_part = T.alloc_local((SPLITS,), T.float32)
+    mix_part = T.alloc_local((SPLITS,), T.float32)
+    return Tiles(mixes, pre, squares, mix, cm, total, xv, acc, out, sq_part, mix_part)
+
+
+@T.macro
+def token_entry(hidden, min_blocks: int):
+    kernel_entry()
+    T.assume(hidden % VEC == 0)
+    T.annotate_min_blocks_per_sm(min_blocks)
+
+
+@T.macro
+def token_mixes(a: Args, b: Tiles, t, tid, m: int):
+    """b.mixes[tid] for the threads tid < M * (M + 2): split sums from zero, times the RMS factor of token t's
+    residual; b.pre[tid] the pre mix for tid < M."""
+    n_splits = a.n_splits
+    squares = b.squares
+    mix = b.mix
+    if tid < m * (m + 2):
+        squares = T.float32(0)
+        mix = T.float32(0)
+        for chunk in T.serial(T.ceildiv(n_splits, SPLITS)):
+            for u in T.unroll(SPLITS):
+                if chunk * SPLITS + u < n_splits:
+                    b.sq_part[u] = a.gemm_out_sqrsum[chunk * SPLITS + u, t]
+                    b.mix_part[u] = a.gemm_out_mul[chunk * SPLITS + u, t, tid]
+            for u in T.unroll(SPLITS):
+                if chunk * SPLITS + u < n_splits:
+                    squares = squares + b.sq_part[u]
+            for u in T.unroll(SPLITS):
+                if chunk * SPLITS + u < n_splits:
+                    mix = mix + b.mix_part[u]
+        mix = mix * T.rsqrt(squares / T.cast(m * a.hidden, T.float32) + a.rms_eps)
+        b.mixes[tid] = mix
+        if tid < m:
+            b.pre[tid] = T.sigmoid(mix * a.mhc_scale[0] + a.mhc_base[tid]) + a.mhc_pre_eps
+
+
+@T.macro
+def post_and_comb(a: Args, b: Tiles, t, tid, m: int):
+    """post_mix[t] and comb_mix[t] from the mixes, by one warp: one matrix element a lane, row sums over the M
+    lanes of a row by xor shuffles M/2 .. 1 apart, column sums M²/2 .. M apart."""
+    mm = m * m
+    cm = b.cm
+    total = b.total
+    if tid < m:
+        a.post_mix[t, tid] = T.sigmoid(b.mixes[m + tid] * a.mhc_scale[1] + a.mhc_base[m + tid]) * a.mhc_post_mult_value
+    e = tid % mm
+    cm = b.mixes[2 * m + e] * a.mhc_scale[2] + a.mhc_base[2 * m + e]
+    # row softmax (max and sum over the M lanes of a row), plus eps
+    total = cm
+    for s in T.unroll(_log2(m)):
+        total = T.max(total, T.shfl_xor(total, (m // 2) >> s))
+    cm = T.exp(cm - total)
+    total = cm
+    for s in T.unroll(_log2(m)):
+        total = total + T.shfl_xor(total, (m // 2) >> s)
+    cm = cm / total + a.mhc_sinkhorn_eps
+    total = cm
+    for s in T.unroll(_log2(m)):
+        total = total + T.shfl_xor(total, (mm // 2) >> s)
+    cm = cm / (total + a.mhc_sinkhorn_eps)
+    for _ in T.serial(a.sinkhorn_repeat - 1):
+        total = cm
+        for s in T.unroll(_log2(m)):
+            total = total + T.shfl_xor(total, (m // 2) >> s)
+        cm = cm / (total + a.mhc_sinkhorn_eps)
+        total = cm
+        for s in T.unroll(_log2(m)):
+            total = total + T.shfl_xor(total, (mm // 2) >> s)
+        cm = cm / (total + a.mhc_sinkhorn_eps)
+    if tid < mm:
+        a.comb_mix[t, tid] = cm
+
+
+@T.macro
+def load_residual(a: Args, b: Tiles, t, it, part, worker, vectors, workers: int, blocks: int, unroll: int, m: int):
+    """b.xv[u], u < unroll: the streams of token t's vector (it * unroll + u) * workers * blocks + part * workers +
+    worker of the hidden dimension (the `blocks` blocks' workers interleaved; worker < 0 or past the vectors: none)."""
+    for u in T.unroll(unroll):
+        if 0 <= worker and (it * unroll + u) * workers * blocks + part * workers + worker < vectors:
+            for i in T.unroll(m):
+                for k in T.vectorized(VEC):
+                    b.xv[u, i, k] = a.residual[t, i, ((it * unroll + u) * workers * blocks + part * workers + worker) * VEC + k]
+
+
+@T.macro
+def pre_mixed_vector(a: Args, b: Tiles, t, u, v, m: int):
+    """Vector v of layer_input[t] = bf16 of the pre-mix-weighted sum of b.xv[u]'s streams, in stream order from zero."""
+    for k in T.unroll(VEC):
+        b.acc[k] = T.float32(0)
+    for i in T.unroll(m):
+        for k in T.unroll(VEC):
+            b.acc[k] = b.acc[k] + b.pre[i] * T.cast(b.xv[u, i, k], T.float32)
+    for k in T.unroll(VEC):
+        b.out[k] = T.cast(b.acc[k], T.bfloat16)
+    for k in T.vectorized(VEC):
+        a.layer_input[t, v * VEC + k] = b.out[k]
+
+
+def build(mhc_mult: int):
+    m = mhc_mult
+
+    @T.macro
+    def body(a: Args, num_tokens):
+        with T.Kernel(num_tokens, threads=THREADS) as t:
+            token_entry(a.hidden, MIN_BLOCKS)
+            tid = T.get_thread_binding()
+            b = token_tiles(m, UNROLL)
+
+            token_mixes(a, b, t, tid, m)
             T.sync_threads()
 
             if tid < 32:
-                if tid < m:
-                    post_mix[t, tid] = T.sigmoid(mixes[m + tid] * mhc_scale[1] + mhc_base[m + tid]) * mhc_post_mult_value
-                e = tid % mm
-                cm = mixes[2 * m + e] * mhc_scale[2] + mhc_base[2 * m + e]
-                # row softmax (max and sum over the M lanes of a row), plus eps
-                total = cm
-                for s in T.unroll(_log2(m)):
-                    total = T.max(total, T.shfl_xor(total, (m // 2) >> s))
-                cm = T.exp(cm - total)
-                total = cm
-                for s in T.unroll(_log2(m)):
-                    total = total + T.shfl_xor(total, (m // 2) >> s)
-                cm = cm / total + mhc_sinkhorn_eps
-                total = cm
-                for s in T.unroll(_log2(m)):
-                    total = total + T.shfl_xor(total, (mm // 2) >> s)
-                cm = cm / (total + mhc_sinkhorn_eps)
-                for _ in T.serial(sinkhorn_repeat - 1):
-                    total = cm
-                    for s in T.unroll(_log2(m)):
-                        total = total + T.shfl_xor(total, (m // 2) >> s)
-                    cm = cm / (total + mhc_sinkhorn_eps)
-                    total = cm
-                    for s in T.unroll(_log2(m)):
-                        total = total + T.shfl_xor(total, (mm // 2) >> s)
-                    cm = cm / (total + mhc_sinkhorn_eps)
-                if tid < mm:
-                    comb_mix[t, tid] = cm
+                post_and_comb(a, b, t, tid, m)
 
             # layer_input = the pre-mix-weighted sum of the residual streams
             # by warps 1.. only: warp 0 runs the Sinkhorn meanwhile, and their loads overlap it (H200, 20 repeats:
             # 141.96 us at 8192 tokens, 5.27 at 1 token; with warp 0 sharing the streams 145.78 and 7.36, and
             # sharing them only above 264 tokens 145.69 and 5.28)
-            vectors = hidden // VEC
+            vectors = a.hidden // VEC
             workers = THREADS - 32
             worker = tid - 32
             for it in T.serial(T.ceildiv(vectors, workers * UNROLL)):
+                load_residual(a, b, t, it, 0, worker, vectors, workers, 1, UNROLL, m)
                 for u in T.unroll(UNROLL):
                     v = (it * UNROLL + u) * workers + worker
                     if 0 <= worker and v < vectors:
-                        for i in T.unroll(m):
-                            for k in T.vectorized(VEC):
-                                xv[u, i, k] = residual[t, i, v * VEC + k]
-                for u in T.unroll(UNROLL):
-                    v = (it * UNROLL + u) * workers + worker
-                    if 0 <= worker and v < vectors:
-                        for k in T.unroll(VEC):
-                            acc[k] = T.float32(0)
-                        for i in T.unroll(m):
-                            for k in T.unroll(VEC):
-                                acc[k] = acc[k] + pre[i] * T.cast(xv[u, i, k], T.float32)
-                        for k in T.unroll(VEC):
-                            out[k] = T.cast(acc[k], T.bfloat16)
-                        for k in T.vectorized(VEC):
-                            layer_input[t, v * VEC + k] = out[k]
+                        pre_mixed_vector(a, b, t, u, v, m)
 
-    return mhc_pre_big_fuse
+    return kernel(m, body)

@@ -12,7 +12,7 @@ for at most tkaot/_mhc/big_fuse.py's SPLIT_MAX_TOKENS tokens, far below the grid
 import tilelang.language as T
 
 from kernels_src.mhc.common import VEC, WARP
-from kernels_src.pdl import kernel_entry
+from kernels_src.mhc.pre_big_fuse import Args, kernel, load_residual, post_and_comb, pre_mixed_vector, token_entry, token_mixes, token_tiles
 from tkaot._mhc.kernels import PRE_BIG_FUSE_SPLIT
 
 DECL = PRE_BIG_FUSE_SPLIT  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -22,137 +22,40 @@ DECL = PRE_BIG_FUSE_SPLIT  # the declaration this module builds (tkaot/_mhc/kern
 THREADS = 256
 BLOCKS = 4
 UNROLL = 1  # vectors a worker has in flight per stream
-SPLITS = 16  # split partials a thread loads before adding them, as the one-block kernel
 MIN_BLOCKS = 1024 // THREADS  # registers capped as the one-block kernel's: 64 a thread
-
-
-def _log2(n: int) -> int:
-    return n.bit_length() - 1
 
 
 def build(mhc_mult: int):
     m = mhc_mult
-    mm = m * m
-    mix_count = m * (m + 2)
     workers = THREADS - WARP  # warps 1.. of every block
-    log_m = _log2(m)
-    num_tokens = T.dynamic("num_tokens")
-    n_splits = T.dynamic("n_splits")
-    hidden = T.dynamic("hidden")
 
+    # the one-block kernel's arguments and entry symbol
     @T.macro
-    def load_residual(xv, residual, t, it, part, worker, vectors):
-        for u in T.unroll(UNROLL):
-            if 0 <= worker and (it * UNROLL + u) * workers * BLOCKS + part * workers + worker < vectors:
-                for i in T.unroll(m):
-                    for k in T.vectorized(VEC):
-                        xv[u, i, k] = residual[t, i, ((it * UNROLL + u) * workers * BLOCKS + part * workers + worker) * VEC + k]
-
-    # named as the one-block kernel: the same entry symbol
-    @T.prim_func
-    def mhc_pre_big_fuse(
-        gemm_out_mul: T.Tensor[(n_splits, num_tokens, mix_count), T.float32],
-        gemm_out_sqrsum: T.Tensor[(n_splits, num_tokens), T.float32],
-        mhc_scale: T.Tensor[(3,), T.float32],
-        mhc_base: T.Tensor[(mix_count,), T.float32],
-        residual: T.Tensor[(num_tokens, m, hidden), T.bfloat16],
-        post_mix: T.Tensor[(num_tokens, m), T.float32],
-        comb_mix: T.Tensor[(num_tokens, mm), T.float32],
-        layer_input: T.Tensor[(num_tokens, hidden), T.bfloat16],
-        rms_eps: T.float32,
-        mhc_pre_eps: T.float32,
-        mhc_sinkhorn_eps: T.float32,
-        mhc_post_mult_value: T.float32,
-        sinkhorn_repeat: T.int32,
-    ):
+    def body(a: Args, num_tokens):
         with T.Kernel(BLOCKS, num_tokens, threads=THREADS) as (part, t):
-            kernel_entry()
-            T.assume(hidden % VEC == 0)
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
+            token_entry(a.hidden, MIN_BLOCKS)
             tid = T.get_thread_binding()
-            mixes = T.alloc_shared((mix_count,), T.float32)
-            pre = T.alloc_shared((m,), T.float32)
-            squares = T.alloc_var(T.float32)
-            mix = T.alloc_var(T.float32)
-            cm = T.alloc_var(T.float32)
-            total = T.alloc_var(T.float32)
-            xv = T.alloc_local((UNROLL, m, VEC), T.bfloat16)
-            acc = T.alloc_local((VEC,), T.float32)
-            out = T.alloc_local((VEC,), T.bfloat16)
-            sq_part = T.alloc_local((SPLITS,), T.float32)
-            mix_part = T.alloc_local((SPLITS,), T.float32)
-            vectors = hidden // VEC
+            b = token_tiles(m, UNROLL)
+            vectors = a.hidden // VEC
             worker = tid - WARP
 
             # the first residual vectors are in flight while the mixes are reduced
-            load_residual(xv, residual, t, 0, part, worker, vectors)
+            load_residual(a, b, t, 0, part, worker, vectors, workers, BLOCKS, UNROLL, m)
 
-            # the mixes: split sums from zero, times the RMS factor of the token's residual
-            if tid < mix_count:
-                squares = T.float32(0)
-                mix = T.float32(0)
-                for chunk in T.serial(T.ceildiv(n_splits, SPLITS)):
-                    for u in T.unroll(SPLITS):
-                        if chunk * SPLITS + u < n_splits:
-                            sq_part[u] = gemm_out_sqrsum[chunk * SPLITS + u, t]
-                            mix_part[u] = gemm_out_mul[chunk * SPLITS + u, t, tid]
-                    for u in T.unroll(SPLITS):
-                        if chunk * SPLITS + u < n_splits:
-                            squares = squares + sq_part[u]
-                    for u in T.unroll(SPLITS):
-                        if chunk * SPLITS + u < n_splits:
-                            mix = mix + mix_part[u]
-                mix = mix * T.rsqrt(squares / T.cast(m * hidden, T.float32) + rms_eps)
-                mixes[tid] = mix
-                if tid < m:
-                    pre[tid] = T.sigmoid(mix * mhc_scale[0] + mhc_base[tid]) + mhc_pre_eps
+            token_mixes(a, b, t, tid, m)
             T.sync_threads()
 
             # post mix and Sinkhorn, once a token: block 0's warp 0, one matrix element a lane
             if tid < WARP and part == 0:
-                if tid < m:
-                    post_mix[t, tid] = T.sigmoid(mixes[m + tid] * mhc_scale[1] + mhc_base[m + tid]) * mhc_post_mult_value
-                e = tid % mm
-                cm = mixes[2 * m + e] * mhc_scale[2] + mhc_base[2 * m + e]
-                total = cm
-                for s in T.unroll(log_m):
-                    total = T.max(total, T.shfl_xor(total, (m // 2) >> s))
-                cm = T.exp(cm - total)
-                total = cm
-                for s in T.unroll(log_m):
-                    total = total + T.shfl_xor(total, (m // 2) >> s)
-                cm = cm / total + mhc_sinkhorn_eps
-                total = cm
-                for s in T.unroll(log_m):
-                    total = total + T.shfl_xor(total, (mm // 2) >> s)
-                cm = cm / (total + mhc_sinkhorn_eps)
-                for _ in T.serial(sinkhorn_repeat - 1):
-                    total = cm
-                    for s in T.unroll(log_m):
-                        total = total + T.shfl_xor(total, (m // 2) >> s)
-                    cm = cm / (total + mhc_sinkhorn_eps)
-                    total = cm
-                    for s in T.unroll(log_m):
-                        total = total + T.shfl_xor(total, (mm // 2) >> s)
-                    cm = cm / (total + mhc_sinkhorn_eps)
-                if tid < mm:
-                    comb_mix[t, tid] = cm
+                post_and_comb(a, b, t, tid, m)
 
             # layer_input = the pre-mix-weighted sum of the residual streams, in stream order from zero
             for it in T.serial(T.ceildiv(vectors, workers * BLOCKS * UNROLL)):
                 if it > 0:
-                    load_residual(xv, residual, t, it, part, worker, vectors)
+                    load_residual(a, b, t, it, part, worker, vectors, workers, BLOCKS, UNROLL, m)
                 for u in T.unroll(UNROLL):
                     v = (it * UNROLL + u) * workers * BLOCKS + part * workers + worker
                     if 0 <= worker and v < vectors:
-                        for k in T.unroll(VEC):
-                            acc[k] = T.float32(0)
-                        for i in T.unroll(m):
-                            for k in T.unroll(VEC):
-                                acc[k] = acc[k] + pre[i] * T.cast(xv[u, i, k], T.float32)
-                        for k in T.unroll(VEC):
-                            out[k] = T.cast(acc[k], T.bfloat16)
-                        for k in T.vectorized(VEC):
-                            layer_input[t, v * VEC + k] = out[k]
+                        pre_mixed_vector(a, b, t, u, v, m)
 
-    return mhc_pre_big_fuse
+    return kernel(m, body)

@@ -21,15 +21,14 @@ before they are summed (__fmul_rn) and sums add in butterfly order, as in the fo
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
-from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, softmax_rows
-from kernels_src.mhc.sinkhorn_lanes import lane_layout, lane_reduce
+from kernels_src.mhc.sinkhorn_fwd import normalise_cols, normalise_rows, per_thread_kernel, softmax_rows
+from kernels_src.mhc.sinkhorn_lanes import add, lane_first_step, lane_layout, lane_reduce
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_BWD
 from tkaot._mhc.kernels import sinkhorn_record_row as record_row
 
 DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
-THREADS = 64  # one thread a token
 LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 us; 64 threads 27.8, within noise)
 # Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
 # 19 KB a block of LANE_THREADS, and 5 KB of denominators; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
@@ -108,59 +107,56 @@ def _per_thread_body(mhc: int, num_tokens, repeat):
     row = record_row(mhc)
 
     @T.macro
-    def body(grad_output, x, grad_input, scratch, eps):
-        with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            kernel_entry()
-            tid = T.get_thread_binding()
-            m = T.alloc_local((mm,), T.float32)
-            g = T.alloc_local((mm,), T.float32)
-            sums = T.alloc_local((mhc,), T.float32)
-            rec = T.alloc_local((row,), T.float32)
-            token = block * THREADS + tid
-            if token < num_tokens:
-                for k in T.vectorized(mm):
-                    m[k] = x[token, k]
-                for k in T.unroll(row):
-                    rec[k] = 0.0
-                softmax_rows(m, sums, mhc)
-                save(scratch, rec, m, sums, 0, 0, token, mhc)
-                for k in T.unroll(mm):
-                    m[k] = m[k] + eps
-                for k in T.unroll(mhc):
-                    sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
-                save(scratch, rec, m, sums, 0, 1, token, mhc)
-                normalise_cols(m, sums, mhc, eps)
-                for r in T.serial(repeat - 1):
-                    for i in T.unroll(mhc):
-                        sums[i] = tree_sum([m[i * mhc + k] for k in range(mhc)])
-                    save(scratch, rec, m, sums, r + 1, 0, token, mhc)
-                    normalise_rows(m, sums, mhc, eps)
-                    for k in T.unroll(mhc):
-                        sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
-                    save(scratch, rec, m, sums, r + 1, 1, token, mhc)
-                    normalise_cols(m, sums, mhc, eps)
+    def tiles():
+        m = T.alloc_local((mm,), T.float32)
+        g = T.alloc_local((mm,), T.float32)
+        sums = T.alloc_local((mhc,), T.float32)
+        rec = T.alloc_local((row,), T.float32)
+        return m, g, sums, rec
 
-                for k in T.vectorized(mm):
-                    g[k] = grad_output[token, k]
-                for back in T.serial(repeat):
-                    back_through_cols(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
-                    if back < repeat - 1:
-                        back_through_rows(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
-                for k in T.vectorized(row):
-                    rec[k] = scratch[0, 0, token, k]
-                for i in T.unroll(mhc):
-                    sums[i] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for k in range(mhc)])
-                for i in T.unroll(mhc):
-                    for k in T.unroll(mhc):
-                        g[i * mhc + k] = (g[i * mhc + k] - sums[i]) * rec[i * mhc + k]
-                for k in T.vectorized(mm):
-                    grad_input[token, k] = g[k]
+    @T.macro
+    def finish(m, g, sums, rec, grad_output, grad_input, scratch, eps, token):
+        for k in T.unroll(row):
+            rec[k] = 0.0
+        softmax_rows(m, sums, mhc)
+        save(scratch, rec, m, sums, 0, 0, token, mhc)
+        for k in T.unroll(mm):
+            m[k] = m[k] + eps
+        for k in T.unroll(mhc):
+            sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
+        save(scratch, rec, m, sums, 0, 1, token, mhc)
+        normalise_cols(m, sums, mhc, eps)
+        for r in T.serial(repeat - 1):
+            for i in T.unroll(mhc):
+                sums[i] = tree_sum([m[i * mhc + k] for k in range(mhc)])
+            save(scratch, rec, m, sums, r + 1, 0, token, mhc)
+            normalise_rows(m, sums, mhc, eps)
+            for k in T.unroll(mhc):
+                sums[k] = tree_sum([m[i * mhc + k] for i in range(mhc)])
+            save(scratch, rec, m, sums, r + 1, 1, token, mhc)
+            normalise_cols(m, sums, mhc, eps)
+
+        for k in T.vectorized(mm):
+            g[k] = grad_output[token, k]
+        for back in T.serial(repeat):
+            back_through_cols(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
+            if back < repeat - 1:
+                back_through_rows(g, scratch, rec, sums, repeat - 1 - back, token, mhc, eps)
+        for k in T.vectorized(row):
+            rec[k] = scratch[0, 0, token, k]
+        for i in T.unroll(mhc):
+            sums[i] = tree_sum([_mul(g[i * mhc + k], rec[i * mhc + k]) for k in range(mhc)])
+        for i in T.unroll(mhc):
+            for k in T.unroll(mhc):
+                g[i * mhc + k] = (g[i * mhc + k] - sums[i]) * rec[i * mhc + k]
+        for k in T.vectorized(mm):
+            grad_input[token, k] = g[k]
+
+    @T.macro
+    def body(grad_output, x, grad_input, scratch, eps):
+        per_thread_kernel(num_tokens, mm, tiles, x, finish, (grad_output, grad_input, scratch, eps))
 
     return body
-
-
-def _add(a, b):
-    return a + b
 
 
 def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
@@ -198,7 +194,7 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
         """g = the gradient at the input m of a normalisation along the lines from first_lane, stride apart,
         d = the line's sum of m plus eps."""
         prod[0] = _mul(g[0], m[0])
-        lane_reduce(t, prod[0], first_lane, mhc, stride, _add)
+        lane_reduce(t, prod[0], first_lane, mhc, stride, add)
         t[0] = t[0] / d[0]
         g[0] = (g[0] - t[0]) / d[0]
 
@@ -207,11 +203,11 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
               live, row, col, eps):  # fmt: skip
         """The forward replay from the first column normalisation's output in m, then the steps back."""
         for r in steps_loop(1, repeat):
-            lane_reduce(d, m[0], row, mhc, 1, _add)
+            lane_reduce(d, m[0], row, mhc, 1, add)
             d[0] = d[0] + eps
             keep(records, denoms, scratch, m, d, r, 0, tid, slot, rline, token, e, live)
             m[0] = m[0] / d[0]
-            lane_reduce(d, m[0], col, mhc, mhc, _add)
+            lane_reduce(d, m[0], col, mhc, mhc, add)
             d[0] = d[0] + eps
             keep(records, denoms, scratch, m, d, r, 1, tid, slot, cline, token, e, live)
             m[0] = m[0] / d[0]
@@ -259,14 +255,7 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
             if live:
                 m[0] = x[token, e]
                 g[0] = grad_output[token, e]
-            lane_reduce(d, m[0], row, mhc, 1, T.max)
-            m[0] = T.exp(m[0] - d[0])
-            lane_reduce(d, m[0], row, mhc, 1, _add)
-            p[0] = m[0] / d[0]
-            m[0] = p[0] + eps
-            lane_reduce(d, m[0], col, mhc, mhc, _add)
-            d0[0] = d[0] + eps
-            m[0] = m[0] / d0[0]
+            lane_first_step(m, d, p, d0, row, col, mhc, eps)
             if unrolled_repeat and repeat == unrolled_repeat:
                 steps(unrolled, unrolled_repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline,
                       cline, token, e, live, row, col, eps)  # fmt: skip
@@ -274,7 +263,7 @@ def _lanes_body(mhc: int, num_tokens, repeat, unrolled_repeat: int):
                 steps(T.serial, repeat, records, denoms, scratch, p, d0, m, d, g, t, prod, tid, slot, rline, cline,
                       token, e, live, row, col, eps)  # fmt: skip
             prod[0] = _mul(g[0], p[0])
-            lane_reduce(t, prod[0], row, mhc, 1, _add)
+            lane_reduce(t, prod[0], row, mhc, 1, add)
             g[0] = (g[0] - t[0]) * p[0]
             if live:
                 grad_input[token, e] = g[0]

@@ -15,7 +15,7 @@ Wider matrices keep one thread per token, the matrix in its registers.
 import tilelang.language as T
 
 from kernels_src.mhc.common import WARP, tree_sum
-from kernels_src.mhc.sinkhorn_lanes import lane_layout, lane_reduce
+from kernels_src.mhc.sinkhorn_lanes import add, lane_first_step, lane_layout, lane_reduce
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import SINKHORN_FWD
 
@@ -34,22 +34,33 @@ def col_sum(x, k, mhc: int):
     return tree_sum([x[i * mhc + k] for i in range(mhc)])
 
 
+def _line(i, k, rows: bool):
+    """The line of element (i, k): its row, or its column."""
+    return i if rows else k
+
+
 @T.macro
-def normalise_rows(x, sums, mhc: int, eps):
-    for i in T.unroll(mhc):
-        sums[i] = row_sum(x, i, mhc)
+def normalise_lines(x, sums, mhc: int, eps, rows: bool):
+    """x's rows (rows) or columns divided by their sums plus eps."""
+    if rows:
+        for i in T.unroll(mhc):
+            sums[i] = row_sum(x, i, mhc)
+    else:
+        for k in T.unroll(mhc):
+            sums[k] = col_sum(x, k, mhc)
     for i in T.unroll(mhc):
         for k in T.unroll(mhc):
-            x[i * mhc + k] = x[i * mhc + k] / (sums[i] + eps)
+            x[i * mhc + k] = x[i * mhc + k] / (sums[_line(i, k, rows)] + eps)
+
+
+@T.macro
+def normalise_rows(x, sums, mhc: int, eps):
+    normalise_lines(x, sums, mhc, eps, True)
 
 
 @T.macro
 def normalise_cols(x, sums, mhc: int, eps):
-    for k in T.unroll(mhc):
-        sums[k] = col_sum(x, k, mhc)
-    for i in T.unroll(mhc):
-        for k in T.unroll(mhc):
-            x[i * mhc + k] = x[i * mhc + k] / (sums[k] + eps)
+    normalise_lines(x, sums, mhc, eps, False)
 
 
 @T.macro
@@ -67,6 +78,20 @@ def softmax_rows(x, sums, mhc: int):
     for i in T.unroll(mhc):
         for k in T.unroll(mhc):
             x[i * mhc + k] = x[i * mhc + k] / sums[i]
+
+
+@T.macro
+def sinkhorn(x, sums, mhc: int, repeat, eps):
+    """One thread's Sinkhorn of the (mhc, mhc) matrix x (local, row-major), in place: a row softmax plus eps, a
+    column normalisation, then repeat - 1 times a row and a column normalisation, each dividing by (sum + eps)
+    (this kernel's one-thread form and the Ascend kernels', kernels_src/ascend/mhc_common.py)."""
+    softmax_rows(x, sums, mhc)
+    for k in T.unroll(mhc * mhc):
+        x[k] = x[k] + eps
+    normalise_cols(x, sums, mhc, eps)
+    for _ in T.serial(repeat - 1):
+        normalise_rows(x, sums, mhc, eps)
+        normalise_cols(x, sums, mhc, eps)
 
 
 def build(mhc_mult: int):
@@ -87,30 +112,40 @@ def build(mhc_mult: int):
     return sinkhorn_fwd
 
 
+@T.macro
+def per_thread_kernel(num_tokens, mm: int, tiles, source, body, args):
+    """One thread a token, THREADS a block: tiles() allocates the thread's local tiles, the first the token's (mm,)
+    matrix, loaded from source[token]; then body(*tiles, *args, token) for a token in range."""
+    with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
+        kernel_entry()
+        tid = T.get_thread_binding()
+        bufs = tiles()
+        token = block * THREADS + tid
+        if token < num_tokens:
+            for k in T.vectorized(mm):
+                bufs[0][k] = source[token, k]
+            body(*bufs, *args, token)
+
+
 def _per_thread_body(mhc: int, num_tokens):
     """One thread a token (the module's docstring)."""
     mm = mhc * mhc
 
     @T.macro
+    def tiles():
+        x = T.alloc_local((mm,), T.float32)
+        sums = T.alloc_local((mhc,), T.float32)
+        return x, sums
+
+    @T.macro
+    def finish(x, sums, comb_res_mix_out, repeat, eps, token):
+        sinkhorn(x, sums, mhc, repeat, eps)
+        for k in T.vectorized(mm):
+            comb_res_mix_out[token, k] = x[k]
+
+    @T.macro
     def body(comb_res_mix, comb_res_mix_out, repeat, eps):
-        with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as block:
-            kernel_entry()
-            tid = T.get_thread_binding()
-            x = T.alloc_local((mm,), T.float32)
-            sums = T.alloc_local((mhc,), T.float32)
-            token = block * THREADS + tid
-            if token < num_tokens:
-                for k in T.vectorized(mm):
-                    x[k] = comb_res_mix[token, k]
-                softmax_rows(x, sums, mhc)
-                for k in T.unroll(mm):
-                    x[k] = x[k] + eps
-                normalise_cols(x, sums, mhc, eps)
-                for _ in T.serial(repeat - 1):
-                    normalise_rows(x, sums, mhc, eps)
-                    normalise_cols(x, sums, mhc, eps)
-                for k in T.vectorized(mm):
-                    comb_res_mix_out[token, k] = x[k]
+        per_thread_kernel(num_tokens, mm, tiles, comb_res_mix, finish, (comb_res_mix_out, repeat, eps))
 
     return body
 
@@ -136,23 +171,13 @@ def _lanes_body(mhc: int, num_tokens):
             x[0] = T.float32(0)
             if token < num_tokens and e < mm:
                 x[0] = comb_res_mix[token, e]
-            lane_reduce(total, x[0], row, mhc, 1, T.max)
-            x[0] = T.exp(x[0] - total[0])
-            lane_reduce(total, x[0], row, mhc, 1, _add)
-            x[0] = x[0] / total[0]
-            x[0] = x[0] + eps
-            lane_reduce(total, x[0], col, mhc, mhc, _add)
-            x[0] = x[0] / (total[0] + eps)
+            lane_first_step(x, total, x, total, row, col, mhc, eps)
             for _ in T.serial(repeat - 1):
-                lane_reduce(total, x[0], row, mhc, 1, _add)
+                lane_reduce(total, x[0], row, mhc, 1, add)
                 x[0] = x[0] / (total[0] + eps)
-                lane_reduce(total, x[0], col, mhc, mhc, _add)
+                lane_reduce(total, x[0], col, mhc, mhc, add)
                 x[0] = x[0] / (total[0] + eps)
             if token < num_tokens and e < mm:
                 comb_res_mix_out[token, e] = x[0]
 
     return body
-
-
-def _add(a, b):
-    return a + b

@@ -29,6 +29,25 @@ def lane_reduce(out, value, first, mhc: int, stride: int, combine):
         out[0] = _gathered(value, first, mhc, stride, combine)
 
 
+def add(a, b):
+    """The combine of a sum (lane_reduce)."""
+    return a + b
+
+
+@T.macro
+def lane_first_step(x, total, p, d0, row, col, mhc: int, eps):
+    """The Sinkhorn's first step on the lanes, in place on x[0]: its row softmax (kept in p[0]) plus eps, divided by
+    its column's sum plus eps (kept in d0[0]); total is scratch. p and d0 may be x and total themselves."""
+    lane_reduce(total, x[0], row, mhc, 1, T.max)
+    x[0] = T.exp(x[0] - total[0])
+    lane_reduce(total, x[0], row, mhc, 1, add)
+    p[0] = x[0] / total[0]
+    x[0] = p[0] + eps
+    lane_reduce(total, x[0], col, mhc, mhc, add)
+    d0[0] = total[0] + eps
+    x[0] = x[0] / d0[0]
+
+
 def _gathered(value, first, mhc: int, stride: int, combine):
     """combine(...combine(v0, v1)..., v_last) of the values on lanes first + j * stride (plain Python: unrolled)."""
     total = T.shfl_sync(value, first)
