@@ -36,10 +36,11 @@ go only what it staged itself, after its own wait; two block barriers a token or
 dL/dg halves are exchanged (through `sums`, two halves used in turn), one between the last reads of every
 head's parked go (grad_v) and the first overwrite of it (at the next token's start).
 
-Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02, bench/tuning/tune_engram6.py):
-k28d11v16 709.25 µs, against 743.79 for k28d14c (shipped before: each warp staged its half of v through the ring,
-v read four times a token), k28d11c 743.03, k28d11v (10 go groups ahead) 727.50, k28d9v 738.40, k28d11v22 717.65;
-earlier TileLang's inserted barriers (k28d12c) 849 and one cp.async stream across both passes (k28d14s) 755 µs.
+Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
+bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25 µs, against 743.79 for k28d14c (shipped
+before: each warp staged its half of v through the ring, v read four times a token), k28d11c 743.03, k28d11v (10 go
+groups ahead) 727.50, k28d9v 738.40, k28d11v22 717.65; earlier TileLang's inserted barriers (k28d12c) 849 and one
+cp.async stream across both passes (k28d14s) 755 µs.
 """
 
 import re

@@ -31,15 +31,15 @@ GATE_FWD_TILINGS = {"default": "c1584s2x28w"}
 # registers), v's kept groups read once a token into shared memory by the whole CTA (the next token's during this
 # one's grad_x pass), go staged 16 groups ahead in the dL/dg pass, x and k through a ring of 11 slots in the grad_x
 # pass, the kernel's own barriers. Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
-# bench/tuning/tune_engram6.py): k28d11v16 709.25, k28d14c (v staged by each warp through the ring; shipped before)
-# 743.79, k28d11v 727.50, k28d11v22 717.65, k28d9v 738.40; earlier TileLang's inserted barriers (k28d12c) 849, register
-# rings (k28d12, spilled) 1202 µs
+# bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25, k28d14c (v staged by each warp
+# through the ring; shipped before) 743.79, k28d11v 727.50, k28d11v22 717.65, k28d9v 738.40; earlier TileLang's
+# inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs
 GATE_BWD_TILINGS = {"default": "k28d11v16"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>s"): four columns a thread, `rows`
 # partials at a time staged by cp.async into shared memory (4-byte copies where an input is misaligned or numel not a
 # multiple of 4). t56: 128 CTAs of 224 columns at 4 x 7168, all 132 partials in one round trip. Measured on the H200
-# (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, bench/tuning/tune_engram6.py): t56r148s 6.50, t64r148s 6.58,
-# t32r148s 7.87, one thread a column with the loads in registers (t224r132, shipped before) 7.63 µs
+# (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50,
+# t64r148s 6.58, t32r148s 7.87, one thread a column with the loads in registers (t224r132, shipped before) 7.63 µs
 GRAD_W_REDUCE_TILINGS = {"default": "t56r148s"}
 # Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, two runs of 4
 # elements a lane, so every warp access is one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
