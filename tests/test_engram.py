@@ -209,11 +209,14 @@ VALID = [
     (lambda: E.fused_weight(M(4, 7168), M(4, 7168)), [("engram_fused_weight", "dtype=bfloat16")]),
     (lambda: E.engram_gate_fwd(*_gate(), 1e-20, 1e-6), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
     (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
-    (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d14c")]),
+    (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d11v16")]),
     (lambda: E.engram_gate_bwd(M(0, 4, 256), *_gate(0, 4, 256), *_saved(0), 1e-6, M(0, dtype=BOOL)),
-     [("engram_gate_bwd", "tiling=k28d14c")]),
+     [("engram_gate_bwd", "tiling=k28d11v16")]),
     (lambda: E.grad_w_reduce(M(132, 4, 7168, dtype=F32), M(4, 7168), M(4, 7168), M(4, 7168, dtype=F32), M(4, 7168, dtype=F32)),
-     [("engram_grad_w_reduce", "dtype=bfloat16,tiling=t224r132")]),
+     [("engram_grad_w_reduce", "dtype=bfloat16,tiling=t56r148s")]),
+    # numel not a multiple of 4 and more partials than the 148 rows staged at once: the same kernel (its 4-byte path)
+    (lambda: E.grad_w_reduce(M(300, 3, 333, dtype=F32), M(3, 333), M(3, 333), M(3, 333, dtype=F32), M(3, 333, dtype=F32)),
+     [("engram_grad_w_reduce", "dtype=bfloat16,tiling=t56r148s")]),
     (lambda: E.engram_sinkhorn_momentum_update(M(1001 * 256, dtype=F32), M(1001 * 256), 0.95),
      [("engram_sinkhorn_momentum", "grad_dtype=float32,momentum_dtype=bfloat16,tiling=t128v4x2")]),
     (lambda: E.engram_sinkhorn_step(M(1001, 5120, dtype=F32), M(1001, dtype=F32), M(5120, dtype=F32), 1e-20),
@@ -358,3 +361,40 @@ def test_gate_forward_lowers_to_the_lean_body_with_weights_an_item_ahead():
     for body in bodies:
         read, commit, wait = body.index("weight_fused +"), body.index("tl::cp_async_commit()"), body.index("tl::cp_async_wait<1>()")
         assert read < commit < wait
+
+
+def test_gate_backward_and_reduction_tilings_are_the_shipped_forms():
+    pytest.importorskip("tilelang")
+    from kernels_src.engram import gate_bwd, grad_w_reduce
+    from tkaot._engram.kernels import GATE_BWD_TILINGS, GRAD_W_REDUCE_TILINGS
+
+    assert gate_bwd.parse_tiling(GATE_BWD_TILINGS["default"]) == (28, 11, 16)
+    assert grad_w_reduce.parse_tiling(GRAD_W_REDUCE_TILINGS["default"]) == (56, 148)
+    # the forms shipped before and the other round-6 candidates' ahead (depth - 1, implicit) are gone; ahead past keep,
+    # 6.5 KB x 28 + 4 KB x 12 past the shared memory
+    for bad in ("k28d14c", "k28d11c", "k28d11v", "k28d11v28", "k28d12v16"):
+        with pytest.raises(ValueError):
+            gate_bwd.parse_tiling(bad)
+    # one thread a column (shipped before); threads not a multiple of 8; 148 rows x 128 threads x 16 bytes past 227 KB
+    for bad in ("t224r132", "t60r148s", "t128r148s", "t56r0s"):
+        with pytest.raises(ValueError):
+            grad_w_reduce.parse_tiling(bad)
+
+
+def test_reduction_lowers_to_a_16_byte_path_and_a_4_byte_fallback():
+    """grad_w_reduce's staged form: 16-byte copies only where numel is a multiple of 4, the thread's four columns lie
+    inside it and all five tensors start on 16-byte boundaries (tested in the kernel); else 4-byte copies a column.
+    The partials go through shared memory with no barrier (a thread reads back only its own copies)."""
+    pytest.importorskip("tilelang")
+    from build_tools.compile import lower
+    from build_tools.ops import Variant
+    from tkaot._engram.kernels import GRAD_W_REDUCE_TILINGS
+
+    variant = Variant.make("engram_grad_w_reduce", {"dtype": "bfloat16", "tiling": GRAD_W_REDUCE_TILINGS["default"]})
+    source = str(lower(variant, "sm90")[2])
+    assert "__launch_bounds__(56, 1)" in source and "__syncthreads" not in source
+    test = next(line for line in source.splitlines() if "tkaot_aligned16(" in line and "if (" in line)
+    assert "(numel % 4) == 0" in test and "+ 4) <= numel" in test
+    for name in ("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed"):
+        assert f"tkaot_aligned16((&({name}[0])))" in test
+    assert source.count("tl::cp_async_gs<16>(") == 1 and source.count("tl::cp_async_gs<4>(") == 1

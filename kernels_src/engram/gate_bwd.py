@@ -18,23 +18,29 @@ grad_w: token by token), so the results are the same bits.
 
 With one CTA an SM the kernel lives on bytes in flight. The first `keep` groups of a row are unrolled and
 their loads staged by cp.async into shared memory, so a load in flight holds no register: go straight to its
-parked place (grad_v and grad_x read it there, not from L2 again), v, x and k through a ring of `depth` slots.
-A token is a stream of 2 * keep positions: position p < keep is kept group p's go and v (the dL/dg pass),
-position keep + g group g's x and k (the grad_x pass); a lane stages position n + depth - 1 (one commit group,
-empty past the row) before it waits for position n; the ring drains at the end of each pass (form "c"), the
-grad_x pass's first loads in flight during the dL/dg exchange and grad_v. A token's saved scalars are read as it
-starts, behind its first loads. The kept groups' grad_w is summed in registers and written once at the end.
-Groups past `keep` (hidden above keep * 256) take a plain loop that reads go again and sums grad_w in
-grad_w_partial itself, so hidden stays a runtime value.
+parked place (grad_v and grad_x read it there, not from L2 again), x and k through a ring of `depth` slots, and v's
+kept groups once a token, by the whole CTA, into `v_smem` (0.5 KB a group), as TileKernels reads it. A token is a
+stream of 2 * keep positions: position p < keep is kept group p's go (the dL/dg pass), `ahead` of them in flight
+ahead of the one waited for (2 KB a position); position keep + g is group g's x and k (the grad_x pass), a lane
+staging position n + depth - 1 (one commit group, empty past the row) before it waits for position n. Each pass
+drains its stream at its end, the grad_x pass's first loads in flight during the dL/dg exchange and grad_v. The next
+token's v is copied during this token's grad_x pass, right after the exchange barrier has seen every reader of v
+done (the copies join the grad_x pass's first commit group), and waited for (every thread's own copies, then the
+token's first barrier) as the next token starts; a CTA's first token (or one after an image token) copies its own v
+there. A token's saved scalars are read as it starts, behind its first loads. The kept groups' grad_w is summed in
+registers and written once at the end. Groups past `keep` (hidden above keep * 256) take a plain loop that reads go
+again and sums grad_w in grad_w_partial itself, so hidden stays a runtime value.
 
 Synchronisation is the kernel's own (no inserted barriers): a lane reads back from the ring and its own head's
 go only what it staged itself, after its own wait; two block barriers a token order the rest: one before the
 dL/dg halves are exchanged (through `sums`, two halves used in turn), one between the last reads of every
 head's parked go (grad_v) and the first overwrite of it (at the next token's start).
 
-Measured on the H200 at 8192x4x7168 (TileKernels 666 µs, 2026-12-02): k28d14c 751 µs, TileLang's inserted
-barriers (k28d12c, shipped before) 849; one cp.async stream across both passes and from token to token (form "s",
-deleted: more code, no faster) k28d14s 755, k28d8s 764 µs.
+Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
+bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25 µs, against 743.79 for k28d14c (shipped
+before: each warp staged its half of v through the ring, v read four times a token), k28d11c 743.03, k28d11v (10 go
+groups ahead) 727.50, k28d9v 738.40, k28d11v22 717.65; earlier TileLang's inserted barriers (k28d12c) 849 and one
+cp.async stream across both passes (k28d14s) 755 µs.
 """
 
 import re
@@ -55,28 +61,33 @@ THREADS = HC * 2 * 32
 GROUP = 256  # elements of a head's row two warps cover at once (4 a lane)
 VEC = 4
 SMEM_KB = 226  # shared memory a CTA may take on sm90 / sm100 (227 KB), less `sums`, in KB
+V_VEC = 8  # bf16 elements of a thread's copy of v (16 bytes)
 
 
-def parse_tiling(tiling: str) -> tuple[int, int]:
-    """Tiling "k<keep>d<depth>c": groups of a row kept on chip (6 KB of shared memory a group) and ring slots
-    (4 KB each); "c" names the form, the ring drained at the end of each pass."""
-    match = re.fullmatch(r"k(\d+)d(\d+)c", tiling)
+def parse_tiling(tiling: str) -> tuple[int, int, int]:
+    """Tiling "k<keep>d<depth>v<ahead>": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and v),
+    ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module docstring)."""
+    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>c")
-    keep, depth = int(match[1]), int(match[2])
-    if not (1 <= keep <= 36 and 2 <= depth <= 16) or 6 * keep + 4 * depth > SMEM_KB:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36, depth 2-16, 6 KB a kept group + 4 KB a slot <= {SMEM_KB} KB")
-    return keep, depth
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>v<ahead>")
+    keep, depth, ahead = int(match[1]), int(match[2]), int(match[3])
+    kb = 6.5 * keep + 4 * depth
+    if not (1 <= keep <= 36 and 2 <= depth <= 16 and 1 <= ahead < keep) or kb > SMEM_KB:
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36, depth 2-16, ahead 1 to keep - 1, {kb} KB above {SMEM_KB}")
+    return keep, depth, ahead
 
 
 def build(tiling: str):
-    keep, depth = parse_tiling(tiling)
-    tail = keep - depth + 1  # from this group on, a pass stages positions past its own
+    keep, depth, ahead = parse_tiling(tiling)
+    tail = keep - depth + 1  # from this group on, the grad_x pass stages positions past its own
+    tail_dg = keep - ahead  # and the dL/dg pass
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
     cp = cp_async(VEC)
     rows = (num_tokens, HC)
+
+    cp_v = cp_async(V_VEC)
 
     @T.macro
     def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring):
@@ -85,11 +96,31 @@ def build(tiling: str):
             if p < keep:
                 if p < groups:
                     cp(go_smem[head, p * GROUP + own], grad_out[t, head, p * GROUP + own])
-                    cp(ring[p % depth, head, 1, own], kv[t, HC, p * GROUP + own])
             elif p - keep < groups:
                 cp(ring[p % depth, head, 0, own], hidden_states[t, head, (p - keep) * GROUP + own])
                 cp(ring[p % depth, head, 1, own], kv[t, head, (p - keep) * GROUP + own])
         T.ptx_commit_group()
+
+    @T.macro
+    def copy_v(t, tid, groups, kv, v_smem):
+        """Token t's v (its kept groups) into v_smem, a 16-byte copy a thread a round, not committed (the
+        copies join the next commit group)."""
+        for i in T.unroll(T.ceildiv(keep * GROUP, THREADS * V_VEC)):
+            e = (i * THREADS + tid) * V_VEC
+            if e < T.min(keep, groups) * GROUP:
+                cp_v(v_smem[e], kv[t, HC, e])
+
+    @T.macro
+    def next_v(t, end, has_mask, image_token_mask, tid, groups, kv, v_smem, v_ready: T.Ref):
+        """The next token's v copied during this token (v_ready = 1), unless the run ends or it is an
+        image token."""
+        if t + 1 < end:
+            if has_mask == 0:
+                copy_v(t + 1, tid, groups, kv, v_smem)
+                v_ready = 1
+            elif not image_token_mask[t + 1]:
+                copy_v(t + 1, tid, groups, kv, v_smem)
+                v_ready = 1  # noqa: F841 (a T.Ref: the caller's variable is written)
 
     @T.prim_func
     def engram_gate_bwd(
@@ -127,6 +158,9 @@ def build(tiling: str):
             go_smem = T.alloc_shared((HC, keep * GROUP), T.bfloat16)
             w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)
             ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)  # [slot, head, v or x / k, element]
+            v_smem = T.alloc_shared((keep * GROUP,), T.bfloat16)
+            v_ready = T.alloc_var(T.int32)  # 1: this token's v was copied during the token before
+            v_ready = 0
             grad_w = T.alloc_local((keep, VEC), T.float32)
             go = T.alloc_local((VEC,), T.float32)
             v = T.alloc_local((VEC,), T.float32)
@@ -167,8 +201,15 @@ def build(tiling: str):
                                 for j in T.vectorized(8):
                                     grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
-                    T.sync_threads()  # the previous token's readers of go_smem are done
-                    for u in T.unroll(depth - 1):
+                    T.ptx_wait_group(0)  # this token's v, if the token before copied it
+                    T.sync_threads()  # the previous token's readers of go_smem are done (and this token's v landed)
+                    if v_ready == 0:
+                        copy_v(t, tid, groups, kv, v_smem)
+                        T.ptx_commit_group()
+                        T.ptx_wait_group(0)
+                        T.sync_threads()
+                    v_ready = 0
+                    for u in T.unroll(ahead):
                         stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                     # this token's saved values, in flight during the dL/dg pass
                     gate = gate_score[t, head]
@@ -180,13 +221,13 @@ def build(tiling: str):
                     # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
                     for g in T.unroll(keep):
-                        stage(g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
-                        T.ptx_wait_group(depth - 1)
+                        stage(g + ahead, g < tail_dg, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        T.ptx_wait_group(ahead)
                         if g < groups:
                             for j in T.vectorized(VEC):
                                 go[j] = go_smem[head, g * GROUP + own + j]
                             for j in T.vectorized(VEC):
-                                v[j] = ring[g % depth, head, 1, own + j]
+                                v[j] = v_smem[g * GROUP + own + j]
                             for j in T.serial(VEC):
                                 acc[0] += go[j] * v[j]
                     for g in T.serial(keep, groups):
@@ -204,6 +245,8 @@ def build(tiling: str):
                     T.sync_threads()
                     r = sums[done % 2, head, 0] + sums[done % 2, head, 1]
                     done = done + 1
+                    # every reader of v_smem is past the barrier: the next token's v
+                    next_v(t, end, has_mask, image_token_mask, tid, groups, kv, v_smem, v_ready)
                     r = T.Select(
                         T.abs(d) * scalar * rx * rk < clamp_value,
                         T.float32(0),

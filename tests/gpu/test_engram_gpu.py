@@ -132,6 +132,53 @@ def test_grad_w_reduce_matches_reference(seed, partials):
         torch.testing.assert_close(got, theirs, rtol=1e-4, atol=1e-4 * partials**0.5)
 
 
+def _at_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of t starting `offset` elements into a larger buffer (off 16-byte boundaries for 1-3)."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    out = buf[offset:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+# (partials, hc_mult, hidden, input placed off 16-byte boundaries, offset in elements): the kernel's 4-byte path
+# (kernels_src/engram/grad_w_reduce.py) where numel is not a multiple of 4 or any input is misaligned, and partial
+# counts past the 148 rows staged at once
+REDUCE_ODD = [
+    (300, 4, 7168, None, 0),
+    (149, 4, 7168, None, 0),
+    (132, 3, 333, None, 0),
+    (300, 1, 5, None, 0),
+    (1, 1, 1, None, 0),
+    (132, 4, 7168, "grad_w_partial", 1),
+    (132, 4, 7168, "grad_w_partial", 2),
+    (132, 4, 7168, "weight_hidden", 1),
+    (132, 4, 7168, "weight_embed", 2),
+    (132, 4, 7168, "grad_weight_hidden", 1),
+    (300, 4, 7168, "grad_weight_embed", 2),
+    (300, 3, 333, "grad_w_partial", 1),
+]
+
+
+@pytest.mark.parametrize("partials, hc, hidden, moved, offset", REDUCE_ODD)
+def test_grad_w_reduce_odd_sizes_and_misaligned_inputs(seed, partials, hc, hidden, moved, offset):
+    """Each column summed in partial order whichever path the kernel takes: the same bytes as the 16-byte path on
+    aligned copies of the same values (where numel allows it), and the reference's values."""
+    names = ("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed")
+    p = torch.randn(partials, hc, hidden, device="cuda")
+    wh, we = torch.randn(hc, hidden, dtype=BF16, device="cuda"), torch.randn(hc, hidden, dtype=BF16, device="cuda")
+    gh, ge = torch.randn(hc, hidden, device="cuda"), torch.randn(hc, hidden, device="cuda")
+    want = ref.grad_w_reduce(p, wh, we, gh, ge)
+    aligned = [t.clone() for t in (p, wh, we, gh, ge)]
+    E.grad_w_reduce(*aligned)
+    args = [_at_offset(t, offset) if name == moved else t.clone() for name, t in zip(names, (p, wh, we, gh, ge))]
+    if moved is not None:
+        assert dict(zip(names, args))[moved].data_ptr() % 16
+    assert E.grad_w_reduce(*args) is None
+    for got, same, theirs in zip(args[3:], aligned[3:], want):
+        assert torch.equal(got, same)
+        torch.testing.assert_close(got, theirs, rtol=1e-4, atol=1e-4 * partials**0.5)
+
+
 # ---- Sinkhorn
 
 

@@ -26,19 +26,21 @@ MAX_GATE_HIDDEN = 16384
 # (bench/tuning/tune_engram4.py). Earlier: a whole row in flight at few tokens (c1584s14x28: 8.50 µs at 1 token
 # against 7.79) and register rings (w4x28b6 591-603 µs at 8192 tokens) lost (bench/tuning/tune_engram2.py, 3)
 GATE_FWD_TILINGS = {"default": "c1584s2x28w"}
-# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth><form>"): 8 warps a CTA, two a head (4 heads), one
+# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>v<ahead>"): 8 warps a CTA, two a head (4 heads), one
 # CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
-# registers), their loads staged by cp.async through a ring of 14 slots drained after each pass ("c"), the kernel's
-# own two barriers a token (TileLang inserted two a group before). Measured on
-# the H200 at 8192x4x7168 (TileKernels 666 µs, 2026-12-02): k28d14c 751, k28d12c with the inserted barriers (shipped
-# before) 849, one stream across passes and tokens k28d14s 755 and k28d8s 764 (deleted); earlier k28d8c 883,
-# register rings k28d12 (255 registers, spilled) 1202, k32d8 1472, k28d8 1458, k32d4 1759 µs
-GATE_BWD_TILINGS = {"default": "k28d14c"}
-# Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>"): one thread a column, the
-# loads of `rows` partials issued before their adds. 224 threads: 128 CTAs of 224 columns at 4 x 7168, one an H200
-# SM, all 132 partials in one round trip. Measured on the H200 (132x4x7168, TileKernels 6.90 µs, 2026-12-02):
-# t224r132 7.74, t256r132 7.73, t128r132 7.80, t128r66 (224 CTAs, 92 SMs holding two; shipped before) 8.00 µs
-GRAD_W_REDUCE_TILINGS = {"default": "t224r132"}
+# registers), v's kept groups read once a token into shared memory by the whole CTA (the next token's during this
+# one's grad_x pass), go staged 16 groups ahead in the dL/dg pass, x and k through a ring of 11 slots in the grad_x
+# pass, the kernel's own barriers. Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
+# bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25, k28d14c (v staged by each warp
+# through the ring; shipped before) 743.79, k28d11v 727.50, k28d11v22 717.65, k28d9v 738.40; earlier TileLang's
+# inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs
+GATE_BWD_TILINGS = {"default": "k28d11v16"}
+# Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>s"): four columns a thread, `rows`
+# partials at a time staged by cp.async into shared memory (4-byte copies where an input is misaligned or numel not a
+# multiple of 4). t56: 128 CTAs of 224 columns at 4 x 7168, all 132 partials in one round trip. Measured on the H200
+# (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50,
+# t64r148s 6.58, t32r148s 7.87, one thread a column with the loads in registers (t224r132, shipped before) 7.63 µs
+GRAD_W_REDUCE_TILINGS = {"default": "t56r148s"}
 # Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, two runs of 4
 # elements a lane, so every warp access is one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
 # momentum, nesterov; TileKernels 1453 µs, 2026-12-02): t128v4x2 1459, t128v8x1 (8 consecutive elements a lane;
