@@ -116,6 +116,7 @@ MORE = [
     ("per_block_cast_generic", dict(in_dtype="bfloat16", fmt="e2m1", sf="ue8m0", mode="sf_only")),
     ("per_channel_cast_generic", dict(in_dtype="bfloat16", in_sf="none", sf="ue8m0")),
     ("per_block_cast_lossless_generic", dict(in_sf="fp32", sf="pow2")),
+    ("rmsnorm_backward_residual", dict(hidden=7168, dtype="bfloat16")),  # rmsnorm_backward's Ascend kernel
 ]  # fmt: skip
 LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(batch * ((num_tokens + 1) // 2))", 100896),
@@ -188,6 +189,7 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("(((num_tokens + 127) // 128) * (hidden // 128))", 34880),
     ("((((num_tokens - 1) // block_m) + 1) * (hidden // 128))", 49664),
     ("(((num_tokens + 127) // 128) * (hidden // 128))", 36864),
+    ("num_blocks", 129568),
 ]
 
 
