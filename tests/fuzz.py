@@ -311,6 +311,10 @@ def resolution(decl: KernelDecl, values: tuple, general_tiling: str | None) -> s
     return "missing"
 
 
+# Kernels an op launches only where their variant is built, else another (VariantNotBuilt tells it)
+TRIED_FIRST = ("rmsnorm_backward_residual",)
+
+
 class Launches(list):
     """The (kernel, key) of each launch, in order; `served` maps each to how the default set serves it (`resolution`)."""
 
@@ -353,6 +357,8 @@ def launches(monkeypatch):
             with pytest.raises(VariantNotBuilt) as refused:
                 prebuilt.kernel(self.op, self.kernel, key, 0)
             assert refused.value.command == build_command(self.kernel, key, "sm90")
+            if self.kernel in TRIED_FIRST:  # the op launches another kernel instead
+                raise refused.value
 
         def launch(dev, stream, *args):
             assert len(args) == len(self.args), f"{self.kernel}: {len(args)} values for {len(self.args)} arguments"

@@ -41,6 +41,7 @@ from tkaot._moe import ops as moe_ops  # noqa: E402
 from tkaot._moe.kernels import MOE_GATE_BWD_TILINGS, MOE_TOPK_GATE, MOE_TOPK_GATE_BACKWARD, NORMALIZE_WEIGHT, TOPK_GATE  # noqa: E402
 from tkaot._quant import fused, norm, norm_backward, norm_cast, swiglu, swiglu_backward  # noqa: E402
 from tkaot._quant.kernels import NORM_CAST, RMSNORM, RMSNORM_BACKWARD, SWIGLU, SWIGLU_BACKWARD, WEIGHT_GRAD_REDUCE  # noqa: E402
+from tkaot._quant.kernels import RMSNORM_BACKWARD_RESIDUAL as RESIDUAL  # noqa: E402
 from tkaot._transform import rotary  # noqa: E402
 from tkaot._transform.kernels import ROTARY  # noqa: E402
 
@@ -238,7 +239,10 @@ def norm_backward_(draw):
         "residual_out_grad": meta(n, hidden, dtype=dtype) if draw(st.booleans()) else None, "out_scale": 1.0,
         "weight_grad": None if grad_dtype is None else meta(hidden, dtype=grad_dtype),
     }  # fmt: skip
-    made = [(RMSNORM_BACKWARD, {"hidden": hidden, "dtype": NAMES[dtype]})]
+    pass1 = RMSNORM_BACKWARD
+    if kwargs["residual_out_grad"] is not None and (RESIDUAL.name, RESIDUAL.key((hidden, NAMES[dtype]))) in default_set():
+        pass1 = RESIDUAL  # with a residual gradient, where it is built
+    made = [(pass1, {"hidden": hidden, "dtype": NAMES[dtype]})]
     if weight:
         made.append((WEIGHT_GRAD_REDUCE, {"dtype": NAMES[grad_dtype or dtype]}))
     breaks = {

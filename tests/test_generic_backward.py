@@ -94,12 +94,29 @@ def test_every_norm_backward_width_is_served(launches, dtype):  # noqa: F811
     for hidden in NORM_WIDTHS:
         x = meta(3, hidden, dtype=torch_dtype)
         tkaot.quant.norm_backward(x, x, meta(hidden, dtype=torch_dtype), F32(3), x, 0.5, F32(hidden))
-    pass1 = [key for kernel, key in launches if kernel == "rmsnorm_backward"]
-    assert pass1 == [RMSNORM_BACKWARD.key((h, dtype)) for h in NORM_WIDTHS]
-    served = {int(key.split(",")[0].split("=")[1]): launches.served["rmsnorm_backward", key] for key in pass1}
+    pass1 = [(kernel, key) for kernel, key in launches if kernel.startswith("rmsnorm_backward")]
+    assert [key for _, key in pass1] == [RMSNORM_BACKWARD.key((h, dtype)) for h in NORM_WIDTHS]
+    served = {int(key.split(",")[0].split("=")[1]): (kernel, launches.served[kernel, key]) for kernel, key in pass1}
     built = SPECIALISED_WIDTHS if dtype == "bfloat16" else ()
-    assert served == {h: "specialised" if h in built else "generic" for h in NORM_WIDTHS}
+    # with a residual gradient: rmsnorm_backward_residual where the default set builds it, else the generic tier
+    residual, generic = ("rmsnorm_backward_residual", "specialised"), ("rmsnorm_backward", "generic")
+    assert served == {h: residual if h in built else generic for h in NORM_WIDTHS}
     assert {launches.served[k] for k in launches if k[0] == "weight_grad_reduce"} == {"specialised"}
+
+
+def test_norm_backward_without_a_residual_gradient_keeps_rmsnorm_backward(launches):  # noqa: F811
+    for hidden in SPECIALISED_WIDTHS:
+        x = meta(3, hidden, dtype=BF16)
+        tkaot.quant.norm_backward(x, x, meta(hidden, dtype=BF16), F32(3))
+        tkaot.quant.norm_backward(x, x, None, F32(3))
+    pass1 = [k for k in launches if k[0].startswith("rmsnorm_backward")]
+    assert pass1 == [("rmsnorm_backward", RMSNORM_BACKWARD.key((h, "bfloat16"))) for h in SPECIALISED_WIDTHS for _ in range(2)]
+    assert {launches.served[k] for k in pass1} == {"specialised"}
+
+
+def test_the_default_set_builds_the_residual_kernel_at_the_specialised_widths():
+    residual = {key for kernel, key in default_set() if kernel == "rmsnorm_backward_residual"}
+    assert residual == {key for kernel, key in default_set() if kernel == "rmsnorm_backward"}
 
 
 def test_the_default_set_builds_one_generic_norm_backward_per_dtype():

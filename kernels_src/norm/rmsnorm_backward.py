@@ -173,16 +173,17 @@ def _mul(a, b):
     return T.call_extern("float32", "__fmul_rn", a, b)
 
 
-def rmsnorm_backward_kernel(tilings, dtype: str):
+def rmsnorm_backward_kernel(tilings, dtype: str, static_body=None):
     """The kernel over a StaticTiling (specialised: one body), or the generic kernel's tuple of ClassTiling (a body each,
-    taken where hidden is in its class). The same sums in the same order in each."""
+    taken where hidden is in its class). The same sums in the same order in each. `static_body` replaces tiling_body
+    for a StaticTiling (kernels_src/norm/rmsnorm_backward_residual.py: the calls with a residual gradient)."""
     main = tilings if isinstance(tilings, StaticTiling) else tilings[0]
     hidden = main.hidden
 
     num_tokens = T.dynamic("num_tokens")
     num_blocks = T.dynamic("num_blocks")
     og_stride, x_stride, rg_stride = T.dynamic("out_grad_stride"), T.dynamic("x_stride"), T.dynamic("residual_out_grad_stride")
-    only = tiling_body(main, dtype, num_tokens, num_blocks) if main.static else None
+    only = (static_body or tiling_body)(main, dtype, num_tokens, num_blocks) if main.static else None
     bodies = [] if main.static else [(c.lo, c.hi, tiling_body(c, dtype, num_tokens, num_blocks)) for c in tilings]
 
     @T.prim_func

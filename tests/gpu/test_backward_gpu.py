@@ -3,8 +3,9 @@ norm_backward, swiglu_backward, swiglu_backward_and_per_token_cast, moe_topk_gat
 
 Every output the ops allocate starts as NaN / 0xFF bytes, so an element left unwritten shows; every element is
 compared. The calls cover what the default set serves: norm_backward at every threads-a-row class of widths, in both
-dtypes (bf16 at the specialised widths on rmsnorm_backward, the rest on rmsnorm_backward_generic: the generic tier
-warns, which is expected here), and the SwiGLU backward ops in every dtype combination TileKernels takes.
+dtypes (bf16 at the specialised widths on rmsnorm_backward, or rmsnorm_backward_residual with a residual gradient, the
+rest on rmsnorm_backward_generic: the generic tier warns, which is expected here), and the SwiGLU backward ops in every
+dtype combination TileKernels takes.
 Element-wise results (SwiGLU's x_grad and act_out, the FP8 cast and its scale factors) must be the same bits as the
 reference, which runs the same fp32 operations on the GPU. Results that sum over a row or over tokens (RMSNorm's
 x_grad and weight_grad, SwiGLU's weight_grad, the gate's gradient) are compared within the tolerances below: the
@@ -70,6 +71,33 @@ def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, 
             torch.testing.assert_close(w_grad.float(), expected[1].float(), **WEIGHT_GRAD_TOL[w_grad.dtype])
         else:
             assert w_grad is None
+
+
+@pytest.mark.parametrize("hidden", NORM_SPECIALISED)
+@pytest.mark.parametrize("weight", [True, False])
+def test_norm_backward_with_a_residual_gradient_writes_rmsnorm_backwards_bytes(monkeypatch, seed, hidden, weight):
+    """bf16 calls with a residual gradient run rmsnorm_backward_residual (the default set builds it at the specialised
+    widths): the same bits as rmsnorm_backward, which takes the residual gradient as a runtime flag."""
+    device, pass1 = torch.cuda.current_device(), _norm_backward._PASS1
+    monkeypatch.setattr(pass1, "cache", {})
+    assert _norm_backward._pass1(device, hidden, "bfloat16", True) is _norm_backward._PASS1_RESIDUAL.get(device, hidden, "bfloat16")
+    for tokens in TOKENS:
+        x, dy, dr = (torch.randn(tokens, hidden, device="cuda").to(BF16) for _ in range(3))
+        w = (torch.rand(hidden, device="cuda") + 0.5).to(BF16) if weight else None
+        rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+        with poisoned_allocations():
+            ours = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75)
+        pass1.cache[device, hidden, "bfloat16", True] = pass1.get(device, hidden, "bfloat16")  # the shipped kernel
+        with poisoned_allocations():
+            shipped = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75)
+        del pass1.cache[device, hidden, "bfloat16", True]
+        torch.cuda.synchronize()
+        assert not ours[0].isnan().any()  # every element written (a NaN the two left alike would compare equal)
+        bits_equal(ours[0], shipped[0])
+        if weight:
+            bits_equal(ours[1], shipped[1])
+        else:
+            assert ours[1] is None and shipped[1] is None
 
 
 @pytest.mark.filterwarnings("default::tkaot.errors.GenericVariantWarning")

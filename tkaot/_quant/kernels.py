@@ -193,6 +193,11 @@ RMSNORM_BACKWARD = _declare(
 )  # fmt: skip
 # Every row width norm_backward takes, one variant per dtype: the calls whose specialised variant is not built
 RMSNORM_BACKWARD_GENERIC = RMSNORM_BACKWARD.generic("rmsnorm_backward_generic", "kernels_src.norm.rmsnorm_backward_generic", ("hidden",))
+# The specialised kernel with a body for the calls with a residual gradient (the op launches it for those where it
+# is built, else rmsnorm_backward; kernels_src/norm/rmsnorm_backward_residual.py)
+RMSNORM_BACKWARD_RESIDUAL = _declare(
+    "norm.rmsnorm_backward_residual", RMSNORM_BACKWARD.axes, RMSNORM_BACKWARD.params, RMSNORM_BACKWARD.dims, ("norm_backward",),
+)  # fmt: skip
 WEIGHT_GRAD_REDUCE = _declare(
     "norm.weight_grad_reduce", (Axis("dtype", str, choices=FLOAT_DTYPES),), ("partials", "weight_grad", "accumulate"),
     ("num_partials", "hidden"), ("norm_backward",),
@@ -211,7 +216,7 @@ SWIGLU_BACKWARD = _declare(
     ("swiglu_backward", "swiglu_backward_and_per_token_cast"),
 )  # fmt: skip
 
-BACKWARD_KERNELS = (RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
+BACKWARD_KERNELS = (RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, RMSNORM_BACKWARD_RESIDUAL, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
 # ---- end of the backward kernels
 
 KERNELS = (
