@@ -221,8 +221,11 @@ def rmsnorm_backward_kernel(tilings, dtype: str, static_body=None):
     return rmsnorm_backward
 
 
-def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
-    """The kernel's body over one tiling, as a macro of the kernel's parameters and its block."""
+def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = False):
+    """The kernel's body over one tiling, as a macro of the kernel's parameters and its block. `residual`: the body of
+    the calls with a residual gradient (kernels_src/norm/rmsnorm_backward_residual.py, a StaticTiling): has_residual
+    taken as 1, x * rstd and the gradient held in fp32 registers from the dot product to the stores, and the row's
+    warp-sum barrier one of its row slot's threads."""
     hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
     row_threads, slots = tiling.row_threads, tiling.slots
     stages, region = STAGES, tiling.stage_elems
@@ -233,6 +236,10 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
     def staged(stage, tensor, sub, col):
         """Flat index of a vector's first element in the staging buffer: (stage, tensor, row slot, column)."""
         return (stage * STAGED_TENSORS + tensor) * region + sub * hidden + col
+
+    def with_residual(has_residual):
+        """Whether the rows have a residual gradient: always in the residual body, else as the call says."""
+        return True if residual else has_residual != 0
 
     @T.macro
     def row_dot(acc, warp_sums, half, sub, lane):
@@ -245,7 +252,10 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
         if tiling.row_warps > 1:
             if lane % 32 == 0:
                 warp_sums[tiling.warp_at(half, sub, lane // 32)] = acc[0]
-            T.sync_threads()
+            if residual and slots > 1:
+                T.sync_threads(sub + 1, row_threads)  # each slot's warp sums are its own: its rows need not wait
+            else:
+                T.sync_threads()
             acc[0] = 0.0
             for w in T.unroll(tiling.row_warps):
                 acc[0] += warp_sums[tiling.warp_at(half, sub, w)]
@@ -279,6 +289,9 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
         lane, sub = tiling.lane_and_slot(tid)
         x_in = T.alloc_local((vecs_per_thread, vec), dtype)
         g_in = T.alloc_local((vecs_per_thread, vec), dtype)
+        if residual:
+            xh_held = T.alloc_local((vecs_per_thread, vec), T.float32)
+            gw_held = T.alloc_local((vecs_per_thread, vec), T.float32)
         w_in = T.alloc_local((vec,), dtype)
         w_held = T.alloc_local((vecs_per_thread, vec), dtype)
         dw = T.alloc_local((vecs_per_thread, vec), T.float32)
@@ -313,7 +326,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
         for s in T.unroll(stages):
             stage_row(x, stage_buf, 0, s, sub, token_of(s, block, sub), lane)
             stage_row(out_grad, stage_buf, 1, s, sub, token_of(s, block, sub), lane)
-            if has_residual != 0:
+            if with_residual(has_residual):
                 stage_row(residual_out_grad, stage_buf, 2, s, sub, token_of(s, block, sub), lane)
             T.ptx_commit_group()
         r_next = 0.0
@@ -354,6 +367,9 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
                             dw[v, j] = _fma(xh, g, dw[v, j])
                             g = _mul(g, T.cast(w_held[v, j], T.float32))
                         acc[0] = _fma(xh, g, acc[0])
+                        if residual:
+                            xh_held[v, j] = xh
+                            gw_held[v, j] = g
 
             # The row's dot product in every thread of the row (shuffles, then warps through shared memory)
             row_dot(acc, warp_sums, it % 2, sub, lane)
@@ -362,22 +378,25 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks):
             for v in T.unroll(vecs_per_thread):
                 col = (v * row_threads + lane) * vec
                 if token < num_tokens and tiling.in_row(v, col):
-                    if has_residual != 0:
+                    if with_residual(has_residual):
                         for j in T.vectorized(vec):
                             r_in[j] = stage_buf[staged(stage, 2, sub, col) + j]
                     for j in T.unroll(vec):
-                        xh = T.cast(x_in[v, j], T.float32) * r
-                        g = T.cast(g_in[v, j], T.float32) * out_scale
-                        if has_weight != 0:
-                            g = _mul(g, T.cast(w_held[v, j], T.float32))
-                        t = _fma(-xh, mean, g)
-                        if has_residual != 0:
+                        if residual:
+                            t = _fma(-xh_held[v, j], mean, gw_held[v, j])
+                        else:
+                            xh = T.cast(x_in[v, j], T.float32) * r
+                            g = T.cast(g_in[v, j], T.float32) * out_scale
+                            if has_weight != 0:
+                                g = _mul(g, T.cast(w_held[v, j], T.float32))
+                            t = _fma(-xh, mean, g)
+                        if with_residual(has_residual):
                             res[j] = T.cast(_fma(t, r, T.cast(r_in[j], T.float32)), dtype)
                         else:
                             res[j] = T.cast(_mul(t, r), dtype)
                     for j in T.vectorized(vec):
                         x_grad[token, col + j] = res[j]
-            if has_residual != 0:
+            if with_residual(has_residual):
                 stage_row(residual_out_grad, stage_buf, 2, stage, sub, ahead, lane)
             T.ptx_commit_group()
         T.ptx_wait_group(0)
