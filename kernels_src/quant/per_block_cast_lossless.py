@@ -82,6 +82,45 @@ EVEN_CODES = 0x0F0F0F0F  # of a word's eight codes (low nibble first), codes 0, 
 INTERLEAVE = (0x5140, 0x7362)  # PRMT selectors: bytes of codes 0-3, then 4-7, from (even, odd) looked up
 
 
+def input_exponent(kind: str, stored):
+    """The biased exponent (uint32) of a stored power-of-two input scale factor (a UE8M0 byte, or fp32)."""
+    if kind == "ue8m0":
+        return T.Cast(WORD, stored)
+    return (common.f32_bits(stored) >> T.uint32(23)) & T.uint32(0xFF)
+
+
+def output_exponent(largest):
+    """An output block's biased exponent from the largest input exponent inside it: max(largest - 6, 0)."""
+    return T.if_then_else(largest >= T.uint32(SHIFT_HEADROOM), largest - T.uint32(SHIFT_HEADROOM), T.uint32(0))
+
+
+@T.macro
+def e4m3_words(x_reg, p, first, words, shift, o_reg):
+    """x_reg[p, first:first + words] (eight E2M1 codes a word) times 2**shift into o_reg[2 * first:2 * (first + words)]
+    (four E4M3 bytes a word): by the table for shifts from MIN_TABLE_SHIFT, else through fp32."""
+    factor = T.alloc_var("float32")
+    table_lo = T.alloc_var(WORD)
+    table_hi = T.alloc_var(WORD)
+    even = T.alloc_var(WORD)
+    odd = T.alloc_var(WORD)
+    if shift >= MIN_TABLE_SHIFT:
+        table_lo, table_hi = e4m3_table(shift)
+        for w in T.unroll(words):
+            even = e4m3_lookup(x_reg[p, first + w] & T.uint32(EVEN_CODES), table_lo, table_hi)
+            odd = e4m3_lookup((x_reg[p, first + w] >> T.uint32(4)) & T.uint32(EVEN_CODES), table_lo, table_hi)
+            o_reg[2 * (first + w)] = byte_perm(even, odd, T.uint32(INTERLEAVE[0]))
+            o_reg[2 * (first + w) + 1] = byte_perm(even, odd, T.uint32(INTERLEAVE[1]))
+    else:
+        # 2**shift as fp32; a shift past the bottom gives 0 (no E4M3 value survives it)
+        factor = T.if_then_else(shift > -127, common.pow2_of_biased_exponent(shift + 127), T.float32(0))
+        for w in T.unroll(2 * words):
+            o_reg[2 * first + w] = T.uint32(0)
+            for n in T.unroll(4):
+                code = x_reg[p, (2 * first + w) // 2] >> T.uint32(4 * ((2 * first + w) % 2 * 4 + n))
+                fp8 = T.reinterpret(common.to_e4m3(common.e2m1_value(code) * factor), "uint8")
+                o_reg[2 * first + w] = o_reg[2 * first + w] | (T.Cast(WORD, fp8) << T.uint32(8 * n))
+
+
 def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
     check_static(hidden, in_block, in_sf, out_block, sf, sf_layout)
     ibm, ibk = common.block_shape(in_block)
@@ -107,15 +146,6 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
     in_sf_rows = num_tokens if ibm == 1 else (num_tokens + ibm - 1) // ibm
     out_sf_rows = num_tokens if obm == 1 else (num_tokens + obm - 1) // obm
 
-    def exponent(stored):
-        """The biased exponent (uint32) of a stored power-of-two input scale factor."""
-        if sf_in.kind == "ue8m0":
-            return T.Cast(WORD, stored)
-        return (common.f32_bits(stored) >> T.uint32(23)) & T.uint32(0xFF)
-
-    def out_exponent(largest):
-        return T.if_then_else(largest >= T.uint32(SHIFT_HEADROOM), largest - T.uint32(SHIFT_HEADROOM), T.uint32(0))
-
     @T.prim_func
     def per_block_cast_lossless(
         x: T.StridedTensor[(num_tokens, hidden // 8), (x_stride, 1), WORD],
@@ -134,11 +164,6 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
             o_reg = T.alloc_local((out_words,), WORD)
             e_max = T.alloc_var(WORD)
             shift = T.alloc_var("int32")
-            factor = T.alloc_var("float32")
-            table_lo = T.alloc_var(WORD)
-            table_hi = T.alloc_var(WORD)
-            even = T.alloc_var(WORD)
-            odd = T.alloc_var(WORD)
             block_exp = T.alloc_shared((num_blocks,), WORD)
 
             for i in T.unroll((num_blocks + NUM_THREADS - 1) // NUM_THREADS):
@@ -150,7 +175,7 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
                 if row < num_tokens:
                     for j in T.vectorized(in_words):
                         x_reg[p, j] = x[row, col // 8 + j]
-                    e_in[p] = exponent(x_sf[sf_in.index(row // ibm, col // ibk)])
+                    e_in[p] = input_exponent(sf_in.kind, x_sf[sf_in.index(row // ibm, col // ibk)])
                 else:
                     e_in[p] = T.uint32(0)
             T.sync_threads()
@@ -171,23 +196,8 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
                 row = mb * TILE + p * rows_per_pass + tid // tpr
                 if row < num_tokens:
                     e_max = block_exp[(p * rows_per_pass + tid // tpr) // obm * blocks_k + tid % tpr * vec // obk]
-                    shift = T.Cast("int32", e_in[p]) - T.Cast("int32", out_exponent(e_max))
-                    if shift >= MIN_TABLE_SHIFT:
-                        table_lo, table_hi = e4m3_table(shift)
-                        for w in T.unroll(in_words):
-                            even = e4m3_lookup(x_reg[p, w] & T.uint32(EVEN_CODES), table_lo, table_hi)
-                            odd = e4m3_lookup((x_reg[p, w] >> T.uint32(4)) & T.uint32(EVEN_CODES), table_lo, table_hi)
-                            o_reg[2 * w] = byte_perm(even, odd, T.uint32(INTERLEAVE[0]))
-                            o_reg[2 * w + 1] = byte_perm(even, odd, T.uint32(INTERLEAVE[1]))
-                    else:
-                        # 2**shift as fp32; a shift past the bottom gives 0 (no E4M3 value survives it)
-                        factor = T.if_then_else(shift > -127, common.pow2_of_biased_exponent(shift + 127), T.float32(0))
-                        for w in T.unroll(out_words):
-                            o_reg[w] = T.uint32(0)
-                            for n in T.unroll(4):
-                                code = x_reg[p, w // 2] >> T.uint32(4 * (w % 2 * 4 + n))
-                                fp8 = T.reinterpret(common.to_e4m3(common.e2m1_value(code) * factor), "uint8")
-                                o_reg[w] = o_reg[w] | (T.Cast(WORD, fp8) << T.uint32(8 * n))
+                    shift = T.Cast("int32", e_in[p]) - T.Cast("int32", output_exponent(e_max))
+                    e4m3_words(x_reg, p, 0, in_words, shift, o_reg)
                     for j in T.vectorized(out_words):
                         out[row, col // 4 + j] = o_reg[j]
 
@@ -199,12 +209,12 @@ def build(hidden, in_block, in_sf, out_block, sf, sf_layout):
                     k = kb * blocks_k + b % blocks_k
                     if m < out_sf_rows:
                         if sf == "ue8m0":
-                            out_sf[sf_out.index(m, k)] = T.Cast("uint8", out_exponent(block_exp[b]))
+                            out_sf[sf_out.index(m, k)] = T.Cast("uint8", output_exponent(block_exp[b]))
                             if sf_out.pad > 0:
                                 if k == out_k_blocks - 1:
                                     for q in T.unroll(sf_out.pad):
                                         out_sf[sf_out.index(m, out_k_blocks + q)] = T.uint8(0)
                         else:
-                            out_sf[sf_out.index(m, k)] = common.f32_from_bits(out_exponent(block_exp[b]) << T.uint32(23))
+                            out_sf[sf_out.index(m, k)] = common.f32_from_bits(output_exponent(block_exp[b]) << T.uint32(23))
 
     return per_block_cast_lossless

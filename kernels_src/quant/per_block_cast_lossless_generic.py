@@ -27,17 +27,13 @@ import tilelang.language as T
 from kernels_src.pdl import kernel_entry
 from kernels_src.quant import common
 from kernels_src.quant.per_block_cast_lossless import (
-    EVEN_CODES,
-    INTERLEAVE,
-    MIN_TABLE_SHIFT,
     NUM_THREADS,
-    SHIFT_HEADROOM,
     TILE,
     WORD,
-    byte_perm,
     check_static,
-    e4m3_lookup,
-    e4m3_table,
+    e4m3_words,
+    input_exponent,
+    output_exponent,
 )
 from tkaot._quant.kernels import PER_BLOCK_CAST_LOSSLESS, PER_BLOCK_CAST_LOSSLESS_GENERIC
 
@@ -61,7 +57,7 @@ def block_shifts(choices: tuple[str, ...], index):
 def build(in_sf, sf):
     check_static(TILE, "1x16", in_sf, "128x128", sf, "row")
     in_words, out_words = VEC // 8, VEC // 4
-    half_in, half_out = HALF // 8, HALF // 4  # words a half vector
+    half_in = HALF // 8  # words a half vector
     tpr = TILE // VEC  # threads across a tile row
     rows_per_pass = NUM_THREADS // tpr
     passes = TILE // rows_per_pass
@@ -88,15 +84,6 @@ def build(in_sf, sf):
     # bounds of either layout's indices: rows (m or k blocks), columns (k or m blocks, four bytes a word packed)
     sf_rows = out_sf_rows + out_k_blocks
     sf_cols = 4 * (out_sf_rows + out_k_blocks)
-
-    def exponent(stored):
-        """The biased exponent (uint32) of a stored power-of-two input scale factor (the specialised kernel's)."""
-        if in_kind == "ue8m0":
-            return T.Cast(WORD, stored)
-        return (common.f32_bits(stored) >> T.uint32(23)) & T.uint32(0xFF)
-
-    def out_exponent(largest):
-        return T.if_then_else(largest >= T.uint32(SHIFT_HEADROOM), largest - T.uint32(SHIFT_HEADROOM), T.uint32(0))
 
     def sf_at(m, k):
         """(i, j): out_sf[i, j] holds the scale factor of output block (m, k) in the runtime layout."""
@@ -126,11 +113,6 @@ def build(in_sf, sf):
             o_reg = T.alloc_local((out_words,), WORD)
             e_max = T.alloc_var(WORD)
             shift = T.alloc_var("int32")
-            factor = T.alloc_var("float32")
-            table_lo = T.alloc_var(WORD)
-            table_hi = T.alloc_var(WORD)
-            even = T.alloc_var(WORD)
-            odd = T.alloc_var(WORD)
             block_exp = T.alloc_shared((MAX_BLOCKS,), WORD)
             lanes_k = 1 << T.min(T.max(obk_shift - 5, 0), 2)  # lanes of a tile row in one output block (by 32 codes)
             lanes_m = 1 << T.min(obm_shift, 3)  # rows of a warp in one output block
@@ -144,7 +126,7 @@ def build(in_sf, sf):
                     for j in T.vectorized(in_words):
                         x_reg[p, j] = x[0, 0, 0, row, col // 8 + j]
                     for h in T.unroll(2):
-                        e_in[p, h] = exponent(x_sf[sf_in.index(row >> ibm_shift, (col + h * HALF) >> ibk_shift)])
+                        e_in[p, h] = input_exponent(in_kind, x_sf[sf_in.index(row >> ibm_shift, (col + h * HALF) >> ibk_shift)])
                 else:
                     for h in T.unroll(2):
                         e_in[p, h] = T.uint32(0)
@@ -172,24 +154,8 @@ def build(in_sf, sf):
                 if row < num_tokens:
                     for h in T.unroll(2):
                         e_max = block_exp[tile_block(p * rows_per_pass + tid // tpr, tile_code + h * HALF)]
-                        shift = T.Cast("int32", e_in[p, h]) - T.Cast("int32", out_exponent(e_max))
-                        if shift >= MIN_TABLE_SHIFT:
-                            table_lo, table_hi = e4m3_table(shift)
-                            for w in T.unroll(half_in):
-                                word = x_reg[p, h * half_in + w]
-                                even = e4m3_lookup(word & T.uint32(EVEN_CODES), table_lo, table_hi)
-                                odd = e4m3_lookup((word >> T.uint32(4)) & T.uint32(EVEN_CODES), table_lo, table_hi)
-                                o_reg[2 * (h * half_in + w)] = byte_perm(even, odd, T.uint32(INTERLEAVE[0]))
-                                o_reg[2 * (h * half_in + w) + 1] = byte_perm(even, odd, T.uint32(INTERLEAVE[1]))
-                        else:
-                            # 2**shift as fp32; a shift past the bottom gives 0 (no E4M3 value survives it)
-                            factor = T.if_then_else(shift > -127, common.pow2_of_biased_exponent(shift + 127), T.float32(0))
-                            for w in T.unroll(half_out):
-                                o_reg[h * half_out + w] = T.uint32(0)
-                                for n in T.unroll(4):
-                                    code = x_reg[p, (h * half_out + w) // 2] >> T.uint32(4 * ((h * half_out + w) % 2 * 4 + n))
-                                    fp8 = T.reinterpret(common.to_e4m3(common.e2m1_value(code) * factor), "uint8")
-                                    o_reg[h * half_out + w] = o_reg[h * half_out + w] | (T.Cast(WORD, fp8) << T.uint32(8 * n))
+                        shift = T.Cast("int32", e_in[p, h]) - T.Cast("int32", output_exponent(e_max))
+                        e4m3_words(x_reg, p, h * half_in, half_in, shift, o_reg)
                     for j in T.vectorized(out_words):
                         out[row, col // 4 + j] = o_reg[j]
 
@@ -202,7 +168,7 @@ def build(in_sf, sf):
                     if m < out_sf_rows:
                         if packed:
                             i_sf, j_sf = sf_at(m, k)
-                            out_sf[i_sf, j_sf] = T.Cast("uint8", out_exponent(block_exp[b]))
+                            out_sf[i_sf, j_sf] = T.Cast("uint8", output_exponent(block_exp[b]))
                             if k == out_k_blocks - 1:  # the unused bytes of the row's last word
                                 for pad in T.unroll(1, common.UE8M0_PACK):
                                     partial = out_k_blocks % common.UE8M0_PACK  # k blocks in the last word
@@ -211,6 +177,6 @@ def build(in_sf, sf):
                                         out_sf[i_sf, j_sf] = T.uint8(0)
                         else:
                             i_sf, j_sf = sf_at(m, k)
-                            out_sf[i_sf, j_sf] = common.f32_from_bits(out_exponent(block_exp[b]) << T.uint32(23))
+                            out_sf[i_sf, j_sf] = common.f32_from_bits(output_exponent(block_exp[b]) << T.uint32(23))
 
     return per_block_cast_lossless_generic
