@@ -20,6 +20,7 @@ from kernels_src.ascend.common import fp32, split_block, tensor
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.rms import batch_rows, batch_strides, chunks, inverse_rms
 from kernels_src.ascend.tile import chunk, rows_per_block
+from kernels_src.fused import norm_cast_args
 from kernels_src.quant.common import scale_factor
 from tkaot._quant.kernels import NORM_CAST
 
@@ -79,24 +80,12 @@ def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
                 else:
                     sf_t[words - 1, i * unit + groups % PACK + p] = T.uint8(0)
 
-    @T.prim_func
-    def norm_cast(
-        x: batch_rows("x", shape, dtype),
-        weight: tensor(dtype, hidden),
-        residual: batch_rows("residual", shape, dtype),
-        residual_out: batch_rows("residual_out", shape, dtype),
-        out: batch_rows("out", shape, T.float8_e4m3fn),
-        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
-        out_bf16: batch_rows("out_bf16", shape, T.bfloat16),
-        rstd: fp32(batch, num_tokens),
-        eps: T.float32,
-        out_scale: T.float32,
-        has_weight: T.int32,
-        has_residual: T.int32,
-        has_rstd: T.int32,
-        has_out_bf16: T.int32,
+    tiles = T.ceildiv(num_tokens, rows)
+
+    @T.macro
+    def kernel(
+        x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16
     ):
-        tiles = T.ceildiv(num_tokens, rows)
         with T.Kernel(batch * tiles) as block:
             b, row = split_block(block, tiles, rows)
             x_ub = T.alloc_shared((rows, width), dtype)
@@ -167,4 +156,8 @@ def norm_cast_kernel(hidden, width: int, dtype: str, sf: str):
                 )
                 T.copy(sf_t[0 : sf_cols // unit, :], out_sf[b, 0 : sf_cols // unit, row * unit : (row + rows) * unit])
 
-    return norm_cast
+    def row_type(name, row_dtype):
+        return batch_rows(name, shape, row_dtype)
+
+    sf_t = T.StridedTensor[sf_shape, sf_strides, sf_dtype]
+    return norm_cast_args.norm_cast(row_type, dtype, T.float8_e4m3fn, tensor(dtype, hidden), sf_t, fp32(batch, num_tokens), kernel)

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import tilelang.language as T
 
+from kernels_src.fused import norm_cast_args
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
 from kernels_src.norm.row_sum import NUM_THREADS, StaticSplit, row_split
@@ -348,22 +349,9 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str, by_width: bool = F
     else:
         body = split_body(split)
 
-    @T.prim_func
-    def norm_cast(
-        x: T.StridedTensor[rows, (x_bstride, x_stride, 1), dtype],
-        weight: T.Tensor[(hidden,), dtype],
-        residual: T.StridedTensor[rows, (res_bstride, res_stride, 1), dtype],
-        residual_out: T.StridedTensor[rows, (rout_bstride, rout_stride, 1), dtype],
-        out: T.StridedTensor[rows, (out_bstride, out_stride, 1), FP8],
-        out_sf: T.StridedTensor[sf_shape, sf_strides, sf_dtype],
-        out_bf16: T.StridedTensor[rows, (ob_bstride, ob_stride, 1), T.bfloat16],
-        rstd: T.Tensor[(batch, num_tokens), T.float32],
-        eps: T.float32,
-        out_scale: T.float32,
-        has_weight: T.int32,
-        has_residual: T.int32,
-        has_rstd: T.int32,
-        has_out_bf16: T.int32,
+    @T.macro
+    def kernel(
+        x, weight, residual, residual_out, out, out_sf, out_bf16, rstd, eps, out_scale, has_weight, has_residual, has_rstd, has_out_bf16
     ):
         with T.Kernel(grid_x, batch, threads=threads) as (block, b):
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -396,4 +384,17 @@ def norm_cast_kernel(split, dtype: str, sf: str, tiling: str, by_width: bool = F
             else:
                 narrow_body(*args)
 
-    return norm_cast
+    strides = {
+        "x": (x_bstride, x_stride),
+        "residual": (res_bstride, res_stride),
+        "residual_out": (rout_bstride, rout_stride),
+        "out": (out_bstride, out_stride),
+        "out_bf16": (ob_bstride, ob_stride),
+    }
+
+    def row_type(name, row_dtype):
+        return T.StridedTensor[rows, (*strides[name], 1), row_dtype]
+
+    sf_t = T.StridedTensor[sf_shape, sf_strides, sf_dtype]
+    rstd_t = T.Tensor[(batch, num_tokens), T.float32]
+    return norm_cast_args.norm_cast(row_type, dtype, FP8, T.Tensor[(hidden,), dtype], sf_t, rstd_t, kernel)
