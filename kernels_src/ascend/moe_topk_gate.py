@@ -28,6 +28,7 @@ from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`
     gate_dims,
     pick_route,
     random_route,
+    route_vars,
     store_masked,
     store_routed,
 )
@@ -98,8 +99,6 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
         ep_rank: T.int32,
         flags: T.int32,
     ):
-        gate = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank, routed_scaling_factor,
-                        num_experts, num_topk, num_physical_topk, num_shared_experts, num_logical_experts)  # fmt: skip
         with T.Kernel(T.ceildiv(num_tokens, TOKENS)) as block:
             first = block * TOKENS
             logits_ub = stage(logits[first : first + TOKENS, 0:num_experts], (TOKENS, max_experts), T.float32, cols=num_experts)
@@ -121,12 +120,10 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                 c0, c1, c2, c3 = (T.alloc_var(T.uint32) for _ in range(4))
                 k0, k1 = T.alloc_var(T.uint32), T.alloc_var(T.uint32)
                 p0, p1 = T.alloc_var(T.uint64), T.alloc_var(T.uint64)
-                pending = T.alloc_var(T.int32)
-                choice = T.alloc_var(T.int32)
-                low = T.alloc_var(T.int32)
-                low_lane = T.alloc_var(T.int32)
-                experts = T.alloc_var(T.int32)
-                count = T.alloc_var(T.int32)
+                pending, choice, low, low_lane, experts, count = route_vars()
+                gate = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
+                                routed_scaling_factor, num_experts, num_topk, num_physical_topk, num_shared_experts,
+                                num_logical_experts)  # fmt: skip
                 for t in T.Parallel(TOKENS * WARP):
                     i, lane = t // WARP, t % WARP
                     token = first + i

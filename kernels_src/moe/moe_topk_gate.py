@@ -135,6 +135,13 @@ def store_masked(gate: GateArgs, token, lane, in_range):
         gate.unmapped_topk_idx[token, lane] = T.int64(-1)
 
 
+def route_vars() -> tuple:
+    """The int32 variables random_route and store_routed take (pending, choice, low, low_lane, experts, count), for
+    either backend's kernel to allocate in its place. A plain function, not a macro: a macro would hand back their
+    values, not the variables."""
+    return tuple(T.alloc_var(T.int32) for _ in range(6))
+
+
 @T.macro
 def random_route(gate: GateArgs, token, lane, words: T.Ref, draws: T.Ref, weight: T.Ref, choice: T.Ref, pending: T.Ref, low: T.Ref,
                  low_lane: T.Ref, experts: T.Ref, count: T.Ref, lowest, warp_total):  # fmt: skip
@@ -226,8 +233,6 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
         ep_rank: T.int32,
         flags: T.int32,
     ):
-        gate = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank, routed_scaling_factor,
-                        num_experts, num_topk, num_physical_topk, num_shared_experts, num_logical_experts)  # fmt: skip
         with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as block:
             kernel_entry()
             lane, token = warp_token(block, warps)
@@ -248,12 +253,10 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
             out_idx = T.alloc_var(T.int64, init=-1)
             r0 = T.alloc_var(T.uint32)
             r1 = T.alloc_var(T.uint32)
-            pending = T.alloc_var(T.int32)
-            choice = T.alloc_var(T.int32)
-            low = T.alloc_var(T.int32)
-            low_lane = T.alloc_var(T.int32)
-            experts = T.alloc_var(T.int32)
-            count = T.alloc_var(T.int32)
+            pending, choice, low, low_lane, experts, count = route_vars()
+            gate = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
+                            routed_scaling_factor, num_experts, num_topk, num_physical_topk, num_shared_experts,
+                            num_logical_experts)  # fmt: skip
             if token < num_tokens:
                 pick_route(route, token, flags, mask, force_random, fix_routing_mask)
 
