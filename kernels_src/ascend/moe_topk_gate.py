@@ -121,7 +121,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                 k0, k1 = T.alloc_var(T.uint32), T.alloc_var(T.uint32)
                 p0, p1 = T.alloc_var(T.uint64), T.alloc_var(T.uint64)
                 pending, choice, low, low_lane, experts, count = route_vars()
-                gate = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
+                args = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
                                 routed_scaling_factor, num_experts, num_topk, num_physical_topk, num_shared_experts,
                                 num_logical_experts)  # fmt: skip
                 for t in T.Parallel(TOKENS * WARP):
@@ -140,7 +140,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                             if lane * per + s < num_experts:
                                 scores_ub[i, lane * per + s] = T.float32(0)
                     if route == MASKED:
-                        store_masked(gate, token, lane, token < num_tokens)
+                        store_masked(args, token, lane, token < num_tokens)
                     elif route == RANDOM:
                         # Philox4x32-10 at key (ep_rank, 0), counter (0, 0, token * 32 + lane, 0): curand's stream
                         c0, c1, c3, k1 = T.uint32(0), T.uint32(0), T.uint32(0), T.uint32(0)
@@ -148,7 +148,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                         c2 = T.Cast(T.uint32, token * WARP + lane)
                         philox_rounds(c0, c1, c2, c3, k0, k1, p0, p1)
                         random_route(
-                            gate, token, lane, c0, c1, weight, choice, pending, low, low_lane, experts, count, warp_lowest, warp_total
+                            args, token, lane, c0, c1, weight, choice, pending, low, low_lane, experts, count, warp_lowest, warp_total
                         )
                     else:
                         # scores (kept for the output), then the bias the ranking adds
@@ -192,7 +192,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                         if lane < num_topk and out_idx >= 0 and out_idx < num_experts:
                             score = sqrt_softplus(logits_ub[i, out_idx])
                         total = T.warp_reduce_sum(score) + T.float32(1e-20)
-                        store_routed(gate, token, lane, token < num_tokens, out_idx, weight, count, score, total)
+                        store_routed(args, token, lane, token < num_tokens, out_idx, weight, count, score, total)
             if (flags & FLAG_SCORES) != 0:
                 T.copy(scores_ub[:, 0:num_experts], scores[first : first + TOKENS, 0:num_experts])
 

@@ -125,14 +125,14 @@ class GateArgs(NamedTuple):
 
 
 @T.macro
-def store_masked(gate: GateArgs, token, lane, in_range):
+def store_masked(args: GateArgs, token, lane, in_range):
     """A masked token's outputs: no experts, weight 0, where in_range (True, or the Ascend kernel's token <
     num_tokens). The Ascend kernel stores with it too."""
-    if in_range and lane < gate.num_physical_topk:
-        gate.topk_idx[token, lane] = T.int64(-1)
-        gate.topk_weights[token, lane] = T.float32(0)
-    if in_range and (gate.flags & FLAG_UNMAPPED) != 0 and lane < gate.num_topk:
-        gate.unmapped_topk_idx[token, lane] = T.int64(-1)
+    if in_range and lane < args.num_physical_topk:
+        args.topk_idx[token, lane] = T.int64(-1)
+        args.topk_weights[token, lane] = T.float32(0)
+    if in_range and (args.flags & FLAG_UNMAPPED) != 0 and lane < args.num_topk:
+        args.unmapped_topk_idx[token, lane] = T.int64(-1)
 
 
 def route_vars() -> tuple:
@@ -143,46 +143,46 @@ def route_vars() -> tuple:
 
 
 @T.macro
-def random_route(gate: GateArgs, token, lane, words: T.Ref, draws: T.Ref, weight: T.Ref, choice: T.Ref, pending: T.Ref, low: T.Ref,
+def random_route(args: GateArgs, token, lane, words: T.Ref, draws: T.Ref, weight: T.Ref, choice: T.Ref, pending: T.Ref, low: T.Ref,
                  low_lane: T.Ref, experts: T.Ref, count: T.Ref, lowest, warp_total):  # fmt: skip
     """A forced-random token's outputs from two Philox words of its lane: the uniform (0, 1] weight from `words`, the
     expert drawn from `draws` (draw_distinct; `lowest` its warp reduction) among the physical experts (the warp's sum
     of logical_count, lane j * 32 + lane's entries on the lane; `warp_total(experts, count)` the backend's warp sum)
     with the physical map, else the routed and shared ones; no unmapped expert. The Ascend kernel routes with it too."""
     weight = T.Cast(T.float32, words) * T.float32(2.0**-32) + T.float32(2.0**-33)
-    if (gate.flags & FLAG_PHYSICAL) != 0:
+    if (args.flags & FLAG_PHYSICAL) != 0:
         count = 0
-        for j in T.serial(T.ceildiv(gate.num_logical_experts, WARP)):
-            if j * WARP + lane < gate.num_logical_experts:
-                count = count + gate.logical_count[j * WARP + lane]
+        for j in T.serial(T.ceildiv(args.num_logical_experts, WARP)):
+            if j * WARP + lane < args.num_logical_experts:
+                count = count + args.logical_count[j * WARP + lane]
         warp_total(experts, count)
     else:
-        experts = gate.num_experts + gate.num_shared_experts
-    draw_distinct(choice, pending, low, low_lane, draws, experts, lane, gate.num_physical_topk, lowest)
-    if lane < gate.num_physical_topk:
-        gate.topk_idx[token, lane] = T.Cast(T.int64, choice)
-        gate.topk_weights[token, lane] = weight
-    if (gate.flags & FLAG_UNMAPPED) != 0 and lane < gate.num_topk:
-        gate.unmapped_topk_idx[token, lane] = T.int64(-1)
+        experts = args.num_experts + args.num_shared_experts
+    draw_distinct(choice, pending, low, low_lane, draws, experts, lane, args.num_physical_topk, lowest)
+    if lane < args.num_physical_topk:
+        args.topk_idx[token, lane] = T.Cast(T.int64, choice)
+        args.topk_weights[token, lane] = weight
+    if (args.flags & FLAG_UNMAPPED) != 0 and lane < args.num_topk:
+        args.unmapped_topk_idx[token, lane] = T.int64(-1)
 
 
 @T.macro
-def store_routed(gate: GateArgs, token, lane, in_range, out_idx: T.Ref, weight: T.Ref, count: T.Ref, score: T.Ref, total: T.Ref):
+def store_routed(args: GateArgs, token, lane, in_range, out_idx: T.Ref, weight: T.Ref, count: T.Ref, score: T.Ref, total: T.Ref):
     """A routed or fixed token's outputs, out_idx its expert on a top-k lane: the weight score / total *
     routed_scaling_factor (and the unmapped expert), on the lanes after them the shared experts at weight 1; then the
     physical map and the stores, where in_range (as for store_masked). The Ascend kernel stores with it too."""
-    if lane < gate.num_topk:
-        weight = score / total * gate.routed_scaling_factor
-        if in_range and (gate.flags & FLAG_UNMAPPED) != 0:
-            gate.unmapped_topk_idx[token, lane] = out_idx
-    elif lane < gate.num_physical_topk:
+    if lane < args.num_topk:
+        weight = score / total * args.routed_scaling_factor
+        if in_range and (args.flags & FLAG_UNMAPPED) != 0:
+            args.unmapped_topk_idx[token, lane] = out_idx
+    elif lane < args.num_physical_topk:
         weight = T.float32(1)
-        out_idx = T.Cast(T.int64, gate.num_experts + lane - gate.num_topk)
-    if (gate.flags & FLAG_PHYSICAL) != 0 and lane < gate.num_physical_topk:
-        physical_slot(out_idx, count, token, gate.ep_rank, gate.num_logical_experts, gate.logical_count, gate.to_physical_map)
-    if in_range and lane < gate.num_physical_topk:
-        gate.topk_idx[token, lane] = out_idx
-        gate.topk_weights[token, lane] = weight
+        out_idx = T.Cast(T.int64, args.num_experts + lane - args.num_topk)
+    if (args.flags & FLAG_PHYSICAL) != 0 and lane < args.num_physical_topk:
+        physical_slot(out_idx, count, token, args.ep_rank, args.num_logical_experts, args.logical_count, args.to_physical_map)
+    if in_range and lane < args.num_physical_topk:
+        args.topk_idx[token, lane] = out_idx
+        args.topk_weights[token, lane] = weight
 
 
 @T.macro
@@ -254,21 +254,21 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
             r0 = T.alloc_var(T.uint32)
             r1 = T.alloc_var(T.uint32)
             pending, choice, low, low_lane, experts, count = route_vars()
-            gate = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
+            args = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
                             routed_scaling_factor, num_experts, num_topk, num_physical_topk, num_shared_experts,
                             num_logical_experts)  # fmt: skip
             if token < num_tokens:
                 pick_route(route, token, flags, mask, force_random, fix_routing_mask)
 
                 if route == MASKED:
-                    store_masked(gate, token, lane, True)
+                    store_masked(args, token, lane, True)
                 elif route == RANDOM:
                     # Distinct random physical experts, uniform (0, 1] weights, from Philox
                     # keyed by ep_rank at subsequence token * 32 + lane.
                     key = T.alloc_var(T.uint32, init=T.Cast(T.uint32, ep_rank))
                     counter = T.alloc_var(T.uint32, init=T.Cast(T.uint32, token * WARP + lane))
                     philox_first_two(key, counter, r0, r1)
-                    random_route(gate, token, lane, r0, r1, weight, choice, pending, low, low_lane, experts, count, warp_lowest, warp_total)
+                    random_route(args, token, lane, r0, r1, weight, choice, pending, low, low_lane, experts, count, warp_lowest, warp_total)
                 else:
                     # Scores, written out if asked, then the bias the ranking adds
                     load_row(vals, logits, token, lane, rows)
@@ -309,7 +309,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
                     warp_sum(total)
                     total = total + T.float32(1e-20)
 
-                    store_routed(gate, token, lane, True, out_idx, weight, count, score, total)
+                    store_routed(args, token, lane, True, out_idx, weight, count, score, total)
 
                 if route == MASKED or route == RANDOM:
                     if (flags & FLAG_SCORES) != 0:
