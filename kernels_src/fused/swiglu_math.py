@@ -1,4 +1,5 @@
-"""SwiGLU forward's arithmetic, one copy for the specialised kernel (swiglu.py) and the generic one (swiglu_generic.py).
+"""SwiGLU forward's arithmetic, one copy for the specialised kernel (swiglu.py) and the generic one (swiglu_generic.py),
+with the entry and per-thread state both kernels share (forward_entry, thread_state).
 
 Everything that decides an output's bits lives here: a vector's values (the bf16 widening, the clamp in either
 tiling's form, the clamp counts, silu by the lean division or IEEE division), a group's amax and scale factor, the
