@@ -194,7 +194,7 @@ def test_swiglu_gates_ok_admits_exactly_the_vectors_of_finite_gates_above_the_fl
     gate is above -87.5 and at most the limit (not NaN)."""
     import numpy as np
 
-    from kernels_src.fused.swiglu import FLT_MAX
+    from kernels_src.fused.swiglu_math import FLT_MAX
 
     rng = np.random.default_rng(5)
     pats = np.arange(1 << 16, dtype=np.uint16)
@@ -271,7 +271,7 @@ def test_swiglu_gates_ok2_admits_exactly_the_chunks_of_finite_gates_above_the_fl
     patterns: admitted exactly when every gate is above -87.5 and at most the limit (not NaN)."""
     import numpy as np
 
-    from kernels_src.fused.swiglu import FLT_MAX
+    from kernels_src.fused.swiglu_math import FLT_MAX
 
     rng = np.random.default_rng(7)
     pats = np.arange(1 << 16, dtype=np.uint16)

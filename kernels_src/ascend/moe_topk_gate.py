@@ -19,18 +19,18 @@ from kernels_src.moe.common import layout, philox_rounds
 from kernels_src.moe.moe_topk_gate import (  # the CUDA kernel's bits of `flags`, routes and the steps both take
     FLAG_BIAS,
     FLAG_IMAGE,
-    FLAG_PHYSICAL,
     FLAG_SCORES,
-    FLAG_UNMAPPED,
     INT_MAX,
     MASKED,
     RANDOM,
     ROUTED,
-    draw_distinct,
+    GateArgs,
     gate_dims,
-    physical_slot,
     pick_route,
-    store_random_picks,
+    random_route,
+    route_vars,
+    store_masked,
+    store_routed,
 )
 from tkaot._moe.kernels import MOE_TOPK_GATE
 
@@ -50,6 +50,12 @@ def unsupported(num_experts, num_topk, tiling) -> str | None:
 def sqrt_softplus(x):
     # softplus with torch's threshold of 20, then sqrt (the CUDA kernel's expression)
     return T.sqrt(T.if_then_else(x > 20.0, x, T.log1p(T.exp(x))))
+
+
+@T.macro
+def warp_total(total: T.Ref, value: T.Ref):
+    """random_route's warp sum, by the dialect's warp reduction."""
+    total = T.warp_reduce_sum(value)  # noqa: F841 (a T.Ref: the caller's variable is written)
 
 
 @T.macro
@@ -114,12 +120,10 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                 c0, c1, c2, c3 = (T.alloc_var(T.uint32) for _ in range(4))
                 k0, k1 = T.alloc_var(T.uint32), T.alloc_var(T.uint32)
                 p0, p1 = T.alloc_var(T.uint64), T.alloc_var(T.uint64)
-                pending = T.alloc_var(T.int32)
-                choice = T.alloc_var(T.int32)
-                low = T.alloc_var(T.int32)
-                low_lane = T.alloc_var(T.int32)
-                experts = T.alloc_var(T.int32)
-                count = T.alloc_var(T.int32)
+                pending, choice, low, low_lane, experts, count = route_vars()
+                args = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
+                                routed_scaling_factor, num_experts, num_topk, num_physical_topk, num_shared_experts,
+                                num_logical_experts)  # fmt: skip
                 for t in T.Parallel(TOKENS * WARP):
                     i, lane = t // WARP, t % WARP
                     token = first + i
@@ -136,29 +140,15 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                             if lane * per + s < num_experts:
                                 scores_ub[i, lane * per + s] = T.float32(0)
                     if route == MASKED:
-                        if token < num_tokens and lane < num_physical_topk:
-                            topk_idx[token, lane] = T.int64(-1)
-                            topk_weights[token, lane] = T.float32(0)
-                        if token < num_tokens and (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
-                            unmapped_topk_idx[token, lane] = T.int64(-1)
+                        store_masked(args, token, lane, token < num_tokens)
                     elif route == RANDOM:
                         # Philox4x32-10 at key (ep_rank, 0), counter (0, 0, token * 32 + lane, 0): curand's stream
                         c0, c1, c3, k1 = T.uint32(0), T.uint32(0), T.uint32(0), T.uint32(0)
                         k0 = T.Cast(T.uint32, ep_rank)
                         c2 = T.Cast(T.uint32, token * WARP + lane)
                         philox_rounds(c0, c1, c2, c3, k0, k1, p0, p1)
-                        weight = T.Cast(T.float32, c0) * T.float32(2.0**-32) + T.float32(2.0**-33)
-                        if (flags & FLAG_PHYSICAL) != 0:
-                            count = 0
-                            for j in T.serial(T.ceildiv(num_logical_experts, WARP)):
-                                if j * WARP + lane < num_logical_experts:
-                                    count = count + logical_count[j * WARP + lane]
-                            experts = T.warp_reduce_sum(count)
-                        else:
-                            experts = num_experts + num_shared_experts
-                        draw_distinct(choice, pending, low, low_lane, c1, experts, lane, num_physical_topk, warp_lowest)
-                        store_random_picks(
-                            topk_idx, topk_weights, unmapped_topk_idx, token, lane, choice, weight, flags, num_topk, num_physical_topk
+                        random_route(
+                            args, token, lane, c0, c1, weight, choice, pending, low, low_lane, experts, count, warp_lowest, warp_total
                         )
                     else:
                         # scores (kept for the output), then the bias the ranking adds
@@ -202,18 +192,7 @@ def moe_topk_gate_kernel(num_experts, num_topk, max_experts: int):
                         if lane < num_topk and out_idx >= 0 and out_idx < num_experts:
                             score = sqrt_softplus(logits_ub[i, out_idx])
                         total = T.warp_reduce_sum(score) + T.float32(1e-20)
-                        if lane < num_topk:
-                            weight = score / total * routed_scaling_factor
-                            if token < num_tokens and (flags & FLAG_UNMAPPED) != 0:
-                                unmapped_topk_idx[token, lane] = out_idx
-                        elif lane < num_physical_topk:
-                            weight = T.float32(1)
-                            out_idx = T.Cast(T.int64, num_experts + lane - num_topk)
-                        if (flags & FLAG_PHYSICAL) != 0 and lane < num_physical_topk:
-                            physical_slot(out_idx, count, token, ep_rank, num_logical_experts, logical_count, to_physical_map)
-                        if token < num_tokens and lane < num_physical_topk:
-                            topk_idx[token, lane] = out_idx
-                            topk_weights[token, lane] = weight
+                        store_routed(args, token, lane, token < num_tokens, out_idx, weight, count, score, total)
             if (flags & FLAG_SCORES) != 0:
                 T.copy(scores_ub[:, 0:num_experts], scores[first : first + TOKENS, 0:num_experts])
 

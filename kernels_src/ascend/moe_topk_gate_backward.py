@@ -18,6 +18,7 @@ from tilelang.ascend import language as T
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
 from kernels_src.ascend.common import fp32, stage, tensor
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.moe.moe_topk_gate_backward import gate_backward_dims
 from tkaot._moe.kernels import MAX_EXPERTS, MOE_TOPK_GATE_BACKWARD
 
 DECL = MOE_TOPK_GATE_BACKWARD
@@ -28,7 +29,7 @@ PER_LANE = MAX_EXPERTS // WARP
 
 def build(tiling: str):
     # (the CUDA kernel's tilings; this kernel is the same for every one of them)
-    num_tokens, num_experts, num_topk = T.dynamic("num_tokens"), T.dynamic("num_experts"), T.dynamic("num_topk")
+    num_tokens, num_experts, num_topk = gate_backward_dims()
 
     per_expert, per_slot = fp32(num_tokens, num_experts), fp32(num_tokens, num_topk)
 

@@ -30,8 +30,7 @@ import tilelang.language as T
 
 from kernels_src.fused import swiglu_args
 from kernels_src.fused import swiglu_math as m
-from kernels_src.fused.swiglu_math import DEVICE_HELPERS, FLT_MAX, OUT_DTYPES, Arith
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.fused.swiglu_math import OUT_DTYPES, Arith
 from kernels_src.quant.common import row_sf_type
 from tkaot._quant.kernels import SWIGLU
 
@@ -134,10 +133,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
     @T.macro
     def swiglu(x, out, out_sf, psum_num_tokens_per_expert, topk_weights, clamped_count, moe, count_clamp):
         with T.Kernel(grid, threads=threads) as block:
-            T.annotate_min_blocks_per_sm(min_blocks)
-            T.import_source(DEVICE_HELPERS + PDL_SOURCE)
-            pdl_entry()
-            T.assume(x_stride % vec == 0)
+            m.forward_entry(min_blocks, x_stride, vec)
             tid = T.get_thread_binding()
             lane = tid % row_threads
             sub = tid // row_threads
@@ -152,22 +148,7 @@ def build(hidden: int, dtype: str, fmt: str, group: int, sf: str, tiling: str):
             weight = T.alloc_local((row_iters,), T.float32)
             val = T.alloc_local((chunk * vec,), T.float32)
             res = T.alloc_local((chunk * vec,), out_dtype)
-            counts = T.alloc_local((3,), T.int32)
-            count_sums = T.alloc_shared((3, num_warps), T.int32)
-            lo = T.alloc_var(T.int32)
-            hi = T.alloc_var(T.int32)
-            begin = T.alloc_var(T.int32)
-            amax = T.alloc_var(T.float32)
-            g = T.alloc_var(T.float32)
-            u = T.alloc_var(T.float32)
-            if lean_div:
-                exact = T.alloc_var(T.int32)
-            for k in T.unroll(3):
-                counts[k] = 0
-            if lean_div:
-                limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
-                if moe.has_clamp != 0:
-                    limit = T.min(moe.clamp_value, T.float32(FLT_MAX))
+            counts, count_sums, lo, hi, begin, amax, g, u, exact, limit = m.thread_state(a, num_warps, moe.has_clamp, moe.clamp_value)
 
             # A thread loads all of its row_iters rows of an iteration before computing any (row_iters *
             # iters * 2 loads in flight); rows of one iteration are grid blocks apart, so in the last,

@@ -20,8 +20,7 @@ import tilelang.language as T
 from kernels_src.fused import swiglu_args
 from kernels_src.fused import swiglu_math as m
 from kernels_src.fused.swiglu import MAX_HIDDEN_FP32, NUM_SMS, TILINGS, check_static
-from kernels_src.fused.swiglu_math import DEVICE_HELPERS, FLT_MAX, OUT_DTYPES, Arith
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.fused.swiglu_math import OUT_DTYPES, Arith
 from tkaot._quant.kernels import SWIGLU_GENERIC
 
 DECL = SWIGLU_GENERIC  # the declaration this module builds (tkaot/_quant/kernels.py)
@@ -71,10 +70,7 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
     @T.macro
     def swiglu_generic(x, out, out_sf, psum_num_tokens_per_expert, topk_weights, clamped_count, moe, count_clamp):
         with T.Kernel(grid, threads=THREADS) as block:
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
-            T.import_source(DEVICE_HELPERS + PDL_SOURCE)
-            pdl_entry()
-            T.assume(x_stride % vec == 0)
+            m.forward_entry(MIN_BLOCKS, x_stride, vec)
             T.assume(hidden % 64 == 0)  # as the op checks: whole chunks, and whole groups
             T.assume(hidden > 0)
             tid = T.get_thread_binding()
@@ -86,22 +82,7 @@ def build(dtype: str, fmt: str, sf: str, tiling: str):
                 inv_lean = T.alloc_local((1,), T.float32)
             val = T.alloc_local((cols,), T.float32)
             res = T.alloc_local((cols,), out_dtype)
-            counts = T.alloc_local((3,), T.int32)
-            count_sums = T.alloc_shared((3, num_warps), T.int32)
-            lo = T.alloc_var(T.int32)
-            hi = T.alloc_var(T.int32)
-            begin = T.alloc_var(T.int32)
-            amax = T.alloc_var(T.float32)
-            g = T.alloc_var(T.float32)
-            u = T.alloc_var(T.float32)
-            if lean_div:
-                exact = T.alloc_var(T.int32)
-            for k in T.unroll(3):
-                counts[k] = 0
-            if lean_div:
-                limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
-                if moe.has_clamp != 0:
-                    limit = T.min(moe.clamp_value, T.float32(FLT_MAX))
+            counts, count_sums, lo, hi, begin, amax, g, u, exact, limit = m.thread_state(a, num_warps, moe.has_clamp, moe.clamp_value)
             if quantized:
                 T.assume(group >= 32)  # 32 or 128 (the op's formats)
             group_shift = T.alloc_var(T.int32, init=T.if_then_else(group > 32, 7, 5))  # log2(group)

@@ -1,4 +1,5 @@
-"""SwiGLU forward's arithmetic, one copy for the specialised kernel (swiglu.py) and the generic one (swiglu_generic.py).
+"""SwiGLU forward's arithmetic, one copy for the specialised kernel (swiglu.py) and the generic one (swiglu_generic.py),
+with the entry and per-thread state both kernels share (forward_entry, thread_state).
 
 Everything that decides an output's bits lives here: a vector's values (the bf16 widening, the clamp in either
 tiling's form, the clamp counts, silu by the lean division or IEEE division), a group's amax and scale factor, the
@@ -21,6 +22,7 @@ import tilelang.language as T
 
 from kernels_src.fused.bf16 import BF16_AT
 from kernels_src.fused.division import DIV_NORMAL, lean_e4m3_scale_factor
+from kernels_src.pdl import PDL_SOURCE, pdl_entry
 from kernels_src.quant.common import amax_floor, scale_factor
 
 OUT_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3"}
@@ -119,6 +121,51 @@ class Arith:
     def words(self) -> bool:
         """bf16 values are widened from their 32-bit words."""
         return self.dtype == "bfloat16"
+
+
+@T.macro
+def forward_entry(min_blocks: int, x_stride, vec: int):
+    """Either forward kernel's entry: its launch bound, the device helpers, the wait for the grid before it
+    (programmatic dependent launch) and x's rows aligned to whole 16-byte vectors."""
+    T.annotate_min_blocks_per_sm(min_blocks)
+    T.import_source(DEVICE_HELPERS + PDL_SOURCE)
+    pdl_entry()
+    T.assume(x_stride % vec == 0)
+
+
+def thread_state(a: Arith, num_warps: int, has_clamp, clamp_value):
+    """The state a thread of either forward kernel keeps: its clamp counts (zeroed) and their warp sums' shared tile,
+    the expert search's lo, hi and begin, the group amax, a gate and up value, and for the lean division the gate
+    check's verdict and bound (FLT_MAX, or the clamp). A plain function, not a macro: a macro would hand back the
+    variables' values, not the variables."""
+    counts = T.alloc_local((3,), T.int32)
+    count_sums = T.alloc_shared((3, num_warps), T.int32)
+    lo = T.alloc_var(T.int32)
+    hi = T.alloc_var(T.int32)
+    begin = T.alloc_var(T.int32)
+    amax = T.alloc_var(T.float32)
+    g = T.alloc_var(T.float32)
+    u = T.alloc_var(T.float32)
+    exact = T.alloc_var(T.int32) if a.lean_div else None
+    zero_counts(counts)
+    limit = None
+    if a.lean_div:
+        limit = T.alloc_var(T.float32, init=T.float32(FLT_MAX))
+        clamp_limit(limit, has_clamp, clamp_value)
+    return counts, count_sums, lo, hi, begin, amax, g, u, exact, limit
+
+
+@T.macro
+def zero_counts(counts):
+    for k in T.unroll(3):
+        counts[k] = 0
+
+
+@T.macro
+def clamp_limit(limit, has_clamp, clamp_value):
+    # limit: a variable (passed as itself, from thread_state)
+    if has_clamp != 0:
+        limit = T.min(clamp_value, T.float32(FLT_MAX))  # noqa: F841 (the variable is written)
 
 
 @T.macro

@@ -9,6 +9,8 @@ decided first, in priority order: masked > forced random > fixed > routed.
 The same body (`gate`) builds the generic gate (moe_topk_gate_generic.py), over runtime sizes.
 """
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 from kernels_src.moe.common import (
@@ -104,17 +106,90 @@ def draw_distinct(choice: T.Ref, pending: T.Ref, low: T.Ref, low_lane: T.Ref, wo
                 pending = INT_MAX
 
 
+class GateArgs(NamedTuple):
+    """The gate's arguments that the route macros below read, in both backends' kernels."""
+
+    topk_idx: T.Buffer
+    topk_weights: T.Buffer
+    unmapped_topk_idx: T.Buffer
+    logical_count: T.Buffer
+    to_physical_map: T.Buffer
+    flags: T.Var
+    ep_rank: T.Var
+    routed_scaling_factor: T.Var
+    num_experts: T.Var  # an int in the specialised kernels
+    num_topk: T.Var
+    num_physical_topk: T.Var
+    num_shared_experts: T.Var
+    num_logical_experts: T.Var
+
+
 @T.macro
-def store_random_picks(
-    topk_idx, topk_weights, unmapped_topk_idx, token, lane, choice: T.Ref, weight: T.Ref, flags, num_topk, num_physical_topk
-):
-    """A forced-random token's outputs: this lane's drawn expert (draw_distinct's choice) and weight, and no unmapped
-    expert. The Ascend kernel stores with it too."""
-    if lane < num_physical_topk:
-        topk_idx[token, lane] = T.Cast(T.int64, choice)
-        topk_weights[token, lane] = weight
-    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
-        unmapped_topk_idx[token, lane] = T.int64(-1)
+def store_masked(args: GateArgs, token, lane, in_range):
+    """A masked token's outputs: no experts, weight 0, where in_range (True, or the Ascend kernel's token <
+    num_tokens). The Ascend kernel stores with it too."""
+    if in_range and lane < args.num_physical_topk:
+        args.topk_idx[token, lane] = T.int64(-1)
+        args.topk_weights[token, lane] = T.float32(0)
+    if in_range and (args.flags & FLAG_UNMAPPED) != 0 and lane < args.num_topk:
+        args.unmapped_topk_idx[token, lane] = T.int64(-1)
+
+
+def route_vars() -> tuple:
+    """The int32 variables random_route and store_routed take (pending, choice, low, low_lane, experts, count), for
+    either backend's kernel to allocate in its place. A plain function, not a macro: a macro would hand back their
+    values, not the variables."""
+    return tuple(T.alloc_var(T.int32) for _ in range(6))
+
+
+@T.macro
+def random_route(args: GateArgs, token, lane, words: T.Ref, draws: T.Ref, weight: T.Ref, choice: T.Ref, pending: T.Ref, low: T.Ref,
+                 low_lane: T.Ref, experts: T.Ref, count: T.Ref, lowest, warp_total):  # fmt: skip
+    """A forced-random token's outputs from two Philox words of its lane: the uniform (0, 1] weight from `words`, the
+    expert drawn from `draws` (draw_distinct; `lowest` its warp reduction) among the physical experts (the warp's sum
+    of logical_count, lane j * 32 + lane's entries on the lane; `warp_total(experts, count)` the backend's warp sum)
+    with the physical map, else the routed and shared ones; no unmapped expert. The Ascend kernel routes with it too."""
+    weight = T.Cast(T.float32, words) * T.float32(2.0**-32) + T.float32(2.0**-33)
+    if (args.flags & FLAG_PHYSICAL) != 0:
+        count = 0
+        for j in T.serial(T.ceildiv(args.num_logical_experts, WARP)):
+            if j * WARP + lane < args.num_logical_experts:
+                count = count + args.logical_count[j * WARP + lane]
+        warp_total(experts, count)
+    else:
+        experts = args.num_experts + args.num_shared_experts
+    draw_distinct(choice, pending, low, low_lane, draws, experts, lane, args.num_physical_topk, lowest)
+    if lane < args.num_physical_topk:
+        args.topk_idx[token, lane] = T.Cast(T.int64, choice)
+        args.topk_weights[token, lane] = weight
+    if (args.flags & FLAG_UNMAPPED) != 0 and lane < args.num_topk:
+        args.unmapped_topk_idx[token, lane] = T.int64(-1)
+
+
+@T.macro
+def store_routed(args: GateArgs, token, lane, in_range, out_idx: T.Ref, weight: T.Ref, count: T.Ref, score: T.Ref, total: T.Ref):
+    """A routed or fixed token's outputs, out_idx its expert on a top-k lane: the weight score / total *
+    routed_scaling_factor (and the unmapped expert), on the lanes after them the shared experts at weight 1; then the
+    physical map and the stores, where in_range (as for store_masked). The Ascend kernel stores with it too."""
+    if lane < args.num_topk:
+        weight = score / total * args.routed_scaling_factor
+        if in_range and (args.flags & FLAG_UNMAPPED) != 0:
+            args.unmapped_topk_idx[token, lane] = out_idx
+    elif lane < args.num_physical_topk:
+        weight = T.float32(1)
+        out_idx = T.Cast(T.int64, args.num_experts + lane - args.num_topk)
+    if (args.flags & FLAG_PHYSICAL) != 0 and lane < args.num_physical_topk:
+        physical_slot(out_idx, count, token, args.ep_rank, args.num_logical_experts, args.logical_count, args.to_physical_map)
+    if in_range and lane < args.num_physical_topk:
+        args.topk_idx[token, lane] = out_idx
+        args.topk_weights[token, lane] = weight
+
+
+@T.macro
+def warp_total(total: T.Ref, value: T.Ref):
+    """random_route's warp sum, by shuffles (value is summed in place)."""
+    warp_sum(value)
+    total = value  # noqa: F841 (a T.Ref: the caller's variable is written)
 
 
 @T.macro
@@ -178,41 +253,22 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
             out_idx = T.alloc_var(T.int64, init=-1)
             r0 = T.alloc_var(T.uint32)
             r1 = T.alloc_var(T.uint32)
-            pending = T.alloc_var(T.int32)
-            choice = T.alloc_var(T.int32)
-            low = T.alloc_var(T.int32)
-            low_lane = T.alloc_var(T.int32)
-            experts = T.alloc_var(T.int32)
-            count = T.alloc_var(T.int32)
+            pending, choice, low, low_lane, experts, count = route_vars()
+            args = GateArgs(topk_idx, topk_weights, unmapped_topk_idx, logical_count, to_physical_map, flags, ep_rank,
+                            routed_scaling_factor, num_experts, num_topk, num_physical_topk, num_shared_experts,
+                            num_logical_experts)  # fmt: skip
             if token < num_tokens:
                 pick_route(route, token, flags, mask, force_random, fix_routing_mask)
 
                 if route == MASKED:
-                    if lane < num_physical_topk:
-                        topk_idx[token, lane] = T.int64(-1)
-                        topk_weights[token, lane] = T.float32(0)
-                    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk:
-                        unmapped_topk_idx[token, lane] = T.int64(-1)
+                    store_masked(args, token, lane, True)
                 elif route == RANDOM:
                     # Distinct random physical experts, uniform (0, 1] weights, from Philox
                     # keyed by ep_rank at subsequence token * 32 + lane.
                     key = T.alloc_var(T.uint32, init=T.Cast(T.uint32, ep_rank))
                     counter = T.alloc_var(T.uint32, init=T.Cast(T.uint32, token * WARP + lane))
                     philox_first_two(key, counter, r0, r1)
-                    weight = T.Cast(T.float32, r0) * T.float32(2.0**-32) + T.float32(2.0**-33)
-                    if (flags & FLAG_PHYSICAL) != 0:
-                        count = 0
-                        for i in T.serial(T.ceildiv(num_logical_experts, WARP)):
-                            if i * WARP + lane < num_logical_experts:
-                                count = count + logical_count[i * WARP + lane]
-                        warp_sum(count)
-                        experts = count
-                    else:
-                        experts = num_experts + num_shared_experts
-                    draw_distinct(choice, pending, low, low_lane, r1, experts, lane, num_physical_topk, warp_lowest)
-                    store_random_picks(
-                        topk_idx, topk_weights, unmapped_topk_idx, token, lane, choice, weight, flags, num_topk, num_physical_topk
-                    )
+                    random_route(args, token, lane, r0, r1, weight, choice, pending, low, low_lane, experts, count, warp_lowest, warp_total)
                 else:
                     # Scores, written out if asked, then the bias the ranking adds
                     load_row(vals, logits, token, lane, rows)
@@ -253,18 +309,7 @@ def gate(num_experts, num_topk, tiling: str, rows: Rows):
                     warp_sum(total)
                     total = total + T.float32(1e-20)
 
-                    if lane < num_topk:
-                        weight = score / total * routed_scaling_factor
-                        if (flags & FLAG_UNMAPPED) != 0:
-                            unmapped_topk_idx[token, lane] = out_idx
-                    elif lane < num_physical_topk:
-                        weight = T.float32(1)
-                        out_idx = T.Cast(T.int64, num_experts + lane - num_topk)
-                    if (flags & FLAG_PHYSICAL) != 0 and lane < num_physical_topk:
-                        physical_slot(out_idx, count, token, ep_rank, num_logical_experts, logical_count, to_physical_map)
-                    if lane < num_physical_topk:
-                        topk_idx[token, lane] = out_idx
-                        topk_weights[token, lane] = weight
+                    store_routed(args, token, lane, True, out_idx, weight, count, score, total)
 
                 if route == MASKED or route == RANDOM:
                     if (flags & FLAG_SCORES) != 0:

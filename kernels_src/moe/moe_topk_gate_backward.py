@@ -149,11 +149,14 @@ def store_vector(dst, row, start, src, vec, num_experts):
                 dst[row, start + j] = src[j]
 
 
+def gate_backward_dims() -> tuple:
+    """The backward's runtime dims, in both backends' kernels: (num_tokens, num_experts, num_topk)."""
+    return tuple(T.dynamic(name) for name in ("num_tokens", "num_experts", "num_topk"))
+
+
 def gate_backward_kernel(warps: int, min_blocks: int = 1, grad=logit_grad):
     """The kernel at `warps` tokens a block (`min_blocks`: a launch bound; `grad`: (u, du) -> the logit's gradient)."""
-    num_tokens = T.dynamic("num_tokens")
-    num_experts = T.dynamic("num_experts")
-    num_topk = T.dynamic("num_topk")
+    num_tokens, num_experts, num_topk = gate_backward_dims()
 
     @T.prim_func
     def moe_topk_gate_backward(
