@@ -10,8 +10,9 @@ gradients go through the Unified Buffer. Both sizes are runtime values.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.mhc.common import normw_merge_types
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
 DECL = NORMW_MERGE_BWD
@@ -20,8 +21,7 @@ THREADS = 256
 
 
 def build(dtype: str):
-    m, n = T.dynamic("m"), T.dynamic("n")
-    rows, weights = fp32(m, n), fp32(n)
+    m, n, rows, weights = normw_merge_types()
 
     @T.prim_func
     def mhc_normw_merge_bwd(fn: rows, normw: weights, out_fn_grad: rows, fn_grad: rows, normw_grad: weights):

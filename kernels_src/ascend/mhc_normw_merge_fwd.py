@@ -7,8 +7,9 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, split_block, stage
+from kernels_src.ascend.common import split_block, stage
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.mhc.common import normw_merge_types
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
 DECL = NORMW_MERGE_FWD
@@ -17,8 +18,7 @@ THREADS = 256
 
 
 def build(dtype: str):
-    m, n = T.dynamic("m"), T.dynamic("n")
-    rows, weights = fp32(m, n), fp32(n)
+    m, n, rows, weights = normw_merge_types()
 
     @T.prim_func
     def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):

@@ -84,6 +84,19 @@ def row_dims():
     return T.dynamic("num_tokens"), T.dynamic("hidden")
 
 
+def fp32(*shape):
+    """A float32 tensor type of this shape, as a factory: a prim_func annotation calls it, so every argument gets a
+    buffer of its own."""
+    return lambda: T.Tensor[shape, T.float32]
+
+
+def normw_merge_types():
+    """The norm-weight merge kernels' (both directions, both backends) runtime (m, n) and their argument types: the
+    (m, n) fp32 rows of the mixing projection and the (n,) fp32 weights."""
+    m, n = T.dynamic("m"), T.dynamic("n")
+    return m, n, fp32(m, n), fp32(n)
+
+
 def partial_dims():
     """The runtime (num_tokens, n_rms_group, mhc_mult3) of the reduce-partials kernels (both directions, both
     backends): a token's rows of RMS groups."""

@@ -10,6 +10,7 @@ through shared memory, and reaches normw_grad once at the end. Both sizes are ru
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import normw_merge_types
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
@@ -25,17 +26,10 @@ CHUNK_ROWS = GROUPS * ROWS
 
 
 def build(dtype: str):
-    m = T.dynamic("m")
-    n = T.dynamic("n")
+    m, n, rows, weights = normw_merge_types()
 
     @T.prim_func
-    def mhc_normw_merge_bwd(
-        fn: T.Tensor[(m, n), T.float32],
-        normw: T.Tensor[(n,), T.float32],
-        out_fn_grad: T.Tensor[(m, n), T.float32],
-        fn_grad: T.Tensor[(m, n), T.float32],
-        normw_grad: T.Tensor[(n,), T.float32],
-    ):
+    def mhc_normw_merge_bwd(fn: rows, normw: weights, out_fn_grad: rows, fn_grad: rows, normw_grad: weights):
         with T.Kernel(T.ceildiv(n, COLS), threads=THREADS) as block:
             kernel_entry()
             tid = T.get_thread_binding()
