@@ -97,6 +97,12 @@ def normw_merge_types():
     return m, n, fp32(m, n), fp32(n)
 
 
+def mix_types(num_tokens, width, scales: int):
+    """The argument types of the mix kernels (head mix, split mixes): the (num_tokens, width) fp32 mixes, the (scales,)
+    fp32 scales and the (width,) fp32 bases."""
+    return fp32(num_tokens, width), fp32(scales), fp32(width)
+
+
 def partial_dims():
     """The runtime (num_tokens, n_rms_group, mhc_mult3) of the reduce-partials kernels (both directions, both
     backends): a token's rows of RMS groups."""
