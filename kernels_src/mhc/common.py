@@ -3,6 +3,7 @@
 import tilelang.language as T
 
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32
 
 VEC = 8  # bf16 elements of one 16-byte access; callers keep hidden a multiple of it
 WARP = 32
@@ -82,12 +83,6 @@ def store_bf16(tmp, acc, dst, di):
 def row_dims():
     """The runtime (num_tokens, hidden) of a kernel over bf16 rows."""
     return T.dynamic("num_tokens"), T.dynamic("hidden")
-
-
-def fp32(*shape):
-    """A float32 tensor type of this shape, as a factory: a prim_func annotation calls it, so every argument gets a
-    buffer of its own."""
-    return lambda: T.Tensor[shape, T.float32]
 
 
 def normw_merge_types():

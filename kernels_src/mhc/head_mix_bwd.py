@@ -14,8 +14,9 @@ within a warp by xor shuffles: the same additions, without a barrier each).
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import fp32, mix_types
+from kernels_src.mhc.common import mix_types
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS
 
 DECL = HEAD_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)

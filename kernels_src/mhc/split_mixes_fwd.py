@@ -8,8 +8,9 @@ sigmoid(v) is 1 / (1 + exp(0 - v)) in fp32, as TileLang's sigmoid.
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import fp32, mix_types
+from kernels_src.mhc.common import mix_types
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32
 from tkaot._mhc.kernels import SPLIT_MIXES_FWD
 
 DECL = SPLIT_MIXES_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
