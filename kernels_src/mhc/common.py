@@ -3,7 +3,7 @@
 import tilelang.language as T
 
 from kernels_src.pdl import kernel_entry
-from kernels_src.tensors import fp32
+from kernels_src.tensors import fp32, tensor
 
 VEC = 8  # bf16 elements of one 16-byte access; callers keep hidden a multiple of it
 WARP = 32
@@ -83,6 +83,15 @@ def store_bf16(tmp, acc, dst, di):
 def row_dims():
     """The runtime (num_tokens, hidden) of a kernel over bf16 rows."""
     return T.dynamic("num_tokens"), T.dynamic("hidden")
+
+
+def stream_types(mhc: int):
+    """The runtime (num_tokens, hidden) of a kernel between a token's row and its mhc streams (pre_apply_mix, both
+    directions) and its argument types: the (num_tokens, hidden) bf16 rows, the (num_tokens, mhc, hidden) bf16
+    streams and the (num_tokens, mhc) fp32 mixes."""
+    num_tokens, hidden = row_dims()
+    rows, streams = tensor(T.bfloat16, num_tokens, hidden), tensor(T.bfloat16, num_tokens, mhc, hidden)
+    return num_tokens, hidden, rows, streams, fp32(num_tokens, mhc)
 
 
 def normw_merge_types():
