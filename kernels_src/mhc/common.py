@@ -95,10 +95,34 @@ def stream_types(mhc: int):
 
 
 def normw_merge_types():
-    """The norm-weight merge kernels' (both directions, both backends) runtime (m, n) and their argument types: the
-    (m, n) fp32 rows of the mixing projection and the (n,) fp32 weights."""
+    """The norm-weight merge kernels' runtime (m, n) and their argument types: the (m, n) fp32 rows of the mixing
+    projection and the (n,) fp32 weights."""
     m, n = T.dynamic("m"), T.dynamic("n")
     return m, n, fp32(m, n), fp32(n)
+
+
+def normw_merge_fwd_kernel(body):
+    """The mhc_normw_merge_fwd prim_func of both backends, its arguments written once in the declaration's order
+    (tkaot/_mhc/kernels.py, which the build checks); body(m, n, fn, normw, out_fn), a @T.macro, emits the kernel."""
+    m, n, rows, weights = normw_merge_types()
+
+    @T.prim_func
+    def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
+        body(m, n, fn, normw, out_fn)
+
+    return mhc_normw_merge_fwd
+
+
+def normw_merge_bwd_kernel(body):
+    """The mhc_normw_merge_bwd prim_func of both backends (normw_merge_fwd_kernel); body(m, n, fn, normw,
+    out_fn_grad, fn_grad, normw_grad), a @T.macro, emits the kernel."""
+    m, n, rows, weights = normw_merge_types()
+
+    @T.prim_func
+    def mhc_normw_merge_bwd(fn: rows, normw: weights, out_fn_grad: rows, fn_grad: rows, normw_grad: weights):
+        body(m, n, fn, normw, out_fn_grad, fn_grad, normw_grad)
+
+    return mhc_normw_merge_bwd
 
 
 def mix_types(num_tokens, width, scales: int):

@@ -5,7 +5,7 @@
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import normw_merge_types
+from kernels_src.mhc.common import normw_merge_fwd_kernel
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
@@ -17,10 +17,8 @@ SPAN = THREADS * VEC  # columns a block
 
 
 def build(dtype: str):
-    m, n, rows, weights = normw_merge_types()
-
-    @T.prim_func
-    def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
+    @T.macro
+    def body(m, n, fn, normw, out_fn):
         with T.Kernel(T.ceildiv(n, SPAN), m, threads=THREADS) as (block, row):
             kernel_entry()
             for v in T.unroll(VEC):
@@ -28,4 +26,4 @@ def build(dtype: str):
                 if k < n:
                     out_fn[row, k] = fn[row, k] * normw[k]
 
-    return mhc_normw_merge_fwd
+    return normw_merge_fwd_kernel(body)
