@@ -8,8 +8,9 @@ products back; the last block's copies stop at numel.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, stage, tensor
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.engram.fused_weight import fused_weight_kernel
 from tkaot._engram.kernels import FUSED_WEIGHT
 
 DECL = FUSED_WEIGHT
@@ -18,11 +19,8 @@ THREADS = 256
 
 
 def build(dtype: str):
-    numel = T.dynamic("numel")
-    weights = tensor(dtype, numel)
-
-    @T.prim_func
-    def engram_fused_weight(weight_hidden: weights, weight_embed: weights, weight_fused: fp32(numel)):
+    @T.macro
+    def body(numel, weight_hidden, weight_embed, weight_fused):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
             h_ub = stage(weight_hidden[first : first + BLOCK], (BLOCK,), dtype)
@@ -33,4 +31,4 @@ def build(dtype: str):
                     f_ub[j] = T.Cast("float32", h_ub[j]) * T.Cast("float32", e_ub[j])
             T.copy(f_ub, weight_fused[first : first + BLOCK])
 
-    return engram_fused_weight
+    return fused_weight_kernel(dtype, body)
