@@ -18,14 +18,20 @@ BLOCK = 8192
 THREADS = 256
 
 
+def elementwise_tiles(first, size, *inputs):
+    """The Unified Buffer tiles of a block of an elementwise kernel (this one, engram_sinkhorn_momentum.py): the run of
+    `size` elements from `first` of each (tensor, dtype) in inputs, staged (stage), then an fp32 tile for a result.
+    The statement that takes them names the tiles."""
+    staged = [stage(tensor[first : first + size], (size,), dtype) for tensor, dtype in inputs]
+    return (*staged, T.alloc_shared((size,), T.float32))
+
+
 def build(dtype: str):
     @T.macro
     def body(numel, weight_hidden, weight_embed, weight_fused):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
-            h_ub = stage(weight_hidden[first : first + BLOCK], (BLOCK,), dtype)
-            e_ub = stage(weight_embed[first : first + BLOCK], (BLOCK,), dtype)
-            f_ub = T.alloc_shared((BLOCK,), T.float32)
+            h_ub, e_ub, f_ub = elementwise_tiles(first, BLOCK, (weight_hidden, dtype), (weight_embed, dtype))
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
                     f_ub[j] = T.Cast("float32", h_ub[j]) * T.Cast("float32", e_ub[j])
