@@ -1,4 +1,5 @@
-"""Pieces the mHC kernels share: the bf16 vector width, sums in a fixed order, and a block-wide sum."""
+"""Pieces the mHC kernels share: the bf16 vector width, sums in a fixed order, a block-wide sum, kernel frames, and the
+runtime dims and argument types that several kernels (or both backends of one) take, written once."""
 
 import tilelang.language as T
 
