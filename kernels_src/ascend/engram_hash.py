@@ -11,8 +11,9 @@ output. Tokens, layers and tables are runtime values; the n-gram order is static
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import split_block, tensor
+from kernels_src.ascend.common import split_block
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.engram.hash import hash_dims, hash_kernel
 from tkaot._engram.kernels import ENGRAM_HASH
 
 DECL = ENGRAM_HASH
@@ -21,22 +22,11 @@ THREADS = 256
 
 
 def build(max_ngram_size: int):
-    orders = max_ngram_size - 1
-    num_tokens, num_layers, num_tables = T.dynamic("num_tokens"), T.dynamic("num_layers"), T.dynamic("num_tables")
-    cols = orders * num_tables
+    dims = hash_dims(max_ngram_size)
+    num_tokens, num_layers, num_tables, cols = dims
 
-    tables = tensor(T.int32, num_layers, cols)
-
-    @T.prim_func
-    def engram_hash(
-        ngram_token_ids: tensor(T.int32, num_tokens, max_ngram_size),
-        multipliers: tensor(T.int64, num_layers, max_ngram_size),
-        vocab_sizes: tables,
-        offsets: tables,
-        image_token_mask: tensor(T.bool, num_tokens),
-        output: tensor(T.int32, num_layers, num_tokens, cols),
-        has_mask: T.int32,
-    ):
+    @T.macro
+    def body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, output, has_mask):
         T.assume(num_tables > 0)
         chunks = T.ceildiv(num_tokens * cols, ELEMS)
         with T.Kernel(num_layers * chunks) as block:
@@ -64,4 +54,4 @@ def build(max_ngram_size: int):
             output = T.StridedTensor((num_layers, num_tokens * cols), (num_tokens * cols, 1), T.int32, data=output.data)
             T.copy(out_ub, output[layer, first : first + ELEMS])
 
-    return engram_hash
+    return hash_kernel(max_ngram_size, dims, body)

@@ -10,9 +10,10 @@ the last bits.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
 from kernels_src.ascend.tile import rows_per_block
+from kernels_src.engram.sinkhorn_rows import sinkhorn_types
 from tkaot._engram.kernels import SINKHORN_FINALIZE
 
 DECL = SINKHORN_FINALIZE
@@ -21,18 +22,10 @@ THREADS = 128
 
 def build(head_dim: int):
     rows = rows_per_block(head_dim * 4, 2)
-    num_rows = T.dynamic("num_rows")
-    matrices = fp32(num_rows, head_dim)
+    num_rows, matrices, per_row, per_col = sinkhorn_types(head_dim)
 
     @T.prim_func
-    def engram_sinkhorn_finalize(
-        matrix: matrices,
-        row_scale: fp32(num_rows),
-        col_scale: fp32(head_dim),
-        out: matrices,
-        eps: T.float32,
-        alpha: T.float32,
-    ):
+    def engram_sinkhorn_finalize(matrix: matrices, row_scale: per_row, col_scale: per_col, out: matrices, eps: T.float32, alpha: T.float32):
         with T.Kernel(T.ceildiv(num_rows, rows)) as block:
             first = block * rows
             m_ub = stage(matrix[first : first + rows, :], (rows, head_dim), T.float32)

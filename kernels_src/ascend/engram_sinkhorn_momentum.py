@@ -9,8 +9,9 @@ both results back; the last block's copies stop at numel. beta1, 1 - beta1 and n
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, stage, tensor
+from kernels_src.ascend.common import fp32, tensor
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.ascend.engram_fused_weight import elementwise_tiles
 from tkaot._engram.kernels import SINKHORN_MOMENTUM
 
 DECL = SINKHORN_MOMENTUM
@@ -36,9 +37,7 @@ def build(grad_dtype: str, momentum_dtype: str, tiling: str):  # the tiling is t
     ):
         with T.Kernel(T.ceildiv(numel, BLOCK)) as block:
             first = block * BLOCK
-            g_ub = stage(grad[first : first + BLOCK], (BLOCK,), grad_dtype)
-            m_ub = stage(momentum_buffer[first : first + BLOCK], (BLOCK,), momentum_dtype)
-            s_ub = T.alloc_shared((BLOCK,), T.float32)
+            g_ub, m_ub, s_ub = elementwise_tiles(first, BLOCK, (grad, grad_dtype), (momentum_buffer, momentum_dtype))
             with T.SimtVF(threads=THREADS):
                 for j in T.Parallel(BLOCK):
                     g = T.Cast("float32", g_ub[j])

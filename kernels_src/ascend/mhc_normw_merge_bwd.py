@@ -10,8 +10,9 @@ gradients go through the Unified Buffer. Both sizes are runtime values.
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, stage
+from kernels_src.ascend.common import stage
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.mhc.common import normw_merge_bwd_kernel
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
 DECL = NORMW_MERGE_BWD
@@ -20,11 +21,8 @@ THREADS = 256
 
 
 def build(dtype: str):
-    m, n = T.dynamic("m"), T.dynamic("n")
-    rows, weights = fp32(m, n), fp32(n)
-
-    @T.prim_func
-    def mhc_normw_merge_bwd(fn: rows, normw: weights, out_fn_grad: rows, fn_grad: rows, normw_grad: weights):
+    @T.macro
+    def body(m, n, fn, normw, out_fn_grad, fn_grad, normw_grad):
         with T.Kernel(T.ceildiv(n, COLUMNS)) as block:
             first = block * COLUMNS
             w_ub = stage(normw[first : first + COLUMNS], (COLUMNS,), T.float32)
@@ -41,4 +39,4 @@ def build(dtype: str):
                     wg_ub[j] = wg_ub[j] + total[0]
             T.copy(wg_ub, normw_grad[first : first + COLUMNS])
 
-    return mhc_normw_merge_bwd
+    return normw_merge_bwd_kernel(body)

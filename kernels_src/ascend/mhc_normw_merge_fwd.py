@@ -7,8 +7,9 @@ a SIMT region and copies the products back (the last run's copies stop at n). Bo
 from tilelang.ascend import language as T
 
 from kernels_src.ascend.common import REQUIRES as REQUIRES  # every value the declaration allows
-from kernels_src.ascend.common import fp32, split_block, stage
+from kernels_src.ascend.common import split_block, stage
 from kernels_src.ascend.common import unsupported as unsupported
+from kernels_src.mhc.common import normw_merge_fwd_kernel
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
 DECL = NORMW_MERGE_FWD
@@ -17,11 +18,8 @@ THREADS = 256
 
 
 def build(dtype: str):
-    m, n = T.dynamic("m"), T.dynamic("n")
-    rows, weights = fp32(m, n), fp32(n)
-
-    @T.prim_func
-    def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
+    @T.macro
+    def body(m, n, fn, normw, out_fn):
         runs = T.ceildiv(n, SPAN)
         with T.Kernel(m * runs) as block:
             row, first = split_block(block, runs, SPAN)
@@ -32,4 +30,4 @@ def build(dtype: str):
                     fn_ub[i, k] = fn_ub[i, k] * w_ub[k]
             T.copy(fn_ub, out_fn[row : row + 1, first : first + SPAN])
 
-    return mhc_normw_merge_fwd
+    return normw_merge_fwd_kernel(body)

@@ -7,6 +7,7 @@ elements); the element count is a runtime value (a multiple of 8).
 import tilelang.language as T
 
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32, tensor
 from tkaot._engram.kernels import FUSED_WEIGHT
 
 DECL = FUSED_WEIGHT  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -15,15 +16,23 @@ THREADS = 128
 VEC = 8
 
 
-def build(dtype: str):
+def fused_weight_kernel(dtype: str, body):
+    """The engram_fused_weight prim_func of both backends, its arguments written once in the declaration's order
+    (tkaot/_engram/kernels.py, which the build checks); body(numel, weight_hidden, weight_embed, weight_fused), a
+    @T.macro, emits the kernel."""
     numel = T.dynamic("numel")
+    weights = tensor(dtype, numel)
 
     @T.prim_func
-    def engram_fused_weight(
-        weight_hidden: T.Tensor[(numel,), dtype],
-        weight_embed: T.Tensor[(numel,), dtype],
-        weight_fused: T.Tensor[(numel,), T.float32],
-    ):
+    def engram_fused_weight(weight_hidden: weights, weight_embed: weights, weight_fused: fp32(numel)):
+        body(numel, weight_hidden, weight_embed, weight_fused)
+
+    return engram_fused_weight
+
+
+def build(dtype: str):
+    @T.macro
+    def body(numel, weight_hidden, weight_embed, weight_fused):
         with T.Kernel(T.ceildiv(numel, THREADS * VEC), threads=THREADS) as block:
             kernel_entry()
             T.assume(numel % VEC == 0)
@@ -38,4 +47,4 @@ def build(dtype: str):
                 for j in T.vectorized(VEC):
                     weight_fused[base + j] = a[j] * b[j]
 
-    return engram_fused_weight
+    return fused_weight_kernel(dtype, body)

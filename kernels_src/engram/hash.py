@@ -8,9 +8,12 @@ One thread an output element (token, col) of a layer, so tokens, layers and tabl
 values and the stores are coalesced; only the n-gram order is static (its XOR chain is unrolled).
 """
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import tensor
 from tkaot._engram.kernels import ENGRAM_HASH
 
 DECL = ENGRAM_HASH  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -18,23 +21,49 @@ DECL = ENGRAM_HASH  # the declaration this module builds (tkaot/_engram/kernels.
 THREADS = 256
 
 
-def build(max_ngram_size: int):
-    orders = max_ngram_size - 1
-    num_tokens = T.dynamic("num_tokens")
-    num_layers = T.dynamic("num_layers")
-    num_tables = T.dynamic("num_tables")
-    cols = orders * num_tables
+class HashDims(NamedTuple):
+    """The hash's runtime sizes, and its output columns a layer (orders * num_tables)."""
+
+    num_tokens: T.Var
+    num_layers: T.Var
+    num_tables: T.Var
+    cols: T.PrimExpr
+
+
+def hash_dims(max_ngram_size: int) -> HashDims:
+    """The runtime sizes of the hash of n-grams up to max_ngram_size tokens (both backends)."""
+    num_tokens, num_layers, num_tables = T.dynamic("num_tokens"), T.dynamic("num_layers"), T.dynamic("num_tables")
+    return HashDims(num_tokens, num_layers, num_tables, (max_ngram_size - 1) * num_tables)
+
+
+def hash_kernel(max_ngram_size: int, dims: HashDims, body):
+    """The engram_hash prim_func of both backends: its arguments, in the declaration's order (tkaot/_engram/kernels.py,
+    which the build checks), written once; body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask,
+    output, has_mask), a @T.macro, emits the kernel."""
+    num_tokens, num_layers, cols = dims.num_tokens, dims.num_layers, dims.cols
+    tables = tensor(T.int32, num_layers, cols)
 
     @T.prim_func
     def engram_hash(
-        ngram_token_ids: T.Tensor[(num_tokens, max_ngram_size), T.int32],
-        multipliers: T.Tensor[(num_layers, max_ngram_size), T.int64],
-        vocab_sizes: T.Tensor[(num_layers, cols), T.int32],
-        offsets: T.Tensor[(num_layers, cols), T.int32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        output: T.Tensor[(num_layers, num_tokens, cols), T.int32],
+        ngram_token_ids: tensor(T.int32, num_tokens, max_ngram_size),
+        multipliers: tensor(T.int64, num_layers, max_ngram_size),
+        vocab_sizes: tables,
+        offsets: tables,
+        image_token_mask: tensor(T.bool, num_tokens),
+        output: tensor(T.int32, num_layers, num_tokens, cols),
         has_mask: T.int32,
     ):
+        body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, output, has_mask)
+
+    return engram_hash
+
+
+def build(max_ngram_size: int):
+    dims = hash_dims(max_ngram_size)
+    num_tokens, num_layers, num_tables, cols = dims
+
+    @T.macro
+    def body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, output, has_mask):
         with T.Kernel(T.ceildiv(num_tokens * cols, THREADS), num_layers, threads=THREADS) as (block, layer):
             kernel_entry()
             T.assume(num_tables > 0)
@@ -55,4 +84,4 @@ def build(max_ngram_size: int):
                         T.floormod(hashed, T.cast(vocab_sizes[layer, col], T.int64)) + T.cast(offsets[layer, col], T.int64), T.int32
                     )
 
-    return engram_hash
+    return hash_kernel(max_ngram_size, dims, body)

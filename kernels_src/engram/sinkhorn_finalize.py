@@ -5,7 +5,7 @@ One CTA a row (rows are runtime); head_dim is static (kernels_src/engram/sinkhor
 
 import tilelang.language as T
 
-from kernels_src.engram.sinkhorn_rows import load_row, row_layout, threads_for
+from kernels_src.engram.sinkhorn_rows import load_row, row_layout, sinkhorn_types, threads_for
 from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_FINALIZE
 
@@ -14,17 +14,10 @@ DECL = SINKHORN_FINALIZE  # the declaration this module builds (tkaot/_engram/ke
 
 def build(head_dim: int):
     threads = threads_for(head_dim)
-    num_rows = T.dynamic("num_rows")
+    num_rows, matrices, per_row, per_col = sinkhorn_types(head_dim)
 
     @T.prim_func
-    def engram_sinkhorn_finalize(
-        matrix: T.Tensor[(num_rows, head_dim), T.float32],
-        row_scale: T.Tensor[(num_rows,), T.float32],
-        col_scale: T.Tensor[(head_dim,), T.float32],
-        out: T.Tensor[(num_rows, head_dim), T.float32],
-        eps: T.float32,
-        alpha: T.float32,
-    ):
+    def engram_sinkhorn_finalize(matrix: matrices, row_scale: per_row, col_scale: per_col, out: matrices, eps: T.float32, alpha: T.float32):
         with T.Kernel(num_rows, threads=threads) as row:
             kernel_entry()
             scale = T.alloc_var(T.float32)

@@ -8,6 +8,8 @@ norms come out the same bits.
 
 import tilelang.language as T
 
+from kernels_src.tensors import fp32
+
 VEC = 8
 
 
@@ -17,6 +19,13 @@ def threads_for(head_dim: int) -> int:
         if head_dim % (threads * VEC) == 0:
             return threads
     raise ValueError(f"head_dim {head_dim} is not a multiple of {32 * VEC}")
+
+
+def sinkhorn_types(head_dim):
+    """The Sinkhorn row kernels' (step and finalize; the Ascend finalize too) runtime row count and argument types: the
+    (num_rows, head_dim) fp32 matrix, the (num_rows,) fp32 values a row and the (head_dim,) fp32 values a column."""
+    num_rows = T.dynamic("num_rows")
+    return num_rows, fp32(num_rows, head_dim), fp32(num_rows), fp32(head_dim)
 
 
 def row_layout(head_dim: int, threads: int):

@@ -8,8 +8,9 @@ runtime); head_dim is static (kernels_src/engram/sinkhorn_rows.py).
 
 import tilelang.language as T
 
-from kernels_src.engram.sinkhorn_rows import load_row, row_layout, threads_for
+from kernels_src.engram.sinkhorn_rows import load_row, row_layout, sinkhorn_types, threads_for
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32
 from tkaot._engram.kernels import SINKHORN_STEP
 
 DECL = SINKHORN_STEP  # the declaration this module builds (tkaot/_engram/kernels.py)
@@ -17,16 +18,16 @@ DECL = SINKHORN_STEP  # the declaration this module builds (tkaot/_engram/kernel
 
 def build(head_dim: int):
     threads = threads_for(head_dim)
-    num_rows = T.dynamic("num_rows")
+    num_rows, matrices, per_row, per_col = sinkhorn_types(head_dim)
     num_partials = T.dynamic("num_partials")
 
     @T.prim_func
     def engram_sinkhorn_step(
-        matrix: T.Tensor[(num_rows, head_dim), T.float32],
-        row_scale: T.Tensor[(num_rows,), T.float32],
-        col_scale: T.Tensor[(head_dim,), T.float32],
-        row_norm: T.Tensor[(num_rows,), T.float32],
-        col_sumsq_partial: T.Tensor[(num_partials, head_dim), T.float32],
+        matrix: matrices,
+        row_scale: per_row,
+        col_scale: per_col,
+        row_norm: per_row,
+        col_sumsq_partial: fp32(num_partials, head_dim),
         eps: T.float32,
     ):
         with T.Kernel(num_partials, threads=threads) as part:

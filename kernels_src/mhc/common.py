@@ -1,8 +1,10 @@
-"""Pieces the mHC kernels share: the bf16 vector width, sums in a fixed order, and a block-wide sum."""
+"""Pieces the mHC kernels share: the bf16 vector width, sums in a fixed order, a block-wide sum, kernel frames, and the
+runtime dims and argument types that several kernels (or both backends of one) take, written once."""
 
 import tilelang.language as T
 
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32, tensor
 
 VEC = 8  # bf16 elements of one 16-byte access; callers keep hidden a multiple of it
 WARP = 32
@@ -82,6 +84,52 @@ def store_bf16(tmp, acc, dst, di):
 def row_dims():
     """The runtime (num_tokens, hidden) of a kernel over bf16 rows."""
     return T.dynamic("num_tokens"), T.dynamic("hidden")
+
+
+def stream_types(mhc: int):
+    """The runtime (num_tokens, hidden) of a kernel between a token's row and its mhc streams (pre_apply_mix, both
+    directions) and its argument types: the (num_tokens, hidden) bf16 rows, the (num_tokens, mhc, hidden) bf16
+    streams and the (num_tokens, mhc) fp32 mixes."""
+    num_tokens, hidden = row_dims()
+    rows, streams = tensor(T.bfloat16, num_tokens, hidden), tensor(T.bfloat16, num_tokens, mhc, hidden)
+    return num_tokens, hidden, rows, streams, fp32(num_tokens, mhc)
+
+
+def normw_merge_types():
+    """The norm-weight merge kernels' runtime (m, n) and their argument types: the (m, n) fp32 rows of the mixing
+    projection and the (n,) fp32 weights."""
+    m, n = T.dynamic("m"), T.dynamic("n")
+    return m, n, fp32(m, n), fp32(n)
+
+
+def normw_merge_fwd_kernel(body):
+    """The mhc_normw_merge_fwd prim_func of both backends, its arguments written once in the declaration's order
+    (tkaot/_mhc/kernels.py, which the build checks); body(m, n, fn, normw, out_fn), a @T.macro, emits the kernel."""
+    m, n, rows, weights = normw_merge_types()
+
+    @T.prim_func
+    def mhc_normw_merge_fwd(fn: rows, normw: weights, out_fn: rows):
+        body(m, n, fn, normw, out_fn)
+
+    return mhc_normw_merge_fwd
+
+
+def normw_merge_bwd_kernel(body):
+    """The mhc_normw_merge_bwd prim_func of both backends (normw_merge_fwd_kernel); body(m, n, fn, normw,
+    out_fn_grad, fn_grad, normw_grad), a @T.macro, emits the kernel."""
+    m, n, rows, weights = normw_merge_types()
+
+    @T.prim_func
+    def mhc_normw_merge_bwd(fn: rows, normw: weights, out_fn_grad: rows, fn_grad: rows, normw_grad: weights):
+        body(m, n, fn, normw, out_fn_grad, fn_grad, normw_grad)
+
+    return mhc_normw_merge_bwd
+
+
+def mix_types(num_tokens, width, scales: int):
+    """The argument types of the mix kernels (head mix, split mixes): the (num_tokens, width) fp32 mixes, the (scales,)
+    fp32 scales and the (width,) fp32 bases."""
+    return fp32(num_tokens, width), fp32(scales), fp32(width)
 
 
 def partial_dims():

@@ -14,7 +14,9 @@ within a warp by xor shuffles: the same additions, without a barrier each).
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import mix_types
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS
 
 DECL = HEAD_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -26,19 +28,18 @@ UNROLL = 1  # rounds of a tile whose loads a thread issues together (H200, 8192 
 
 
 def build(dtype: str):
-    num_tokens = T.dynamic("num_tokens")
-    mhc_mult = T.dynamic("mhc_mult")
-    num_sms = T.dynamic("num_sms")
+    num_tokens, mhc_mult, num_sms = T.dynamic("num_tokens"), T.dynamic("mhc_mult"), T.dynamic("num_sms")
+    mixes, scale, base = mix_types(num_tokens, mhc_mult, 1)
 
     @T.prim_func
     def mhc_head_mix_bwd(
-        output_mix_grad: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        input_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_scale: T.Tensor[(1,), T.float32],
-        mhc_base: T.Tensor[(mhc_mult,), T.float32],
-        input_mix_grad: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_scale_grad_partial: T.Tensor[(num_sms, 1), T.float32],
-        mhc_base_grad_partial: T.Tensor[(num_sms, mhc_mult), T.float32],
+        output_mix_grad: mixes,
+        input_mix: mixes,
+        mhc_scale: scale,
+        mhc_base: base,
+        input_mix_grad: mixes,
+        mhc_scale_grad_partial: fp32(num_sms, 1),
+        mhc_base_grad_partial: fp32(num_sms, mhc_mult),
         token_block_size: T.int32,
     ):
         with T.Kernel(num_sms, threads=THREADS) as pid:

@@ -11,6 +11,7 @@ the add; the product rounded on its own moved outputs by 1 to 3 ulps.
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import mix_types
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import HEAD_MIX_FWD
 
@@ -20,17 +21,11 @@ THREADS = 256
 
 
 def build(dtype: str):
-    num_tokens = T.dynamic("num_tokens")
-    mhc_mult = T.dynamic("mhc_mult")
+    num_tokens, mhc_mult = T.dynamic("num_tokens"), T.dynamic("mhc_mult")
+    mixes, scale, base = mix_types(num_tokens, mhc_mult, 1)
 
     @T.prim_func
-    def mhc_head_mix_fwd(
-        input_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_scale: T.Tensor[(1,), T.float32],
-        mhc_base: T.Tensor[(mhc_mult,), T.float32],
-        output_mix: T.Tensor[(num_tokens, mhc_mult), T.float32],
-        mhc_pre_eps: T.float32,
-    ):
+    def mhc_head_mix_fwd(input_mix: mixes, mhc_scale: scale, mhc_base: base, output_mix: mixes, mhc_pre_eps: T.float32):
         with T.Kernel(T.ceildiv(num_tokens * mhc_mult, THREADS), threads=THREADS) as block:
             kernel_entry()
             T.assume(mhc_mult > 0)

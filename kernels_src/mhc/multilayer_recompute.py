@@ -64,6 +64,14 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
         T.call_extern("int32", "tkaot_store16", T.address_of(dst[di]), T.address_of(src[si]))
 
     @T.macro
+    def pre_tiles():
+        """apply_pre's registers: the fp32 sum, its bf16 rounding and the token's pre weights."""
+        acc = T.alloc_local((VEC,), T.float32)
+        out = T.alloc_local((VEC,), T.bfloat16)
+        weights = T.alloc_local((m,), T.float32)
+        return acc, out, weights
+
+    @T.macro
     def apply_pre(pre, layer_input, t, h, res, acc, out, weights):
         for i in T.unroll(m):
             weights[i] = pre[t, i]
@@ -93,11 +101,9 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
             res = T.alloc_local((m, VEC), T.float32)
             mixed = T.alloc_local((VEC,), T.float32)
             loaded = T.alloc_local((m, VEC), T.bfloat16)
-            acc = T.alloc_local((VEC,), T.float32)
-            out = T.alloc_local((VEC,), T.bfloat16)
             lo = T.alloc_local((VEC,), T.bfloat16)
             lo_next = T.alloc_local((VEC,), T.bfloat16)
-            weights = T.alloc_local((m,), T.float32)
+            pre_bufs = pre_tiles()
             if h < hidden:
                 for i in T.unroll(m):
                     for k in T.vectorized(VEC):
@@ -126,7 +132,7 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
                             lo[k] = output[t, h + k]
                     pre = T.make_tensor(pointer_table[layer], (num_tokens, m), T.float32)
                     layer_input = T.make_tensor(pointer_table[num_layers + layer], (num_tokens, hidden), T.bfloat16)
-                    apply_pre(pre, layer_input, t, h, res, acc, out, weights)
+                    apply_pre(pre, layer_input, t, h, res, *pre_bufs)
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
                             mixed[k] = post[t, o] * T.cast(lo[k], T.float32)
@@ -145,6 +151,6 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
                 if num_layers > num_post:
                     last_pre = T.make_tensor(pointer_table[num_post], (num_tokens, m), T.float32)
                     last_input = T.make_tensor(pointer_table[num_layers + num_post], (num_tokens, hidden), T.bfloat16)
-                    apply_pre(last_pre, last_input, t, h, res, acc, out, weights)
+                    apply_pre(last_pre, last_input, t, h, res, *pre_bufs)
 
     return mhc_multilayer_recompute

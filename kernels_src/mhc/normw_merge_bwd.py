@@ -10,6 +10,7 @@ through shared memory, and reaches normw_grad once at the end. Both sizes are ru
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import normw_merge_bwd_kernel
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import NORMW_MERGE_BWD
 
@@ -25,17 +26,8 @@ CHUNK_ROWS = GROUPS * ROWS
 
 
 def build(dtype: str):
-    m = T.dynamic("m")
-    n = T.dynamic("n")
-
-    @T.prim_func
-    def mhc_normw_merge_bwd(
-        fn: T.Tensor[(m, n), T.float32],
-        normw: T.Tensor[(n,), T.float32],
-        out_fn_grad: T.Tensor[(m, n), T.float32],
-        fn_grad: T.Tensor[(m, n), T.float32],
-        normw_grad: T.Tensor[(n,), T.float32],
-    ):
+    @T.macro
+    def body(m, n, fn, normw, out_fn_grad, fn_grad, normw_grad):
         with T.Kernel(T.ceildiv(n, COLS), threads=THREADS) as block:
             kernel_entry()
             tid = T.get_thread_binding()
@@ -79,4 +71,4 @@ def build(dtype: str):
             if group == 0 and k < n:
                 normw_grad[k] = normw_grad[k] + total
 
-    return mhc_normw_merge_bwd
+    return normw_merge_bwd_kernel(body)

@@ -5,6 +5,7 @@
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import normw_merge_fwd_kernel
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import NORMW_MERGE_FWD
 
@@ -16,15 +17,8 @@ SPAN = THREADS * VEC  # columns a block
 
 
 def build(dtype: str):
-    m = T.dynamic("m")
-    n = T.dynamic("n")
-
-    @T.prim_func
-    def mhc_normw_merge_fwd(
-        fn: T.Tensor[(m, n), T.float32],
-        normw: T.Tensor[(n,), T.float32],
-        out_fn: T.Tensor[(m, n), T.float32],
-    ):
+    @T.macro
+    def body(m, n, fn, normw, out_fn):
         with T.Kernel(T.ceildiv(n, SPAN), m, threads=THREADS) as (block, row):
             kernel_entry()
             for v in T.unroll(VEC):
@@ -32,4 +26,4 @@ def build(dtype: str):
                 if k < n:
                     out_fn[row, k] = fn[row, k] * normw[k]
 
-    return mhc_normw_merge_fwd
+    return normw_merge_fwd_kernel(body)

@@ -6,7 +6,7 @@ then the block adds the threads' sums, kernels_src/mhc/common.py block_sum).
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import VEC, load_vec, row_dims, token_row_kernel
+from kernels_src.mhc.common import VEC, load_vec, stream_types, token_row_kernel
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD
 
 DECL = PRE_APPLY_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -14,7 +14,7 @@ DECL = PRE_APPLY_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kerne
 
 def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
-    num_tokens, hidden = row_dims()
+    num_tokens, hidden, rows, streams, mixes = stream_types(mhc)
 
     @T.macro
     def tiles():
@@ -50,13 +50,7 @@ def build(mhc_mult: int):
             mix_grad[token, m] = acc[m]
 
     @T.prim_func
-    def pre_apply_mix_bwd(
-        o_grad: T.Tensor[(num_tokens, hidden), T.bfloat16],
-        x: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
-        mix: T.Tensor[(num_tokens, mhc), T.float32],
-        x_grad: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
-        mix_grad: T.Tensor[(num_tokens, mhc), T.float32],
-    ):
+    def pre_apply_mix_bwd(o_grad: rows, x: streams, mix: mixes, x_grad: streams, mix_grad: mixes):
         token_row_kernel(num_tokens, hidden, mhc, tiles, start, visit, finish, (o_grad, x, mix, x_grad, mix_grad))
 
     return pre_apply_mix_bwd

@@ -7,7 +7,7 @@ vectors below one output vector and the token's mhc mixes (shared by the token's
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import FLAT_UNROLL, VEC, flat_kernel, load_vec, row_dims, stream_sum_store
+from kernels_src.mhc.common import FLAT_UNROLL, VEC, flat_kernel, load_vec, stream_sum_store, stream_types
 from tkaot._mhc.kernels import PRE_APPLY_MIX_FWD
 
 DECL = PRE_APPLY_MIX_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -15,7 +15,7 @@ DECL = PRE_APPLY_MIX_FWD  # the declaration this module builds (tkaot/_mhc/kerne
 
 def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
-    num_tokens, hidden = row_dims()
+    num_tokens, hidden, rows, streams, mixes = stream_types(mhc)
 
     @T.macro
     def load(u, xs, mixes, acc, out, x, mix, o, token, col):
@@ -37,11 +37,7 @@ def build(mhc_mult: int):
         return xs, mixes, acc, out
 
     @T.prim_func
-    def pre_apply_mix_fwd(
-        x: T.Tensor[(num_tokens, mhc, hidden), T.bfloat16],
-        mix: T.Tensor[(num_tokens, mhc), T.float32],
-        o: T.Tensor[(num_tokens, hidden), T.bfloat16],
-    ):
+    def pre_apply_mix_fwd(x: streams, mix: mixes, o: rows):
         flat_kernel(num_tokens, hidden, tiles, load, finish, (x, mix, o))
 
     return pre_apply_mix_fwd

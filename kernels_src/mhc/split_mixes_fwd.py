@@ -8,7 +8,9 @@ sigmoid(v) is 1 / (1 + exp(0 - v)) in fp32, as TileLang's sigmoid.
 
 import tilelang.language as T
 
+from kernels_src.mhc.common import mix_types
 from kernels_src.pdl import kernel_entry
+from kernels_src.tensors import fp32
 from tkaot._mhc.kernels import SPLIT_MIXES_FWD
 
 DECL = SPLIT_MIXES_FWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -20,15 +22,16 @@ def build(mhc_mult: int):
     mhc = mhc_mult  # streams a token
     num_tokens = T.dynamic("num_tokens")
     mixes = mhc * (mhc + 2)
+    inputs, scale, base = mix_types(num_tokens, mixes, 3)
 
     @T.prim_func
     def split_mixes_fwd(
-        input_mixes: T.Tensor[(num_tokens, mixes), T.float32],
-        mhc_scale: T.Tensor[(3,), T.float32],
-        mhc_base: T.Tensor[(mixes,), T.float32],
-        pre_layer_mix: T.Tensor[(num_tokens, mhc), T.float32],
-        post_layer_mix: T.Tensor[(num_tokens, mhc), T.float32],
-        comb_res_mix: T.Tensor[(num_tokens, mhc * mhc), T.float32],
+        input_mixes: inputs,
+        mhc_scale: scale,
+        mhc_base: base,
+        pre_layer_mix: fp32(num_tokens, mhc),
+        post_layer_mix: fp32(num_tokens, mhc),
+        comb_res_mix: fp32(num_tokens, mhc * mhc),
         mhc_post_mult_value: T.float32,
         mhc_pre_eps: T.float32,
     ):
