@@ -132,11 +132,3 @@ def moe_gate_backward_cases(rng):
         return Call(args, kwargs, close={"ret": (1e-5, 1e-6)})
 
     return assemble("moe.moe_topk_gate_backward", rng, config, call, make, tolerance=lambda p: "within rtol 1e-5: sums in another order")
-
-
-GENERATORS = {
-    "quant.norm_backward": norm_backward_cases,
-    "quant.swiglu_backward": swiglu_backward_cases,
-    "quant.swiglu_backward_and_per_token_cast": swiglu_backward_cast_cases,
-    "moe.moe_topk_gate_backward": moe_gate_backward_cases,
-}

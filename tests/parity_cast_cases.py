@@ -403,21 +403,3 @@ def unpack_e2m1_cases(rng):
         return Call((x,), kwargs)
 
     return assemble("quant.unpack_from_e2m1fn_x2", rng, config, call, make)
-
-
-GENERATORS = {
-    "quant.per_token_cast": per_token_cast_cases,
-    "quant.per_token_cast_with_sf_only": per_token_sf_only_cases,
-    "quant.per_token_cast_with_precomputed_sf": per_token_precomputed_cases,
-    "quant.per_token_cast_back": per_token_cast_back_cases,
-    "quant.cast_back": cast_back_cases,
-    "quant.per_token_cast_and_cast_back": per_token_round_trip_cases,
-    "quant.per_block_cast": per_block_cast_cases,
-    "quant.per_block_cast_with_sf_only": per_block_sf_only_cases,
-    "quant.per_block_cast_with_precomputed_sf": per_block_precomputed_cases,
-    "quant.per_block_cast_lossless": lossless_cases,
-    "quant.per_channel_cast": per_channel_cases,
-    "quant.batched_transpose_weight_sf": transpose_weight_sf_cases,
-    "quant.cast": cast_cases,
-    "quant.unpack_from_e2m1fn_x2": unpack_e2m1_cases,
-}

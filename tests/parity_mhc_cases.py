@@ -149,17 +149,3 @@ def post_bwd_cases(rng):
         return {k: v for k, v in _post_call(rng, config, tokens).items() if k != "out"}
 
     return assemble("mhc.mhc_post_bwd", rng, _hidden(128), call, make, tolerance=lambda p: CLOSE)
-
-
-GENERATORS = {
-    "mhc.expand_to_mhc_fwd": expand_fwd_cases,
-    "mhc.expand_to_mhc_bwd": expand_bwd_cases,
-    "mhc.mhc_pre_apply_mix_fwd": pre_apply_mix_fwd_cases,
-    "mhc.mhc_pre_apply_mix_bwd": pre_apply_mix_bwd_cases,
-    "mhc.mhc_pre_split_mixes_fwd": split_fwd_cases,
-    "mhc.mhc_pre_split_mixes_bwd": split_bwd_cases,
-    "mhc.mhc_sinkhorn_fwd": sinkhorn_fwd_cases,
-    "mhc.mhc_sinkhorn_bwd": sinkhorn_bwd_cases,
-    "mhc.mhc_post_fwd": post_fwd_cases,
-    "mhc.mhc_post_bwd": post_bwd_cases,
-}

@@ -122,15 +122,3 @@ def multilayer_recompute_cases(rng):
         return Call(args, {})
 
     return assemble("mhc.mhc_multilayer_recompute", rng, config, no_call_options, make)
-
-
-GENERATORS = {
-    "mhc.mhc_head_compute_mix_fwd": head_mix_fwd_cases,
-    "mhc.mhc_head_compute_mix_bwd": head_mix_bwd_cases,
-    "mhc.mhc_fn_normw_merge_fwd": normw_merge_fwd_cases,
-    "mhc.mhc_fn_normw_merge_bwd": normw_merge_bwd_cases,
-    "mhc.mhc_reduce_partials_and_rmsnorm_fwd": reduce_fwd_cases,
-    "mhc.mhc_reduce_partials_and_rmsnorm_bwd": reduce_bwd_cases,
-    "mhc.mhc_pre_big_fuse_fwd": pre_big_fuse_cases,
-    "mhc.mhc_multilayer_recompute": multilayer_recompute_cases,
-}
