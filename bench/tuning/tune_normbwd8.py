@@ -6,28 +6,36 @@ Why (H200, 8192 x 7168 bf16, bench/results/2026-12-02-H200-s15-tune_normbwd6.log
 weight gradient to reduce. The call is served by rmsnorm_backward's specialised variant (hidden=7168,dtype=bfloat16,
 prebuilt/sm90), the same cubin as the weighted call, weight and residual gradient taken as runtime flags; no
 partials buffer, no pass 2, the same grid (132 blocks of 2 rows). Its lowering (the cubin disassembled, sm_90a):
-- 255 registers, one block an SM: the registers of the weight (w_held) and its gradient (dw) are held in every call;
+- 255 registers, one block an SM: the registers of the weight (w_held) and its gradient (dw) are held in every call
+  (a candidate: 150);
 - a stage of 3 tensors (x, out_grad, residual_out_grad: 172,096 bytes of shared memory) though only two are staged:
   the shared-memory carveout leaves the SM ~60 KB of L1 where two tensors (114,752 bytes) would leave ~124 KB;
-- the loop body is three bodies folded on the flags: the dot-product loop unswitched on has_weight, the store loop
-  branched (weight, residual, neither) at each of the row's 7 vectors, the stage reads and stores each under a
-  token < num_tokens branch (BSSY/BSYNC); the x_grad store of vector 0, where the three bodies meet, is split into
-  four 32-bit STG.E (the other six are STG.E.128);
+- the loop holds every flag's body (3,764 SASS lines; a candidate's ~1,070): the dot-product loop unswitched on
+  has_weight, the store loop branched at each of the row's 7 vectors (a weight, the residual gradient's load and add
+  predicated; no weight with a residual gradient; neither), the stage reads and stores each under a token < num_tokens
+  branch (BSSY/BSYNC); the x_grad store of vector 0, where the bodies meet, is split into four 32-bit STG.E (the other
+  six are STG.E.128);
 - the row's warp sums cross a block barrier (bar.sync 0, both row slots) where TileKernels' takes one named barrier
   each row (bar.sync 1 + row, 128), and TileKernels stages only two tensors without a residual gradient, holds
   x * rstd and the scaled gradient in fp32 registers to the store, refills each vector's stage slot just after
-  reading it.
+  reading it;
+- launched with PDL (griddepcontrol.wait, then launch_dependents at entry), as TileKernels' is not: back to back
+  without a weight, each call's grid queues behind the one before it on the SMs it holds (172 KB of shared memory
+  leaves no room for a second block), where a weighted call has pass 2 between. "ctl.nopdl" and "nw.nopdl" time
+  the control and nw launched without it (a diagnosis: the op launches with PDL).
 Which of these costs the 6 µs the GPU run says. Each candidate is a body (plain_body, below) that takes the weight and
 residual gradient as absent (so as a variant of its own would, served only to those calls); it writes the shipped
 kernel's bytes (the same vectors a thread, the same products and sums in the same order, the same fused
 multiply-adds), which the run checks:
 - "nw": the shipped body with both flags static: 2 staged tensors, no weight registers, one body;
 - "nw.pad": nw with the shipped stage size (3 tensors' shared memory): nw against nw.pad is the L1 carveout;
-- "hold": x * rstd and the scaled gradient held in fp32 registers to the stores (not the bf16 vectors converted again);
 - "named": the warp-sum barrier one of each row slot (bar.sync 1 + slot, row_threads), not the block's;
 - "vec": each vector's stage slot refilled right after its read (TileKernels' order);
 - "flat": the staged reads unconditional (a row past the last token was staged as zeros), only the stores predicated;
 - "s3": 3 rows staged ahead (2 tensors of 3 stages: the shipped kernel's shared memory).
+(Holding x * rstd and the scaled gradient in fp32 registers to the stores, as rmsnorm_backward_residual does, built
+nw's cubin byte for byte, and with the named barrier named's: without a weight nvcc keeps them in registers already.
+Every candidate's bf16 7168 cubin stores each vector with one STG.E.128.)
 
 Candidates, each its own artifact set ARTIFACTS/<candidate>/ (the specialised variant at bf16 7168, 4096, 2048 and
 fp32 7168), pass 2 (weight_grad_reduce, unchanged) in ARTIFACTS/common/. On a CPU with TileLang and nvcc:
@@ -38,7 +46,9 @@ then on the GPU, where tile_kernels imports:
 
     python -m bench.tuning.tune_normbwd8 --artifacts tune-artifacts/normbwd8 --out DIR [--budget S]
 
-"ctl" is the shipped kernel, built from the tree (`build` checks its cubins against prebuilt/sm90's manifest).
+"ctl" is the shipped kernel, built from the tree (`build` checks its cubins against prebuilt/sm90's manifest: the
+bf16 ones identical; fp32 7168 is not in the default set, where the op serves fp32 7168 from rmsnorm_backward_generic,
+so that row's control is the specialised variant the tree would build).
 
 The run, in a child process watched by this one (bench/tuning/watch.py: a candidate silent for STALL_S seconds, a hung
 kernel, is killed and the run goes on without it; the whole run stops at --budget seconds, 200 by default):
@@ -75,15 +85,13 @@ CONTROL = "ctl"
 CANDIDATES = {
     "nw": {},
     "nw.pad": {"staged": 3},
-    "hold": {"hold": True},
     "named": {"named": True},
-    "hold.named": {"hold": True, "named": True},
     "vec": {"refill": "vec"},
-    "hold.named.vec": {"hold": True, "named": True, "refill": "vec"},
+    "named.vec": {"named": True, "refill": "vec"},
     "flat": {"flat": True},
-    "hold.named.flat": {"hold": True, "named": True, "flat": True},
+    "named.flat": {"named": True, "flat": True},
     "s3": {"stages": 3},
-    "hold.named.s3": {"hold": True, "named": True, "stages": 3},
+    "named.s3": {"named": True, "stages": 3},
 }
 NAMES = (CONTROL, *CANDIDATES)
 # Sets also timed launched without programmatic dependent launch ("<name>.nopdl"): back to back, each call's grid (one
@@ -115,7 +123,7 @@ def plain_body(opts: dict):
 
     from kernels_src.norm.rmsnorm_backward import _fma, _mul
 
-    hold, named, flat = opts.get("hold", False), opts.get("named", False), opts.get("flat", False)
+    named, flat = opts.get("named", False), opts.get("flat", False)
     refill, stages, staged_tensors = opts.get("refill", "row"), opts.get("stages", 2), opts.get("staged", 2)
 
     def make(tiling, dtype: str, num_tokens, num_blocks):
@@ -167,8 +175,6 @@ def plain_body(opts: dict):
             lane, sub = tiling.lane_and_slot(tid)
             x_in = T.alloc_local((vecs_per_thread, vec), dtype)
             g_in = T.alloc_local((vecs_per_thread, vec), dtype)
-            xh_held = T.alloc_local((vecs_per_thread, vec), T.float32)
-            g_held = T.alloc_local((vecs_per_thread, vec), T.float32)
             res = T.alloc_local((vec,), dtype)
             acc = T.alloc_local((1,), T.float32)
             stage_buf = T.alloc_shared((stages * staged_tensors * region,), dtype)
@@ -224,9 +230,6 @@ def plain_body(opts: dict):
                         xh = T.cast(x_in[v, j], T.float32) * r
                         g = T.cast(g_in[v, j], T.float32) * out_scale
                         acc[0] = _fma(xh, g, acc[0])
-                        if hold:
-                            xh_held[v, j] = xh
-                            g_held[v, j] = g
 
                 row_dot(acc, warp_sums, it % 2, sub, lane)
                 mean = tiling.mean(acc[0])
@@ -235,12 +238,9 @@ def plain_body(opts: dict):
                     col = (v * row_threads + lane) * vec
                     if token < num_tokens:
                         for j in T.unroll(vec):
-                            if hold:
-                                t = _fma(-xh_held[v, j], mean, g_held[v, j])
-                            else:
-                                xh = T.cast(x_in[v, j], T.float32) * r
-                                g = T.cast(g_in[v, j], T.float32) * out_scale
-                                t = _fma(-xh, mean, g)
+                            xh = T.cast(x_in[v, j], T.float32) * r
+                            g = T.cast(g_in[v, j], T.float32) * out_scale
+                            t = _fma(-xh, mean, g)
                             res[j] = T.cast(_mul(t, r), dtype)
                         for j in T.vectorized(vec):
                             x_grad[token, col + j] = res[j]
