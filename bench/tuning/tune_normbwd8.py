@@ -27,8 +27,12 @@ Which of these costs the 6 µs the GPU run says. Each candidate is a body (plain
 residual gradient as absent (so as a variant of its own would, served only to those calls); it writes the shipped
 kernel's bytes (the same vectors a thread, the same products and sums in the same order, the same fused
 multiply-adds), which the run checks:
+- "static": the shipped body's own source with both flags given as 0 (the compiler drops their branches; the stage of
+  3 tensors stays): against ctl, what folding the flags costs;
 - "nw": the shipped body with both flags static: 2 staged tensors, no weight registers, one body;
-- "nw.pad": nw with the shipped stage size (3 tensors' shared memory): nw against nw.pad is the L1 carveout;
+- "nw.pad": nw with the shipped stage size (3 tensors' shared memory): nw against nw.pad is the L1 carveout. Its cubins
+  are static's byte for byte at every built width (so plain_body is the shipped body's code, flags dropped): the two
+  rows time one cubin twice, the run's noise;
 - "named": the warp-sum barrier one of each row slot (bar.sync 1 + slot, row_threads), not the block's;
 - "vec": each vector's stage slot refilled right after its read (TileKernels' order);
 - "flat": the staged reads unconditional (a row past the last token was staged as zeros), only the stores predicated;
@@ -85,6 +89,7 @@ MODULE = "kernels_src.norm.rmsnorm_backward"
 CONTROL = "ctl"
 # name -> plain_body's options
 CANDIDATES = {
+    "static": {"shipped": True},
     "nw": {},
     "nw.pad": {"staged": 3},
     "named": {"named": True},
@@ -125,6 +130,8 @@ def plain_body(opts: dict):
 
     from kernels_src.norm.rmsnorm_backward import _fma, _mul
 
+    if opts.get("shipped"):
+        return _shipped_static
     named, flat = opts.get("named", False), opts.get("flat", False)
     refill, stages, staged_tensors = opts.get("refill", "row"), opts.get("stages", 2), opts.get("staged", 2)
 
@@ -252,6 +259,22 @@ def plain_body(opts: dict):
         return body
 
     return make
+
+
+def _shipped_static(tiling, dtype: str, num_tokens, num_blocks):
+    """The shipped tiling_body itself with has_weight and has_residual given as 0: its source, every flag's branch
+    left to the compiler to drop (3 staged tensors' shared memory still allocated)."""
+    import tilelang.language as T
+
+    from kernels_src.norm.rmsnorm_backward import tiling_body
+
+    shipped = tiling_body(tiling, dtype, num_tokens, num_blocks)
+
+    @T.macro
+    def body(out_grad, x, weight, rstd, residual_out_grad, x_grad, partials, out_scale, has_weight, has_residual, block):
+        shipped(out_grad, x, weight, rstd, residual_out_grad, x_grad, partials, out_scale, 0, 0, block)
+
+    return body
 
 
 # ---- build (CPU)
