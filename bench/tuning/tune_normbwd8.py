@@ -50,7 +50,7 @@ then on the GPU, where tile_kernels imports:
 
     python -m bench.tuning.tune_normbwd8 --artifacts tune-artifacts/normbwd8 --out DIR [--budget S]
 
-(the tree on PYTHONPATH; 12 calls a row, a row about 10 s, TileKernels compiling each of its 5 rows' kernels)
+(the tree on PYTHONPATH; 13 calls a row without a weight, a row about 10 s, TileKernels compiling each of its 5 rows' kernels)
 
 "ctl" is the shipped kernel, built from the tree (`build` checks its cubins against prebuilt/sm90's manifest: the
 bf16 ones identical; fp32 7168 is not in the default set, where the op serves fp32 7168 from rmsnorm_backward_generic,
