@@ -329,6 +329,7 @@ def build(out: Path) -> None:
 TOKENS = (1, 3, 127, 4097, 8192)
 CHECK_HIDDEN = (4096, 2048, 1088)  # the bench width, a smaller one, one with a half chunk at the end
 TIME_HIDDEN = (4096, 2048)
+TK_BUDGET_S = 100  # past this, TileKernels is not compiled for the second width (the run stays under 3 minutes)
 SETS = 3  # rotating input sets: 3 x 448 MB at 8192 x 4096, far beyond L2
 EXTRA = ("weights", "clamp", "recompute", "experts")  # one call with all of them
 
@@ -351,6 +352,7 @@ def _serving(kernels: dict):
     saved = dict(table.cache)
     table.cache.clear()
     original_get = table.get
+    assert "get" not in vars(table), "_serving does not nest"
 
     def get(device, *values, **kw):
         key = table.key(values)
@@ -361,11 +363,11 @@ def _serving(kernels: dict):
             return launcher
         return original_get(device, *values, **kw)
 
-    table.get = get
+    table.get = get  # an instance attribute over the method
     try:
         yield
     finally:
-        table.get = original_get
+        del table.get
         table.cache.clear()
         table.cache.update(saved)
 
@@ -406,23 +408,36 @@ def _same(got, want) -> bool:
     return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
 
 
-def _verdict(got, want) -> str:
-    """'=' when every output's bytes match; else which outputs differ (x_grad 0, then weight_grad / act_out)."""
+def _verdict(got, want, weight_grad_at: int | None = None) -> str:
+    """'=' when every output's bytes match; '~' when only weight_grad (a row sum, at index weight_grad_at) differs, within
+    the GPU tests' tolerance (tests/gpu/test_backward_gpu.py: rtol 1e-4, atol 4e-3); else which outputs differ."""
     import torch
 
     a, b = _bytes(got), _bytes(want)
-    bad = [i for i, (x, y) in enumerate(zip(a, b)) if x.shape != y.shape or not torch.equal(x, y)]
-    return "=" if not bad and len(a) == len(b) else "differs@" + ",".join(map(str, bad))
+    bad, near = [], []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape == y.shape and torch.equal(x, y):
+            continue
+        if i == weight_grad_at and torch.allclose(got[i], want[i], rtol=1e-4, atol=4e-3):
+            near.append(i)
+        else:
+            bad.append(i)
+    if bad or len(a) != len(b):
+        return "differs@" + ",".join(map(str, bad or ["count"]))
+    return "~" if near else "="
 
 
-def check(name: str, kernels: dict, ctl_kernels: dict, say) -> str:
-    """Every output's bytes against ctl's and the torch reference's on all check shapes; a summary verdict."""
+def check(sets: dict, say) -> dict[str, str]:
+    """Each candidate's outputs, byte for byte, against ctl's (the shipped kernel) and the torch reference's on every
+    check case (ctl's and the reference's computed once a case); {candidate: summary verdict}."""
     import torch
 
     import tkaot
     from tkaot import reference
 
-    problems: list[str] = []
+    problems: dict[str, list[str]] = {name: [] for name in sets}
+    near = dict.fromkeys(sets, 0)
+    t0 = time.perf_counter()
     for hidden in CHECK_HIDDEN:
         for tokens in TOKENS:
             cases = [("bfloat16", "bf16", extra) for extra in (False, True)]
@@ -431,24 +446,45 @@ def check(name: str, kernels: dict, ctl_kernels: dict, say) -> str:
             for grad_dtype, fmt, extra in cases:
                 a = _inputs(tokens, hidden, getattr(torch, grad_dtype), seed=tokens + hidden)
                 kw = _kwargs(a, extra)
-                with _serving(ctl_kernels):
+                with _serving(sets["ctl"]):
                     want = tkaot.quant.swiglu_backward_and_per_token_cast(a["x"], a["dy"], fmt, 128, **kw)
-                with _serving(kernels):
-                    got = tkaot.quant.swiglu_backward_and_per_token_cast(a["x"], a["dy"], fmt, 128, **kw)
                 ref = reference.backward.swiglu_backward_and_per_token_cast(
                     a["x"], a["dy"], fmt, 128, kw.get("psum_num_tokens_per_expert"), kw.get("topk_weights"),
                     kw.get("routed_scaling_factor"), False, False, False, kw.get("clamp_value"), kw.get("do_recompute", False),
                 )  # fmt: skip
-                torch.cuda.synchronize()
-                v_ctl, v_ref = _verdict(got, want), _verdict(got, ref)
-                if v_ctl != "=" or v_ref != "=":
-                    problems.append(f"{tokens}x{hidden} {grad_dtype}->{fmt}{' +all' if extra else ''}: ctl {v_ctl} ref {v_ref}")
-    for p in problems[:6]:
-        say(f"  {name}: {p}")
-    return "all = ctl, = ref" if not problems else f"{len(problems)} cases differ"
+                at = 1 if extra else None  # (x_grad, weight_grad, act_out) with weights
+                case = f"{tokens}x{hidden} {grad_dtype}->{fmt}{' +weights,clamp,recompute,experts' if extra else ''}"
+                for name, kernels in sets.items():
+                    try:
+                        with _serving(kernels):
+                            got = tkaot.quant.swiglu_backward_and_per_token_cast(a["x"], a["dy"], fmt, 128, **kw)
+                        torch.cuda.synchronize()
+                    except Exception as exc:
+                        problems[name].append(f"{case}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
+                        continue
+                    v_ctl, v_ref = _verdict(got, want, at), _verdict(got, ref, at)
+                    near[name] += v_ctl == "~"
+                    if v_ctl.startswith("differs") or v_ref.startswith("differs"):
+                        problems[name].append(f"{case}: ctl {v_ctl} ref {v_ref}")
+    verdicts = {}
+    for name in sets:
+        for p in problems[name][:4]:
+            say(f"  {name}: {p}")
+        if problems[name]:
+            verdicts[name] = f"{len(problems[name])} cases DIFFER"
+        elif near[name]:
+            verdicts[name] = f"= ctl but weight_grad ~ctl in {near[name]} cases; = ref"
+        else:
+            verdicts[name] = "all bytes = ctl; = ref (weight_grad within tol)"
+        say(f"{name:8s} check: {verdicts[name]}")
+    say(f"checks: {time.perf_counter() - t0:.1f} s")
+    return verdicts
 
 
-def measure(artifacts: Path, say) -> list[tuple]:
+def measure(artifacts: Path, say, start: float) -> list[tuple]:
+    """The checks, then the timed rows (candidate, shape, µs, TK µs, ratio, =ctl, =TK, check verdict). TileKernels is
+    timed before and after the candidates (its first call at a width compiles it: the 2048 row skips it once TK_BUDGET_S
+    has passed), ctl again after them, so drift shows."""
     import torch
 
     import tkaot
@@ -461,53 +497,54 @@ def measure(artifacts: Path, say) -> list[tuple]:
             sets[c.name] = _launchers(artifacts / c.name)
         except Exception as exc:
             say(f"{c.name}: not loaded ({type(exc).__name__}: {exc})")
+    if "ctl" not in sets:
+        raise SystemExit("ctl (the shipped kernel) did not load: nothing to compare with")
     ctl = sets["ctl"]
     try:
         import tile_kernels as tk
     except ImportError:
         tk = None
         say("tile_kernels not importable: no TK columns")
-    verdicts = {}
-    for name, kernels in sets.items():
-        t = time.perf_counter()
-        try:
-            verdicts[name] = check(name, kernels, ctl, say)
-        except Exception as exc:
-            verdicts[name] = f"check FAILED: {type(exc).__name__}: {str(exc)[:80]}"
-        say(f"{name:8s} check: {verdicts[name]} ({time.perf_counter() - t:.1f} s)")
+    verdicts = check(sets, say)
     rows = []
     for hidden in TIME_HIDDEN:
         shape = f"8192x{2 * hidden} fp32 x, bf16 grad -> bf16"
+        nbytes = 8192 * hidden * (2 * 4 + 2 + 2 * 2)  # x read, dy read, x_grad written
         inputs = [_inputs(8192, hidden, torch.bfloat16, seed=100 + i) for i in range(SETS)]
-        theirs, tk_us = None, None
-        if tk is not None:
-
-            def tk_call(a):
-                return tk.quant.swiglu_backward_and_per_token_cast(a["x"], a["dy"], "bf16", 128)
-
-            theirs = tk_call(inputs[0])
-            torch.cuda.synchronize()
-            tk_us, _ = device_us(tk_call, inputs)
-            say(f"{'TK':8s} {shape:36s} {tk_us:8.2f} µs")
 
         def call(a):
             return tkaot.quant.swiglu_backward_and_per_token_cast(a["x"], a["dy"], "bf16", 128)
 
+        def tk_call(a):
+            return tk.quant.swiglu_backward_and_per_token_cast(a["x"], a["dy"], "bf16", 128)
+
+        theirs, tk_times = None, []
+        use_tk = tk is not None and (hidden == TIME_HIDDEN[0] or time.perf_counter() - start < TK_BUDGET_S)
+        if use_tk:
+            t = time.perf_counter()
+            theirs = tk_call(inputs[0])
+            torch.cuda.synchronize()
+            tk_times.append(device_us(tk_call, inputs)[0])
+            say(f"{'TK':8s} {shape:36s} {tk_times[-1]:8.2f} µs (first call and timing {time.perf_counter() - t:.0f} s)")
         with _serving(ctl):
             want = call(inputs[0])
-        for name, kernels in sets.items():
+        measured = []
+        for name, kernels in [*sets.items(), ("ctl(again)", ctl)]:
             with _serving(kernels):
                 got = call(inputs[0])
                 torch.cuda.synchronize()
                 us, mode = device_us(call, inputs)
             same_ctl = "yes" if _same(got, want) else "NO"
             same_tk = "-" if theirs is None else ("yes" if _same(got, theirs) else "NO")
+            measured.append((name, us, same_ctl, same_tk))
+            say(f"{name:10s} {shape:36s} {us:8.2f} µs ({mode}, {nbytes / us / 1e6:.2f} TB/s)  =ctl {same_ctl}  =TK {same_tk}")
+        if use_tk:
+            tk_times.append(device_us(tk_call, inputs)[0])
+            say(f"{'TK(again)':10s} {shape:36s} {tk_times[-1]:8.2f} µs")
+        tk_us = sum(tk_times) / len(tk_times) if tk_times else None
+        for name, us, same_ctl, same_tk in measured:
             ratio = us / tk_us if tk_us else float("nan")
-            row = (name, shape, us, tk_us, ratio, same_ctl, same_tk, verdicts.get(name, "-"))
-            nbytes = 8192 * hidden * (2 * 4 + 2 + 2 * 2)
-            say(f"{name:8s} {shape:36s} {us:8.2f} µs ({mode}, {nbytes / us / 1e6:.2f} TB/s)  TK {tk_us or 0:8.2f}  x{ratio:.3f}  "
-                f"=ctl {same_ctl}  =TK {same_tk}")  # fmt: skip
-            rows.append(row)
+            rows.append((name, shape, us, tk_us, ratio, same_ctl, same_tk, verdicts.get(name.removesuffix("(again)"), "-")))
         del inputs
     return rows
 
@@ -525,12 +562,12 @@ def time_candidates(artifacts: Path, out: Path) -> None:
 
     t0 = time.perf_counter()
     say(f"device: {torch.cuda.get_device_name()}; {SETS} rotating input sets; candidates: {', '.join(c.name for c in CANDIDATES)}")
-    rows = measure(artifacts, say)
+    rows = measure(artifacts, say, t0)
     say(f"copy ceiling {copy_ceiling_tbps(1 << 30):.2f} TB/s")
     say("")
-    say(f"{'candidate':9s} {'shape':36s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s} {'=ctl':>4s} {'=TK':>4s}  check")
+    say(f"{'candidate':10s} {'shape':36s} {'µs':>8s} {'TK µs':>8s} {'ratio':>6s} {'=ctl':>4s} {'=TK':>4s}  check")
     for name, shape, us, tk_us, ratio, same_ctl, same_tk, verdict in rows:
-        say(f"{name:9s} {shape:36s} {us:8.2f} {tk_us or 0:8.2f} {ratio:6.3f} {same_ctl:>4s} {same_tk:>4s}  {verdict}")
+        say(f"{name:10s} {shape:36s} {us:8.2f} {tk_us or 0:8.2f} {ratio:6.3f} {same_ctl:>4s} {same_tk:>4s}  {verdict}")
     say(f"{time.perf_counter() - t0:.0f} s")
     (out / "tune_swigbwd8.log").write_text("\n".join(lines) + "\n")
 
