@@ -75,6 +75,7 @@ class Candidate:
     prefetch: int  # iterations ahead the L2 prefetch reaches (0: none; striped only)
     warps: int  # rows a block
     note: str
+    pipeline: bool = False  # striped only: the next iteration's loads issued before this one's math (registers)
 
 
 CANDIDATES = (
@@ -86,6 +87,8 @@ CANDIDATES = (
     Candidate("s2p2", "striped", 4, 2, 2, 4, "s2 + L2 prefetch two iterations ahead"),
     Candidate("s4", "striped", 4, 4, 0, 4, "4 chunks an iteration: 160 B in flight a lane"),
     Candidate("s2pw2", "striped", 4, 2, 1, 2, "s2p at 2 rows a block"),
+    Candidate("s1d", "striped", 4, 1, 0, 4, "ctl's chunks, the next chunk's loads before this one's math", pipeline=True),
+    Candidate("s2d", "striped", 4, 2, 0, 4, "s2, the next iteration's loads before this one's math", pipeline=True),
 )  # fmt: skip
 
 
@@ -112,7 +115,7 @@ def striped_build(c: Candidate, x_dtype: str, grad_dtype: str, fmt: str):
 
     if fmt == "e4m3" or x_dtype == "e4m3":
         raise ValueError("the striped body has no E4M3 path")
-    vec, unroll, ahead, warps = c.vec, c.unroll, c.prefetch, c.warps
+    vec, unroll, ahead, warps, pipeline = c.vec, c.unroll, c.prefetch, c.warps, c.pipeline
     chunk = 32 * vec
     span = unroll * chunk
     x_t, out_t = sb._DTYPES[x_dtype], sb._OUT[fmt]
@@ -122,6 +125,19 @@ def striped_build(c: Candidate, x_dtype: str, grad_dtype: str, fmt: str):
 
     dims = swiglu_args.backward_dims()
     num_rows, hidden, num_experts = dims.num_rows, dims.hidden, dims.num_experts
+
+    @T.macro
+    def load(x, act_x_grad, row, lane, it, gate_buf, up_buf, dy_buf):
+        """Iteration it's gate, up and dy columns of the lane's row (nothing past hidden)."""
+        for k in T.unroll(unroll):
+            col = it * span + k * chunk + lane * vec
+            if col < hidden:
+                for j in T.vectorized(vec):
+                    gate_buf[k * vec + j] = x[row, col + j]
+                for j in T.vectorized(vec):
+                    up_buf[k * vec + j] = x[row, hidden + col + j]
+                for j in T.vectorized(vec):
+                    dy_buf[k * vec + j] = act_x_grad[row, col + j]
 
     @T.macro
     def body(
@@ -137,6 +153,9 @@ def striped_build(c: Candidate, x_dtype: str, grad_dtype: str, fmt: str):
             gate_in = T.alloc_local((n,), x_t)
             up_in = T.alloc_local((n,), x_t)
             dy_in = T.alloc_local((n,), grad_dtype)
+            gate_next = T.alloc_local((n,), x_t)  # the next iteration's loads (pipeline only)
+            up_next = T.alloc_local((n,), x_t)
+            dy_next = T.alloc_local((n,), grad_dtype)
             xg_out = T.alloc_local((n,), out_t)
             yg_out = T.alloc_local((n,), out_t)
             act_res = T.alloc_local((n,), out_t)
@@ -171,17 +190,20 @@ def striped_build(c: Candidate, x_dtype: str, grad_dtype: str, fmt: str):
                 if moe.has_weights != 0 and padding == 0:
                     w = topk_weights[row] * moe.routed_scaling_factor
                 acc = 0.0
+                if pipeline and padding == 0:
+                    load(x, act_x_grad, row, lane, 0, gate_next, up_next, dy_next)
                 for it in T.serial(T.ceildiv(hidden, span)):
                     if padding == 0:
-                        for k in T.unroll(unroll):
-                            col = it * span + k * chunk + lane * vec
-                            if col < hidden:
-                                for j in T.vectorized(vec):
-                                    gate_in[k * vec + j] = x[row, col + j]
-                                for j in T.vectorized(vec):
-                                    up_in[k * vec + j] = x[row, hidden + col + j]
-                                for j in T.vectorized(vec):
-                                    dy_in[k * vec + j] = act_x_grad[row, col + j]
+                        if pipeline:
+                            for i in T.unroll(n):
+                                gate_in[i] = gate_next[i]
+                                up_in[i] = up_next[i]
+                                dy_in[i] = dy_next[i]
+                            load(
+                                x, act_x_grad, row, lane, it + 1, gate_next, up_next, dy_next
+                            )  # the next iteration's, before this one's math
+                        else:
+                            load(x, act_x_grad, row, lane, it, gate_in, up_in, dy_in)
                         if ahead:
                             ahead_col = (it + ahead) * span
                             if lane < x_lines and ahead_col + lane * x_line < hidden:
@@ -300,7 +322,7 @@ def _ctl_identical(artifacts: Path, root: Path) -> str:
     )
 
 
-def build(out: Path) -> None:
+def build(out: Path, only: tuple[str, ...] = ()) -> None:
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
     from build_tools.ops import Variant
@@ -309,6 +331,8 @@ def build(out: Path) -> None:
     # A cache of each candidate's own: a patched builder does not change the kernel's source hash
     with tempfile.TemporaryDirectory(prefix="tune-swigbwd8-cache-") as cache:
         for c in CANDIDATES:
+            if only and c.name not in only:
+                continue
             t = time.perf_counter()
             variants = [
                 Variant.make(KERNEL, {"x_dtype": "float32", "grad_dtype": g, "fmt": f, "group": 0, "sf": "none"}) for g, f in FP32_X
@@ -577,10 +601,11 @@ def main(argv=None) -> None:
     parser.add_argument("command", nargs="?", choices=("time", "build"), default="time")
     parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
     parser.add_argument("--out", type=Path, required=True, help="build: where the sets go; time: the log's directory")
+    parser.add_argument("--only", default="", help="build: these candidates (comma-separated) only")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "build":
-        build(args.out)
+        build(args.out, tuple(n for n in args.only.split(",") if n))
     else:
         time_candidates(args.artifacts, args.out)
 
