@@ -24,12 +24,14 @@ Candidates (only the fp32-x variants are built: the bf16-x and E4M3 variants kee
   s2p2       s2 with the prefetch two iterations ahead
   s4         4 chunks an iteration (160 bytes in flight a lane)
   s2pw2      s2p at 2 rows a block
+  s1d, s2d   ctl's chunks (s2's pairs), the next iteration's loads issued into a second set of registers before this
+             iteration's math (a software pipeline: loads always in flight, more registers)
 Columns a lane owns and the order it adds weight_grad are ctl's in the s* bodies (so every output is ctl's bytes);
 v8's lanes own other columns, so its weight_grad may differ from ctl's in the last bits (x_grad and act_out may not).
 
 On a CPU with TileLang and nvcc (about 11 s a variant, 4 variants a candidate):
 
-    python -m bench.tuning.tune_swigbwd8 build --out tune-artifacts/swigbwd8
+    python -m bench.tuning.tune_swigbwd8 build --out tune-artifacts/swigbwd8 [--only s2,s2p]
 
 then on the GPU, from the tree's root with PYTHONPATH set to it (tile_kernels importable):
 
