@@ -26,6 +26,7 @@ Candidates (only the fp32-x variants are built: the bf16-x and E4M3 variants kee
   s2pw2      s2p at 2 rows a block
   s1d, s2d   ctl's chunks (s2's pairs), the next iteration's loads issued into a second set of registers before this
              iteration's math (a software pipeline: loads always in flight, more registers)
+  s2dm8,s4m8 s2d and s4 (86 and 88 registers: 5 blocks an SM) held to 64 registers, 8 blocks an SM
 Columns a lane owns and the order it adds weight_grad are ctl's in the s* bodies (so every output is ctl's bytes);
 v8's lanes own other columns, so its weight_grad may differ from ctl's in the last bits (x_grad and act_out may not).
 
@@ -78,6 +79,7 @@ class Candidate:
     warps: int  # rows a block
     note: str
     pipeline: bool = False  # striped only: the next iteration's loads issued before this one's math (registers)
+    min_blocks: int = 0  # striped only: blocks an SM the registers must allow (0: the compiler's choice)
 
 
 CANDIDATES = (
@@ -91,6 +93,8 @@ CANDIDATES = (
     Candidate("s2pw2", "striped", 4, 2, 1, 2, "s2p at 2 rows a block"),
     Candidate("s1d", "striped", 4, 1, 0, 4, "ctl's chunks, the next chunk's loads before this one's math", pipeline=True),
     Candidate("s2d", "striped", 4, 2, 0, 4, "s2, the next iteration's loads before this one's math", pipeline=True),
+    Candidate("s2dm8", "striped", 4, 2, 0, 4, "s2d capped at 64 registers (8 blocks an SM)", pipeline=True, min_blocks=8),
+    Candidate("s4m8", "striped", 4, 4, 0, 4, "s4 capped at 64 registers (8 blocks an SM)", min_blocks=8),
 )  # fmt: skip
 
 
@@ -147,6 +151,8 @@ def striped_build(c: Candidate, x_dtype: str, grad_dtype: str, fmt: str):
     ):
         with T.Kernel(T.ceildiv(num_rows, warps), threads=warps * 32) as block:
             T.import_source(sb.SILU_FMA + PDL_SOURCE + (PREFETCH_SOURCE if ahead else ""))
+            if c.min_blocks:
+                T.annotate_min_blocks_per_sm(c.min_blocks)
             pdl_entry()
             T.assume(hidden % 64 == 0)
             tid = T.get_thread_binding()
