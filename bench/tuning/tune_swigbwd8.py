@@ -27,6 +27,10 @@ Candidates (only the fp32-x variants are built: the bf16-x and E4M3 variants kee
   s1d, s2d   ctl's chunks (s2's pairs), the next iteration's loads issued into a second set of registers before this
              iteration's math (a software pipeline: loads always in flight, more registers)
   s2dm8,s4m8 s2d and s4 (86 and 88 registers: 5 blocks an SM) held to 64 registers, 8 blocks an SM
+Registers (the bench variant's cubin, as built here): ctl 48 (10 blocks an SM), v8 / v8w2 61, s2 64, s2p / s2p2 62, s4 88,
+s2pw2 79, s1d 63, s2d 86, s2dm8 64 with a few spills to local memory, s4m8 64 with many (40 STL): those two are there
+to show whether occupancy or bytes in flight a lane matters more. The prefetch candidates' loads are plain LDG, not
+LDG.CONSTANT (the prefetch's asm clobbers memory), as in TileKernels' kernel.
 Columns a lane owns and the order it adds weight_grad are ctl's in the s* bodies (so every output is ctl's bytes);
 v8's lanes own other columns, so its weight_grad may differ from ctl's in the last bits (x_grad and act_out may not).
 
