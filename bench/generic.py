@@ -52,8 +52,9 @@ CASES = [
 
 
 # The kernels an op launches instead of a specialised kernel for some of its calls where they are built (the generic tier
-# serves those calls too): rmsnorm_backward_residual, norm_backward's calls with a residual gradient
-ALSO_SPECIALISED = {"rmsnorm_backward": ("rmsnorm_backward_residual",)}
+# serves those calls too): rmsnorm_backward_residual, norm_backward's calls with a residual gradient; rmsnorm_backward_plain,
+# those with neither a weight nor a residual gradient
+ALSO_SPECIALISED = {"rmsnorm_backward": ("rmsnorm_backward_residual", "rmsnorm_backward_plain")}
 
 
 @contextlib.contextmanager
@@ -84,6 +85,7 @@ def on_generic(specialised: str = "per_token_cast"):
             _norm_cast._NORM_CAST,
             _norm_backward._PASS1,
             _norm_backward._PASS1_RESIDUAL,
+            _norm_backward._PASS1_PLAIN,
         ):
             kernels.cache.clear()
 

@@ -312,7 +312,7 @@ def resolution(decl: KernelDecl, values: tuple, general_tiling: str | None) -> s
 
 
 # Kernels an op launches only where their variant is built, else another (VariantNotBuilt tells it)
-TRIED_FIRST = ("rmsnorm_backward_residual",)
+TRIED_FIRST = ("rmsnorm_backward_residual", "rmsnorm_backward_plain")
 
 
 class Launches(list):

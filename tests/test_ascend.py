@@ -85,6 +85,7 @@ CASES = {
     "per_channel_cast_generic": dict(in_dtype="e4m3", in_sf="fp32_col", sf="fp32"),
     "per_block_cast_lossless_generic": dict(in_sf="ue8m0_col", sf="ue8m0"),
     "rmsnorm_backward_residual": dict(hidden=7168, dtype="bfloat16"),  # rmsnorm_backward's Ascend kernel
+    "rmsnorm_backward_plain": dict(hidden=7168, dtype="bfloat16"),  # rmsnorm_backward's Ascend kernel
 }  # fmt: skip
 MORE = [
     ("per_token_cast", {**_PTC, "in_dtype": "float32", "fmt": "e2m1", "group": 32, "sf": "ue8m0", "sf_layout": "col"}),
@@ -162,6 +163,7 @@ LAUNCH = [  # (block count, UB bytes) of each case, CASES then MORE
     ("((((num_tokens - 1) // block_m) + 1) * (hidden // 128))", 35328),
     ("(((num_tokens + 127) // 128) * (hidden // 128))", 36864),
     ("num_blocks", 129568),  # rmsnorm_backward_residual: rmsnorm_backward's kernel
+    ("num_blocks", 129568),  # rmsnorm_backward_plain: rmsnorm_backward's kernel
     ("((num_tokens + 1) // 2)", 66304),
     ("((num_tokens + 3) // 4)", 58240),
     ("(num_tokens * 4)", 66048),

@@ -41,6 +41,7 @@ from tkaot._moe import ops as moe_ops  # noqa: E402
 from tkaot._moe.kernels import MOE_GATE_BWD_TILINGS, MOE_TOPK_GATE, MOE_TOPK_GATE_BACKWARD, NORMALIZE_WEIGHT, TOPK_GATE  # noqa: E402
 from tkaot._quant import fused, norm, norm_backward, norm_cast, swiglu, swiglu_backward  # noqa: E402
 from tkaot._quant.kernels import NORM_CAST, RMSNORM, RMSNORM_BACKWARD, SWIGLU, SWIGLU_BACKWARD, WEIGHT_GRAD_REDUCE  # noqa: E402
+from tkaot._quant.kernels import RMSNORM_BACKWARD_PLAIN as PLAIN  # noqa: E402
 from tkaot._quant.kernels import RMSNORM_BACKWARD_RESIDUAL as RESIDUAL  # noqa: E402
 from tkaot._transform import rotary  # noqa: E402
 from tkaot._transform.kernels import ROTARY  # noqa: E402
@@ -240,8 +241,11 @@ def norm_backward_(draw):
         "weight_grad": None if grad_dtype is None else meta(hidden, dtype=grad_dtype),
     }  # fmt: skip
     pass1 = RMSNORM_BACKWARD
-    if kwargs["residual_out_grad"] is not None and (RESIDUAL.name, RESIDUAL.key((hidden, NAMES[dtype]))) in default_set():
+    key = RMSNORM_BACKWARD.key((hidden, NAMES[dtype]))
+    if kwargs["residual_out_grad"] is not None and (RESIDUAL.name, key) in default_set():
         pass1 = RESIDUAL  # with a residual gradient, where it is built
+    elif kwargs["residual_out_grad"] is None and not weight and (PLAIN.name, key) in default_set():
+        pass1 = PLAIN  # with neither a weight nor a residual gradient, where it is built
     made = [(pass1, {"hidden": hidden, "dtype": NAMES[dtype]})]
     if weight:
         made.append((WEIGHT_GRAD_REDUCE, {"dtype": NAMES[grad_dtype or dtype]}))

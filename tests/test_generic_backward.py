@@ -104,19 +104,23 @@ def test_every_norm_backward_width_is_served(launches, dtype):  # noqa: F811
     assert {launches.served[k] for k in launches if k[0] == "weight_grad_reduce"} == {"specialised"}
 
 
-def test_norm_backward_without_a_residual_gradient_keeps_rmsnorm_backward(launches):  # noqa: F811
+def test_norm_backward_without_a_residual_gradient_runs_rmsnorm_backward_or_its_plain_kernel(launches):  # noqa: F811
     for hidden in SPECIALISED_WIDTHS:
         x = meta(3, hidden, dtype=BF16)
         tkaot.quant.norm_backward(x, x, meta(hidden, dtype=BF16), F32(3))
         tkaot.quant.norm_backward(x, x, None, F32(3))
     pass1 = [k for k in launches if k[0].startswith("rmsnorm_backward")]
-    assert pass1 == [("rmsnorm_backward", RMSNORM_BACKWARD.key((h, "bfloat16"))) for h in SPECIALISED_WIDTHS for _ in range(2)]
+    # with a weight rmsnorm_backward, with neither a weight nor a residual gradient rmsnorm_backward_plain
+    expected = [(kernel, RMSNORM_BACKWARD.key((h, "bfloat16"))) for h in SPECIALISED_WIDTHS
+                for kernel in ("rmsnorm_backward", "rmsnorm_backward_plain")]  # fmt: skip
+    assert pass1 == expected
     assert {launches.served[k] for k in pass1} == {"specialised"}
 
 
-def test_the_default_set_builds_the_residual_kernel_at_the_specialised_widths():
-    residual = {key for kernel, key in default_set() if kernel == "rmsnorm_backward_residual"}
-    assert residual == {key for kernel, key in default_set() if kernel == "rmsnorm_backward"}
+@pytest.mark.parametrize("kernel", ["rmsnorm_backward_residual", "rmsnorm_backward_plain"])
+def test_the_default_set_builds_the_flag_kernels_at_the_specialised_widths(kernel):
+    built = {key for name, key in default_set() if name == kernel}
+    assert built == {key for name, key in default_set() if name == "rmsnorm_backward"}
 
 
 def test_the_default_set_builds_one_generic_norm_backward_per_dtype():

@@ -7,6 +7,8 @@ import tkaot
 from bench.cases import Case
 
 TOKENS, HIDDEN = 8192, 7168
+# The widths of the default set's rmsnorm_backward_plain (the calls with neither a weight nor a residual gradient)
+NO_WEIGHT_WIDTHS = (7168, 512, 1536, 2048, 4096, 5120, 8192)
 
 
 def _norm_cases() -> list[Case]:
@@ -52,6 +54,17 @@ def _norm_cases() -> list[Case]:
             torch=torch_norm_backward,
             tile_kernels=lambda tk, a: tk.quant.norm_backward(a["dy"], a["x"], a["w"], a["rstd"]),
         ),
+        *(
+            Case(
+                op="norm_backward",
+                shape=f"{TOKENS}x{hidden} bf16, no weight",
+                bytes=3 * TOKENS * hidden * 2 + TOKENS * 4,
+                make=make(False, torch.bfloat16, hidden),
+                tkaot=lambda a: tkaot.quant.norm_backward(a["dy"], a["x"], None, a["rstd"]),
+                tile_kernels=lambda tk, a: tk.quant.norm_backward(a["dy"], a["x"], None, a["rstd"]),
+            )
+            for hidden in NO_WEIGHT_WIDTHS
+        ),
         Case(
             op="norm_backward",
             shape=f"{TOKENS}x{HIDDEN} bf16, weight + residual grad",
@@ -80,7 +93,7 @@ def _swiglu_cases() -> list[Case]:
 
     def make_fp32():
         a = make_bf16()
-        a["x32"] = a["x"].float()
+        a["x32"], a["dy32"] = a["x"].float(), a["dy"].float()
         return a
 
     def torch_swiglu_backward(a):
@@ -126,6 +139,14 @@ def _swiglu_cases() -> list[Case]:
             make=make_fp32,
             tkaot=lambda a: tkaot.quant.swiglu_backward_and_per_token_cast(a["x32"], a["dy"], "bf16", 128),
             tile_kernels=lambda tk, a: tk.quant.swiglu_backward_and_per_token_cast(a["x32"], a["dy"], "bf16", 128),
+        ),
+        Case(
+            op="swiglu_backward",
+            shape=f"{TOKENS}x{2 * hidden} fp32 -> fp32",
+            bytes=TOKENS * 2 * hidden * (4 + 4) + TOKENS * hidden * 4,
+            make=make_fp32,
+            tkaot=lambda a: tkaot.quant.swiglu_backward(a["x32"], a["dy32"], "fp32"),
+            tile_kernels=lambda tk, a: tk.quant.swiglu_backward(a["x32"], a["dy32"], "fp32"),
         ),
     ]
 

@@ -70,6 +70,7 @@ ASCEND_SOURCES = {
     "rmsnorm_backward": "kernels_src.ascend.rmsnorm_backward",
     "rmsnorm_backward_generic": "kernels_src.ascend.rmsnorm_backward_generic",
     "rmsnorm_backward_residual": "kernels_src.ascend.rmsnorm_backward_residual",
+    "rmsnorm_backward_plain": "kernels_src.ascend.rmsnorm_backward_plain",
     "weight_grad_reduce": "kernels_src.ascend.weight_grad_reduce",
     "swiglu_backward": "kernels_src.ascend.swiglu_backward",
     "moe_topk_gate_backward": "kernels_src.ascend.moe_topk_gate_backward",

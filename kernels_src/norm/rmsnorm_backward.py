@@ -221,25 +221,37 @@ def rmsnorm_backward_kernel(tilings, dtype: str, static_body=None):
     return rmsnorm_backward
 
 
-def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = False):
-    """The kernel's body over one tiling, as a macro of the kernel's parameters and its block. `residual`: the body of
-    the calls with a residual gradient (kernels_src/norm/rmsnorm_backward_residual.py, a StaticTiling): has_residual
-    taken as 1, x * rstd and the gradient held in fp32 registers from the dot product to the stores, and the row's
-    warp-sum barrier one of its row slot's threads."""
+def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime"):
+    """The kernel's body over one tiling, as a macro of the kernel's parameters and its block. `form`:
+    - "runtime": whether there is a weight and a residual gradient are the call's flags;
+    - "residual" (kernels_src/norm/rmsnorm_backward_residual.py, a StaticTiling): has_residual taken as 1, x * rstd and
+      the gradient held in fp32 registers from the dot product to the stores;
+    - "plain" (kernels_src/norm/rmsnorm_backward_plain.py, a StaticTiling): neither a weight nor a residual gradient,
+      both flags taken as 0: no weight registers or weight-gradient sums, x and out_grad alone staged.
+    In the residual and plain forms the row's warp-sum barrier is one of its row slot's threads."""
+    if form not in ("runtime", "residual", "plain"):
+        raise ValueError(f"tiling_body form {form!r}")
+    residual, plain = form == "residual", form == "plain"
     hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
     row_threads, slots = tiling.row_threads, tiling.slots
     stages, region = STAGES, tiling.stage_elems
+    staged_tensors = 2 if plain else STAGED_TENSORS
 
     def token_of(it, block, sub):
         return (it * num_blocks + block) * slots + sub
 
     def staged(stage, tensor, sub, col):
         """Flat index of a vector's first element in the staging buffer: (stage, tensor, row slot, column)."""
-        return (stage * STAGED_TENSORS + tensor) * region + sub * hidden + col
+        return (stage * staged_tensors + tensor) * region + sub * hidden + col
 
     def with_residual(has_residual):
-        """Whether the rows have a residual gradient: always in the residual body, else as the call says."""
-        return True if residual else has_residual != 0
+        """Whether the rows have a residual gradient: always in the residual body, never in the plain one, else as the
+        call says."""
+        return residual or (not plain and has_residual != 0)
+
+    def with_weight(has_weight):
+        """Whether there is a weight: never in the plain body, else as the call says."""
+        return not plain and has_weight != 0
 
     @T.macro
     def row_dot(acc, warp_sums, half, sub, lane):
@@ -252,7 +264,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = Fal
         if tiling.row_warps > 1:
             if lane % 32 == 0:
                 warp_sums[tiling.warp_at(half, sub, lane // 32)] = acc[0]
-            if residual and slots > 1:
+            if (residual or plain) and slots > 1:
                 T.sync_threads(sub + 1, row_threads)  # each slot's warp sums are its own: its rows need not wait
             else:
                 T.sync_threads()
@@ -292,25 +304,28 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = Fal
         if residual:
             xh_held = T.alloc_local((vecs_per_thread, vec), T.float32)
             gw_held = T.alloc_local((vecs_per_thread, vec), T.float32)
-        w_in = T.alloc_local((vec,), dtype)
-        w_held = T.alloc_local((vecs_per_thread, vec), dtype)
-        dw = T.alloc_local((vecs_per_thread, vec), T.float32)
-        r_in = T.alloc_local((vec,), dtype)
+        if not plain:
+            w_in = T.alloc_local((vec,), dtype)
+            w_held = T.alloc_local((vecs_per_thread, vec), dtype)
+            dw = T.alloc_local((vecs_per_thread, vec), T.float32)
+            r_in = T.alloc_local((vec,), dtype)
         res = T.alloc_local((vec,), dtype)
         acc = T.alloc_local((1,), T.float32)
-        stage_buf = T.alloc_shared((stages * STAGED_TENSORS * region,), dtype)
+        stage_buf = T.alloc_shared((stages * staged_tensors * region,), dtype)
         warp_sums = T.alloc_shared(tiling.warps_shape, T.float32)
-        slot_sums = T.alloc_shared(tiling.slots_shape, T.float32)
+        if not plain:
+            slot_sums = T.alloc_shared(tiling.slots_shape, T.float32)
         r = T.alloc_var(T.float32)
         r_next = T.alloc_var(T.float32)
         xh = T.alloc_var(T.float32)
         g = T.alloc_var(T.float32)
         t = T.alloc_var(T.float32)
 
-        for v in T.unroll(vecs_per_thread):
-            for j in T.unroll(vec):
-                dw[v, j] = 0.0
-        if has_weight != 0:
+        if not plain:
+            for v in T.unroll(vecs_per_thread):
+                for j in T.unroll(vec):
+                    dw[v, j] = 0.0
+        if with_weight(has_weight):
             for v in T.unroll(vecs_per_thread):
                 col = (v * row_threads + lane) * vec
                 if tiling.in_row(v, col):
@@ -363,7 +378,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = Fal
                     for j in T.unroll(vec):
                         xh = T.cast(x_in[v, j], T.float32) * r
                         g = T.cast(g_in[v, j], T.float32) * out_scale
-                        if has_weight != 0:
+                        if with_weight(has_weight):
                             dw[v, j] = _fma(xh, g, dw[v, j])
                             g = _mul(g, T.cast(w_held[v, j], T.float32))
                         acc[0] = _fma(xh, g, acc[0])
@@ -387,7 +402,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = Fal
                         else:
                             xh = T.cast(x_in[v, j], T.float32) * r
                             g = T.cast(g_in[v, j], T.float32) * out_scale
-                            if has_weight != 0:
+                            if with_weight(has_weight):
                                 g = _mul(g, T.cast(w_held[v, j], T.float32))
                             t = _fma(-xh, mean, g)
                         if with_residual(has_residual):
@@ -401,7 +416,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, residual: bool = Fal
             T.ptx_commit_group()
         T.ptx_wait_group(0)
 
-        if has_weight != 0:
+        if with_weight(has_weight):
             # The block's row slots added in slot order, one partial row a block
             if slots == 1:
                 store_held(partials, (block,), dw, lane)

@@ -28,4 +28,4 @@ def build(hidden: int, dtype: str):
 
 def residual_body(tiling, dtype: str, num_tokens, num_blocks):
     """The body over a StaticTiling, as a macro of the kernel's parameters and its block (has_residual taken as 1)."""
-    return tiling_body(tiling, dtype, num_tokens, num_blocks, residual=True)
+    return tiling_body(tiling, dtype, num_tokens, num_blocks, form="residual")

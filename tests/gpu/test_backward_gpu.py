@@ -73,24 +73,31 @@ def test_norm_backward_matches_reference(seed, hidden, dtype, weight, residual, 
             assert w_grad is None
 
 
+# (residual gradient, weight) of the calls each flag kernel serves
+FLAG_KERNELS = {"residual": ((True, True), (True, False)), "plain": ((False, False),)}
+
+
 @pytest.mark.parametrize("hidden", NORM_SPECIALISED)
-@pytest.mark.parametrize("weight", [True, False])
-def test_norm_backward_with_a_residual_gradient_writes_rmsnorm_backwards_bytes(monkeypatch, seed, hidden, weight):
-    """bf16 calls with a residual gradient run rmsnorm_backward_residual (the default set builds it at the specialised
-    widths): the same bits as rmsnorm_backward, which takes the residual gradient as a runtime flag."""
+@pytest.mark.parametrize("form, residual, weight", [(f, r, w) for f, calls in FLAG_KERNELS.items() for r, w in calls])
+def test_norm_backwards_flag_kernels_write_rmsnorm_backwards_bytes(monkeypatch, seed, hidden, form, residual, weight):
+    """bf16 calls with a residual gradient run rmsnorm_backward_residual, those with neither a weight nor a residual
+    gradient rmsnorm_backward_plain (the default set builds both at the specialised widths): the same bits as
+    rmsnorm_backward, which takes both as runtime flags."""
     device, pass1 = torch.cuda.current_device(), _norm_backward._PASS1
+    flag_kernels = _norm_backward._PASS1_RESIDUAL if form == "residual" else _norm_backward._PASS1_PLAIN
     monkeypatch.setattr(pass1, "cache", {})
-    assert _norm_backward._pass1(device, hidden, "bfloat16", True) is _norm_backward._PASS1_RESIDUAL.get(device, hidden, "bfloat16")
+    assert _norm_backward._pass1(device, hidden, "bfloat16", residual, weight) is flag_kernels.get(device, hidden, "bfloat16")
     for tokens in TOKENS:
         x, dy, dr = (torch.randn(tokens, hidden, device="cuda").to(BF16) for _ in range(3))
+        dr = dr if residual else None
         w = (torch.rand(hidden, device="cuda") + 0.5).to(BF16) if weight else None
         rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
         with poisoned_allocations():
             ours = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75)
-        pass1.cache[device, hidden, "bfloat16", True] = pass1.get(device, hidden, "bfloat16")  # the shipped kernel
+        pass1.cache[device, hidden, "bfloat16", residual, weight] = pass1.get(device, hidden, "bfloat16")  # the shipped kernel
         with poisoned_allocations():
             shipped = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75)
-        del pass1.cache[device, hidden, "bfloat16", True]
+        del pass1.cache[device, hidden, "bfloat16", residual, weight]
         torch.cuda.synchronize()
         assert not ours[0].isnan().any()  # every element written (a NaN the two left alike would compare equal)
         bits_equal(ours[0], shipped[0])

@@ -198,6 +198,11 @@ RMSNORM_BACKWARD_GENERIC = RMSNORM_BACKWARD.generic("rmsnorm_backward_generic", 
 RMSNORM_BACKWARD_RESIDUAL = _declare(
     "norm.rmsnorm_backward_residual", RMSNORM_BACKWARD.axes, RMSNORM_BACKWARD.params, RMSNORM_BACKWARD.dims, ("norm_backward",),
 )  # fmt: skip
+# The specialised kernel with a body for the calls with neither a weight nor a residual gradient (launched for those
+# where it is built; kernels_src/norm/rmsnorm_backward_plain.py)
+RMSNORM_BACKWARD_PLAIN = _declare(
+    "norm.rmsnorm_backward_plain", RMSNORM_BACKWARD.axes, RMSNORM_BACKWARD.params, RMSNORM_BACKWARD.dims, ("norm_backward",),
+)  # fmt: skip
 WEIGHT_GRAD_REDUCE = _declare(
     "norm.weight_grad_reduce", (Axis("dtype", str, choices=FLOAT_DTYPES),), ("partials", "weight_grad", "accumulate"),
     ("num_partials", "hidden"), ("norm_backward",),
@@ -216,7 +221,9 @@ SWIGLU_BACKWARD = _declare(
     ("swiglu_backward", "swiglu_backward_and_per_token_cast"),
 )  # fmt: skip
 
-BACKWARD_KERNELS = (RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, RMSNORM_BACKWARD_RESIDUAL, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD)
+BACKWARD_KERNELS = (
+    RMSNORM_BACKWARD, RMSNORM_BACKWARD_GENERIC, RMSNORM_BACKWARD_RESIDUAL, RMSNORM_BACKWARD_PLAIN, WEIGHT_GRAD_REDUCE, SWIGLU_BACKWARD
+)
 # ---- end of the backward kernels
 
 KERNELS = (

@@ -1,7 +1,8 @@
 """tkaot.quant.norm_backward: RMSNorm gradients, on the rmsnorm_backward and weight_grad_reduce kernels.
 
 Two launches: rmsnorm_backward writes x_grad and, with a weight, one fp32 partial weight gradient per block (with a
-residual gradient, rmsnorm_backward_residual where it is built: the same bytes, a body of its own);
+residual gradient, rmsnorm_backward_residual where it is built, with neither a weight nor a residual gradient,
+rmsnorm_backward_plain where it is built: the same bytes, a body of their own);
 weight_grad_reduce adds the partials (and weight_grad's own values, when one is given) in a fixed order. The
 grid depends on the token count alone, so results are the same from run to run.
 """
@@ -16,6 +17,7 @@ from tkaot._quant.kernels import (
     NORM_BACKWARD_MAX_BLOCKS,
     NORM_BACKWARD_THREADS,
     RMSNORM_BACKWARD,
+    RMSNORM_BACKWARD_PLAIN,
     RMSNORM_BACKWARD_RESIDUAL,
     WEIGHT_GRAD_REDUCE,
     norm_backward_tiling,
@@ -52,6 +54,7 @@ _check = lazy_checker(SIGNATURE, globals(), "_check")
 
 _PASS1 = OpKernels(SIGNATURE.op, RMSNORM_BACKWARD)
 _PASS1_RESIDUAL = OpKernels(SIGNATURE.op, RMSNORM_BACKWARD_RESIDUAL)
+_PASS1_PLAIN = OpKernels(SIGNATURE.op, RMSNORM_BACKWARD_PLAIN)
 _PASS2 = OpKernels(SIGNATURE.op, WEIGHT_GRAD_REDUCE)
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -107,7 +110,7 @@ def norm_backward(
     num_blocks = min(-(-num_tokens // rows_per_block), NORM_BACKWARD_MAX_BLOCKS)
     partials = torch.empty((num_blocks, hidden), dtype=torch.float32, device=x.device) if weight is not None else None
     stream = current_stream(device)
-    _pass1(device, hidden, name, residual_out_grad is not None)(
+    _pass1(device, hidden, name, residual_out_grad is not None, weight is not None)(
         device, stream,
         og_ptr, x_ptr, w_ptr, rstd_ptr, rg_ptr, x_grad.data_ptr(), 0 if partials is None else partials.data_ptr(),
         float(out_scale), 0 if weight is None else 1, 0 if residual_out_grad is None else 1,
@@ -121,19 +124,21 @@ def norm_backward(
     return x_grad, weight_grad
 
 
-def _pass1(device: int, hidden: int, dtype: str, residual: bool):
-    """Pass 1's launcher: with a residual gradient, rmsnorm_backward_residual's where it is built, else
-    rmsnorm_backward's (its specialised variant, else the generic one, as OpKernels.get rules)."""
-    launcher = _PASS1.cache.get((device, hidden, dtype, residual))
+def _pass1(device: int, hidden: int, dtype: str, residual: bool, weighted: bool):
+    """Pass 1's launcher: with a residual gradient, rmsnorm_backward_residual's where it is built; with neither a
+    weight nor a residual gradient, rmsnorm_backward_plain's where it is built; else rmsnorm_backward's (its
+    specialised variant, else the generic one, as OpKernels.get rules)."""
+    launcher = _PASS1.cache.get((device, hidden, dtype, residual, weighted))
     if launcher is None:
-        if residual:
+        first = _PASS1_RESIDUAL if residual else None if weighted else _PASS1_PLAIN
+        if first is not None:
             try:
-                launcher = _PASS1_RESIDUAL.get(device, hidden, dtype)
+                launcher = first.get(device, hidden, dtype)
             except VariantNotBuilt:
                 pass
         if launcher is None:
             launcher = _PASS1.get(device, hidden, dtype)
-        _PASS1.cache[device, hidden, dtype, residual] = launcher
+        _PASS1.cache[device, hidden, dtype, residual, weighted] = launcher
     return launcher
 
 
