@@ -11,7 +11,8 @@ the warp sums (one named barrier a row slot instead).
 (H200, 8192 tokens, bf16, µs, rmsnorm_backward / this / TileKernels: 7168 98.97 / 91.44 / 91.50; 4096 51.89 / 51.29 /
 49.51; 2048 27.59 / 27.56 / 27.11. Also timed, no faster across the three: the shipped source with the flags folded
 (3 staged tensors), each vector's stage slot refilled at once, unconditional staged reads, 3 rows staged ahead, the
-launch without PDL; bench/results/2026-12-03-H200-s17-tune_normbwd8.log.)
+launch without PDL; bench/results/2026-12-03-H200-s17-tune_normbwd8.log, by bench/tuning/tune_normbwd8.py as of
+commit 10b5c84.)
 """
 
 from kernels_src.norm.rmsnorm_backward import PASS_CONFIGS as PASS_CONFIGS
