@@ -7,27 +7,38 @@ tile_kernels/mhc/sinkhorn_cuda.py at repeat 20, token_block_size 8, as its wrapp
   (TileKernels keeps the sums and adds eps on the way back, we keep sum + eps), the repeat unrolled;
 - the same step: a row or column sum is 2 SHFL.BFLY + 2 FADD, the divisions IEEE (MUFU.RCP, 5 FFMA, FCHK and a branch
   to the slow path each); a step back is LDS x2, FMUL, 2 SHFL, 2 FADD, 2 divisions (~45 SASS instructions, the same
-  in both), a step forward 2 SHFL, 2 FADD, 1 division, 2 STS. The 20-repeat path of each: ~2,500 SASS instructions,
-  162 SHFL (ours 164), 120 MUFU, 117 FCHK; one BAR.SYNC (theirs at the turn, ours after the first step back);
+  in both), a step forward 2 SHFL, 2 FADD, 1 division, 2 STS. The 20-repeat path, ours / theirs: 2,272 / 2,457 SASS
+  instructions (static, the slow paths' calls included), 154 / 162 SHFL, 115 / 118 MUFU, 115 / 117 FCHK, 75 / 79 LDS;
+  one BAR.SYNC (theirs at the turn, ours after the first step back);
 - registers 37 (ours, the loop path included) against 20: both far under any limit;
 - shared memory 24,320 bytes a block (ours) against 25,600: with the 1 KB the SM reserves a block, 9 of ours fit an SM
-  (233,472 bytes), 8 of theirs. 1024 blocks on 132 SMs are 7.76 a block slot, so theirs land 7 or 8 an SM, ours may land
-  9 where the scheduler fills one SM before its neighbours: the busiest SM, which sets the kernel's time, then issues
-  9/8 of the instructions (the step is issue-bound: 8 warps an SMSP, ~45 instructions a step, ~150 cycles of latency);
+  (233,472 bytes), 8 of theirs. 1024 blocks on 132 SMs are 7.76 an SM, so theirs land 7 or 8 an SM, ours may land 9
+  where the scheduler fills one SM before its neighbours, and the busiest SM sets the kernel's time (9/8 = 1.125);
 - ours is launched with programmatic dependent launch and lets the next call launch at its entry
   (griddepcontrol.launch_dependents), TileKernels' without it (its get_pdl() is False by default): back to back, the
-  next call's blocks take the ninth slot of each SM while this one runs, and start there with up to 9 an SM.
-So the step's code is the same, and the 1.09 is likely where the blocks land (9/8 = 1.125 at most). Candidates:
-  ctl      the shipped kernel (its cubin must be prebuilt/sm90's: checked at build and run)
-  nopdl    ctl's cubin launched without PDL (a diagnosis: no early launch of the next call)
-  pad      ctl with shared memory for 40 records (25,600 bytes, TileKernels' size): at most 8 blocks an SM
-  rows32   a thread a matrix row (this file's body): the row sums in registers (no shuffle), the column sums by a
-           reduce-scatter of 3 shuffles (thread i gets column i), so a step back divides the line's sum once a
-           thread (5 divisions for 4 elements, against 2 a lane), 8 tokens a 32-thread block
-  rows64   rows32 at 64 threads a block (16 tokens; 4 blocks an SM, 48,640 bytes each)
-  rows128  rows32 at 128 threads a block (32 tokens; 2 blocks an SM, 97,280 bytes each)
+  next call's blocks can take the ninth slot of each SM while this one runs;
+- each IEEE division is a branch region of its own (FCHK, a branch to the slow path, BSSY/BSYNC), and ptxas moves no
+  work across it: the divisions of a step run one after another (MUFU.RCP then 5 dependent FFMA, ~40 cycles each),
+  and only other warps hide them. From the time, the SMSP issues ~0.4 instructions a cycle (~1,770 executed a warp,
+  8 warps an SMSP, 18.5 µs): the kernel waits on latency (shuffles, divisions), not on issue.
+Candidates (the mhc_mult=4 variant each; outputs must be ctl's bytes, which the run checks):
+  ctl          the shipped kernel (its cubin must be prebuilt/sm90's: checked at build and run)
+  nopdl        ctl's cubin launched without PDL (a diagnosis: no early launch of the next call)
+  pad          ctl with shared memory for 40 records (25,600 bytes, TileKernels' size): at most 8 blocks an SM
+  rows32/64/128  a thread a matrix row (rows_build): row sums in registers, column sums by a reduce-scatter of 3
+               shuffles (thread i ends with column i's sum, in the butterfly's order) and 4 indexed shuffles back, so a
+               step back divides a line's sum once a thread (5 divisions for 4 elements, against 2 a lane); 784 SASS
+               instructions a token on the 20-repeat path (static) against ctl's 1,136, 64 registers; 8, 16 or 32 tokens a block
+               (24,320 / 48,640 / 97,280 bytes of shared memory; 2 warps an SMSP)
+  rows64f, rows128f  rows64/128 with FAST_DIV_SOURCE's divisions: a thread's 4 divisions side by side, one
+               reciprocal where they share a divisor, one range check and one fallback branch for the group (62 registers)
+  rows64.nopdl rows64's cubin launched without PDL
+  lanes2       ctl's layout (lanes_build) with 2 tokens a lane, their steps side by side (2 independent chains a warp,
+               4 warps an SMSP), 16 tokens a 128-thread block, 48 registers; lanes2w64 at 64 threads (8 tokens)
+  lanes1f      ctl's layout with FAST_DIV_SOURCE's divisions (a step back's two divisions by one reciprocal)
+  lanes2f      lanes2 with them
 Every candidate adds in the shipped order (tree_sum's butterfly order, the products rounded with __fmul_rn first), so
-its outputs are ctl's bytes, which the run checks.
+its outputs are ctl's bytes.
 
 On a CPU with TileLang and nvcc (about 30 s a candidate: only the mhc_mult=4 variant, the bench row's):
 
@@ -41,8 +52,9 @@ The run, in a child process watched by this one (bench/tuning/watch.py: a candid
 kernel, is killed and the run goes on without it; everything stops at --budget seconds, 170 by default):
 1. checks, each candidate through the op (tkaot.mhc.mhc_sinkhorn_bwd, the candidate's launcher put in the op's kernel
    table) at 1, 3, 127, 4097 and 8192 tokens, mhc 4, repeat 1, 7, 20 and 21 (past the shared records), outputs
-   poisoned with NaN first: every byte against ctl's, and ctl's (so every candidate's) against TileKernels' (its
-   kernel compiled for each repeat; 127 and 8192 tokens at repeat 1 and 7, every token count at 20);
+   poisoned with NaN first: every byte against ctl's (and no NaN left), and ctl's (so every candidate's) against
+   TileKernels' (its kernel compiled for each repeat: every token count at 20; 127 and 8192 tokens at repeat 7 and 1
+   while the run is under TK_CHECK_S seconds);
 2. times (8192 tokens, repeat 20, CUDA-graph replay over 64 rotating input sets (96 MB, beyond L2), bench.timing)
    each candidate and TileKernels twice, the second pass in the reverse order, the outputs' bytes checked again.
 Prints each row as it is timed and a table last (candidate, µs (the passes' mean), both passes, ratio to TileKernels,
@@ -77,6 +89,8 @@ class Candidate:
     body: str  # "shipped" (kernels_src/mhc/sinkhorn_bwd.py, patched values) or "rows" (this file's body)
     threads: int = 128
     shared_records: int = 38  # shipped body: SHARED_RECORDS
+    per_lane: int = 1  # lanes body: tokens a lane
+    fast_div: bool = False  # rows and lanes bodies: FAST_DIV_SOURCE's divisions
     artifacts: str = ""  # a launch-only candidate: another candidate's artifact set
     pdl: bool | None = None  # None: as the manifest says (the op's launch)
     note: str = ""
@@ -89,20 +103,50 @@ CANDIDATES = (
     Candidate("rows32", "rows", threads=32, note="a thread a matrix row, 8 tokens a block"),
     Candidate("rows64", "rows", threads=64, note="a thread a matrix row, 16 tokens a block"),
     Candidate("rows128", "rows", threads=128, note="a thread a matrix row, 32 tokens a block"),
+    Candidate("rows64f", "rows", threads=64, fast_div=True, note="rows64, a thread's divisions without a branch each"),
+    Candidate("rows128f", "rows", threads=128, fast_div=True, note="rows128, a thread's divisions without a branch each"),
+    Candidate("rows64.nopdl", "rows", threads=64, artifacts="rows64", pdl=False, note="rows64 launched without PDL"),
+    Candidate("lanes2", "lanes", threads=128, per_lane=2, note="an element a lane of 2 tokens, steps side by side, 16 tokens a block"),
+    Candidate("lanes1f", "lanes", threads=128, per_lane=1, fast_div=True, note="ctl's layout, divisions without a branch each"),
+    Candidate("lanes2f", "lanes", threads=128, per_lane=2, fast_div=True, note="lanes2, divisions without a branch each"),
+    Candidate("lanes2w64", "lanes", threads=64, per_lane=2, note="lanes2 at 64 threads a block (8 tokens)"),
 )  # fmt: skip
 NAMES = tuple(c.name for c in CANDIDATES)
 
 
 # ---- the rows body (a candidate; mhc 4)
 
+# IEEE division's fast path as nvcc lowers `x / d` (the SASS of every division here: MUFU.RCP, then
+# e = fma(-d, r, 1), y = fma(r, e, r), q = fma(x, y, 0), rem = fma(-d, q, x), q = fma(y, rem, q), with FCHK sending
+# operands it cannot take to a slow path), here without the branch a division: the range check is ours, stricter than
+# FCHK's (both operands' magnitudes in [2**-40, 2**40): no zero, denormal, infinity or NaN, quotients far from
+# overflow and underflow), and where it fails for any of a group's operands the group is divided again by `/`. So the
+# quotient's bits are `/`'s, and a thread's independent divisions overlap (each `/` is a branch region of its own).
+FAST_DIV_SOURCE = """
+__device__ __forceinline__ float tkaot_tune_rcp(float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+}
+__device__ __forceinline__ float tkaot_tune_quotient(float x, float d, float y) {
+    float q = __fmaf_rn(x, y, 0.0f);
+    return __fmaf_rn(y, __fmaf_rn(-d, q, x), q);
+}
+__device__ __forceinline__ int tkaot_tune_in_range(float v) {
+    float a = fabsf(v);
+    return (a >= 0x1p-40f) & (a < 0x1p40f);
+}
+"""
 
-def rows_build(threads: int, unrolled_repeat: int = REPEAT):
+
+def rows_build(threads: int, fast_div: bool = False, unrolled_repeat: int = REPEAT):
     """mhc_sinkhorn_bwd at mhc 4 with one matrix row a thread: thread i of a token's 4 (adjacent lanes) holds row i's 4
     elements. A row sum is tree_sum in registers; a column sum a butterfly over the token's lanes (xor 2, then 1),
     done as a reduce-scatter: thread i ends with column i's sum, in the butterfly's order, and the column values a
     thread needs for its 4 elements come back by 4 indexed shuffles. Records as the shipped kernel's: each step's
     input (4 elements a thread) and its line's denominator (sum + eps) in shared memory for up to 20 repeats, later
-    ones in `scratch`; `repeat` == unrolled_repeat runs an unrolled copy."""
+    ones in `scratch`; `repeat` == unrolled_repeat runs an unrolled copy. fast_div: a thread's 4 divisions side by side
+    without a branch each (FAST_DIV_SOURCE)."""
     import tilelang.language as T
 
     from kernels_src.mhc.common import WARP, tree_sum
@@ -119,6 +163,27 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
 
     def mul(a, b):
         return T.call_extern("float32", "__fmul_rn", a, b)
+
+    @T.macro
+    def divide(out, num, den, same: bool, q, y, ok):
+        """out[k] = num(k) / den(k) for k < 4 (den(0) for every k if `same`), IEEE's bits; with fast_div the 4 quotients
+        from FAST_DIV_SOURCE's fast path, all again by IEEE division where any operand is outside its range."""
+        if not fast_div:
+            for k in T.unroll(n):
+                q[k] = num(k) / den(k)
+        else:
+            ok[0] = 1
+            for k in T.unroll(1 if same else n):
+                y[k] = T.call_extern("float32", "tkaot_tune_rcp", den(k))
+                ok[0] = ok[0] & T.call_extern("int32", "tkaot_tune_in_range", den(k))
+            for k in T.unroll(n):
+                ok[0] = ok[0] & T.call_extern("int32", "tkaot_tune_in_range", num(k))
+                q[k] = T.call_extern("float32", "tkaot_tune_quotient", num(k), den(k), y[0] if same else y[k])
+            if ok[0] == 0:
+                for k in T.unroll(n):
+                    q[k] = num(k) / den(k)
+        for k in T.unroll(n):
+            out[k] = q[k]
 
     @T.macro
     def column_sum(out, v, s1, i):
@@ -184,15 +249,14 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
         return steps
 
     @T.macro
-    def walk(steps, repeat, records, denoms, scratch, m, g, p, d0, dq0, dl, d, t, s1, prod, tid, i, slot, first, token,
-             live, eps):  # fmt: skip
+    def walk(steps, repeat, records, denoms, scratch, m, g, p, d0, dq0, dl, d, t, s1, prod, q, y, ok, tid, i, slot, first,
+             token, live, eps):  # fmt: skip
         """The forward's replay from the first column normalisation's output in m, then the steps back to g at the
         softmax's output."""
         for r in steps(1, repeat):
             d[0] = tree_sum([m[k] for k in range(n)]) + eps
             keep(records, denoms, scratch, m, d, r, 0, tid, i, token, live)
-            for k in T.unroll(n):
-                m[k] = m[k] / d[0]
+            divide(m, lambda k: m[k], lambda k: d[0], True, q, y, ok)
             column_sum(t, m, s1, i)
             d[0] = t[0] + eps
             gather(dl, d[0], first)
@@ -203,8 +267,7 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
                     scratch[r, 1, token, mm + k] = dl[k]
                 for k in T.vectorized(n):
                     scratch[r, 1, token, i * n + k] = m[k]
-            for k in T.unroll(n):
-                m[k] = m[k] / dl[k]
+            divide(m, lambda k: m[k], lambda k: dl[k], False, q, y, ok)
         for back in steps(repeat):
             r = repeat - 1 - back
             if back == repeat - 1:
@@ -219,15 +282,13 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
             column_sum(t, prod, s1, i)
             t[0] = t[0] / d[0]
             gather(s1, t[0], first)
-            for k in T.unroll(n):
-                g[k] = (g[k] - s1[k]) / dl[k]
+            divide(g, lambda k: g[k] - s1[k], lambda k: dl[k], False, q, y, ok)
             if back < repeat - 1:
                 fetch(records, denoms, scratch, m, dl, d, r, 0, tid, i, slot, token, live)
                 for k in T.unroll(n):
                     prod[k] = mul(g[k], m[k])
                 t[0] = tree_sum([prod[k] for k in range(n)]) / dl[0]
-                for k in T.unroll(n):
-                    g[k] = (g[k] - t[0]) / dl[0]
+                divide(g, lambda k: g[k] - t[0], lambda k: dl[0], True, q, y, ok)
 
     @T.prim_func
     def sinkhorn_bwd(
@@ -238,7 +299,7 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
         eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, per_block), threads=threads) as block:
-            kernel_entry()
+            kernel_entry(FAST_DIV_SOURCE if fast_div else "")
             tid = T.get_thread_binding()
             i = tid % n  # the thread's row of its token's matrix
             slot = tid // n
@@ -257,6 +318,9 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
             t = T.alloc_local((1,), T.float32)
             s1 = T.alloc_local((n,), T.float32)
             prod = T.alloc_local((n,), T.float32)
+            q = T.alloc_local((n,), T.float32)
+            y = T.alloc_local((n,), T.float32)
+            ok = T.alloc_local((1,), T.int32)
 
             for k in T.unroll(n):
                 m[k] = T.float32(0)
@@ -270,20 +334,19 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
             for k in T.unroll(n):
                 m[k] = T.exp(m[k] - t[0])
             t[0] = tree_sum([m[k] for k in range(n)])
+            divide(p, lambda k: m[k], lambda k: t[0], True, q, y, ok)
             for k in T.unroll(n):
-                p[k] = m[k] / t[0]
                 m[k] = p[k] + eps
             column_sum(t, m, s1, i)
             dq0[0] = t[0] + eps
             gather(d0, dq0[0], first)
-            for k in T.unroll(n):
-                m[k] = m[k] / d0[k]
+            divide(m, lambda k: m[k], lambda k: d0[k], False, q, y, ok)
             if unrolled_repeat and repeat == unrolled_repeat:
-                walk(loop("unrolled"), unrolled_repeat, records, denoms, scratch, m, g, p, d0, dq0, dl, d, t, s1, prod, tid,
-                     i, slot, first, token, live, eps)  # fmt: skip
+                walk(loop("unrolled"), unrolled_repeat, records, denoms, scratch, m, g, p, d0, dq0, dl, d, t, s1, prod, q, y,
+                     ok, tid, i, slot, first, token, live, eps)  # fmt: skip
             else:
-                walk(loop("serial"), repeat, records, denoms, scratch, m, g, p, d0, dq0, dl, d, t, s1, prod, tid, i, slot,
-                     first, token, live, eps)  # fmt: skip
+                walk(loop("serial"), repeat, records, denoms, scratch, m, g, p, d0, dq0, dl, d, t, s1, prod, q, y, ok, tid, i,
+                     slot, first, token, live, eps)  # fmt: skip
             for k in T.unroll(n):
                 prod[k] = mul(g[k], p[k])
             t[0] = tree_sum([prod[k] for k in range(n)])
@@ -293,6 +356,212 @@ def rows_build(threads: int, unrolled_repeat: int = REPEAT):
                 for k in T.vectorized(n):
                     grad_input[token, i * n + k] = g[k]
 
+    return sinkhorn_bwd
+
+
+def lanes_build(threads: int, per_lane: int, fast_div: bool = False, unrolled_repeat: int = REPEAT):
+    """The shipped layout (one matrix element a lane, kernels_src/mhc/sinkhorn_bwd.py) with `per_lane` tokens a lane: lane
+    e of a 16-lane group holds element e of tokens slot, slot + groups, ... of the block, their steps side by side (the
+    same instructions, independent chains: a warp issues one token's work while the other's shuffle or division is in
+    flight). Records in shared memory as the shipped kernel's, (record, token of the lane, lane); the same sums and
+    divisions in the same order, token by token. fast_div: the divisions of a step by FAST_DIV_SOURCE's fast path, the
+    lane's tokens side by side, the two of a step back by one reciprocal."""
+    import tilelang.language as T
+
+    from kernels_src.mhc.common import WARP
+    from kernels_src.pdl import kernel_entry
+    from tkaot._mhc.kernels import sinkhorn_record_row
+
+    n, mm, u_n = MHC, MHC * MHC, per_lane
+    row_words = sinkhorn_record_row(n)
+    groups = threads // mm  # token groups a block
+    per_block = groups * u_n
+    shared_records = 38
+    assert 2 * (unrolled_repeat - 1) <= shared_records
+    num_tokens = T.dynamic("num_tokens")
+    repeat = T.dynamic("repeat")
+
+    def mul(a, b):
+        return T.call_extern("float32", "__fmul_rn", a, b)
+
+    @T.macro
+    def line_sum(out, value, stride: int):
+        """out[u] = the butterfly sum of value[u] over the lane's row (stride 1) or column (stride 4), each token's."""
+        for u in T.unroll(u_n):
+            out[u] = value[u]
+        for s in T.unroll(2):
+            for u in T.unroll(u_n):
+                out[u] = out[u] + T.shfl_xor(out[u], (2 >> s) * stride)
+
+    @T.macro
+    def keep(records, denoms, scratch, m, d, r, half: int, tid, slot, line, e, token, live):
+        if 2 * r - 2 + half < shared_records:
+            for u in T.unroll(u_n):
+                records[2 * r - 2 + half, u, tid] = m[u]
+                denoms[2 * r - 2 + half, u, slot, line] = d[u]
+        else:
+            for u in T.unroll(u_n):
+                if live[u]:
+                    scratch[r, half, token[u], e] = m[u]
+                    scratch[r, half, token[u], mm + line] = d[u]
+
+    @T.macro
+    def fetch(records, denoms, scratch, m, d, r, half: int, tid, slot, line, e, token, live):
+        for u in T.unroll(u_n):
+            m[u] = T.float32(0)
+            d[u] = T.float32(1)
+        if 2 * r - 2 + half < shared_records:
+            for u in T.unroll(u_n):
+                m[u] = records[2 * r - 2 + half, u, tid]
+                d[u] = denoms[2 * r - 2 + half, u, slot, line]
+        else:
+            for u in T.unroll(u_n):
+                if live[u]:
+                    m[u] = scratch[r, half, token[u], e]
+                    d[u] = scratch[r, half, token[u], mm + line]
+
+    @T.macro
+    def back_through(g, m, d, t, prod, stride: int, q, q2, y, ok):
+        for u in T.unroll(u_n):
+            prod[u] = mul(g[u], m[u])
+        line_sum(t, prod, stride)
+        if not fast_div:
+            for u in T.unroll(u_n):
+                t[u] = t[u] / d[u]
+                g[u] = (g[u] - t[u]) / d[u]
+        else:
+            ok[0] = 1
+            for u in T.unroll(u_n):
+                y[u] = T.call_extern("float32", "tkaot_tune_rcp", d[u])
+                ok[0] = ok[0] & T.call_extern("int32", "tkaot_tune_in_range", d[u]) & T.call_extern("int32", "tkaot_tune_in_range", t[u])
+                q[u] = T.call_extern("float32", "tkaot_tune_quotient", t[u], d[u], y[u])
+            for u in T.unroll(u_n):
+                ok[0] = ok[0] & T.call_extern("int32", "tkaot_tune_in_range", g[u] - q[u])
+                q2[u] = T.call_extern("float32", "tkaot_tune_quotient", g[u] - q[u], d[u], y[u])
+            if ok[0] == 0:
+                for u in T.unroll(u_n):
+                    q[u] = t[u] / d[u]
+                    q2[u] = (g[u] - q[u]) / d[u]
+            for u in T.unroll(u_n):
+                t[u] = q[u]
+                g[u] = q2[u]
+
+    @T.macro
+    def divide(m, d, q, y, ok):
+        """m[u] = m[u] / d[u], IEEE's bits (fast_div: FAST_DIV_SOURCE's fast path, `/` again where out of its range)."""
+        if not fast_div:
+            for u in T.unroll(u_n):
+                m[u] = m[u] / d[u]
+        else:
+            ok[0] = 1
+            for u in T.unroll(u_n):
+                y[u] = T.call_extern("float32", "tkaot_tune_rcp", d[u])
+                ok[0] = ok[0] & T.call_extern("int32", "tkaot_tune_in_range", d[u]) & T.call_extern("int32", "tkaot_tune_in_range", m[u])
+                q[u] = T.call_extern("float32", "tkaot_tune_quotient", m[u], d[u], y[u])
+            if ok[0] == 0:
+                for u in T.unroll(u_n):
+                    q[u] = m[u] / d[u]
+            for u in T.unroll(u_n):
+                m[u] = q[u]
+
+    def loop(kind):
+        def steps(start, stop=None):
+            return T.unroll(start, stop, explicit=True) if kind == "unrolled" else T.serial(start, stop)
+
+        return steps
+
+    @T.macro
+    def walk(steps, repeat, records, denoms, scratch, m, g, p, d0, d, t, prod, q, q2, y, ok, tid, slot, e, token, live, eps):
+        for r in steps(1, repeat):
+            line_sum(d, m, 1)
+            for u in T.unroll(u_n):
+                d[u] = d[u] + eps
+            keep(records, denoms, scratch, m, d, r, 0, tid, slot, e // n, e, token, live)
+            divide(m, d, q, y, ok)
+            line_sum(d, m, n)
+            for u in T.unroll(u_n):
+                d[u] = d[u] + eps
+            keep(records, denoms, scratch, m, d, r, 1, tid, slot, e % n, e, token, live)
+            divide(m, d, q, y, ok)
+        for back in steps(repeat):
+            if back == repeat - 1:
+                for u in T.unroll(u_n):
+                    m[u] = p[u] + eps
+                    d[u] = d0[u]
+            else:
+                fetch(records, denoms, scratch, m, d, repeat - 1 - back, 1, tid, slot, e % n, e, token, live)
+            back_through(g, m, d, t, prod, n, q, q2, y, ok)
+            if back < repeat - 1:
+                fetch(records, denoms, scratch, m, d, repeat - 1 - back, 0, tid, slot, e // n, e, token, live)
+                back_through(g, m, d, t, prod, 1, q, q2, y, ok)
+
+    @T.prim_func
+    def sinkhorn_bwd(
+        grad_output: T.Tensor[(num_tokens, mm), T.float32],
+        x: T.Tensor[(num_tokens, mm), T.float32],
+        grad_input: T.Tensor[(num_tokens, mm), T.float32],
+        scratch: T.Tensor[(repeat, 2, num_tokens, row_words), T.float32],
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, per_block), threads=threads) as block:
+            kernel_entry(FAST_DIV_SOURCE if fast_div else "")
+            tid = T.get_thread_binding()
+            e = tid % mm  # the element (e // 4, e % 4) of each of the lane's tokens
+            slot = tid // mm
+            records = T.alloc_shared((shared_records, u_n, threads), T.float32)
+            denoms = T.alloc_shared((shared_records, u_n, groups, n), T.float32)
+            token = T.alloc_local((u_n,), T.int32)
+            live = T.alloc_local((u_n,), T.bool)
+            m = T.alloc_local((u_n,), T.float32)
+            g = T.alloc_local((u_n,), T.float32)
+            p = T.alloc_local((u_n,), T.float32)
+            d0 = T.alloc_local((u_n,), T.float32)
+            d = T.alloc_local((u_n,), T.float32)
+            t = T.alloc_local((u_n,), T.float32)
+            prod = T.alloc_local((u_n,), T.float32)
+            q = T.alloc_local((u_n,), T.float32)
+            q2 = T.alloc_local((u_n,), T.float32)
+            y = T.alloc_local((u_n,), T.float32)
+            ok = T.alloc_local((1,), T.int32)
+            for u in T.unroll(u_n):
+                token[u] = block * per_block + u * groups + slot
+                live[u] = token[u] < num_tokens
+                m[u] = T.float32(0)
+                g[u] = T.float32(0)
+                if live[u]:
+                    m[u] = x[token[u], e]
+                    g[u] = grad_output[token[u], e]
+            for u in T.unroll(u_n):
+                t[u] = m[u]
+            for s in T.unroll(2):
+                for u in T.unroll(u_n):
+                    t[u] = T.max(t[u], T.shfl_xor(t[u], 2 >> s))
+            for u in T.unroll(u_n):
+                m[u] = T.exp(m[u] - t[u])
+            line_sum(t, m, 1)
+            for u in T.unroll(u_n):
+                p[u] = m[u] / t[u]
+                m[u] = p[u] + eps
+            line_sum(t, m, n)
+            for u in T.unroll(u_n):
+                d0[u] = t[u] + eps
+                m[u] = m[u] / d0[u]
+            if unrolled_repeat and repeat == unrolled_repeat:
+                walk(loop("unrolled"), unrolled_repeat, records, denoms, scratch, m, g, p, d0, d, t, prod, q, q2, y, ok, tid, slot,
+                     e, token, live, eps)  # fmt: skip
+            else:
+                walk(
+                    loop("serial"), repeat, records, denoms, scratch, m, g, p, d0, d, t, prod, q, q2, y, ok, tid, slot, e, token, live, eps
+                )
+            for u in T.unroll(u_n):
+                prod[u] = mul(g[u], p[u])
+            line_sum(t, prod, 1)
+            for u in T.unroll(u_n):
+                g[u] = (g[u] - t[u]) * p[u]
+                if live[u]:
+                    grad_input[token[u], e] = g[u]
+
+    assert WARP % mm == 0
     return sinkhorn_bwd
 
 
@@ -308,7 +577,9 @@ def _patched(c: Candidate):
     saved = {"build": module.build, "SHARED_RECORDS": module.SHARED_RECORDS, "LANE_THREADS": module.LANE_THREADS}
     try:
         if c.body == "rows":
-            module.build = lambda mhc_mult, **kw: rows_build(c.threads)
+            module.build = lambda mhc_mult, **kw: rows_build(c.threads, c.fast_div)
+        elif c.body == "lanes":
+            module.build = lambda mhc_mult, **kw: lanes_build(c.threads, c.per_lane, c.fast_div)
         else:
             module.SHARED_RECORDS, module.LANE_THREADS = c.shared_records, c.threads
         yield
@@ -437,11 +708,14 @@ class Run:
         pdl = {c.name: c.pdl for c in CANDIDATES}
         self.kernels = {name: _bind(k, pdl[name]) for name, k in _launchers(artifacts, say).items() if name not in skip}
         self.start = time.perf_counter()
-        try:
-            import tile_kernels as tk
-        except ImportError as exc:
-            tk = None
-            say(f"TileKernels not importable ({exc}): no TK columns")
+        tk = None
+        if "TK" in skip:
+            say("TileKernels skipped (it hung before): no TK columns")
+        else:
+            try:
+                import tile_kernels as tk
+            except ImportError as exc:
+                say(f"TileKernels not importable ({exc}): no TK columns")
         self.tk = tk
 
     def ours(self, name: str, a: dict, repeat: int):
@@ -550,7 +824,8 @@ def _part(argv) -> None:
 # ---- the run (GPU): the phases in a watched child
 
 TOTAL_S = 170  # the whole run's budget (--budget S)
-STALL_S = 20  # a candidate silent this long is taken as hung (TileKernels' first calls compile: 3 times that)
+STALL_S = 20  # a candidate silent this long is taken as hung (TileKernels' first calls compile: TK_STALL_S)
+TK_STALL_S = 120
 
 
 def _line(row, base: dict) -> str:
@@ -578,20 +853,15 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
             say(f"{row[0]:10s} {row[1]:24s} {row[2]:8.2f} {row[3]:>13s}  {row[4]}")
 
         stop = run_child("bench.tuning.tune_sinkbwd9", "all", artifacts, skip, deadline, say, on_row,
-                         stall_s=lambda name: 3 * STALL_S if name in ("load", "TK") else STALL_S,
+                         stall_s=lambda name: TK_STALL_S if name in ("load", "TK") else STALL_S,
                          on_start=lambda name, what: print(f"  ({name} at {what or '-'})", flush=True))  # fmt: skip
         if stop is None:
             return None
         name, what, how = stop
         say(f"{how} in {name} at {what or '-'}")
-        return name if name in NAMES or name == "check" else None
+        return name if name in NAMES or name in ("check", "TK") else None  # rerun without it
 
-    def rerun(skip: list[str]) -> str | None:
-        if skip and skip[-1] != "check":
-            skip.append("check")  # the checks ran (or hung) already
-        return one(skip)
-
-    with_reruns("tune_sinkbwd9", deadline, say, rerun)
+    with_reruns("tune_sinkbwd9", deadline, say, one)  # a rerun checks and times what is left
     base = {name: row[2] for name, row in rows.items()}
     say(f"\n{'candidate':10s} {'shape':24s} {'µs':>8s} {'passes':>13s} {'/TK':>6s} {'/ctl':>6s}  outputs (8192 tokens)")
     for row in rows.values():
