@@ -719,12 +719,16 @@ class Run:
         self.tk = tk
 
     def ours(self, name: str, a: dict, repeat: int):
+        import torch
+
         import tkaot
 
         a["out"].fill_(math.nan)
         with _serving(self.kernels[name]):
             tkaot.mhc.mhc_sinkhorn_bwd(a["g"], a["x"], a["out"], repeat, EPS)
-        return a["out"].clone()
+        out = a["out"].clone()
+        torch.cuda.synchronize()
+        return out
 
     def theirs(self, a: dict, repeat: int):
         a["out"].fill_(math.nan)
@@ -737,12 +741,14 @@ def check(run: Run) -> None:
     import torch
 
     say, bad, done = run.say, 0, 0
+    failed = dict.fromkeys(run.kernels, 0)  # outputs that differ from ctl's or keep a NaN, a candidate
     for repeat in CHECK_REPEATS:
         for tokens in CHECK_TOKENS:
-            started("check", f"{tokens} tokens, repeat {repeat}")
             a = _inputs(tokens, seed=tokens * 31 + repeat)
-            outs = {name: run.ours(name, a, repeat) for name in run.kernels}
-            torch.cuda.synchronize()
+            outs = {}
+            for name in run.kernels:  # each announced: a candidate that hangs or faults is named, and rerun without
+                started(name, f"check: {tokens} tokens, repeat {repeat}")
+                outs[name] = run.ours(name, a, repeat)
             want = outs.get(CONTROL)
             for name, got in outs.items():
                 done += 1
@@ -750,9 +756,11 @@ def check(run: Run) -> None:
                     break
                 if name != CONTROL and not _same(got, want):
                     bad += 1
+                    failed[name] += 1
                     say(f"check {name} {tokens} tokens repeat {repeat}: DIFFERS from ctl ({int((got != want).sum())} of {got.numel()})")
                 if got.isnan().any():
                     bad += 1
+                    failed[name] += 1
                     say(f"check {name} {tokens} tokens repeat {repeat}: NaN left (an element not written)")
             tk_time = repeat == REPEAT or time.perf_counter() - run.start < TK_CHECK_S
             if run.tk is not None and want is not None and tokens in TK_CHECKS.get(repeat, ()) and tk_time:
@@ -764,6 +772,9 @@ def check(run: Run) -> None:
                     bad += 1
                     say(f"check ctl {tokens} tokens repeat {repeat}: DIFFERS from TileKernels ({int((want != theirs).sum())} elements)")
             del a, outs
+    cases = len(CHECK_REPEATS) * len(CHECK_TOKENS)
+    for name, n in failed.items():
+        say(f"check {name:12s} {'every output = ctl' if not n else f'{n} of {cases} outputs WRONG'} ({cases} cases)")
     say(f"checks: {done} outputs, {bad} mismatches (candidates against ctl, ctl against TileKernels)")
 
 
