@@ -118,10 +118,11 @@ NAMES = tuple(c.name for c in CANDIDATES)
 
 # IEEE division's fast path as nvcc lowers `x / d` (the SASS of every division here: MUFU.RCP, then
 # e = fma(-d, r, 1), y = fma(r, e, r), q = fma(x, y, 0), rem = fma(-d, q, x), q = fma(y, rem, q), with FCHK sending
-# operands it cannot take to a slow path), here without the branch a division: the range check is ours, stricter than
-# FCHK's (both operands' magnitudes in [2**-40, 2**40): no zero, denormal, infinity or NaN, quotients far from
-# overflow and underflow), and where it fails for any of a group's operands the group is divided again by `/`. So the
-# quotient's bits are `/`'s, and a thread's independent divisions overlap (each `/` is a branch region of its own).
+# operands it cannot take to a slow path), here without the branch a division: the range check is ours, meant to be
+# stricter than FCHK's, whose rule is not documented (both operands' magnitudes in [2**-40, 2**40): no zero, denormal,
+# infinity or NaN, quotients far from overflow and underflow), and where it fails for any of a group's operands the
+# group is divided again by `/`. So the quotients should be `/`'s bits (the run checks them against ctl's), and a
+# thread's independent divisions overlap (each `/` is a branch region of its own).
 FAST_DIV_SOURCE = """
 __device__ __forceinline__ float tkaot_tune_rcp(float d) {
     float r;
