@@ -24,7 +24,9 @@ tile_kernels/mhc/sinkhorn_cuda.py at repeat 20, token_block_size 8, as its wrapp
 Candidates (the mhc_mult=4 variant each; outputs must be ctl's bytes, which the run checks):
   ctl          the shipped kernel (its cubin must be prebuilt/sm90's: checked at build and run)
   nopdl        ctl's cubin launched without PDL (a diagnosis: no early launch of the next call)
+  waitonly     ctl without launch_dependents at its entry (still launched with PDL: the next call launches at exit)
   pad          ctl with shared memory for 40 records (25,600 bytes, TileKernels' size): at most 8 blocks an SM
+  pad.nopdl    pad's cubin launched without PDL
   rows32/64/128  a thread a matrix row (rows_build): row sums in registers, column sums by a reduce-scatter of 3
                shuffles (thread i ends with column i's sum, in the butterfly's order) and 4 indexed shuffles back, so a
                step back divides a line's sum once a thread (5 divisions for 4 elements, against 2 a lane); 784 SASS
@@ -93,12 +95,15 @@ class Candidate:
     fast_div: bool = False  # rows and lanes bodies: FAST_DIV_SOURCE's divisions
     artifacts: str = ""  # a launch-only candidate: another candidate's artifact set
     pdl: bool | None = None  # None: as the manifest says (the op's launch)
+    trigger: bool = True  # shipped body: griddepcontrol.launch_dependents at entry (False: none, so at exit)
     note: str = ""
 
 
 CANDIDATES = (
     Candidate(CONTROL, "shipped", note="the shipped kernel (cubin = prebuilt/sm90's)"),
     Candidate("nopdl", "shipped", artifacts=CONTROL, pdl=False, note="ctl's cubin launched without PDL"),
+    Candidate("waitonly", "shipped", trigger=False, note="ctl without launch_dependents at entry: the next call launches as this one ends"),
+    Candidate("pad.nopdl", "shipped", shared_records=40, artifacts="pad", pdl=False, note="pad's cubin launched without PDL"),
     Candidate("pad", "shipped", shared_records=40, note="shared memory for 40 records: 25,600 bytes, at most 8 blocks an SM"),
     Candidate("rows32", "rows", threads=32, note="a thread a matrix row, 8 tokens a block"),
     Candidate("rows64", "rows", threads=64, note="a thread a matrix row, 16 tokens a block"),
@@ -575,7 +580,10 @@ def _patched(c: Candidate):
     import importlib
 
     module = importlib.import_module(MODULE)
-    saved = {"build": module.build, "SHARED_RECORDS": module.SHARED_RECORDS, "LANE_THREADS": module.LANE_THREADS}
+    saved = {
+        "build": module.build, "SHARED_RECORDS": module.SHARED_RECORDS, "LANE_THREADS": module.LANE_THREADS,
+        "kernel_entry": module.kernel_entry,
+    }  # fmt: skip
     try:
         if c.body == "rows":
             module.build = lambda mhc_mult, **kw: rows_build(c.threads, c.fast_div)
@@ -583,10 +591,26 @@ def _patched(c: Candidate):
             module.build = lambda mhc_mult, **kw: lanes_build(c.threads, c.per_lane, c.fast_div)
         else:
             module.SHARED_RECORDS, module.LANE_THREADS = c.shared_records, c.threads
+            if not c.trigger:
+                module.kernel_entry = _wait_only()
         yield
     finally:
         for a, v in saved.items():
             setattr(module, a, v)
+
+
+def _wait_only():
+    """kernels_src.pdl.kernel_entry without griddepcontrol.launch_dependents: the kernel behind launches at this one's exit."""
+    import tilelang.language as T
+
+    from kernels_src.pdl import PDL_SOURCE
+
+    @T.macro
+    def entry(extra_source: str = ""):
+        T.import_source(PDL_SOURCE + extra_source)
+        T.call_extern("int32", "tkaot_pdl_wait")
+
+    return entry
 
 
 def _ctl_identical(artifacts: Path, root: Path) -> str:
