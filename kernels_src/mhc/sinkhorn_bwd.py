@@ -3,7 +3,7 @@ sums, then walk the steps back.
 
 Where a matrix fits in a warp (mhc <= 5), one matrix element a lane (kernels_src/mhc/sinkhorn_lanes.py), as the
 forward: each lane keeps its element of every step's input, and its line's denominator (sum + eps, one copy a
-line), in shared memory (SHARED_RECORDS steps, every step up to 20 repeats; later steps go to `scratch`, the
+line), in shared memory (SHARED_RECORDS steps, every step up to 21 repeats; later steps go to `scratch`, the
 denominators where the sums are), so the way back reduces only the products; the softmax output stays in a
 register. The common repeat count (UNROLLED_REPEAT) runs an unrolled copy of the steps. Wider matrices keep one
 thread per token, described below.
@@ -30,9 +30,14 @@ from tkaot._mhc.kernels import sinkhorn_record_row as record_row
 DECL = SINKHORN_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
 LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 us; 64 threads 27.8, within noise)
-# Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 20 repeats, in
-# 19 KB a block of LANE_THREADS, and 5 KB of denominators; 8 blocks an SM (8192 tokens at mhc 4 in one wave)
-SHARED_RECORDS = 38
+# Records (steps' input elements) a lane keeps in shared memory: 2 * (repeat - 1), so up to 21 repeats, in
+# 20 KB a block of LANE_THREADS, and 5 KB of denominators: 25,600 bytes, so at most 8 blocks an SM (8192 tokens at
+# mhc 4: 1024 blocks, one wave on 132 SMs). H200, 8192 x 4 x 4, 20 repeats: 16.61 us against 18.52 at 38 records
+# (24,320 bytes: 9 blocks an SM), TileKernels 17.20; also timed, slower: a thread a matrix row (19.17-19.98), 2 tokens
+# a lane (19.85-21.47), divisions without the IEEE slow-path branch (20.48-22.24), and the 38-record kernel without
+# PDL (17.30) or without launch_dependents at entry (17.08) (bench/results/2026-12-03-H200-s17-tune_sinkbwd9.log, by
+# bench/tuning/tune_sinkbwd9.py as of commit d7ca7a9)
+SHARED_RECORDS = 40
 # The repeat count DeepSeek's models use: a copy of the steps unrolled for it. H200 (session 11, identical to
 # TileKernels): 18.50 us, against 21.41 without the unrolled copy, 18.33 at 64 threads, 27.98 before; TileKernels 17.02
 UNROLLED_REPEAT = 20
