@@ -26,7 +26,7 @@ the same order, so the outputs must be ctl's bytes, which the run checks):
   t64ahead   OUTPUT_AHEAD in 64-thread blocks at MIN_BLOCKS 10: the nearest to TileKernels' kernel (its 93 registers
              and 64 threads are 10 blocks, 20 warps an SM; the next layer's output in flight during this one's stores)
 
-On a CPU with TileLang and nvcc (about a minute a candidate):
+On a CPU with TileLang and nvcc (a few seconds a candidate):
 
     python -m bench.tuning.tune_recomp9 build --out tune-artifacts/recomp9 [--only mb7,t64]
 
