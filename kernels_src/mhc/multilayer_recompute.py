@@ -37,7 +37,9 @@ MIN_BLOCKS = 6
 # The next layer's output read before this layer's stores (they may alias it, so the compiler cannot move it there).
 # H200 (session 11, identical to TileKernels): off 985.0 us; ahead at 6 blocks 1315.0, at 5 blocks 972.7 (1 %,
 # one run: not shipped); before 1029.7; TileKernels 816.9. With the 128-bit stores (session 12): ahead at 5 blocks 907.2,
-# off 892.8
+# off 892.8. Again 2026-12-03 (899.5 us, TileKernels 825.4; bench/results/2026-12-03-H200-s17-tune_recomp9.log,
+# bench/tuning/tune_recomp9.py as of 615c48e): MIN_BLOCKS 5 / 7 / 8 925.4 / 934.2 / 1079.8, 64 threads 898.5, 256
+# threads 924.3, ahead at 5 blocks 918.6, 64 threads ahead (TileKernels' block) 917.7, without PDL 899.7: no gain
 OUTPUT_AHEAD = False
 
 # dst[0:16 bytes] = src's 16 bytes, one global store (dst: a global address; both 16-byte aligned). The memory

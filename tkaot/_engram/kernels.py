@@ -33,7 +33,10 @@ GATE_FWD_TILINGS = {"default": "c1584s2x28w"}
 # pass, the kernel's own barriers. Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
 # bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25, k28d14c (v staged by each warp
 # through the ring; shipped before) 743.79, k28d11v 727.50, k28d11v22 717.65, k28d9v 738.40; earlier TileLang's
-# inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs
+# inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs. Again 2026-12-03 (TileKernels 668.85,
+# k28d11v16 720.03; bench/results/2026-12-03-H200-s17-tune_gatebwd9.log, bench/tuning/tune_gatebwd9.py as of 65f4de4):
+# k28d11v14 / v18 / v20 725.89 / 720.78 / 721.95, k28d10v16 723.23, k27d12v16 810.40, launched without PDL 720.61,
+# without launch_dependents at entry 720.24: no gain (one CTA an SM, one wave, in both kernels)
 GATE_BWD_TILINGS = {"default": "k28d11v16"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>s"): four columns a thread, `rows`
 # partials at a time staged by cp.async into shared memory (4-byte copies where an input is misaligned or numel not a
