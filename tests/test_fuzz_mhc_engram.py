@@ -221,6 +221,8 @@ def mhc_multilayer_recompute(draw):
         breaks["initial_residual strided"] = {
             "initial_residual": meta(*lead, m, hidden, strides=tuple(2 * s for s in dense((*lead, m, hidden))))
         }
+    if n and m % 4 == 0:  # (mix rows read in 16-byte pieces)
+        breaks["a pre mix one float in"] = {"pre_mix_list": [meta(*lead, m, 1, dtype=F32, offset=1), *lists["pre_mix_list"][1:]]}
     if post:
         breaks["a residual of fp32"] = {"residual_list": [f32(*lead, m, hidden), *lists["residual_list"][1:]]}
         breaks["a comb mix of one more element"] = {"comb_mix_list": [f32(n * m * m + 1), *lists["comb_mix_list"][1:]]}

@@ -217,6 +217,16 @@ def test_the_recompute_table_lists_every_layer_tensor_in_the_kernels_order(recor
     assert tables == [[x.data_ptr() for x in (*pre, *inputs, *residuals, *outs, *post, *comb)]]
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7])
+def test_recompute_mixes_need_only_4_byte_alignment_when_m_is_not_a_multiple_of_4(recorded, m):
+    """The kernel copies such mix rows a float at a time: mixes one float into a buffer are taken."""
+    args, _ = valid_calls(m=m)["mhc_multilayer_recompute"]
+    res0, pre, outs, post, comb, inputs, residuals = args
+    pre, post, comb = ([_one_float_in(*x.shape) for x in xs] for xs in (pre, post, comb))
+    assert MHC.mhc_multilayer_recompute(res0, pre, outs, post, comb, inputs, residuals) is None
+    assert len(recorded) == 1
+
+
 # ---- refusals: each a valid call with one thing broken, refused before any launch
 
 
@@ -242,6 +252,14 @@ def _set(i, value):
 def _non_contiguous(*shape, dtype=F32):
     """A maker of a transposed (non-contiguous) meta tensor of `shape`."""
     return lambda: meta(*reversed(shape), dtype=dtype).transpose(0, -1)
+
+
+def _one_float_in(*shape):
+    """A contiguous float32 meta view of `shape` one float into a buffer: 4-byte but not 16-byte aligned."""
+    n = 1
+    for d in shape:
+        n *= d
+    return meta(n + 1, dtype=F32)[1:].view(shape)
 
 
 REFUSALS = [
@@ -307,6 +325,12 @@ REFUSALS = [
     ("mhc_multilayer_recompute", _set(1, meta(5, 4, dtype=F32)), TypeError, "pre_mix_list must be a list"),
     ("mhc_multilayer_recompute", _set(6, [meta(5, 4, 512, dtype=BF16), torch.zeros(5, 4, 512, dtype=BF16)]), ValueError,
      r"residual_list\[1\] must be on the device"),
+    # M % 4 == 0: every mix row is read by 16-byte cp.async
+    ("mhc_multilayer_recompute", _set(1, lambda: [meta(5, 4, 1, dtype=F32), _one_float_in(5, 4, 1), meta(5, 4, 1, dtype=F32)]),
+     ValueError, r"pre_mix_list\[1\] must be 16-byte aligned"),
+    ("mhc_multilayer_recompute", _set(3, lambda: [_one_float_in(5, 4, 1)] * 2), ValueError, r"post_mix_list\[0\] must be 16-byte aligned"),
+    ("mhc_multilayer_recompute", _set(4, lambda: [meta(5, 4, 4, dtype=F32), _one_float_in(5, 4, 4)]), ValueError,
+     r"comb_mix_list\[1\] must be 16-byte aligned"),
 ]  # fmt: skip
 
 

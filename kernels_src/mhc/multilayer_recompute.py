@@ -15,32 +15,39 @@ token count and layer counts are runtime values; only M is static. A layer's new
 at a time (VEC fp32 accumulators, not M * VEC), so the registers fit MIN_BLOCKS blocks an SM: more warps to
 wait on memory.
 
+Layer l + 1's inputs are fetched while layer l computes and stores: at the top of layer l each thread copies
+its 16 bytes of the next layer's output, and the first threads the token's next pre, post and comb rows, into
+shared memory by cp.async, as one commit group; waiting for the group before it (cp.async.wait_group 1) and
+one barrier make layer l's own visible. The mixes are triple-buffered, so that barrier is the only one a layer
+(buffer l + 1, written in layer l, was last read in layer l - 2, and layer l - 1's barrier lies between); the
+output vector is double-buffered, as only the thread that copied it reads it. A mix row is M fp32: copied in
+16-byte pieces when M % 4 == 0 (DeepSeek's M = 4: one a row), else one float at a time (cp.async of 4 bytes),
+so that one form serves every M; the op asks of the mixes the alignment of those pieces (recompute_mix_piece).
+
 Its stores go through tkaot_store16, one 128-bit st.global: the table's addresses are generic pointers, and nvcc
 splits a 16-byte store through one into four 32-bit ones (a kernel parameter's is one STG.E.128); the stores are
-five sixths of the kernel's bytes. H200 (session 12, same run, identical to TileKernels): 892.8 us against 991.1
-with the split stores; TileKernels 821.4.
+five sixths of the kernel's bytes (H200, session 12: 892.8 us against 991.1 split).
+H200 (8192 x 4 x 7168, 4 layers, same run, outputs identical to TileKernels'): 820.4 us; TileKernels 818.2; the
+kernel before the staging (each layer's output and mixes read from global at the layer) 888.2. Other staged forms
+in that run: 64 threads at 12 / 10 blocks an SM 821.2 / 832.3, at 10 with all streams made before storing
+(TileKernels' order) 824.5, MIN_BLOCKS 5 / 7 835.4 / 878.4, the output alone staged 881.1, the mixes loaded
+once a block without cp.async 1038.8 (bench/results/2026-12-03-H200-s18-tune_recomp10.log; the harness is
+bench/tuning/tune_recomp10.py as of e37bc1f).
 """
 
 import tilelang.language as T
 
 from kernels_src.pdl import PDL_SOURCE, pdl_entry
-from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE
+from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE, recompute_mix_piece
 
 DECL = MULTILAYER_RECOMPUTE  # the declaration this module builds (tkaot/_mhc/kernels.py)
 
 THREADS = 128
 VEC = 8  # bf16 elements in 16 bytes
-# Blocks an SM the registers must allow (80 registers a thread at 6). H200, 8192 x 4 x 7168, 4 layers: 989 us, against
-# 1049 uncapped (101 registers) and 1042 for all streams made together (128 registers; with the next layer's inputs
-# loaded ahead 1053, uncapped 1185, 5 blocks 1443)
+# Blocks an SM the registers must allow (80 registers a thread at 6). Before the staging, H200: 989 us against 1049
+# uncapped; 899.5 against 925.4 / 934.2 at 5 / 7 (bench/results/2026-12-03-H200-s17-tune_recomp9.log). Staged, 5 and 7
+# lose too (module docstring)
 MIN_BLOCKS = 6
-# The next layer's output read before this layer's stores (they may alias it, so the compiler cannot move it there).
-# H200 (session 11, identical to TileKernels): off 985.0 us; ahead at 6 blocks 1315.0, at 5 blocks 972.7 (1 %,
-# one run: not shipped); before 1029.7; TileKernels 816.9. With the 128-bit stores (session 12): ahead at 5 blocks 907.2,
-# off 892.8. Again 2026-12-03 (899.5 us, TileKernels 825.4; bench/results/2026-12-03-H200-s17-tune_recomp9.log,
-# bench/tuning/tune_recomp9.py as of 615c48e): MIN_BLOCKS 5 / 7 / 8 925.4 / 934.2 / 1079.8, 64 threads 898.5, 256
-# threads 924.3, ahead at 5 blocks 918.6, 64 threads ahead (TileKernels' block) 917.7, without PDL 899.7: no gain
-OUTPUT_AHEAD = False
 
 # dst[0:16 bytes] = src's 16 bytes, one global store (dst: a global address; both 16-byte aligned). The memory
 # clobber keeps every other access on its side of it, as a plain store through a generic pointer would be kept.
@@ -53,9 +60,42 @@ __device__ __forceinline__ int tkaot_store16(void* dst, const void* src) {
 }
 """
 
+# cp.async of 16 or 4 bytes global -> shared (generic addresses, aligned to the size), its commit and wait, and a
+# barrier, each as an int-returning call (T.call_extern's form)
+ASYNC_SOURCE = """
+__device__ __forceinline__ int tkaot_cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_cp_async4(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_cp_async_wait1() {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    return 0;
+}
+__device__ __forceinline__ int tkaot_barrier() {
+    __syncthreads();
+    return 0;
+}
+"""
 
-def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTPUT_AHEAD):
+MIX_BUFFERS = 3  # one barrier a layer (module docstring)
+
+
+def build(mhc_mult: int):
     m = mhc_mult
+    piece = recompute_mix_piece(m)  # fp32 a mix copy moves (the op checks the mixes' alignment by it)
+    per_row = m // piece  # pieces a mix row
+    rows = 2 + m  # the staged mixes: pre, post, then comb[i, 0..M) for each input stream i
+    mix_copy = "tkaot_cp_async16" if piece == 4 else "tkaot_cp_async4"
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     table_size = T.dynamic("table_size")
@@ -66,25 +106,38 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
         T.call_extern("int32", "tkaot_store16", T.address_of(dst[di]), T.address_of(src[si]))
 
     @T.macro
-    def pre_tiles():
-        """apply_pre's registers: the fp32 sum, its bf16 rounding and the token's pre weights."""
-        acc = T.alloc_local((VEC,), T.float32)
-        out = T.alloc_local((VEC,), T.bfloat16)
-        weights = T.alloc_local((m,), T.float32)
-        return acc, out, weights
+    def cp_async(copy, smem, si, gmem, gi):
+        T.call_extern("int32", copy, T.address_of(smem[si]), T.address_of(gmem[gi]))
 
     @T.macro
-    def apply_pre(pre, layer_input, t, h, res, acc, out, weights):
-        for i in T.unroll(m):
-            weights[i] = pre[t, i]
+    def fetch(pointer_table, num_layers, num_post, layer, t, h, tx, out_sm, mix_sm):
+        """Start copying layer `layer`'s output vector and mixes into their shared buffers (no commit)."""
+        if h < hidden:
+            output = T.make_tensor(pointer_table[2 * num_layers + num_post + layer], (num_tokens, hidden), T.bfloat16)
+            cp_async("tkaot_cp_async16", out_sm, (layer % 2, tx, 0), output, (t, h))
+        pre = T.make_tensor(pointer_table[layer], (num_tokens, m), T.float32)
+        post = T.make_tensor(pointer_table[2 * num_layers + 2 * num_post + layer], (num_tokens, m), T.float32)
+        comb = T.make_tensor(pointer_table[2 * num_layers + 3 * num_post + layer], (num_tokens, m, m), T.float32)
+        buf = layer % MIX_BUFFERS
+        row, col = tx // per_row, tx % per_row * piece
+        if row == 0:
+            cp_async(mix_copy, mix_sm, (buf, 0, col), pre, (t, col))
+        elif row == 1:
+            cp_async(mix_copy, mix_sm, (buf, 1, col), post, (t, col))
+        elif row < rows:
+            cp_async(mix_copy, mix_sm, (buf, row, col), comb, (t, row - 2, col))
+
+    @T.macro
+    def apply_pre(layer_input, t, h, res, acc, li, weights):
+        """layer_input[t, h:h + VEC] from the weights and the streams."""
         for k in T.unroll(VEC):
             acc[k] = T.float32(0)
         for i in T.unroll(m):
             for k in T.unroll(VEC):
                 acc[k] = acc[k] + weights[i] * res[i, k]
         for k in T.unroll(VEC):
-            out[k] = T.cast(acc[k], T.bfloat16)
-        store16(layer_input, (t, h), out, (0,))
+            li[k] = T.cast(acc[k], T.bfloat16)
+        store16(layer_input, (t, h), li, (0,))
 
     @T.prim_func
     def mhc_multilayer_recompute(
@@ -94,18 +147,21 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
         num_post: T.int32,
     ):
         with T.Kernel(T.ceildiv(hidden, VEC * THREADS), num_tokens, threads=THREADS) as (block, t):
-            T.import_source(STORE16_SOURCE + PDL_SOURCE)
+            T.import_source(STORE16_SOURCE + PDL_SOURCE + ASYNC_SOURCE)
             pdl_entry()
             T.assume(hidden % VEC == 0)
-            if min_blocks:
-                T.annotate_min_blocks_per_sm(min_blocks)
-            h = (block * THREADS + T.get_thread_binding()) * VEC
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
+            tx = T.get_thread_binding()
+            h = (block * THREADS + tx) * VEC
             res = T.alloc_local((m, VEC), T.float32)
             mixed = T.alloc_local((VEC,), T.float32)
             loaded = T.alloc_local((m, VEC), T.bfloat16)
             lo = T.alloc_local((VEC,), T.bfloat16)
-            lo_next = T.alloc_local((VEC,), T.bfloat16)
-            pre_bufs = pre_tiles()
+            acc = T.alloc_local((VEC,), T.float32)
+            li = T.alloc_local((VEC,), T.bfloat16)
+            weights = T.alloc_local((m,), T.float32)
+            out_sm = T.alloc_shared((2, THREADS, VEC), T.bfloat16)
+            mix_sm = T.alloc_shared((MIX_BUFFERS, rows, m), T.float32)
             if h < hidden:
                 for i in T.unroll(m):
                     for k in T.vectorized(VEC):
@@ -113,46 +169,43 @@ def build(mhc_mult: int, min_blocks: int = MIN_BLOCKS, output_ahead: bool = OUTP
                 for i in T.unroll(m):
                     for k in T.unroll(VEC):
                         res[i, k] = T.cast(loaded[i, k], T.float32)
-                if output_ahead and num_post > 0:
-                    first_output = T.make_tensor(pointer_table[2 * num_layers + num_post], (num_tokens, hidden), T.bfloat16)
+            if num_post > 0:
+                fetch(pointer_table, num_layers, num_post, 0, t, h, tx, out_sm, mix_sm)
+                T.call_extern("int32", "tkaot_cp_async_commit")
+            # Every thread runs the loop and its barriers; one past the hidden size skips only the work
+            for layer in T.serial(num_post):
+                # this layer's output addresses read before the barrier, their latency hidden behind it
+                residual = T.make_tensor(pointer_table[2 * num_layers + layer], (num_tokens, m, hidden), T.bfloat16)
+                layer_input = T.make_tensor(pointer_table[num_layers + layer], (num_tokens, hidden), T.bfloat16)
+                if layer + 1 < num_post:
+                    fetch(pointer_table, num_layers, num_post, layer + 1, t, h, tx, out_sm, mix_sm)
+                T.call_extern("int32", "tkaot_cp_async_commit")  # (empty in the last layer: wait 1 still waits for this one's)
+                T.call_extern("int32", "tkaot_cp_async_wait1")
+                T.call_extern("int32", "tkaot_barrier")
+                if h < hidden:
+                    buf = layer % MIX_BUFFERS
                     for k in T.vectorized(VEC):
-                        lo[k] = first_output[t, h + k]
-                for layer in T.serial(num_post):
-                    # this layer's output, or with output_ahead the next one's
-                    output = T.make_tensor(
-                        pointer_table[2 * num_layers + num_post + layer + int(output_ahead)], (num_tokens, hidden), T.bfloat16
-                    )
-                    post = T.make_tensor(pointer_table[2 * num_layers + 2 * num_post + layer], (num_tokens, m), T.float32)
-                    comb = T.make_tensor(pointer_table[2 * num_layers + 3 * num_post + layer], (num_tokens, m, m), T.float32)
-                    residual = T.make_tensor(pointer_table[2 * num_layers + layer], (num_tokens, m, hidden), T.bfloat16)
-                    if output_ahead:
-                        if layer + 1 < num_post:
-                            for k in T.vectorized(VEC):
-                                lo_next[k] = output[t, h + k]
-                    else:
-                        for k in T.vectorized(VEC):
-                            lo[k] = output[t, h + k]
-                    pre = T.make_tensor(pointer_table[layer], (num_tokens, m), T.float32)
-                    layer_input = T.make_tensor(pointer_table[num_layers + layer], (num_tokens, hidden), T.bfloat16)
-                    apply_pre(pre, layer_input, t, h, res, *pre_bufs)
+                        lo[k] = out_sm[layer % 2, tx, k]
+                    for i in T.unroll(m):
+                        weights[i] = mix_sm[buf, 0, i]
+                    apply_pre(layer_input, t, h, res, acc, li, weights)
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
-                            mixed[k] = post[t, o] * T.cast(lo[k], T.float32)
+                            mixed[k] = mix_sm[buf, 1, o] * T.cast(lo[k], T.float32)
                         for i in T.unroll(m):
                             for k in T.unroll(VEC):
-                                mixed[k] = mixed[k] + comb[t, i, o] * res[i, k]
+                                mixed[k] = mixed[k] + mix_sm[buf, 2 + i, o] * res[i, k]
                         for k in T.unroll(VEC):
                             loaded[o, k] = T.cast(mixed[k], T.bfloat16)
                         store16(residual, (t, o, h), loaded, (o, 0))
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
                             res[o, k] = T.cast(loaded[o, k], T.float32)
-                    if output_ahead:
-                        for k in T.unroll(VEC):
-                            lo[k] = lo_next[k]
-                if num_layers > num_post:
-                    last_pre = T.make_tensor(pointer_table[num_post], (num_tokens, m), T.float32)
-                    last_input = T.make_tensor(pointer_table[num_layers + num_post], (num_tokens, hidden), T.bfloat16)
-                    apply_pre(last_pre, last_input, t, h, res, *pre_bufs)
+            if num_layers > num_post and h < hidden:
+                last_pre = T.make_tensor(pointer_table[num_post], (num_tokens, m), T.float32)
+                last_input = T.make_tensor(pointer_table[num_layers + num_post], (num_tokens, hidden), T.bfloat16)
+                for i in T.unroll(m):
+                    weights[i] = last_pre[t, i]
+                apply_pre(last_input, t, h, res, acc, li, weights)
 
     return mhc_multilayer_recompute

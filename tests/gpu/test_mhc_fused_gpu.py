@@ -249,14 +249,44 @@ def recompute_inputs(tokens: int, layers: int, post_count: int, m: int = 4, hidd
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("m, hidden, layers, post_count", [(4, 7168, 4, 3), (4, 4096, 3, 3), (4, 1032, 1, 0), (4, 2048, 1, 1)])
+# 4 layers with 4 and 3 post layers (the staged mixes' three buffers all used, the last layer's commit group empty);
+# hidden 1536: the second block of a token half past the hidden size (its threads still reach every barrier)
+@pytest.mark.parametrize(
+    "m, hidden, layers, post_count",
+    [(4, 7168, 4, 4), (4, 7168, 4, 3), (4, 1536, 4, 4), (4, 1536, 4, 3), (4, 4096, 3, 3), (4, 1032, 1, 0), (4, 2048, 1, 1)],
+)
 def test_multilayer_recompute(tokens, m, hidden, layers, post_count):
-    res0, pre, outs, post, comb = recompute_inputs(tokens, layers, post_count, m, hidden)
-    inputs = [poisoned(tokens, hidden, dtype=BF16) for _ in range(layers)]
-    residuals = [poisoned(tokens, m, hidden, dtype=BF16) for _ in range(post_count)]
+    check_recompute(*recompute_inputs(tokens, layers, post_count, m, hidden))
+
+
+def check_recompute(res0, pre, outs, post, comb):
+    tokens, m, hidden = res0.shape
+    inputs = [poisoned(tokens, hidden, dtype=BF16) for _ in pre]
+    residuals = [poisoned(tokens, m, hidden, dtype=BF16) for _ in outs]
     MHC.mhc_multilayer_recompute(res0, pre, outs, post, comb, inputs, residuals)
     ref_inputs, ref_residuals = ref.mhc_multilayer_recompute(res0, pre, outs, post, comb)
     # each layer rounds its input to bf16 before the next reads it; one rounding that falls the other way in an early
     # layer moves a later one by a few bf16 ulps (the kernel is byte-identical to TileKernels: tests/gpu/test_parity_gpu.py)
     for got, want in zip(inputs + residuals, ref_inputs + ref_residuals):
-        assert_written_close(got.float(), want.float(), BF16_TOL if layers == 1 else CHAIN_TOL)
+        assert_written_close(got.float(), want.float(), BF16_TOL if len(pre) == 1 else CHAIN_TOL)
+
+
+def one_float_in(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a buffer one float longer, at its second element: 4-byte but not 16-byte aligned."""
+    buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buffer[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_multilayer_recompute_other_rates_when_built(m):
+    """Rates whose mix rows are copied a float at a time (1, 3: from mixes only 4-byte aligned) or in two 16-byte
+    pieces (8); built on demand (tkaot-build build --op mhc_multilayer_recompute --set mhc_mult=3), skipped when not."""
+    res0, pre, outs, post, comb = recompute_inputs(127, 4, 3, m, 1536)
+    if m % 4:
+        pre, post, comb = ([one_float_in(x) for x in xs] for xs in (pre, post, comb))
+    try:
+        check_recompute(res0, pre, outs, post, comb)
+    except tkaot.VariantNotBuilt:
+        pytest.skip(f"mhc_multilayer_recompute for mhc_mult={m} is not in the default set")

@@ -87,6 +87,13 @@ MULTILAYER_RECOMPUTE = _declare(
     ("mhc_multilayer_recompute",),
 )  # fmt: skip
 
+
+def recompute_mix_piece(mhc_mult: int) -> int:
+    """fp32 elements one cp.async of the recompute kernel moves of a mix row (M fp32): 4 (16 bytes) where the row is
+    made of such pieces, else 1; the op asks the mix tensors' addresses to be multiples of its bytes (4 * this)."""
+    return 4 if mhc_mult % 4 == 0 else 1
+
+
 _M = "tkaot.mhc."
 MAX_MHC = 8  # the widest expansion these kernels are written for (registers per thread grow as mhc_mult**2)
 MHC = Axis("mhc_mult", int, check=lambda m: 1 <= m <= MAX_MHC, rule=f"an expansion rate in [1, {MAX_MHC}]")

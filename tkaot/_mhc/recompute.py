@@ -14,7 +14,7 @@ import array
 import torch
 
 from tkaot._compile import allocates_nothing, is_compiling, traced
-from tkaot._mhc.kernels import MAX_RECOMPUTE_MULT, MULTILAYER_RECOMPUTE
+from tkaot._mhc.kernels import MAX_RECOMPUTE_MULT, MULTILAYER_RECOMPUTE, recompute_mix_piece
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, fail, not_a_tensor
 
@@ -125,15 +125,21 @@ def mhc_multilayer_recompute(
     Args:
         initial_residual: (..., M, hidden) bf16, contiguous, 16-byte aligned; M in [1, 8] (4 in
             DeepSeek's models), hidden a multiple of 8; num_tokens = numel / (M * hidden).
-        pre_mix_list: L float32 tensors of num_tokens * M elements (e.g. (b, s, M, 1)), contiguous.
+        pre_mix_list: L float32 tensors of num_tokens * M elements (e.g. (b, s, M, 1)), contiguous; 16-byte
+            aligned when M % 4 == 0, else 4-byte (see below).
         layer_output_list: P bf16 tensors of num_tokens * hidden elements.
-        post_mix_list: P float32 tensors of num_tokens * M elements.
-        comb_mix_list: P float32 tensors of num_tokens * M * M elements, (input stream, output stream).
+        post_mix_list: P float32 tensors of num_tokens * M elements, aligned as pre_mix_list.
+        comb_mix_list: P float32 tensors of num_tokens * M * M elements, (input stream, output stream), aligned
+            as pre_mix_list.
         layer_input_list: L bf16 output tensors of num_tokens * hidden elements.
         residual_list: P bf16 output tensors of num_tokens * M * hidden elements.
 
-    Every tensor contiguous and on initial_residual's device; bf16 ones 16-byte aligned. Layer counts,
-    hidden size and tokens are runtime values: one cubin per M.
+    Every tensor contiguous and on initial_residual's device; bf16 ones 16-byte aligned. The kernel copies the next
+    layer's mixes to shared memory by cp.async while a layer computes, a 16-byte piece at a time when M % 4 == 0
+    (DeepSeek's M = 4), so the mix tensors must then be 16-byte aligned: a view one float into a buffer is refused.
+    TileKernels asks less of them: its T.async_copy moves the mixes one float a thread (4-byte cp.async), so 4-byte
+    alignment is enough there; torch's own allocations are far more aligned than either. Layer counts, hidden size
+    and tokens are runtime values: one cubin per M.
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_multilayer_recompute(
@@ -142,13 +148,14 @@ def mhc_multilayer_recompute(
     device, num_tokens, mhc_mult, hidden = _residual_dims(initial_residual)
     num_layers, num_post = _lengths(pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list, residual_list)
     mixes, rows = num_tokens * mhc_mult, num_tokens * hidden
+    mix_align = 4 * recompute_mix_piece(mhc_mult)  # the kernel's cp.async of a mix row: 16-byte pieces or floats
     addresses: list[int] = []
-    _addresses("pre_mix_list", pre_mix_list, _F32, mixes, device, 4, addresses)
+    _addresses("pre_mix_list", pre_mix_list, _F32, mixes, device, mix_align, addresses)
     _addresses("layer_input_list", layer_input_list, _BF16, rows, device, 16, addresses)
     _addresses("residual_list", residual_list, _BF16, rows * mhc_mult, device, 16, addresses)
     _addresses("layer_output_list", layer_output_list, _BF16, rows, device, 16, addresses)
-    _addresses("post_mix_list", post_mix_list, _F32, mixes, device, 4, addresses)
-    _addresses("comb_mix_list", comb_mix_list, _F32, mixes * mhc_mult, device, 4, addresses)
+    _addresses("post_mix_list", post_mix_list, _F32, mixes, device, mix_align, addresses)
+    _addresses("comb_mix_list", comb_mix_list, _F32, mixes * mhc_mult, device, mix_align, addresses)
     if num_tokens == 0:
         return None
     launcher = _RECOMPUTE.cache.get((device, mhc_mult))
