@@ -19,12 +19,13 @@ def _is_int(name: str) -> str:
     return f"type({name}) is int or (isinstance({name}, int) and not isinstance({name}, bool))"
 
 
-def _int_rules(name: str, low: str, high: str, after: str = "", when: str = "") -> tuple[Rule, Rule]:
-    """An int argument in [low, high] (expressions), checked only `when` given."""
+def _int_rules(name: str, low: str, high: str, after: str = "", when: str = "", within: str = "") -> tuple[Rule, Rule]:
+    """An int argument in [low, high] (expressions), checked only `when` given; `within`: the same test written
+    more cheaply (a min() in `high` as two comparisons), `high` then only naming the bound in the error."""
     guard = f"not ({when}) or " if when else ""
     return (
         Rule(name, f"{guard}{_is_int(name)}", "an int", error="TypeError", after=after),
-        Rule(name, f"{guard}{low} <= {name} <= {high}", f"in [{{{low}}}, {{{high}}}]", after=after),
+        Rule(name, f"{guard}{within or f'{low} <= {name} <= {high}'}", f"in [{{{low}}}, {{{high}}}]", after=after),
     )
 
 
@@ -81,7 +82,13 @@ GATE_SIGNATURE = Signature(
         ),
         Rule("logits", f"num_tokens < {_MAX_GATE_TOKENS}", f"of fewer than {_MAX_GATE_TOKENS} tokens", actual="num_tokens", after=_LOGITS),
         Rule("scoring_func", "scoring_func == 'sqrtsoftplus'", "'sqrtsoftplus'", actual="repr(scoring_func)", after=_LOGITS),
-        *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})", after=_LOGITS),
+        *_int_rules(
+            "num_topk",
+            "1",
+            f"min(num_experts, {MAX_TOPK})",
+            after=_LOGITS,
+            within=f"1 <= num_topk <= {MAX_TOPK} and num_topk <= num_experts",
+        ),
         *_int_rules("ep_rank", "0", "_MAX_I32", after=_LOGITS),
         *_int_rules("num_shared_experts", "1", "2", after=_LOGITS, when="use_shared_as_routed"),
         Let("num_shared", "num_shared_experts if use_shared_as_routed else 0", after=_LOGITS),
@@ -137,7 +144,7 @@ TOPK_SIGNATURE = Signature(
             "16-byte aligned (experts a multiple of 4)",
             actual="f'address {p_scores:#x}'",
         ),
-        *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})"),
+        *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})", within=f"1 <= num_topk <= {MAX_TOPK} and num_topk <= num_experts"),
     ),
 )
 

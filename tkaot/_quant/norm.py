@@ -48,7 +48,11 @@ SIGNATURE = Signature(
     ),
     scalars=("eps", "out_scale"),
     env={"_Real": numbers.Real},
-)
+    returns=(
+        "device", "t_x", "batch", "num_tokens", "hidden", "p_x", "p_weight", "p_residual", "p_out", "p_residual_out",
+        "s_x", "s_residual", "s_out", "s_residual_out",
+    ),
+)  # fmt: skip
 
 
 _check = lazy_checker(SIGNATURE, globals(), "_check")
@@ -92,7 +96,7 @@ def norm_forward(
     """
     if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_norm_forward(x, weight, eps, residual, out_scale, out, residual_out, with_rstd)
-    device, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(
+    device, dtype, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(
         x, weight, residual, out, residual_out, eps, out_scale
     )
     x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
@@ -117,7 +121,6 @@ def norm_forward(
     else:
         rstd, rstd_ptr = None, 0
 
-    dtype = x.dtype
     fast_key = (device, hidden, dtype, w_ptr != 0 or weight is not None, residual is not None, with_rstd)
     launcher = _NORM.cache.get(fast_key)
     if launcher is None:

@@ -79,6 +79,10 @@ SIGNATURE = Signature(
         ),
         Let("dtype", "t_query"),
     ),
+    returns=(
+        "device", "dtype", "batch", "seqlen", "q_heads", "k_heads", "cache_rows", "rot_dim", "cache_stride",
+        "q_bs", "q_ts", "q_hs", "k_bs", "k_ts", "k_hs", "pos_bs", "pos_s", "p_query", "p_cos_sin_cache", "p_key", "p_positions",
+    ),
 )  # fmt: skip
 
 
@@ -120,24 +124,30 @@ def apply_rotary(
         return _traced_apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
     (
         device, dtype, batch, seqlen, q_heads, k_heads, cache_rows, rot_dim, cache_stride,
-        q_bs, q_ts, q_hs, k_bs, k_ts, k_hs, pos_bs, pos_s, q_ptr, c_ptr, k_ptr, pos_ptr, _, _, _, _,
+        q_bs, q_ts, q_hs, k_bs, k_ts, k_hs, pos_bs, pos_s, q_ptr, c_ptr, k_ptr, pos_ptr,
     ) = _check(query, cos_sin_cache, key, positions, seqlen_offset)  # fmt: skip
     if not (batch and seqlen and (q_heads or k_heads)):
         return None
     interleaved = True if interleaved else False
-    launcher = _ROTARY.cache.get((device, rot_dim, _DTYPE_NAMES[dtype], interleaved))
+    fast_key = (device, rot_dim, dtype, interleaved)
+    launcher = _ROTARY.cache.get(fast_key)
     if launcher is None:
-        launcher = _ROTARY.get(device, rot_dim, _DTYPE_NAMES[dtype], interleaved)
+        launcher = _ROTARY.cache[fast_key] = _ROTARY.get(device, rot_dim, _DTYPE_NAMES[dtype], interleaved)
     has_positions = 0 if positions is None else 1
     conjugate = 1 if conjugate else 0
     stream = current_stream(device)
-    for ptr, heads, bs, ts, hs in ((q_ptr, q_heads, q_bs, q_ts, q_hs), (k_ptr, k_heads, k_bs, k_ts, k_hs)):
-        if heads:  # query, then key: the same kernel on each
-            launcher(
-                device, stream,
-                ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
-                batch, seqlen, heads, cache_rows, bs, ts, hs, cache_stride, pos_bs, pos_s,
-            )  # fmt: skip
+    if q_heads:  # query, then key: the same kernel on each
+        launcher(
+            device, stream,
+            q_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
+            batch, seqlen, q_heads, cache_rows, q_bs, q_ts, q_hs, cache_stride, pos_bs, pos_s,
+        )  # fmt: skip
+    if k_heads:
+        launcher(
+            device, stream,
+            k_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
+            batch, seqlen, k_heads, cache_rows, k_bs, k_ts, k_hs, cache_stride, pos_bs, pos_s,
+        )  # fmt: skip
     return None
 
 
