@@ -243,8 +243,8 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
     row_checks = not (plain and slots == 1)  # a block's own count of one row slot visits no row past the last
 
     def rows_of(block):
-        """The rows each slot of the block visits: every block the grid's most (some rows past the last), or in the
-        plain form the block's own count."""
+        """How many rows each slot of the block visits: every block the grid's most (some past the last row), or in
+        the plain form the block's own count (where the block holds several row slots, the last may still be past)."""
         if plain:
             return T.ceildiv(num_tokens - block * slots, num_blocks * slots)
         return T.ceildiv(num_tokens, num_blocks * slots)
