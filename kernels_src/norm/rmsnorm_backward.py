@@ -12,8 +12,8 @@ The rows a block visits next are staged in shared memory by cp.async, STAGES row
 out_grad and residual_out_grad; each thread copies and later reads only its own vectors), and each row's rstd
 is read one row ahead: the loads of the next rows are in flight while a row is reduced and written, rather
 than one row's loads, then its reduction, then its stores (TileKernels stages its rows likewise). x's and
-out_grad's stage slots are refilled as soon as the thread has read them, before the reduction; the residual
-gradient's after the row's stores.
+out_grad's stage slots are refilled as soon as the thread has read them, before the reduction (in the plain form
+each vector's as soon as it is read); the residual gradient's after the row's stores.
 Every product that meets a sum is an explicit fused multiply-add or a product rounded on its own (__fmaf_rn),
 so the compiler cannot contract the two tiers' code differently: x_grad = fma(-xhat, mean, gw) * rstd (+ the
 residual gradient as the fma's addend).
@@ -227,15 +227,27 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
     - "residual" (kernels_src/norm/rmsnorm_backward_residual.py, a StaticTiling): has_residual taken as 1, x * rstd and
       the gradient held in fp32 registers from the dot product to the stores;
     - "plain" (kernels_src/norm/rmsnorm_backward_plain.py, a StaticTiling): neither a weight nor a residual gradient,
-      both flags taken as 0: no weight registers or weight-gradient sums, x and out_grad alone staged.
+      both flags taken as 0: no weight registers or weight-gradient sums, x and out_grad alone staged, x * rstd and
+      the gradient held as in the residual form; each block runs its own rows' count (so where a block holds one row
+      slot, every row it visits is in range: no row checks), and each vector's stage slots are refilled right after
+      the thread reads them.
     In the residual and plain forms the row's warp-sum barrier is one of its row slot's threads."""
     if form not in ("runtime", "residual", "plain"):
         raise ValueError(f"tiling_body form {form!r}")
     residual, plain = form == "residual", form == "plain"
+    held = residual or plain  # x * rstd and the gradient held in fp32 from the dot product to the stores
     hidden, vec, vecs_per_thread = tiling.hidden, tiling.vec, tiling.vectors
     row_threads, slots = tiling.row_threads, tiling.slots
     stages, region = STAGES, tiling.stage_elems
     staged_tensors = 2 if plain else STAGED_TENSORS
+    row_checks = not (plain and slots == 1)  # a block's own count of one row slot visits no row past the last
+
+    def rows_of(block):
+        """How many rows each slot of the block visits: every block the grid's most (some past the last row), or in
+        the plain form the block's own count (where the block holds several row slots, the last may still be past)."""
+        if plain:
+            return T.ceildiv(num_tokens - block * slots, num_blocks * slots)
+        return T.ceildiv(num_tokens, num_blocks * slots)
 
     def token_of(it, block, sub):
         return (it * num_blocks + block) * slots + sub
@@ -272,18 +284,27 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
             for w in T.unroll(tiling.row_warps):
                 acc[0] += warp_sums[tiling.warp_at(half, sub, w)]
 
+    def in_range(token):
+        """Whether the slot's row `token` is a row (a constant True where the form needs no row checks)."""
+        return token < num_tokens if row_checks else True
+
+    @T.macro
+    def stage_vector(src, stage_buf, tensor, stage, sub, token, lane, v):
+        # The thread's own vector v of row `token` (zeros past the last token) into its slot of the stage
+        col = (v * row_threads + lane) * vec
+        if tiling.in_row(v, col):
+            T.ptx_cp_async(
+                T.access_ptr(stage_buf[staged(stage, tensor, sub, col)], "w", vec),
+                T.access_ptr(src[T.min(token, num_tokens - 1), col], "r", vec),
+                vec,
+                token < num_tokens,
+            )
+
     @T.macro
     def stage_row(src, stage_buf, tensor, stage, sub, token, lane):
-        # The thread's own vectors of row `token` (zeros past the last token) into its slot of the stage
+        # The thread's own vectors of row `token` into its slot of the stage
         for v in T.unroll(vecs_per_thread):
-            col = (v * row_threads + lane) * vec
-            if tiling.in_row(v, col):
-                T.ptx_cp_async(
-                    T.access_ptr(stage_buf[staged(stage, tensor, sub, col)], "w", vec),
-                    T.access_ptr(src[T.min(token, num_tokens - 1), col], "r", vec),
-                    vec,
-                    token < num_tokens,
-                )
+            stage_vector(src, stage_buf, tensor, stage, sub, token, lane, v)
 
     @T.macro
     def store_held(dst, head, dw, lane):
@@ -301,7 +322,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
         lane, sub = tiling.lane_and_slot(tid)
         x_in = T.alloc_local((vecs_per_thread, vec), dtype)
         g_in = T.alloc_local((vecs_per_thread, vec), dtype)
-        if residual:
+        if held:
             xh_held = T.alloc_local((vecs_per_thread, vec), T.float32)
             gw_held = T.alloc_local((vecs_per_thread, vec), T.float32)
         if not plain:
@@ -348,10 +369,12 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
         if token_of(0, block, sub) < num_tokens:
             r_next = rstd[token_of(0, block, sub)]
 
-        for it in T.serial(T.ceildiv(num_tokens, num_blocks * slots)):
+        for it in T.serial(rows_of(block)):
             token = token_of(it, block, sub)
             ahead = token_of(it + stages, block, sub)  # the row this iteration stages in its place
             stage = it % stages
+            if not row_checks:
+                T.assume(token < num_tokens)  # the block's own count: its stores are seen in bounds
             r = r_next
             r_next = 0.0
             if token_of(it + 1, block, sub) < num_tokens:
@@ -360,7 +383,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
             acc[0] = 0.0
             for v in T.unroll(vecs_per_thread):
                 col = (v * row_threads + lane) * vec
-                if token < num_tokens and tiling.in_row(v, col):
+                if in_range(token) and tiling.in_row(v, col):
                     for j in T.vectorized(vec):
                         x_in[v, j] = stage_buf[staged(stage, 0, sub, col) + j]
                     for j in T.vectorized(vec):
@@ -369,10 +392,14 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
                     for j in T.unroll(vec):
                         x_in[v, j] = T.cast(0, dtype)
                         g_in[v, j] = T.cast(0, dtype)
-            # x and out_grad read: the stage takes theirs of the row `stages` ahead (the residual gradient's, read
-            # after the reduction, at the end of the row)
-            stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
-            stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
+                if plain:  # the vector read: its slots take the row `stages` ahead's at once
+                    stage_vector(x, stage_buf, 0, stage, sub, ahead, lane, v)
+                    stage_vector(out_grad, stage_buf, 1, stage, sub, ahead, lane, v)
+            if not plain:
+                # x and out_grad read: the stage takes theirs of the row `stages` ahead (the residual gradient's,
+                # read after the reduction, at the end of the row)
+                stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
+                stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
             for v in T.unroll(vecs_per_thread):
                 if tiling.live(v):  # a generic tiling's vectors past the count: not the thread's, not added
                     for j in T.unroll(vec):
@@ -382,7 +409,7 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
                             dw[v, j] = _fma(xh, g, dw[v, j])
                             g = _mul(g, T.cast(w_held[v, j], T.float32))
                         acc[0] = _fma(xh, g, acc[0])
-                        if residual:
+                        if held:
                             xh_held[v, j] = xh
                             gw_held[v, j] = g
 
@@ -392,12 +419,12 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
 
             for v in T.unroll(vecs_per_thread):
                 col = (v * row_threads + lane) * vec
-                if token < num_tokens and tiling.in_row(v, col):
+                if in_range(token) and tiling.in_row(v, col):
                     if with_residual(has_residual):
                         for j in T.vectorized(vec):
                             r_in[j] = stage_buf[staged(stage, 2, sub, col) + j]
                     for j in T.unroll(vec):
-                        if residual:
+                        if held:
                             t = _fma(-xh_held[v, j], mean, gw_held[v, j])
                         else:
                             xh = T.cast(x_in[v, j], T.float32) * r

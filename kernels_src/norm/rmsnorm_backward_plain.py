@@ -4,15 +4,17 @@
 The other calls keep rmsnorm_backward's and rmsnorm_backward_residual's variants, byte for byte; the op launches this
 kernel where neither is given and it is built. It writes rmsnorm_backward's bytes: the same vectors a thread, the
 same products and sums in the same order, the same fused multiply-adds. What the plain form leaves out: the weight's
-registers and weight-gradient sums (150 registers a thread where the runtime-flag body holds 255), the residual
-gradient's third of the stage (x and out_grad alone: 114,752 bytes of shared memory at bf16 7168, not 172,096, so
-the SM keeps more L1), every flag's branch (about a third of the loop's instructions), and the block barrier after
-the warp sums (one named barrier a row slot instead).
-(H200, 8192 tokens, bf16, µs, rmsnorm_backward / this / TileKernels: 7168 98.97 / 91.44 / 91.50; 4096 51.89 / 51.29 /
-49.51; 2048 27.59 / 27.56 / 27.11. Also timed, no faster across the three: the shipped source with the flags folded
-(3 staged tensors), each vector's stage slot refilled at once, unconditional staged reads, 3 rows staged ahead, the
-launch without PDL; bench/results/2026-12-03-H200-s17-tune_normbwd8.log, by bench/tuning/tune_normbwd8.py as of
-commit 10b5c84.)
+registers and weight-gradient sums (148 registers a thread at bf16 7168 where the runtime-flag body holds 255), the
+residual gradient's third of the stage (x and out_grad alone: 114,752 bytes of shared memory at bf16 7168, not
+172,096, so the SM keeps more L1), every flag's branch, and the block barrier after the warp sums (one named barrier
+a row slot instead). What it does as TileKernels' norm_backward does: each block runs its own rows' count, so a
+block of one row slot (8192) checks no row; x * rstd and out_grad * out_scale are held in fp32 across the reduction;
+each vector's stage slots are refilled as soon as the thread reads it.
+(H200, 8192 tokens, bf16, µs, the previous plain body / this / TileKernels, one run: 8192 101.79 / 95.01 / 95.89;
+4096 51.93 / 51.89 / 49.21; 7168 92.26 / 90.84 / 91.33. Also timed, no faster across the three: the own row count
+alone, out_scale taken as 1 (alone, or with this body: 94.60 / 51.93 / 90.63, within noise, and a second kernel for
+out_scale != 1), a grid of 2 blocks an SM, the launch without PDL; bench/results/2026-12-03-H200-s18-tune_normbwd11.log,
+by bench/tuning/tune_normbwd11.py as of commit 8ea7c2b.)
 """
 
 from kernels_src.norm.rmsnorm_backward import PASS_CONFIGS as PASS_CONFIGS
