@@ -26,7 +26,10 @@ outputs must be ctl's bytes, which the run checks; staged ones are built by stag
              barrier a layer suffices); one commit group a layer, cp.async.wait_group 1 before use
   async5     (a) at MIN_BLOCKS 5
   t64async   (c) (a) in 64-thread blocks, MIN_BLOCKS 10: TileKernels' shape and staging
+  t64tk      (c) making all M new streams (32 fp32 a thread) before storing them back to back, as TileKernels does
   t64async12 (a) in 64-thread blocks at MIN_BLOCKS 12 (80 registers, as ctl)
+Not a candidate: (a) with the 128-bit stores' asm lacking its memory clobber (Candidate(clobber=False)) compiles to
+async's cubin byte for byte (sm90, nvcc 13.0): the clobber costs nothing once the reads are staged.
 The `build` step prints each candidate's registers (from the cubin); shared memory is in the manifest's smem.
 
 On a CPU with TileLang and nvcc (a few seconds a candidate):
@@ -83,13 +86,16 @@ class Candidate:
     mixes: str = "thread"  # "thread" (ctl: every thread reads the token's mixes from global), "block" (24 threads
     # load them into shared memory once a block, a barrier, all read them there), "async" (6 threads cp.async the
     # next layer's 96 bytes of pre/post/comb into shared memory while this layer computes; a barrier a layer)
+    together: bool = False  # all M new streams made (M * VEC fp32) before any is stored, as TileKernels does
+    clobber: bool = True  # the 128-bit stores' asm keeps every memory access on its side (False: only its operands;
+    # the staged reads are asm volatile (cp.async) or follow cp.async.wait_group, itself a memory clobber)
     artifacts: str = ""  # a launch-only candidate: another candidate's artifact set
     pdl: bool | None = None  # None: as the manifest says (the op's launch)
     note: str = ""
 
     @property
     def staged(self) -> bool:
-        return self.out != "reg" or self.mixes != "thread"
+        return self.out != "reg" or self.mixes != "thread" or self.together or not self.clobber
 
 
 CANDIDATES = (
@@ -99,6 +105,7 @@ CANDIDATES = (
     Candidate("async", out="async", mixes="async", note="(a) next layer's output and mixes by cp.async, a group and a barrier a layer"),
     Candidate("async5", out="async", mixes="async", min_blocks=5, note="(a) at MIN_BLOCKS 5 (96 registers at most)"),
     Candidate("t64async", threads=64, min_blocks=10, out="async", mixes="async", note="(c) (a), 64 threads, 10 blocks an SM (TK's)"),
+    Candidate("t64tk", threads=64, min_blocks=10, out="async", mixes="async", together=True, note="(c), all streams made, then stored"),
     Candidate("t64async12", threads=64, min_blocks=12, out="async", mixes="async", note="(a), 64 threads, 12 blocks an SM (80 registers)"),
 )  # fmt: skip
 NAMES = tuple(c.name for c in CANDIDATES)
@@ -132,6 +139,16 @@ __device__ __forceinline__ int tkaot_barrier() {
 }
 """
 
+# tkaot_store16 without the memory clobber (candidate clobber=False)
+STORE16_NC_SOURCE = """
+__device__ __forceinline__ int tkaot_store16_nc(void* dst, const void* src) {
+    uint4 v = *(const uint4*)src;
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(__cvta_generic_to_global(dst)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+    return 0;
+}
+"""
+
 
 def staged_build(c: Candidate, mhc_mult: int):
     """The shipped kernel with its layer output and/or mixes staged in shared memory (candidate c): the same products
@@ -152,7 +169,7 @@ def staged_build(c: Candidate, mhc_mult: int):
 
     @T.macro
     def store16(dst, di, src, si):
-        T.call_extern("int32", "tkaot_store16", T.address_of(dst[di]), T.address_of(src[si]))
+        T.call_extern("int32", "tkaot_store16" if c.clobber else "tkaot_store16_nc", T.address_of(dst[di]), T.address_of(src[si]))
 
     @T.macro
     def cp16(smem, si, gmem, gi):
@@ -166,7 +183,7 @@ def staged_build(c: Candidate, mhc_mult: int):
         num_post: T.int32,
     ):
         with T.Kernel(T.ceildiv(hidden, VEC * threads), num_tokens, threads=threads) as (block, t):
-            T.import_source(STORE16_SOURCE + PDL_SOURCE + ASYNC_SOURCE)
+            T.import_source(STORE16_SOURCE + PDL_SOURCE + ASYNC_SOURCE + STORE16_NC_SOURCE)
             pdl_entry()
             T.assume(hidden % VEC == 0)
             if min_blocks:
@@ -174,7 +191,7 @@ def staged_build(c: Candidate, mhc_mult: int):
             tx = T.get_thread_binding()
             h = (block * threads + tx) * VEC
             res = T.alloc_local((m, VEC), T.float32)
-            mixed = T.alloc_local((VEC,), T.float32)
+            mixed = T.alloc_local((m if c.together else 1, VEC), T.float32)
             loaded = T.alloc_local((m, VEC), T.bfloat16)
             lo = T.alloc_local((VEC,), T.bfloat16)
             acc = T.alloc_local((VEC,), T.float32)
@@ -264,21 +281,26 @@ def staged_build(c: Candidate, mhc_mult: int):
                         li[k] = T.cast(acc[k], T.bfloat16)
                     store16(layer_input, (t, h), li, (0,))
                     for o in T.unroll(m):
+                        r = o if c.together else 0  # mixed's row for stream o
                         if mix_block or mix_async:
                             for k in T.unroll(VEC):
-                                mixed[k] = mix_sm[buf, 1, o] * T.cast(lo[k], T.float32)
+                                mixed[r, k] = mix_sm[buf, 1, o] * T.cast(lo[k], T.float32)
                             for i in T.unroll(m):
                                 for k in T.unroll(VEC):
-                                    mixed[k] = mixed[k] + mix_sm[buf, 2 + i, o] * res[i, k]
+                                    mixed[r, k] = mixed[r, k] + mix_sm[buf, 2 + i, o] * res[i, k]
                         else:
                             for k in T.unroll(VEC):
-                                mixed[k] = post[t, o] * T.cast(lo[k], T.float32)
+                                mixed[r, k] = post[t, o] * T.cast(lo[k], T.float32)
                             for i in T.unroll(m):
                                 for k in T.unroll(VEC):
-                                    mixed[k] = mixed[k] + comb[t, i, o] * res[i, k]
+                                    mixed[r, k] = mixed[r, k] + comb[t, i, o] * res[i, k]
                         for k in T.unroll(VEC):
-                            loaded[o, k] = T.cast(mixed[k], T.bfloat16)
-                        store16(residual, (t, o, h), loaded, (o, 0))
+                            loaded[o, k] = T.cast(mixed[r, k], T.bfloat16)
+                        if not c.together:
+                            store16(residual, (t, o, h), loaded, (o, 0))
+                    if c.together:
+                        for o in T.unroll(m):
+                            store16(residual, (t, o, h), loaded, (o, 0))
                     for o in T.unroll(m):
                         for k in T.unroll(VEC):
                             res[o, k] = T.cast(loaded[o, k], T.float32)
