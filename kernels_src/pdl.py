@@ -19,16 +19,18 @@ be launched with it, as it would read its inputs before they are written.
 
 import tilelang.language as T
 
-PDL_SOURCE = """
-__device__ __forceinline__ int tkaot_pdl_wait() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    return 0;
-}
-__device__ __forceinline__ int tkaot_pdl_launch_dependents() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    return 0;
-}
-"""
+
+def asm_function(name: str, instruction: str) -> str:
+    """CUDA source of `int name()`, one PTX instruction with a memory clobber (no access moves across it), returning 0
+    as T.call_extern's int-returning calls expect."""
+    return f'__device__ __forceinline__ int {name}() {{\n    asm volatile("{instruction};" ::: "memory");\n    return 0;\n}}\n'
+
+
+PDL_SOURCE = (
+    "\n"
+    + asm_function("tkaot_pdl_wait", "griddepcontrol.wait")
+    + asm_function("tkaot_pdl_launch_dependents", "griddepcontrol.launch_dependents")
+)
 
 
 @T.macro

@@ -37,7 +37,7 @@ bench/tuning/tune_recomp10.py as of e37bc1f).
 
 import tilelang.language as T
 
-from kernels_src.pdl import PDL_SOURCE, pdl_entry
+from kernels_src.pdl import PDL_SOURCE, asm_function, pdl_entry
 from tkaot._mhc.kernels import MULTILAYER_RECOMPUTE, recompute_mix_piece
 
 DECL = MULTILAYER_RECOMPUTE  # the declaration this module builds (tkaot/_mhc/kernels.py)
@@ -62,7 +62,8 @@ __device__ __forceinline__ int tkaot_store16(void* dst, const void* src) {
 
 # cp.async of 16 or 4 bytes global -> shared (generic addresses, aligned to the size), its commit and wait, and a
 # barrier, each as an int-returning call (T.call_extern's form)
-ASYNC_SOURCE = """
+ASYNC_SOURCE = (
+    """
 __device__ __forceinline__ int tkaot_cp_async16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                  :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");
@@ -73,19 +74,14 @@ __device__ __forceinline__ int tkaot_cp_async4(void* smem, const void* gmem) {
                  :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");
     return 0;
 }
-__device__ __forceinline__ int tkaot_cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    return 0;
-}
-__device__ __forceinline__ int tkaot_cp_async_wait1() {
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-    return 0;
-}
 __device__ __forceinline__ int tkaot_barrier() {
     __syncthreads();
     return 0;
 }
 """
+    + asm_function("tkaot_cp_async_commit", "cp.async.commit_group")
+    + asm_function("tkaot_cp_async_wait1", "cp.async.wait_group 1")
+)
 
 MIX_BUFFERS = 3  # one barrier a layer (module docstring)
 
