@@ -64,8 +64,8 @@ SIGNATURE = Signature(
         Rule("key", "len(h_key) == len(h_query)", "{len(h_query)}-D like query",
              actual="f'shape {tuple(h_key)}'", after="key"),
         *_head_view("key", "k", "rot_dim"),
-        Rule("key", "seqlen * (q_heads + k_heads) <= _MAX_I32", "at most 2**31-1 head rows with query's, "
-             "{seqlen} * ({q_heads} + {k_heads}) (one launch rotates both)",
+        Rule("key", "seqlen * (q_heads + k_heads) <= _MAX_I32", "such that seqlen * (query heads + key heads) = "
+             "{seqlen} * ({q_heads} + {k_heads}) is at most 2**31-1 (one launch rotates both)",
              actual="f'shape {tuple(h_key)}'", after="key"),
         Rule("positions", "len(h_positions) == len(h_query) - 2", "of shape {tuple(h_query[:-2])}",
              actual="tuple(h_positions)", after="positions"),
