@@ -359,8 +359,11 @@ def apply_rotary(draw):
         "65536 batches": {"query": meta(65536, 1, heads, rot, dtype=dtype), "key": None, "positions": None},
         # each within int32 alone (zero token and head strides), not together: one launch takes both's head rows
         "query and key head rows past int32": {
-            "query": meta(2**16, 2**15 - 1, rot, dtype=dtype, strides=(0, 0, 1)), "key": meta(2**16, 1, rot, dtype=dtype, strides=(0, 0, 1)),
-            "cos_sin_cache": meta(2**16, rot, dtype=F32), "positions": None, "seqlen_offset": 0,
+            "query": meta(2**16, 2**15 - 1, rot, dtype=dtype, strides=(0, 0, 1)),
+            "key": meta(2**16, 1, rot, dtype=dtype, strides=(0, 0, 1)),
+            "cos_sin_cache": meta(2**16, rot, dtype=F32),
+            "positions": None,
+            "seqlen_offset": 0,
         },
     }
     if seqlen == 0:
