@@ -10,10 +10,12 @@ with its own pointer and strides, the same cos / sin rows) and one cubin
 serves every head count.
 
 One kernel serves the query-only call too: it passes k_heads = 0 (and a null
-key, never read), so its rows are all query rows and the only cost is the
-head's compare against q_heads. This keeps one variant per (rot_dim, dtype,
-interleaved) instead of a second kernel with the same axes; the per-row body
-(`rotate_row`) is one macro taking the tensor, emitted once for each.
+key, never read), so its rows are all query rows and what it pays is the
+head's compare against q_heads and five more launch arguments. A second
+kernel for query and key (same axes) would double the variants and cubins
+for that; so this one kernel, one variant per (rot_dim, dtype, interleaved).
+The per-row body (`rotate_row`) is one macro taking the tensor, emitted once
+for query and once for key: the same arithmetic per element either way.
 
 Runtime flags instead of static axes, to keep the variant count small:
 `has_positions` (else the position is the token index), `conjugate` (negates
