@@ -60,10 +60,12 @@ def test_launch_spec_binds_to_the_op(built, name):
 
 def test_rotary_launch_spec(built):
     spec = LaunchSpec.from_json(built[1]["rotary"]["launch"])
-    assert spec.grid == ("(((seqlen * num_heads) + 63) // 64)", "batch", "1")  # 4 threads a head row, 256 threads
+    # 4 threads a head row, 256 threads; query's and key's head rows in one grid
+    assert spec.grid == ("(((seqlen * (q_heads + k_heads)) + 63) // 64)", "batch", "1")
     assert spec.block == (256, 1, 1)
     types = {p.name: p.type for p in spec.params}
-    assert types["x"] == "ptr" and types["seqlen_offset"] == "i32" and types["num_heads"] == "i32"
+    assert types["query"] == types["key"] == "ptr" and types["seqlen_offset"] == "i32"
+    assert types["q_heads"] == types["k_heads"] == "i32"
 
 
 def test_swiglu_launch_spec(built):

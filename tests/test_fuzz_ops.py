@@ -349,7 +349,7 @@ def apply_rotary(draw):
         "conjugate": draw(st.booleans()), "seqlen_offset": 0 if positions is not None else draw(st.sampled_from([0, rows - seqlen])),
     }  # fmt: skip
     key = {"rot_dim": rot, "dtype": NAMES[dtype], "interleaved": interleaved}
-    made = [] if 0 in lead else [(ROTARY, key)] * (1 if key_heads is None else 2)
+    made = [] if 0 in lead else [(ROTARY, key)]  # one launch rotates query and key
     breaks = {
         "rot_dim 96": {"cos_sin_cache": meta(rows, 96, dtype=F32), "query": meta(*lead, heads, 96, dtype=dtype), "key": None},
         "query of half the rot_dim": {"query": meta(*lead, heads, rot // 2, dtype=dtype)},
@@ -357,6 +357,14 @@ def apply_rotary(draw):
         "seqlen_offset past the cache": {"positions": None, "seqlen_offset": rows - seqlen + 1},
         "seqlen_offset a float": {"positions": None, "seqlen_offset": 0.0},
         "65536 batches": {"query": meta(65536, 1, heads, rot, dtype=dtype), "key": None, "positions": None},
+        # each within int32 alone (zero token and head strides), not together: one launch takes both's head rows
+        "query and key head rows past int32": {
+            "query": meta(2**16, 2**15 - 1, rot, dtype=dtype, strides=(0, 0, 1)),
+            "key": meta(2**16, 1, rot, dtype=dtype, strides=(0, 0, 1)),
+            "cos_sin_cache": meta(2**16, rot, dtype=F32),
+            "positions": None,
+            "seqlen_offset": 0,
+        },
     }
     if seqlen == 0:
         del breaks["seqlen_offset past the cache"]

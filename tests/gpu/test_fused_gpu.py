@@ -94,6 +94,67 @@ def test_apply_rotary_4d_matches_reference(seed, rot_dim, interleaved, with_posi
     check_rotary(base, q, kb, kb, cache, positions=positions, interleaved=interleaved, conjugate=False, seqlen_offset=3)
 
 
+@pytest.fixture
+def rotary_launches(monkeypatch):
+    """The rotary launches from here on, each as its key pointer: the op's launchers wrapped (its cache starts empty)."""
+    from tkaot._transform import rotary as rotary_ops
+
+    launches = []
+    get = rotary_ops._ROTARY.get
+
+    def counted(*args, **kwargs):
+        launcher = get(*args, **kwargs)
+
+        def launch(*launch_args):
+            launches.append(launch_args[3])  # (device, stream, query, key, ...): the key pointer, 0 without one
+            return launcher(*launch_args)
+
+        return launch
+
+    monkeypatch.setattr(rotary_ops._ROTARY, "cache", {})
+    monkeypatch.setattr(rotary_ops._ROTARY, "get", counted)
+    return launches
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("four_d", [False, True])
+@pytest.mark.parametrize("with_positions", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rot_dim", [64, 128])
+def test_apply_rotary_query_and_key_in_one_launch(seed, rotary_launches, tokens, four_d, with_positions, interleaved, dtype, rot_dim):
+    """query and key rotated by one launch are bit-identical to each rotated alone by the query-only call, NaN
+    poison around both views untouched."""
+    lead = (2, tokens) if four_d else (tokens,)
+    cache = cos_sin_cache(tokens + 16, rot_dim)
+    qb, q = poisoned_with_tail((*lead, 16, rot_dim), rot_dim, 64, dtype)
+    kb, k = poisoned_with_tail((*lead, 3, rot_dim), rot_dim, 32, dtype)  # other head count and strides than query's
+    kw = dict(interleaved=interleaved, conjugate=tokens == 3, seqlen_offset=3 if with_positions else 16)
+    if with_positions:
+        kw["positions"] = torch.randint(0, tokens + 13, lead, dtype=torch.int64 if tokens == 127 else torch.int32, device="cuda")
+    q_alone, k_alone = qb.clone(), kb.clone()
+    tkaot.transform.apply_rotary(q_alone[..., 64:], cache, **kw)
+    tkaot.transform.apply_rotary(k_alone[..., 32:], cache, **kw)
+    assert rotary_launches == [0, 0]  # each alone: one launch, no key
+    tkaot.transform.apply_rotary(q, cache, k, **kw)
+    torch.cuda.synchronize()
+    assert len(rotary_launches) == 3 and rotary_launches[2] == k.data_ptr()  # both: one launch
+    assert torch.equal(_bits(qb), _bits(q_alone)) and torch.equal(_bits(kb), _bits(k_alone))
+    assert not qb[..., 64:].isnan().any() and qb[..., :64].isnan().all() and kb[..., :32].isnan().all()
+
+
+def test_apply_rotary_key_with_a_headless_query(seed, rotary_launches):
+    """A query of no heads leaves every row of the one launch to the key."""
+    cache = cos_sin_cache(64, 64)
+    q = torch.empty(5, 0, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(5, 4, 64, dtype=torch.bfloat16, device="cuda")
+    k_alone = k.clone()
+    tkaot.transform.apply_rotary(k_alone, cache, seqlen_offset=2)
+    tkaot.transform.apply_rotary(q, cache, k, seqlen_offset=2)
+    torch.cuda.synchronize()
+    assert len(rotary_launches) == 2 and torch.equal(_bits(k), _bits(k_alone))
+
+
 def test_apply_rotary_conjugate_inverts(seed):
     cache = cos_sin_cache(4096, 64)
     q = torch.randn(4097, 8, 64, dtype=torch.float32, device="cuda")

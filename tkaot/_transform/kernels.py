@@ -12,10 +12,10 @@ ROTARY = KernelDecl(
         Axis("dtype", str, choices=("bfloat16", "float32")),
         Axis("interleaved", bool, choices=(False, True)),
     ),
-    params=("x", "cos_sin_cache", "positions", "has_positions", "conjugate", "seqlen_offset"),
+    params=("query", "key", "cos_sin_cache", "positions", "has_positions", "conjugate", "seqlen_offset"),
     dims=(
-        "batch", "seqlen", "num_heads", "cache_rows", "x_batch_stride", "x_stride", "x_head_stride", "cache_stride",
-        "positions_batch_stride", "positions_stride",
+        "batch", "seqlen", "q_heads", "k_heads", "cache_rows", "query_batch_stride", "query_stride", "query_head_stride",
+        "key_batch_stride", "key_stride", "key_head_stride", "cache_stride", "positions_batch_stride", "positions_stride",
     ),
     ops=("tkaot.transform.apply_rotary",),
 )  # fmt: skip

@@ -64,6 +64,9 @@ SIGNATURE = Signature(
         Rule("key", "len(h_key) == len(h_query)", "{len(h_query)}-D like query",
              actual="f'shape {tuple(h_key)}'", after="key"),
         *_head_view("key", "k", "rot_dim"),
+        Rule("key", "seqlen * (q_heads + k_heads) <= _MAX_I32", "such that seqlen * (query heads + key heads) = "
+             "{seqlen} * ({q_heads} + {k_heads}) is at most 2**31-1 (one launch rotates both)",
+             actual="f'shape {tuple(h_key)}'", after="key"),
         Rule("positions", "len(h_positions) == len(h_query) - 2", "of shape {tuple(h_query[:-2])}",
              actual="tuple(h_positions)", after="positions"),
         Let("pos_bs", f"s_positions[0] * {_WORDS} if batch > 1 else 0", after="positions"),
@@ -135,19 +138,12 @@ def apply_rotary(
         launcher = _ROTARY.cache[fast_key] = _ROTARY.get(device, rot_dim, _DTYPE_NAMES[dtype], interleaved)
     has_positions = 0 if positions is None else 1
     conjugate = 1 if conjugate else 0
-    stream = current_stream(device)
-    if q_heads:  # query, then key: the same kernel on each
-        launcher(
-            device, stream,
-            q_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
-            batch, seqlen, q_heads, cache_rows, q_bs, q_ts, q_hs, cache_stride, pos_bs, pos_s,
-        )  # fmt: skip
-    if k_heads:
-        launcher(
-            device, stream,
-            k_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
-            batch, seqlen, k_heads, cache_rows, k_bs, k_ts, k_hs, cache_stride, pos_bs, pos_s,
-        )  # fmt: skip
+    # query and key in one grid (k_heads 0 and a null key pointer without one): kernels_src/transform/rotary.py
+    launcher(
+        device, current_stream(device),
+        q_ptr, k_ptr, c_ptr, pos_ptr, has_positions, conjugate, seqlen_offset,
+        batch, seqlen, q_heads, k_heads, cache_rows, q_bs, q_ts, q_hs, k_bs, k_ts, k_hs, cache_stride, pos_bs, pos_s,
+    )  # fmt: skip
     return None
 
 
