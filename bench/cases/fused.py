@@ -63,8 +63,13 @@ def _rotary_cases() -> list[Case]:
     tokens, heads, rot_dim = 8192, 64, 64
     cache = _rotary_cache(tokens, rot_dim)
 
+    key_heads = 8  # a key of fewer heads (grouped-query attention), rotated in the same call
+
     def make():
         return {"q": torch.randn(tokens, heads, rot_dim, dtype=torch.bfloat16, device="cuda"), "cache": cache}
+
+    def make_key():
+        return {**make(), "k": torch.randn(tokens, key_heads, rot_dim, dtype=torch.bfloat16, device="cuda")}
 
     return [
         Case(
@@ -74,7 +79,15 @@ def _rotary_cases() -> list[Case]:
             make=make,
             tkaot=lambda a: tkaot.transform.apply_rotary(a["q"], a["cache"]),
             tile_kernels=lambda tk, a: tk.transform.apply_rotary(a["q"], a["cache"]),
-        )
+        ),
+        Case(
+            op="apply_rotary",
+            shape=f"{tokens}x{heads}x{rot_dim} bf16 + key {tokens}x{key_heads}x{rot_dim}",
+            bytes=2 * tokens * (heads + key_heads) * rot_dim * 2 + tokens * rot_dim * 4,
+            make=make_key,
+            tkaot=lambda a: tkaot.transform.apply_rotary(a["q"], a["cache"], key=a["k"]),
+            tile_kernels=lambda tk, a: tk.transform.apply_rotary(a["q"], a["cache"], key=a["k"]),
+        ),
     ]
 
 
