@@ -11,7 +11,7 @@ errors; test_no_missing_variants fails while any case misses. The summary (per o
 printed at the end, and written as JSON lines to the file TKAOT_PARITY_SUMMARY names.
 
 TileKernels compiles a kernel per static configuration the first time it meets it (seconds each). Before the tests,
-TKAOT_PARITY_WARM processes (default: one a core, up to 16) make the TileKernels calls of disjoint sets of
+TKAOT_PARITY_WARM processes (default: one a core, up to 16; none under pytest-xdist) make the TileKernels calls of disjoint sets of
 configurations once, so the compiles run in parallel and land in TileLang's kernel cache, where the test process
 finds them; 0 turns this off. TKAOT_PARITY_CASES / _CONFIGS / _SEED choose the cases (tests/parity_cases.py).
 
@@ -42,7 +42,10 @@ pytestmark = pytest.mark.gpu
 tile_kernels = pytest.importorskip("tile_kernels")
 
 ROOT = Path(__file__).resolve().parents[2]
-WARM_WORKERS = int(os.environ.get("TKAOT_PARITY_WARM", str(min(16, os.cpu_count() or 1))))
+# Under pytest-xdist every worker would warm every selected op with its own processes (16 workers x 16 processes,
+# compiling the same kernels): there the default is none, each test compiling what it meets
+_DEFAULT_WARM = 0 if os.environ.get("PYTEST_XDIST_WORKER") else min(16, os.cpu_count() or 1)
+WARM_WORKERS = int(os.environ.get("TKAOT_PARITY_WARM", str(_DEFAULT_WARM)))
 WARM_TIMEOUT_S = 900
 STATUSES = ("identical", "within tolerance", "differ", "missing", "not on this GPU", "errors")
 # what TileLang's headers say when a TileKernels kernel needs an instruction this GPU lacks
