@@ -10,6 +10,7 @@ float64 gradcheck).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -256,10 +257,7 @@ def _non_contiguous(*shape, dtype=F32):
 
 def _one_float_in(*shape):
     """A contiguous float32 meta view of `shape` one float into a buffer: 4-byte but not 16-byte aligned."""
-    n = 1
-    for d in shape:
-        n *= d
-    return meta(n + 1, dtype=F32)[1:].view(shape)
+    return meta(math.prod(shape) + 1, dtype=F32)[1:].view(shape)
 
 
 REFUSALS = [

@@ -29,6 +29,12 @@ def _int_rules(name: str, low: str, high: str, after: str = "", when: str = "", 
     )
 
 
+def _num_topk_rules(after: str = "") -> tuple[Rule, Rule]:
+    """num_topk an int in [1, min(num_experts, MAX_TOPK)] (tested as two comparisons, without a min() call)."""
+    within = f"1 <= num_topk <= {MAX_TOPK} and num_topk <= num_experts"
+    return _int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})", after=after, within=within)
+
+
 def _needs(given: str, missing: str, why: str = "give both or neither") -> Rule:
     return Rule(given, f"{missing} is not None", message=f"{given} needs {missing}; {why}", after=given)
 
@@ -82,13 +88,7 @@ GATE_SIGNATURE = Signature(
         ),
         Rule("logits", f"num_tokens < {_MAX_GATE_TOKENS}", f"of fewer than {_MAX_GATE_TOKENS} tokens", actual="num_tokens", after=_LOGITS),
         Rule("scoring_func", "scoring_func == 'sqrtsoftplus'", "'sqrtsoftplus'", actual="repr(scoring_func)", after=_LOGITS),
-        *_int_rules(
-            "num_topk",
-            "1",
-            f"min(num_experts, {MAX_TOPK})",
-            after=_LOGITS,
-            within=f"1 <= num_topk <= {MAX_TOPK} and num_topk <= num_experts",
-        ),
+        *_num_topk_rules(after=_LOGITS),
         *_int_rules("ep_rank", "0", "_MAX_I32", after=_LOGITS),
         *_int_rules("num_shared_experts", "1", "2", after=_LOGITS, when="use_shared_as_routed"),
         Let("num_shared", "num_shared_experts if use_shared_as_routed else 0", after=_LOGITS),
@@ -144,7 +144,7 @@ TOPK_SIGNATURE = Signature(
             "16-byte aligned (experts a multiple of 4)",
             actual="f'address {p_scores:#x}'",
         ),
-        *_int_rules("num_topk", "1", f"min(num_experts, {MAX_TOPK})", within=f"1 <= num_topk <= {MAX_TOPK} and num_topk <= num_experts"),
+        *_num_topk_rules(),
     ),
 )
 
