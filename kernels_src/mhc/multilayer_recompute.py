@@ -60,21 +60,25 @@ __device__ __forceinline__ int tkaot_store16(void* dst, const void* src) {
 }
 """
 
-# cp.async of 16 or 4 bytes global -> shared (generic addresses, aligned to the size), its commit and wait, and a
-# barrier, each as an int-returning call (T.call_extern's form)
+
+def _cp_async_function(name: str, cache: str, size: int) -> str:
+    """CUDA source of `int name(void* smem, const void* gmem)`: cp.async of `size` bytes global -> shared (generic
+    addresses, aligned to the size), caching at `cache` ("cg" or "ca"), in T.call_extern's int-returning form."""
+    return (
+        f"__device__ __forceinline__ int {name}(void* smem, const void* gmem) {{\n"
+        f'    asm volatile("cp.async.{cache}.shared.global [%0], [%1], {size};"\n'
+        '                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");\n'
+        "    return 0;\n"
+        "}\n"
+    )
+
+
+# cp.async of 16 or 4 bytes, its commit and wait, and a barrier, each as an int-returning call (T.call_extern's form)
 ASYNC_SOURCE = (
-    """
-__device__ __forceinline__ int tkaot_cp_async16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");
-    return 0;
-}
-__device__ __forceinline__ int tkaot_cp_async4(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
-                 :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(__cvta_generic_to_global(gmem)) : "memory");
-    return 0;
-}
-__device__ __forceinline__ int tkaot_barrier() {
+    "\n"
+    + _cp_async_function("tkaot_cp_async16", "cg", 16)
+    + _cp_async_function("tkaot_cp_async4", "ca", 4)
+    + """__device__ __forceinline__ int tkaot_barrier() {
     __syncthreads();
     return 0;
 }
