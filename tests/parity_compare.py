@@ -38,9 +38,14 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense_bytes(t: torch.Tensor) -> torch.Tensor:
-    """t's elements in row-major order as bytes, shape (*t.shape, itemsize)."""
-    d = torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
-    return d.view(torch.uint8).reshape(*t.shape, t.element_size())
+    """t's elements in row-major order as bytes, shape (t.numel(), itemsize); a view when t is contiguous."""
+    d = t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return d.view(torch.uint8).reshape(t.numel(), t.element_size())
+
+
+# Elements compared at a time: the parity suite runs 16 processes on one GPU, and a whole-tensor `a != b` over a
+# few-GiB output (plus dense copies of both sides) ran it out of memory.
+CHUNK = 1 << 26
 
 
 def _aliases(t: torch.Tensor, named: dict[str, torch.Tensor]) -> str | None:
@@ -57,16 +62,29 @@ def _strides(t: torch.Tensor) -> tuple:
 def describe_difference(what: str, ours: torch.Tensor, theirs: torch.Tensor, limit: int = 3) -> str | None:
     """None when ours and theirs hold the same bytes, else how many bytes differ, where, and both values there."""
     a, b = dense_bytes(ours), dense_bytes(theirs)
-    bad_bytes = int((a != b).sum())
+    bad_bytes, at = 0, []
+    for start in range(0, a.shape[0], CHUNK):
+        differs = a[start : start + CHUNK] != b[start : start + CHUNK]
+        bad_bytes += int(differs.sum())
+        if bad_bytes and len(at) < limit:
+            at += (differs.any(dim=-1).nonzero()[: limit - len(at), 0] + start).tolist()
     if bad_bytes == 0:
         return None
-    at = (a != b).any(dim=-1).nonzero()[:limit].tolist()
     shown = []
-    for index in at:
-        va, vb = ours[tuple(index)], theirs[tuple(index)]
-        ha, hb = a[tuple(index)].tolist(), b[tuple(index)].tolist()
-        shown.append(f"at {tuple(index)}: tkaot {_value(va)} ({_hex(ha)}) vs TileKernels {_value(vb)} ({_hex(hb)})")
+    for flat in at:
+        index = _unravel(flat, ours.shape)
+        va, vb = ours[index], theirs[index]
+        ha, hb = a[flat].tolist(), b[flat].tolist()
+        shown.append(f"at {index}: tkaot {_value(va)} ({_hex(ha)}) vs TileKernels {_value(vb)} ({_hex(hb)})")
     return f"{what}: {bad_bytes} of {a.numel()} bytes differ; " + "; ".join(shown)
+
+
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    index = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def _value(v: torch.Tensor):

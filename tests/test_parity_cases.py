@@ -245,3 +245,13 @@ def test_close_inputs_written_in_place_are_compared_by_value():
     assert parity_compare.compare_calls(((ours_in,), {}), None, ((theirs_in,), {}), None, close={"args[0]": (1e-5, 0.0)}) == ([], True)
     problems, _ = parity_compare.compare_calls(((ours_in + 1,), {}), None, ((theirs_in,), {}), None, close={"args[0]": (1e-5, 0.0)})
     assert len(problems) == 1 and "args[0]" in problems[0]
+
+
+def test_differences_are_counted_across_chunks(monkeypatch):
+    monkeypatch.setattr(parity_compare, "CHUNK", 5)
+    ours = torch.zeros(3, 7, dtype=torch.int16)
+    theirs = ours.clone()
+    theirs[0, 6], theirs[2, 0], theirs[2, 6] = 1, 0x100, 0x101
+    problem = parity_compare.describe_difference("x", ours, theirs.T.contiguous().T, limit=2)
+    assert "4 of 42 bytes differ" in problem and "(0, 6)" in problem and "(2, 0)" in problem and "(2, 6)" not in problem
+    assert parity_compare.describe_difference("x", ours, ours.T.contiguous().T) is None
