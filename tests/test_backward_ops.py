@@ -183,3 +183,19 @@ def test_rand_follows_torch_and_set_seed():
     assert torch.equal(a, torch.randn(3, 5)) and torch.equal(b, torch.randn(3, 5, dtype=torch.float64))
     like = tkaot.rand.randn_like(torch.empty(2, 7, dtype=torch.bfloat16))
     assert like.shape == (2, 7) and like.dtype == torch.bfloat16
+
+
+def test_the_plain_kernels_grid_is_its_blocks(monkeypatch):
+    """rmsnorm_backward_plain is built with one row slot of 128 threads a block at bf16 4096 and 5120 (2 blocks an SM):
+    the op's grid follows, one row a block up to 264 blocks; the other widths and kernels keep 256 threads a block."""
+    from tkaot import _op
+    from tkaot._quant import norm_backward as nb
+
+    monkeypatch.setattr(nb._PASS1, "cache", {})
+    monkeypatch.setattr(_op.OpKernels, "get", lambda self, device, *values, **kw: self.kernel)
+    assert nb._pass1(0, 4096, "bfloat16", False, False) == ("rmsnorm_backward_plain", 1, 264)
+    assert nb._pass1(0, 5120, "bfloat16", False, False) == ("rmsnorm_backward_plain", 1, 264)
+    assert nb._pass1(0, 7168, "bfloat16", False, False) == ("rmsnorm_backward_plain", 2, 132)
+    assert nb._pass1(0, 8192, "bfloat16", False, False) == ("rmsnorm_backward_plain", 1, 132)
+    assert nb._pass1(0, 4096, "bfloat16", False, True) == ("rmsnorm_backward", 2, 132)
+    assert nb._pass1(0, 4096, "bfloat16", True, False) == ("rmsnorm_backward_residual", 2, 132)

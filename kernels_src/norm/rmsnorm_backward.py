@@ -68,10 +68,10 @@ class StaticTiling:
 
     static = True
 
-    def __init__(self, hidden: int, dtype: str):
-        self.hidden = hidden
+    def __init__(self, hidden: int, dtype: str, threads: int = NUM_THREADS):
+        self.hidden, self.threads = hidden, threads  # the block's threads: `slots` rows of row_threads
         self.vec, self.row_threads, self.vectors = norm_backward_tiling(hidden, dtype)
-        self.slots = NUM_THREADS // self.row_threads
+        self.slots = threads // self.row_threads
         self.stage_elems = self.slots * hidden  # one tensor's rows of a stage
         self.lanes = min(self.row_threads, 32)
         self.row_warps = self.row_threads // self.lanes
@@ -118,6 +118,7 @@ class ClassTiling:
         self.narrowest = lo + MULTIPLE
         if norm_backward_tiling(self.narrowest, dtype)[1] != self.row_threads:
             raise AssertionError(f"widths {self.narrowest} and {hi} take different threads a row")
+        self.threads = NUM_THREADS
         self.slots = NUM_THREADS // self.row_threads
         self.lanes = min(self.row_threads, 32)
         self.row_warps = self.row_threads // self.lanes
@@ -199,7 +200,7 @@ def rmsnorm_backward_kernel(tilings, dtype: str, static_body=None):
         has_weight: T.int32,
         has_residual: T.int32,
     ):
-        with T.Kernel(num_blocks, threads=NUM_THREADS) as block:
+        with T.Kernel(num_blocks, threads=main.threads) as block:
             T.annotate_min_blocks_per_sm(MIN_BLOCKS_PER_SM)
             kernel_entry()  # kernels_src/pdl.py: before any memory access
             if not main.static:
@@ -451,8 +452,8 @@ def tiling_body(tiling, dtype: str, num_tokens, num_blocks, form: str = "runtime
                 T.sync_threads()  # every thread's last staged reads are done: slot_sums may share their memory
                 store_held(slot_sums, tiling.slot_at(sub, 0), dw, lane)
                 T.sync_threads()
-                for c in T.serial(T.ceildiv(hidden, NUM_THREADS)):
-                    col = c * NUM_THREADS + tid
+                for c in T.serial(T.ceildiv(hidden, tiling.threads)):
+                    col = c * tiling.threads + tid
                     if col < hidden:
                         r = slot_sums[tiling.slot_at(0, col)]
                         for s in T.unroll(1, slots):

@@ -19,6 +19,7 @@ import tkaot
 from tests.helpers import poisoned_allocations
 from tkaot import _op
 from tkaot._quant import norm_backward as _norm_backward
+from tkaot._quant.kernels import NORM_BACKWARD_MAX_BLOCKS, NORM_BACKWARD_THREADS, norm_backward_tiling
 from tkaot.errors import GenericVariantWarning
 from tkaot.reference import backward as ref
 
@@ -86,7 +87,9 @@ def test_norm_backwards_flag_kernels_write_rmsnorm_backwards_bytes(monkeypatch, 
     device, pass1 = torch.cuda.current_device(), _norm_backward._PASS1
     flag_kernels = _norm_backward._PASS1_RESIDUAL if form == "residual" else _norm_backward._PASS1_PLAIN
     monkeypatch.setattr(pass1, "cache", {})
-    assert _norm_backward._pass1(device, hidden, "bfloat16", residual, weight) is flag_kernels.get(device, hidden, "bfloat16")
+    assert _norm_backward._pass1(device, hidden, "bfloat16", residual, weight)[0] is flag_kernels.get(device, hidden, "bfloat16")
+    rows = NORM_BACKWARD_THREADS // norm_backward_tiling(hidden, "bfloat16")[1]
+    shipped_launch = (pass1.get(device, hidden, "bfloat16"), rows, NORM_BACKWARD_MAX_BLOCKS)  # the shipped kernel, its grid
     for tokens in TOKENS:
         x, dy, dr = (torch.randn(tokens, hidden, device="cuda").to(BF16) for _ in range(3))
         dr = dr if residual else None
@@ -94,7 +97,7 @@ def test_norm_backwards_flag_kernels_write_rmsnorm_backwards_bytes(monkeypatch, 
         rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
         with poisoned_allocations():
             ours = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75)
-        pass1.cache[device, hidden, "bfloat16", residual, weight] = pass1.get(device, hidden, "bfloat16")  # the shipped kernel
+        pass1.cache[device, hidden, "bfloat16", residual, weight] = shipped_launch
         with poisoned_allocations():
             shipped = tkaot.quant.norm_backward(dy, x, w, rstd, dr, 0.75)
         del pass1.cache[device, hidden, "bfloat16", residual, weight]

@@ -186,6 +186,22 @@ def norm_backward_tiling(hidden: int, dtype: str, max_vectors: int = NORM_BACKWA
     return vec, row_threads, -(-num_vecs // row_threads)
 
 
+# rmsnorm_backward_plain's block (kernels_src/norm/rmsnorm_backward_plain.py): where a row takes 128 threads and at
+# most this many vectors a thread (bf16 4096 and 5120), one row slot of 128 threads at 2 blocks an SM (the same rows
+# in flight on each SM as two slots a block of 256, each block its own row count with no row checks); wider rows keep
+# two slots. H200, 8192 tokens, bf16, µs, two slots / one / TileKernels: 4096 51.04 / 48.40 / 49.07, 5120 64.39 /
+# 60.74 / 62.35, 7168 (7 vectors) 91.73 / 94.04 / 91.78 (bench/results/2026-12-03-H200-s19-tune_normbwd12.log).
+NORM_BACKWARD_PLAIN_ONE_SLOT_VECTORS = 5
+
+
+def norm_backward_plain_block(hidden: int, dtype: str) -> tuple[int, int]:
+    """(threads a block, most blocks a grid) of rmsnorm_backward_plain at this width."""
+    _, row_threads, vectors = norm_backward_tiling(hidden, dtype)
+    if row_threads == 128 and vectors <= NORM_BACKWARD_PLAIN_ONE_SLOT_VECTORS:
+        return 128, 2 * NORM_BACKWARD_MAX_BLOCKS
+    return NORM_BACKWARD_THREADS, NORM_BACKWARD_MAX_BLOCKS
+
+
 RMSNORM_BACKWARD = _declare(
     "norm.rmsnorm_backward", (_hidden(32, 8192), Axis("dtype", str, choices=FLOAT_DTYPES)),
     ("out_grad", "x", "weight", "rstd", "residual_out_grad", "x_grad", "partials", "out_scale", "has_weight", "has_residual"),

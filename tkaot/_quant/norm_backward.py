@@ -20,6 +20,7 @@ from tkaot._quant.kernels import (
     RMSNORM_BACKWARD_PLAIN,
     RMSNORM_BACKWARD_RESIDUAL,
     WEIGHT_GRAD_REDUCE,
+    norm_backward_plain_block,
     norm_backward_tiling,
 )
 from tkaot._validate import MAX_I32, Rule, Signature, Tensor, lazy_checker
@@ -106,11 +107,11 @@ def norm_backward(
         return x_grad, weight_grad
 
     name = _DTYPE_NAMES[dtype]
-    rows_per_block = NORM_BACKWARD_THREADS // norm_backward_tiling(hidden, name)[1]
-    num_blocks = min(-(-num_tokens // rows_per_block), NORM_BACKWARD_MAX_BLOCKS)
+    pass1, rows_per_block, most_blocks = _pass1(device, hidden, name, residual_out_grad is not None, weight is not None)
+    num_blocks = min(-(-num_tokens // rows_per_block), most_blocks)
     partials = torch.empty((num_blocks, hidden), dtype=torch.float32, device=x.device) if weight is not None else None
     stream = current_stream(device)
-    _pass1(device, hidden, name, residual_out_grad is not None, weight is not None)(
+    pass1(
         device, stream,
         og_ptr, x_ptr, w_ptr, rstd_ptr, rg_ptr, x_grad.data_ptr(), 0 if partials is None else partials.data_ptr(),
         float(out_scale), 0 if weight is None else 1, 0 if residual_out_grad is None else 1,
@@ -125,21 +126,29 @@ def norm_backward(
 
 
 def _pass1(device: int, hidden: int, dtype: str, residual: bool, weighted: bool):
-    """Pass 1's launcher: with a residual gradient, rmsnorm_backward_residual's where it is built; with neither a
-    weight nor a residual gradient, rmsnorm_backward_plain's where it is built; else rmsnorm_backward's (its
-    specialised variant, else the generic one, as OpKernels.get rules)."""
-    launcher = _PASS1.cache.get((device, hidden, dtype, residual, weighted))
-    if launcher is None:
+    """(Pass 1's launcher, rows a block, most blocks a grid). The launcher: with a residual gradient,
+    rmsnorm_backward_residual's where it is built; with neither a weight nor a residual gradient,
+    rmsnorm_backward_plain's where it is built; else rmsnorm_backward's (its specialised variant, else the generic
+    one, as OpKernels.get rules). The grid: blocks of NORM_BACKWARD_THREADS, one on each SM, but rmsnorm_backward_plain's
+    as norm_backward_plain_block builds it (one row slot of 128 threads, 2 blocks an SM, at bf16 4096 and 5120). Any
+    grid gives the same bytes (a block runs its own rows), so an artifact set built with other blocks stays right."""
+    found = _PASS1.cache.get((device, hidden, dtype, residual, weighted))
+    if found is None:
+        launcher, threads, most_blocks = None, NORM_BACKWARD_THREADS, NORM_BACKWARD_MAX_BLOCKS
         first = _PASS1_RESIDUAL if residual else None if weighted else _PASS1_PLAIN
         if first is not None:
             try:
                 launcher = first.get(device, hidden, dtype)
             except VariantNotBuilt:
                 pass
+            else:
+                if first is _PASS1_PLAIN:
+                    threads, most_blocks = norm_backward_plain_block(hidden, dtype)
         if launcher is None:
             launcher = _PASS1.get(device, hidden, dtype)
-        _PASS1.cache[device, hidden, dtype, residual, weighted] = launcher
-    return launcher
+        rows = threads // norm_backward_tiling(hidden, dtype)[1]
+        found = _PASS1.cache[device, hidden, dtype, residual, weighted] = (launcher, rows, most_blocks)
+    return found
 
 
 def _fake(new, out_grad, x, weight, rstd, residual_out_grad=None, out_scale=1.0, weight_grad=None):
