@@ -8,7 +8,7 @@ cases, launched for real: the least of 5 loops of --calls calls, timed in chunks
 between chunks, so the launch queue never blocks. `--clock cpu` times the thread's CPU time instead of wall time:
 the driver's own work in each launch counts, the time the process was preempted does not. Prints one JSON line per
 tree and round, then the least over rounds per op and tree (noise on a host only ever adds time, so the least is
-the figure to compare).
+the figure to compare), then the median over rounds (how far one round's figure moves).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -65,9 +66,10 @@ def main() -> None:
                 if isinstance(value, float):
                     samples[tree].setdefault(name, []).append(value)
     names = list(next(iter(samples.values())))
-    print(f"{'host µs per call (least of rounds)':45s} " + " ".join(f"{t[-12:]:>12s}" for t in args.trees))
-    for name in names:
-        print(f"{name:45s} " + " ".join(f"{min(samples[t].get(name, [float('nan')])):12.2f}" for t in args.trees))
+    for title, stat in (("least of rounds", min), ("median of rounds", statistics.median)):
+        print(f"{'host µs per call (' + title + ')':45s} " + " ".join(f"{t[-12:]:>12s}" for t in args.trees))
+        for name in names:
+            print(f"{name:45s} " + " ".join(f"{stat(samples[t].get(name, [float('nan')])):12.2f}" for t in args.trees))
 
 
 if __name__ == "__main__":
