@@ -39,8 +39,8 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def dense_bytes(t: torch.Tensor) -> torch.Tensor:
     """t's elements in row-major order as bytes, shape (t.numel(), itemsize); a view when t is contiguous."""
-    d = t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
-    return d.view(torch.uint8).reshape(t.numel(), t.element_size())
+    flat = t.reshape(-1)  # a view where t is contiguous (whatever the strides of its size-1 dimensions), else a copy
+    return flat.view(torch.uint8).reshape(t.numel(), t.element_size())
 
 
 # Elements compared at a time: the parity suite runs 16 processes on one GPU, and a whole-tensor `a != b` over a

@@ -255,3 +255,11 @@ def test_differences_are_counted_across_chunks(monkeypatch):
     problem = parity_compare.describe_difference("x", ours, theirs.T.contiguous().T, limit=2)
     assert "4 of 42 bytes differ" in problem and "(0, 6)" in problem and "(2, 0)" in problem and "(2, 6)" not in problem
     assert parity_compare.describe_difference("x", ours, ours.T.contiguous().T) is None
+
+
+def test_contiguous_tensors_with_odd_strides_on_size_one_dimensions_compare():
+    ours = torch.arange(6, dtype=torch.int32).as_strided((2, 3, 1), (3, 1, 3712))  # is_contiguous(), stride(-1) != 1
+    theirs = ours.clone()
+    assert parity_compare.describe_difference("x", ours, theirs) is None
+    theirs[1, 2, 0] = 7
+    assert "(1, 2, 0)" in parity_compare.describe_difference("x", ours, theirs)
