@@ -65,9 +65,10 @@ V_VEC = 8  # bf16 elements of a thread's copy of v (16 bytes)
 
 
 def parse_tiling(tiling: str) -> tuple[int, int, int]:
-    """Tiling "k<keep>d<depth>v<ahead>": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and v),
-    ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module docstring)."""
-    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)", tiling)
+    """Tiling "k<keep>d<depth>v<ahead>[x][f][p]": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and
+    v), ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module docstring);
+    the letters are tiling_options'."""
+    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)x?f?p?", tiling)
     if match is None:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>v<ahead>")
     keep, depth, ahead = int(match[1]), int(match[2]), int(match[3])
@@ -77,8 +78,26 @@ def parse_tiling(tiling: str) -> tuple[int, int, int]:
     return keep, depth, ahead
 
 
+def tiling_options(tiling: str) -> tuple[bool, bool, bool]:
+    """(ahead_go, full, pairs) of a tiling. x, ahead_go: the grad_x pass's last depth - 1 groups stage the next token's first
+    go groups (its ring positions are past the row there), behind one block barrier that takes the token start's
+    place. f, full: hidden is at least keep * GROUP (the op's choice), so the kept groups run without a check.
+    p, pairs (with f): both passes wait once for two groups and read both before working on the first (one position
+    fewer in flight at the wait)."""
+    keep, depth, ahead = parse_tiling(tiling)
+    ahead_go, full, pairs = "x" in tiling, "f" in tiling, tiling.endswith("p")
+    if pairs and not (full and keep % 2 == 0):
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: p needs f and an even keep")
+    if ahead_go and not (depth - 1 <= ahead and 2 * depth <= keep + 1):
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: x needs depth - 1 <= ahead and 2 * depth <= keep + 1")
+    if full and keep % (THREADS * VEC // GROUP) != 0:
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: f needs keep a multiple of {THREADS * VEC // GROUP}")
+    return ahead_go, full, pairs
+
+
 def build(tiling: str):
     keep, depth, ahead = parse_tiling(tiling)
+    ahead_go, full, pairs = tiling_options(tiling)
     tail = keep - depth + 1  # from this group on, the grad_x pass stages positions past its own
     tail_dg = keep - ahead  # and the dL/dg pass
     num_tokens = T.dynamic("num_tokens")
@@ -94,9 +113,9 @@ def build(tiling: str):
         """Position p of token t in flight where `on`, one commit group (empty past the row's groups)."""
         if on:
             if p < keep:
-                if p < groups:
+                if full or p < groups:
                     cp(go_smem[head, p * GROUP + own], grad_out[t, head, p * GROUP + own])
-            elif p - keep < groups:
+            elif full or p - keep < groups:
                 cp(ring[p % depth, head, 0, own], hidden_states[t, head, (p - keep) * GROUP + own])
                 cp(ring[p % depth, head, 1, own], kv[t, head, (p - keep) * GROUP + own])
         T.ptx_commit_group()
@@ -107,7 +126,7 @@ def build(tiling: str):
         copies join the next commit group)."""
         for i in T.unroll(T.ceildiv(keep * GROUP, THREADS * V_VEC)):
             e = (i * THREADS + tid) * V_VEC
-            if e < T.min(keep, groups) * GROUP:
+            if e < (keep if full else T.min(keep, groups)) * GROUP:
                 cp_v(v_smem[e], kv[t, HC, e])
 
     @T.macro
@@ -143,6 +162,8 @@ def build(tiling: str):
         with T.Kernel(num_partials, threads=THREADS) as part:
             kernel_entry()  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % GROUP == 0)
+            if full:
+                T.assume(hidden >= keep * GROUP)
             T.assume(num_partials > 0)
             tid = T.get_thread_binding()
             warp = tid // 32
@@ -179,10 +200,16 @@ def build(tiling: str):
             dot_k = T.alloc_var(T.float32)
             done = T.alloc_var(T.int32)  # unmasked tokens so far: picks the half of `sums` to use
             done = 0
+            if pairs:  # two groups' values, read at one wait
+                go2 = T.alloc_local((2, VEC), T.bfloat16)
+                v2 = T.alloc_local((2, VEC), T.bfloat16)
+                x2 = T.alloc_local((2, VEC), T.bfloat16)
+                k2 = T.alloc_local((2, VEC), T.bfloat16)
+                w2 = T.alloc_local((2, VEC), T.float32)
 
             T.clear(grad_w)
             for g in T.unroll(keep):  # the weight of the kept groups, read by every token
-                if g < groups:
+                if full or g < groups:
                     for j in T.vectorized(VEC):
                         w_smem[head, g * GROUP + own + j] = weight_fused[head, g * GROUP + own + j]
             for g in T.serial(keep, groups):  # past `keep`, grad_w is summed in grad_w_partial itself
@@ -201,16 +228,30 @@ def build(tiling: str):
                                 for j in T.vectorized(8):
                                     grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
-                    T.ptx_wait_group(0)  # this token's v, if the token before copied it
-                    T.sync_threads()  # the previous token's readers of go_smem are done (and this token's v landed)
-                    if v_ready == 0:
-                        copy_v(t, tid, groups, kv, v_smem)
-                        T.ptx_commit_group()
-                        T.ptx_wait_group(0)
-                        T.sync_threads()
-                    v_ready = 0
-                    for u in T.unroll(ahead):
-                        stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    if ahead_go:
+                        if v_ready == 0:  # nothing staged by the token before: its v and first go groups here
+                            T.ptx_wait_group(0)
+                            T.sync_threads()  # the previous token's readers of go_smem are done
+                            copy_v(t, tid, groups, kv, v_smem)
+                            T.ptx_commit_group()
+                            T.ptx_wait_group(0)
+                            T.sync_threads()
+                            for u in T.unroll(depth - 1):
+                                stage(u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        v_ready = 0
+                        for u in T.unroll(depth - 1, ahead):
+                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    else:
+                        T.ptx_wait_group(0)  # this token's v, if the token before copied it
+                        T.sync_threads()  # the previous token's readers of go_smem are done (and this token's v landed)
+                        if v_ready == 0:
+                            copy_v(t, tid, groups, kv, v_smem)
+                            T.ptx_commit_group()
+                            T.ptx_wait_group(0)
+                            T.sync_threads()
+                        v_ready = 0
+                        for u in T.unroll(ahead):
+                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
                     # this token's saved values, in flight during the dL/dg pass
                     gate = gate_score[t, head]
                     rx = rstd_x[t, head]
@@ -222,8 +263,23 @@ def build(tiling: str):
                     T.clear(acc)
                     for g in T.unroll(keep):
                         stage(g + ahead, g < tail_dg, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
-                        T.ptx_wait_group(ahead)
-                        if g < groups:
+                        if pairs:
+                            if g % 2 == 0:
+                                T.ptx_wait_group(ahead - 1)
+                                for q in T.unroll(2):
+                                    for j in T.vectorized(VEC):
+                                        go2[q, j] = go_smem[head, (g + q) * GROUP + own + j]
+                                    for j in T.vectorized(VEC):
+                                        v2[q, j] = v_smem[(g + q) * GROUP + own + j]
+                            for j in T.vectorized(VEC):
+                                go[j] = go2[g % 2, j]
+                            for j in T.vectorized(VEC):
+                                v[j] = v2[g % 2, j]
+                            for j in T.serial(VEC):
+                                acc[0] += go[j] * v[j]
+                        else:
+                            T.ptx_wait_group(ahead)
+                        if not pairs and (full or g < groups):
                             for j in T.vectorized(VEC):
                                 go[j] = go_smem[head, g * GROUP + own + j]
                             for j in T.vectorized(VEC):
@@ -254,12 +310,23 @@ def build(tiling: str):
                     )
 
                     # grad_v: every thread, 4 elements at a time, heads summed in order
-                    for i in T.serial(T.ceildiv(hidden, THREADS * VEC)):
+                    if full:  # the kept part unrolled, from go_smem
+                        for i in T.serial(keep * GROUP // (THREADS * VEC)):
+                            e = (i * THREADS + tid) * VEC
+                            T.clear(gv)
+                            for h in T.unroll(HC):
+                                for j in T.vectorized(VEC):
+                                    go[j] = go_smem[h, e + j]
+                                for j in T.vectorized(VEC):
+                                    gv[j] += go[j] * gates[h]
+                            for j in T.vectorized(VEC):
+                                grad_kv[t, HC, e + j] = gv[j]
+                    for i in T.serial(keep * GROUP // (THREADS * VEC) if full else 0, T.ceildiv(hidden, THREADS * VEC)):
                         e = (i * THREADS + tid) * VEC
                         if e < hidden:
                             T.clear(gv)
                             for h in T.unroll(HC):
-                                if e < keep * GROUP:
+                                if not full and e < keep * GROUP:
                                     for j in T.vectorized(VEC):
                                         go[j] = go_smem[h, e + j]
                                 else:
@@ -274,17 +341,45 @@ def build(tiling: str):
                     dot_x = d * rx * rx / T.cast(hidden, T.float32)
                     dot_k = d * rk * rk / T.cast(hidden, T.float32)
                     for g in T.unroll(keep):
-                        stage(keep + g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
-                        T.ptx_wait_group(depth - 1)
-                        if g < groups:
+                        if ahead_go and g >= tail:
+                            if g == tail:  # every reader of go_smem (grad_v) is done, the next token's v landed
+                                T.sync_threads()
+                            # the ring's positions are past the row: the next token's first go groups instead
+                            stage(g - tail, v_ready == 1, t + 1, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        else:
+                            stage(keep + g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        if pairs:
+                            if g % 2 == 0:
+                                T.ptx_wait_group(depth - 2)
+                                for q in T.unroll(2):
+                                    for j in T.vectorized(VEC):
+                                        go2[q, j] = go_smem[head, (g + q) * GROUP + own + j]
+                                    for j in T.vectorized(VEC):
+                                        x2[q, j] = ring[(keep + g + q) % depth, head, 0, own + j]
+                                    for j in T.vectorized(VEC):
+                                        k2[q, j] = ring[(keep + g + q) % depth, head, 1, own + j]
+                                    for j in T.vectorized(VEC):
+                                        w2[q, j] = w_smem[head, (g + q) * GROUP + own + j]
                             for j in T.vectorized(VEC):
-                                go[j] = go_smem[head, g * GROUP + own + j]
+                                go[j] = go2[g % 2, j]
                             for j in T.vectorized(VEC):
-                                x[j] = ring[(keep + g) % depth, head, 0, own + j]
+                                x[j] = x2[g % 2, j]
                             for j in T.vectorized(VEC):
-                                k[j] = ring[(keep + g) % depth, head, 1, own + j]
+                                k[j] = k2[g % 2, j]
                             for j in T.vectorized(VEC):
-                                w[j] = w_smem[head, g * GROUP + own + j]
+                                w[j] = w2[g % 2, j]
+                        else:
+                            T.ptx_wait_group(depth - 1)
+                        if full or g < groups:
+                            if not pairs:
+                                for j in T.vectorized(VEC):
+                                    go[j] = go_smem[head, g * GROUP + own + j]
+                                for j in T.vectorized(VEC):
+                                    x[j] = ring[(keep + g) % depth, head, 0, own + j]
+                                for j in T.vectorized(VEC):
+                                    k[j] = ring[(keep + g) % depth, head, 1, own + j]
+                                for j in T.vectorized(VEC):
+                                    w[j] = w_smem[head, g * GROUP + own + j]
                             for j in T.vectorized(VEC):
                                 grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)
@@ -307,7 +402,7 @@ def build(tiling: str):
                             grad_w_partial[part, head, e + j] = grad_w_partial[part, head, e + j] + r * x[j] * k[j]
 
             for g in T.unroll(keep):
-                if g < groups:
+                if full or g < groups:
                     for j in T.vectorized(VEC):
                         grad_w_partial[part, head, g * GROUP + own + j] = grad_w[g, j]
 

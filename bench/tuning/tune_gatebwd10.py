@@ -1,0 +1,145 @@
+"""Time candidates of engram_gate_bwd that move its per-token work toward TileKernels' (round 10), beside the shipped
+kernel and TileKernels.
+
+Round 9 (tune_gatebwd9.py) found the launch shape exhausted; the shipped k28d11v16 takes 720.0 µs at 8192 x 4 x 7168
+bf16 on the H200 against TileKernels' 668.9 (1.077x). Both run one 256-thread CTA an SM, one wave of 132 CTAs, 63
+tokens a CTA.
+
+SASS, per thread and token at hidden 7168 (the instructions of the path a token takes; ours: prebuilt/sm90's cubin;
+TileKernels': its kernel lowered for sm_90 at hidden 7168, 132 partials, no mask, no PDL, as its wrapper calls it on
+the H200 (228 KB of shared memory an SM: x_blk_d 1792, go_blk_d 3584), compiled with the build's nvcc flags):
+                 ours   TileKernels
+  registers       219   255 (8-byte stack)
+  token loop     3648   3047   (static: 3796 / 3114; ours holds the image-token path and the plain loops past keep)
+  by pass        dL/dg 876 + head 71, exchange 225, grad_v 462 (7 turns of a runtime loop), grad_x 2014;
+                 TileKernels: head + dL/dg + exchange 614, x setup 104, grad_v 358 (unrolled), grad_x 1971
+  FFMA / FMUL / PRMT / F2FP: the same (689 / 459 / 336 / 126): the arithmetic is the same
+  bf16 -> f32 (SHF.L + IMAD.U32): 685 / 673
+  LOP3 118 / 5, P2R 32 / 1, BRA 104 / 37: our "group g < groups" checks of the 28 kept groups (hidden is a runtime
+      value: the predicates kept as bits of one register, unpacked a group at a time), and grad_v's loop
+  IADD3 172 / 62, IMAD 159 / 44, LEA 92 / 26: addressing (runtime hidden: 64-bit row addresses; grad_v's loop)
+  LDGDEPBAR 83 / 17, DEPBAR 57 / 6: our commit group a position (2 KB of go or 4 KB of x and k), theirs a tile
+      (28 KB of go; 14 KB of x, of k and 28 KB of w)
+  LDS (scalar) 95 / 21, LDS.64 141 / 169, LDS.128 28 / 28 (w), LDGSTS.64 84 / 84, LDGSTS.128 4 / 35 (they stream
+      w from L2 every token: 7 KB a tile), STG.64 63 / 61, LDG.64 28 / 0 (our grad_v's global branch: not taken)
+  barriers: 2 a token in both (ours: token start, dL/dg exchange; theirs: exchange, before the last x tile)
+Issue is not the limit (8 warps x 3648 / 4 schedulers = 7.3 k cycles, ~3.9 µs of the 11.4 µs a token takes: 34%;
+theirs 3.2 of 10.6), so the count matters as latency on each warp's path, and the structure matters more:
+- TileKernels stages the next token's first half of go (28 KB) and its v during the current token's last x tile, so
+  the next token's dL/dg pass starts with half its go landed. Ours drains every load at the end of the grad_x pass
+  (its ring's last 10 positions are past the row: empty commit groups) and issues the next token's go only after the
+  token-start barrier, then waits for the first group: a full memory latency a token with only go in flight.
+The candidates (tilings, kernels_src/engram/gate_bwd.py; every one adds in the shipped order, so its outputs are
+ctl's bytes, which the run checks):
+  ctl         k28d11v16, the shipped kernel (its cubin must be prebuilt/sm90's: checked at build and run)
+  x           k28d11v16x: the grad_x pass's last 10 groups stage the next token's first 10 go groups (20 KB) in
+              place of the empty ring positions, behind one barrier (every grad_v reader done, the next v landed)
+              that replaces the token-start barrier; the next token stages only its go groups 10-15 to start
+  f           k28d11v16f: hidden at least keep * 256 (the op's choice): no per-group checks; grad_v's kept part unrolled
+  xv18        x with 2 more go groups in flight in the dL/dg pass
+  xf          both
+  xfv18, xfv20  xf with 2 or 4 more go groups in flight in the dL/dg pass
+CANDIDATES_SASS (filled in below at build time: registers and the token loop's static instruction count).
+
+On a CPU with TileLang and nvcc (a few seconds a candidate):
+
+    python -m bench.tuning.tune_gatebwd10 build --out tune-artifacts/gatebwd10 [--only x,f]
+
+then on the GPU, from the tree's root with PYTHONPATH set to it (tile_kernels importable):
+
+    python -m bench.tuning.tune_gatebwd10 --artifacts tune-artifacts/gatebwd10 --out DIR [--budget S]
+
+The run is round 9's (its check and time phases, imported): every candidate's bytes of grad_hidden_states, grad_kv and
+grad_w_partial against ctl's (NaN-filled outputs) at 1, 3, 127, 4097, 8192 tokens, 1000 with 30% image tokens and 300
+of hidden 7424, ctl's against TileKernels'; then each candidate and TileKernels timed twice at 8192 x 4 x 7168
+(CUDA-graph replays over 2 input sets past the L2), the second pass reversed, outputs checked again. One table last;
+writes DIR/tune_gatebwd10.log.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench.tuning import tune_gatebwd9 as r9
+from bench.tuning.tune_gatebwd9 import CONTROL, SHIPPED, Candidate
+from bench.tuning.watch import Log, run_child, with_reruns
+
+ARTIFACTS = "tune-artifacts/gatebwd10"
+MODULE = "bench.tuning.tune_gatebwd10"
+
+CANDIDATES = (
+    Candidate(CONTROL, SHIPPED, note="the shipped kernel (cubin = prebuilt/sm90's)"),
+    Candidate("x", "k28d11v16x", note="the next token's first 10 go groups staged in the grad_x pass's last 10"),
+    Candidate("xv18", "k28d11v18x", note="x, 2 more go groups ahead"),
+    Candidate("f", "k28d11v16f", note="no per-group checks (hidden >= 7168)"),
+    Candidate("fp", "k28d11v16fp", note="f, one wait a pair of groups in both passes"),
+    Candidate("xf", "k28d11v16xf", note="x and f"),
+    Candidate("xfp", "k28d11v16xfp", note="x, f and p"),
+    Candidate("xfv18", "k28d11v18xf", note="xf, 2 more go groups ahead"),
+)  # fmt: skip
+NAMES = tuple(c.name for c in CANDIDATES)
+r9.CANDIDATES, r9.NAMES = CANDIDATES, NAMES  # round 9's build, check and time phases run these
+
+
+def time_candidates(artifacts: Path, out: Path, total_s: float = r9.TOTAL_S) -> None:
+    """Round 9's run (its child, its phases) over this round's candidates."""
+    import torch
+
+    start = time.perf_counter()
+    deadline = start + total_s
+    out.mkdir(parents=True, exist_ok=True)
+    say = Log()
+    rows: dict = {}
+    say(f"tune_gatebwd10: {torch.cuda.get_device_name()}, artifacts {artifacts}, budget {total_s:.0f} s; candidates: "
+        + ", ".join(f"{c.name} ({c.note})" for c in CANDIDATES))  # fmt: skip
+
+    def one(skip: list[str]) -> str | None:
+        def on_row(row) -> None:
+            rows.setdefault(row[0], row)
+            say(f"{row[0]:10s} {row[1]:14s} {row[2]:8.2f} {row[3]:>15s}  {row[4]}")
+
+        stop = run_child(MODULE, "all", artifacts, skip, deadline, say, on_row,
+                         stall_s=lambda name: r9.TK_STALL_S if name in ("load", "TK") else r9.STALL_S,
+                         on_start=lambda name, what: print(f"  ({name} at {what or '-'})", flush=True))  # fmt: skip
+        if stop is None:
+            return None
+        name, what, how = stop
+        say(f"{how} in {name} at {what or '-'}")
+        return name if name in NAMES or name in ("check", "TK") else None
+
+    with_reruns("tune_gatebwd10", deadline, say, one)
+    base = {name: row[2] for name, row in rows.items()}
+    say(f"\n{'candidate':10s} {'shape':14s} {'µs':>8s} {'passes':>15s} {'/TK':>6s} {'/ctl':>6s}  outputs ({r9.TOKENS} tokens)")
+    for row in rows.values():
+        say(r9._line(row, base))
+    say(f"{time.perf_counter() - start:.0f} s")
+    (out / "tune_gatebwd10.log").write_text("\n".join(say.lines) + "\n")
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["part"]:
+        r9._part(argv[1:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=("time", "build"), default="time")
+    parser.add_argument("--artifacts", type=Path, default=Path(ARTIFACTS), help="the candidates' artifact sets")
+    parser.add_argument("--out", type=Path, required=True, help="build: where the sets go; time: the log's directory")
+    parser.add_argument("--only", default="", help="build: these candidates (comma-separated) only")
+    parser.add_argument("--budget", type=float, default=r9.TOTAL_S, help="time: the whole run's seconds")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        args.out.mkdir(parents=True, exist_ok=True)
+        r9.build(args.out, tuple(n for n in args.only.split(",") if n))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        print("tune_gatebwd10: no GPU here; nothing timed (the build runs on a CPU: `build --out DIR`)")
+        return
+    time_candidates(args.artifacts, args.out, args.budget)
+
+
+if __name__ == "__main__":
+    main()
