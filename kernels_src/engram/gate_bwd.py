@@ -65,10 +65,10 @@ V_VEC = 8  # bf16 elements of a thread's copy of v (16 bytes)
 
 
 def parse_tiling(tiling: str) -> tuple[int, int, int]:
-    """Tiling "k<keep>d<depth>v<ahead>[x][f][p]": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and
+    """Tiling "k<keep>d<depth>v<ahead>[x][f][p][i]": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and
     v), ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module docstring);
     the letters are tiling_options'."""
-    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)x?f?p?", tiling)
+    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)x?f?p?i?", tiling)
     if match is None:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>v<ahead>")
     keep, depth, ahead = int(match[1]), int(match[2]), int(match[3])
@@ -78,26 +78,31 @@ def parse_tiling(tiling: str) -> tuple[int, int, int]:
     return keep, depth, ahead
 
 
-def tiling_options(tiling: str) -> tuple[bool, bool, bool]:
-    """(ahead_go, full, pairs) of a tiling. x, ahead_go: the grad_x pass's last depth - 1 groups stage the next token's first
+def tiling_options(tiling: str) -> tuple[bool, bool, bool, bool]:
+    """(ahead_go, full, pairs, inline_v) of a tiling. x, ahead_go: the grad_x pass's last depth - 1 groups stage the next token's first
     go groups (its ring positions are past the row there), behind one block barrier that takes the token start's
     place. f, full: hidden is at least keep * GROUP (the op's choice), so the kept groups run without a check.
     p, pairs (with f): both passes wait once for two groups and read both before working on the first (one position
-    fewer in flight at the wait)."""
+    fewer in flight at the wait). i, inline_v (with f): grad_v's kept part one step (4 elements of each thread) after
+    every second of the grad_x pass's first groups, not between the exchange and the grad_x pass, whose loads then
+    keep flowing while grad_v works."""
     keep, depth, ahead = parse_tiling(tiling)
-    ahead_go, full, pairs = "x" in tiling, "f" in tiling, tiling.endswith("p")
+    ahead_go, full, pairs, inline_v = "x" in tiling, "f" in tiling, "p" in tiling, tiling.endswith("i")
+    if inline_v and not (full and 2 * (keep * GROUP // (THREADS * VEC)) <= keep - depth + 1):
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: i needs f and grad_v's steps done before the grad_x pass's tail")
     if pairs and not (full and keep % 2 == 0):
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: p needs f and an even keep")
     if ahead_go and not (depth - 1 <= ahead and 2 * depth <= keep + 1):
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: x needs depth - 1 <= ahead and 2 * depth <= keep + 1")
     if full and keep % (THREADS * VEC // GROUP) != 0:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: f needs keep a multiple of {THREADS * VEC // GROUP}")
-    return ahead_go, full, pairs
+    return ahead_go, full, pairs, inline_v
 
 
 def build(tiling: str):
     keep, depth, ahead = parse_tiling(tiling)
-    ahead_go, full, pairs = tiling_options(tiling)
+    ahead_go, full, pairs, inline_v = tiling_options(tiling)
+    v_steps = keep * GROUP // (THREADS * VEC)  # grad_v's steps over the kept groups (with full)
     tail = keep - depth + 1  # from this group on, the grad_x pass stages positions past its own
     tail_dg = keep - ahead  # and the dL/dg pass
     num_tokens = T.dynamic("num_tokens")
@@ -140,6 +145,19 @@ def build(tiling: str):
             elif not image_token_mask[t + 1]:
                 copy_v(t + 1, tid, groups, kv, v_smem)
                 v_ready = 1  # noqa: F841 (a T.Ref: the caller's variable is written)
+
+    @T.macro
+    def grad_v_step(i, t, tid, gates, go_smem, grad_kv, go, gv):
+        """Step i of grad_v's kept part: 4 elements of each thread, heads summed in order."""
+        e = (i * THREADS + tid) * VEC
+        T.clear(gv)
+        for h in T.unroll(HC):
+            for j in T.vectorized(VEC):
+                go[j] = go_smem[h, e + j]
+            for j in T.vectorized(VEC):
+                gv[j] += go[j] * gates[h]
+        for j in T.vectorized(VEC):
+            grad_kv[t, HC, e + j] = gv[j]
 
     @T.prim_func
     def engram_gate_bwd(
@@ -310,18 +328,10 @@ def build(tiling: str):
                     )
 
                     # grad_v: every thread, 4 elements at a time, heads summed in order
-                    if full:  # the kept part unrolled, from go_smem
-                        for i in T.serial(keep * GROUP // (THREADS * VEC)):
-                            e = (i * THREADS + tid) * VEC
-                            T.clear(gv)
-                            for h in T.unroll(HC):
-                                for j in T.vectorized(VEC):
-                                    go[j] = go_smem[h, e + j]
-                                for j in T.vectorized(VEC):
-                                    gv[j] += go[j] * gates[h]
-                            for j in T.vectorized(VEC):
-                                grad_kv[t, HC, e + j] = gv[j]
-                    for i in T.serial(keep * GROUP // (THREADS * VEC) if full else 0, T.ceildiv(hidden, THREADS * VEC)):
+                    if full and not inline_v:  # the kept part from go_smem
+                        for i in T.serial(v_steps):
+                            grad_v_step(i, t, tid, gates, go_smem, grad_kv, go, gv)
+                    for i in T.serial(v_steps if full else 0, T.ceildiv(hidden, THREADS * VEC)):
                         e = (i * THREADS + tid) * VEC
                         if e < hidden:
                             T.clear(gv)
@@ -385,6 +395,10 @@ def build(tiling: str):
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)
                             for j in T.vectorized(VEC):
                                 grad_w[g, j] = grad_w[g, j] + r * x[j] * k[j]
+                        if inline_v:
+                            if g % 2 == 0:
+                                if g < 2 * v_steps:
+                                    grad_v_step(g // 2, t, tid, gates, go_smem, grad_kv, go, gv)
                     for g in T.serial(keep, groups):
                         e = g * GROUP + own
                         for j in T.vectorized(VEC):
