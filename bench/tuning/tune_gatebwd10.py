@@ -44,18 +44,27 @@ so its outputs are ctl's bytes, which the run checks):
   xf, xfp  x and f; x, f and p
   xfi    xf, grad_v's 7 steps after grad_x's groups 0, 2, ..., 12 (the ring keeps flowing while grad_v works)
   xfpi   x, f, p and i
-Built for sm_90 (registers / stack bytes; the token loop's static SASS instructions; in it BAR, LDGDEPBAR, DEPBAR, BRA,
-LOP3, IMAD, IADD3, LEA; STL + LDL in it), shared memory 231,488 bytes in all (TileKernels 186,400):
-  ctl    219 / 0   3797   3  85 58  97 124 179 190 100  0
-  x      219 / 0   4185   4  85 58 108 127 319 266 149  0
-  xv18   219 / 0   4181   4  87 58 109 125 321 266 150  0
-  f      255 / 8   4127   3  85 58  36   7 227 260 103  2
-  fp     255 / 8   4077   3  85 30  36   7 235 263 105  2
-  xf     255 / 16  4338   4  85 58  42   9 284 311 129  4
-  xfp    255 / 16  4012   4  85 30  34   9 245 184 117  5
-  xfi    255 / 48  4360   4  85 58  36   9 301 292 123 21
-  xfpi   255 / 8   4183   4  85 30  36   8 265 293 121  2
-  TK     255 / 8   3115   3  19  7  40   7  51  72  32  1
+  xfw    xf with w staged through the ring beside x and k (16-byte cp.async from L2 every token, as TileKernels
+         reads it) instead of kept in shared memory (114 KB freed): 14 ring slots (x allows at most (keep + 1) / 2),
+         13 positions (52 KB of x and k) in flight against 10
+  xfpw   xfp with w through the ring, 14 slots
+  fw     f with w through the ring, 19 slots (18 positions, 72 KB of x and k in flight)
+Built for sm_90 (registers / stack bytes; the token loop's static SASS instructions; in it BAR, LDGDEPBAR, DEPBAR,
+BRA, LOP3, IMAD, IADD3, LEA, LDGSTS.128; STL + LDL in it); shared memory 231,488 bytes (xfw, xfpw 186,432; fw
+227,392; TileKernels 186,400):
+  ctl    219 / 0    3797   3  85  58  97 124 179 190 100  12   0
+  x      219 / 0    4185   4  85  58 108 127 319 266 149  12   0
+  xv18   219 / 0    4181   4  87  58 109 125 321 266 150  12   0
+  f      255 / 8    4127   3  85  58  36   7 227 260 103  12   2
+  fp     255 / 8    4077   3  85  30  36   7 235 263 105  12   2
+  xf     255 / 16   4338   4  85  58  42   9 284 311 129  12   4
+  xfp    255 / 16   4012   4  85  30  34   9 245 184 117  12   5
+  xfi    255 / 48   4360   4  85  58  36   9 301 292 123  12  21
+  xfpi   255 / 8    4183   4  85  30  36   8 265 293 121  12   2
+  xfw    255 / 88   4290   4  88  58  36   7 246 293 101  40  39
+  xfpw   255 / 16   4128   4  88  30  36   6 215 278  93  40   4
+  fw     255 / 0    4026   3  93  58  36   8 234 166 108  40   0
+  TK     255 / 8    3115   3  19   7  40   7  51  72  32  42   1
 (static counts: each loop holds paths a token at 7168 does not take, ours the image-token path, the plain loops past
 keep and, with x, the first-token staging; the BAR count includes the rare v_ready == 0 path's.) The "@!PT LDS RZ"
 padding before each cp.async batch (never issued) is most of our scalar LDS (101 against 27).
@@ -97,6 +106,9 @@ CANDIDATES = (
     Candidate("xfp", "k28d11v16xfp", note="x, f and p"),
     Candidate("xfi", "k28d11v16xfi", note="xf, grad_v's steps inside the grad_x pass's first groups"),
     Candidate("xfpi", "k28d11v16xfpi", note="x, f, p and i"),
+    Candidate("xfw", "k28d14v16xfw", note="xf, w through the ring (L2) every token, 14 ring slots"),
+    Candidate("xfpw", "k28d14v16xfpw", note="xfp, w through the ring, 14 ring slots"),
+    Candidate("fw", "k28d19v16fw", note="f, w through the ring, 19 ring slots"),
 )  # fmt: skip
 NAMES = tuple(c.name for c in CANDIDATES)
 r9.CANDIDATES, r9.NAMES = CANDIDATES, NAMES  # round 9's build, check and time phases run these

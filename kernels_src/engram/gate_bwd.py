@@ -65,29 +65,33 @@ V_VEC = 8  # bf16 elements of a thread's copy of v (16 bytes)
 
 
 def parse_tiling(tiling: str) -> tuple[int, int, int]:
-    """Tiling "k<keep>d<depth>v<ahead>[x][f][p][i]": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and
-    v), ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module docstring);
-    the letters are tiling_options'."""
-    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)x?f?p?i?", tiling)
+    """Tiling "k<keep>d<depth>v<ahead>[x][f][p][i][w]": groups of a row kept on chip (6.5 KB of shared memory a group:
+    go, w and v), ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module
+    docstring); the letters are tiling_options' (w: 2.5 KB a kept group, 8 KB a slot)."""
+    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)x?f?p?i?w?", tiling)
     if match is None:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>v<ahead>")
     keep, depth, ahead = int(match[1]), int(match[2]), int(match[3])
-    kb = 6.5 * keep + 4 * depth
-    if not (1 <= keep <= 36 and 2 <= depth <= 16 and 1 <= ahead < keep) or kb > SMEM_KB:
+    kb = 2.5 * keep + 8 * depth if tiling.endswith("w") else 6.5 * keep + 4 * depth
+    if not (1 <= keep <= 36 and 2 <= depth <= (24 if tiling.endswith("w") else 16) and 1 <= ahead < keep) or kb > SMEM_KB:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36, depth 2-16, ahead 1 to keep - 1, {kb} KB above {SMEM_KB}")
     return keep, depth, ahead
 
 
-def tiling_options(tiling: str) -> tuple[bool, bool, bool, bool]:
-    """(ahead_go, full, pairs, inline_v) of a tiling. x, ahead_go: the grad_x pass's last depth - 1 groups stage the next token's first
-    go groups (its ring positions are past the row there), behind one block barrier that takes the token start's
-    place. f, full: hidden is at least keep * GROUP (the op's choice), so the kept groups run without a check.
+def tiling_options(tiling: str) -> tuple[bool, bool, bool, bool, bool]:
+    """(ahead_go, full, pairs, inline_v, stream_w) of a tiling, its letters:
+    x, ahead_go: the grad_x pass's last depth - 1 groups stage the next token's first go groups (its ring positions
+    are past the row there), behind one block barrier that takes the token start's place;
+    f, full: hidden is at least keep * GROUP (the op's choice), so the kept groups run without a check;
     p, pairs (with f): both passes wait once for two groups and read both before working on the first (one position
-    fewer in flight at the wait). i, inline_v (with f): grad_v's kept part one step (4 elements of each thread) after
-    every second of the grad_x pass's first groups, not between the exchange and the grad_x pass, whose loads then
-    keep flowing while grad_v works."""
+    fewer in flight at the wait);
+    i, inline_v (with f): grad_v's kept part one step (4 elements of each thread) after every second of the grad_x
+    pass's first groups, not between the exchange and the grad_x pass, whose loads then keep flowing;
+    w, stream_w: the weight staged through the ring beside x and k every token (from L2, as TileKernels reads it),
+    not kept in shared memory: room for more ring slots."""
     keep, depth, ahead = parse_tiling(tiling)
-    ahead_go, full, pairs, inline_v = "x" in tiling, "f" in tiling, "p" in tiling, tiling.endswith("i")
+    ahead_go, full, pairs, inline_v = "x" in tiling, "f" in tiling, "p" in tiling, "i" in tiling
+    stream_w = tiling.endswith("w")
     if inline_v and not (full and 2 * (keep * GROUP // (THREADS * VEC)) <= keep - depth + 1):
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: i needs f and grad_v's steps done before the grad_x pass's tail")
     if pairs and not (full and keep % 2 == 0):
@@ -96,12 +100,12 @@ def tiling_options(tiling: str) -> tuple[bool, bool, bool, bool]:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: x needs depth - 1 <= ahead and 2 * depth <= keep + 1")
     if full and keep % (THREADS * VEC // GROUP) != 0:
         raise ValueError(f"engram_gate_bwd tiling {tiling!r}: f needs keep a multiple of {THREADS * VEC // GROUP}")
-    return ahead_go, full, pairs, inline_v
+    return ahead_go, full, pairs, inline_v, stream_w
 
 
 def build(tiling: str):
     keep, depth, ahead = parse_tiling(tiling)
-    ahead_go, full, pairs, inline_v = tiling_options(tiling)
+    ahead_go, full, pairs, inline_v, stream_w = tiling_options(tiling)
     v_steps = keep * GROUP // (THREADS * VEC)  # grad_v's steps over the kept groups (with full)
     tail = keep - depth + 1  # from this group on, the grad_x pass stages positions past its own
     tail_dg = keep - ahead  # and the dL/dg pass
@@ -114,7 +118,7 @@ def build(tiling: str):
     cp_v = cp_async(V_VEC)
 
     @T.macro
-    def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring):
+    def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring, weight_fused, w_smem):
         """Position p of token t in flight where `on`, one commit group (empty past the row's groups)."""
         if on:
             if p < keep:
@@ -123,6 +127,8 @@ def build(tiling: str):
             elif full or p - keep < groups:
                 cp(ring[p % depth, head, 0, own], hidden_states[t, head, (p - keep) * GROUP + own])
                 cp(ring[p % depth, head, 1, own], kv[t, head, (p - keep) * GROUP + own])
+                if stream_w:
+                    cp(w_smem[p % depth, head, own], weight_fused[head, (p - keep) * GROUP + own])
         T.ptx_commit_group()
 
     @T.macro
@@ -195,7 +201,10 @@ def build(tiling: str):
             end = T.min(per * (part + 1), num_tokens)
             sums = T.alloc_shared((2, HC, 2), T.float32)
             go_smem = T.alloc_shared((HC, keep * GROUP), T.bfloat16)
-            w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)
+            if stream_w:
+                w_smem = T.alloc_shared((depth, HC, GROUP), T.float32)  # a ring of the weight, beside `ring`
+            else:
+                w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)  # the weight of the kept groups
             ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)  # [slot, head, v or x / k, element]
             v_smem = T.alloc_shared((keep * GROUP,), T.bfloat16)
             v_ready = T.alloc_var(T.int32)  # 1: this token's v was copied during the token before
@@ -226,10 +235,11 @@ def build(tiling: str):
                 w2 = T.alloc_local((2, VEC), T.float32)
 
             T.clear(grad_w)
-            for g in T.unroll(keep):  # the weight of the kept groups, read by every token
-                if full or g < groups:
-                    for j in T.vectorized(VEC):
-                        w_smem[head, g * GROUP + own + j] = weight_fused[head, g * GROUP + own + j]
+            if not stream_w:
+                for g in T.unroll(keep):  # the weight of the kept groups, read by every token
+                    if full or g < groups:
+                        for j in T.vectorized(VEC):
+                            w_smem[head, g * GROUP + own + j] = weight_fused[head, g * GROUP + own + j]
             for g in T.serial(keep, groups):  # past `keep`, grad_w is summed in grad_w_partial itself
                 for j in T.vectorized(VEC):
                     grad_w_partial[part, head, g * GROUP + own + j] = 0.0
@@ -255,10 +265,10 @@ def build(tiling: str):
                             T.ptx_wait_group(0)
                             T.sync_threads()
                             for u in T.unroll(depth - 1):
-                                stage(u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                                stage(u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring, weight_fused, w_smem)
                         v_ready = 0
                         for u in T.unroll(depth - 1, ahead):
-                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring, weight_fused, w_smem)
                     else:
                         T.ptx_wait_group(0)  # this token's v, if the token before copied it
                         T.sync_threads()  # the previous token's readers of go_smem are done (and this token's v landed)
@@ -269,7 +279,7 @@ def build(tiling: str):
                             T.sync_threads()
                         v_ready = 0
                         for u in T.unroll(ahead):
-                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                            stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring, weight_fused, w_smem)
                     # this token's saved values, in flight during the dL/dg pass
                     gate = gate_score[t, head]
                     rx = rstd_x[t, head]
@@ -280,7 +290,9 @@ def build(tiling: str):
                     # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
                     for g in T.unroll(keep):
-                        stage(g + ahead, g < tail_dg, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        stage(
+                            g + ahead, g < tail_dg, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring, weight_fused, w_smem
+                        )
                         if pairs:
                             if g % 2 == 0:
                                 T.ptx_wait_group(ahead - 1)
@@ -312,7 +324,7 @@ def build(tiling: str):
                         for j in T.serial(VEC):
                             acc[0] += go[j] * v[j]
                     for u in T.unroll(depth - 1):  # x and k of the first groups, in flight during the exchange and grad_v
-                        stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring, weight_fused, w_smem)
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
@@ -355,9 +367,37 @@ def build(tiling: str):
                             if g == tail:  # every reader of go_smem (grad_v) is done, the next token's v landed
                                 T.sync_threads()
                             # the ring's positions are past the row: the next token's first go groups instead
-                            stage(g - tail, v_ready == 1, t + 1, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                            stage(
+                                g - tail,
+                                v_ready == 1,
+                                t + 1,
+                                head,
+                                own,
+                                groups,
+                                grad_out,
+                                hidden_states,
+                                kv,
+                                go_smem,
+                                ring,
+                                weight_fused,
+                                w_smem,
+                            )
                         else:
-                            stage(keep + g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                            stage(
+                                keep + g + depth - 1,
+                                g < tail,
+                                t,
+                                head,
+                                own,
+                                groups,
+                                grad_out,
+                                hidden_states,
+                                kv,
+                                go_smem,
+                                ring,
+                                weight_fused,
+                                w_smem,
+                            )
                         if pairs:
                             if g % 2 == 0:
                                 T.ptx_wait_group(depth - 2)
@@ -369,7 +409,10 @@ def build(tiling: str):
                                     for j in T.vectorized(VEC):
                                         k2[q, j] = ring[(keep + g + q) % depth, head, 1, own + j]
                                     for j in T.vectorized(VEC):
-                                        w2[q, j] = w_smem[head, (g + q) * GROUP + own + j]
+                                        if stream_w:
+                                            w2[q, j] = w_smem[(keep + g + q) % depth, head, own + j]
+                                        else:
+                                            w2[q, j] = w_smem[head, (g + q) * GROUP + own + j]
                             for j in T.vectorized(VEC):
                                 go[j] = go2[g % 2, j]
                             for j in T.vectorized(VEC):
@@ -389,7 +432,10 @@ def build(tiling: str):
                                 for j in T.vectorized(VEC):
                                     k[j] = ring[(keep + g) % depth, head, 1, own + j]
                                 for j in T.vectorized(VEC):
-                                    w[j] = w_smem[head, g * GROUP + own + j]
+                                    if stream_w:
+                                        w[j] = w_smem[(keep + g) % depth, head, own + j]
+                                    else:
+                                        w[j] = w_smem[head, g * GROUP + own + j]
                             for j in T.vectorized(VEC):
                                 grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)
