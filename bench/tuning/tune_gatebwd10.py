@@ -68,6 +68,18 @@ BRA, LOP3, IMAD, IADD3, LEA, LDGSTS.128; STL + LDL in it); shared memory 231,488
 (static counts: each loop holds paths a token at 7168 does not take, ours the image-token path, the plain loops past
 keep and, with x, the first-token staging; the BAR count includes the rare v_ready == 0 path's.) The "@!PT LDS RZ"
 padding before each cp.async batch (never issued) is most of our scalar LDS (101 against 27).
+The passes' unrolled bodies, each run once a token (SASS instructions from a pass's first wait to its last: 27 of
+its 28 groups, 13 of 14 pairs with p; dL/dg, then grad_x):
+  ctl   700, 1893 (BRA 21 + 44, LOP3 38 + 39, IMAD 181 + 216)     x      664, 2162 (the tail's t + 1 addresses:
+  f     563, 1785 (no BRA, no LOP3; IMAD 67 + 123)                        IMAD 299, IADD3 100, LEA 30 in grad_x)
+  fp    457, 1694 (14 waits a pass)                               xv18   648, 2162
+  xf    566, 1934                                                 xfp    493, 1874
+  xfi   563, 2275 (grad_v's steps in it)                          xfpi   452, 2158
+  xfw   553, 1806                                                 xfpw   478, 1665
+  fw    564, 1708
+TileKernels' grad_x pass is 1971 instructions in all (ours 2014: the same work), its token start, dL/dg pass and
+exchange 614 (ours 71 + 876 + 225), its grad_v 358 (ours 462): f takes ours to its dL/dg count; what is left is
+the structure (x) and the wait granularity (p).
 
 On a CPU with TileLang and nvcc (a few seconds a candidate):
 
