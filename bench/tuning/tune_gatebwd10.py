@@ -21,10 +21,13 @@ the H200 (228 KB of shared memory an SM: x_blk_d 1792, go_blk_d 3584), compiled 
   LDGDEPBAR 83 / 17, DEPBAR 57 / 6: our commit group a position (2 KB of go or 4 KB of x and k), theirs a tile
       (28 KB of go; 14 KB of x, of k and 28 KB of w)
   LDS (scalar) 95 / 21, LDS.64 141 / 169, LDS.128 28 / 28 (w), LDGSTS.64 84 / 84, LDGSTS.128 4 / 35 (they stream
-      w from L2 every token: 7 KB a tile), STG.64 63 / 61, LDG.64 28 / 0 (our grad_v's global branch: not taken)
+      w from L2 every token, 28 KB a tile, and v), STG.64 63 / 61
   barriers: 2 a token in both (ours: token start, dL/dg exchange; theirs: exchange, before the last x tile)
-Issue is not the limit (8 warps x 3648 / 4 schedulers = 7.3 k cycles, ~3.9 µs of the 11.4 µs a token takes: 34%;
-theirs 3.2 of 10.6), so the count matters as latency on each warp's path, and the structure matters more:
+(these per-token counts are the SASS of the path a token takes, read by hand: not profiled.) Issue is not the limit
+(8 warps x 3648 / 4 schedulers = 7.3 k cycles, 3.7-4.2 µs at 1.75-1.98 GHz of the 11.4 µs a token takes, 720 / 63;
+theirs 6.1 k cycles of 10.6 µs), so the count matters as latency on each warp's path, and the structure more. Round 9
+found the depth of either pass nearly indifferent (one ring slot fewer +3 µs, 2 or 4 more go groups +1-2 µs), so the
+bytes in flight mid-pass do not bind; what differs is what is in flight at a token's boundary (inferred, not measured):
 - TileKernels stages the next token's first half of go (28 KB) and its v during the current token's last x tile, so
   the next token's dL/dg pass starts with half its go landed. Ours drains every load at the end of the grad_x pass
   (its ring's last 10 positions are past the row: empty commit groups) and issues the next token's go only after the
