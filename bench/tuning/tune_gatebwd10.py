@@ -50,10 +50,11 @@ so its outputs are ctl's bytes, which the run checks):
   xfw    xf with w staged through the ring beside x and k (16-byte cp.async from L2 every token, as TileKernels
          reads it) instead of kept in shared memory (114 KB freed): 14 ring slots (x allows at most (keep + 1) / 2),
          13 positions (52 KB of x and k) in flight against 10
+  xw     x with w through the ring, 14 slots (the group checks kept: no f, whose 255 registers spill with w)
   xfpw   xfp with w through the ring, 14 slots
   fw     f with w through the ring, 19 slots (18 positions, 72 KB of x and k in flight)
 Built for sm_90 (registers / stack bytes; the token loop's static SASS instructions; in it BAR, LDGDEPBAR, DEPBAR,
-BRA, LOP3, IMAD, IADD3, LEA, LDGSTS.128; STL + LDL in it); shared memory 231,488 bytes (xfw, xfpw 186,432; fw
+BRA, LOP3, IMAD, IADD3, LEA, LDGSTS.128; STL + LDL in it); shared memory 231,488 bytes (xw, xfw, xfpw 186,432; fw
 227,392; TileKernels 186,400):
   ctl    219 / 0    3797   3  85  58  97 124 179 190 100  12   0
   x      219 / 0    4185   4  85  58 108 127 319 266 149  12   0
@@ -64,6 +65,7 @@ BRA, LOP3, IMAD, IADD3, LEA, LDGSTS.128; STL + LDL in it); shared memory 231,488
   xfp    255 / 16   4012   4  85  30  34   9 245 184 117  12   5
   xfi    255 / 48   4360   4  85  58  36   9 301 292 123  12  21
   xfpi   255 / 8    4183   4  85  30  36   8 265 293 121  12   2
+  xw     186 / 0    4598   4  88  58 130 125 345 407 186  40   0
   xfw    255 / 88   4290   4  88  58  36   7 246 293 101  40  39
   xfpw   255 / 16   4128   4  88  30  36   6 215 278  93  40   4
   fw     255 / 0    4026   3  93  58  36   8 234 166 108  40   0
@@ -79,7 +81,7 @@ its 28 groups, 13 of 14 pairs with p; dL/dg, then grad_x):
   xf    566, 1934                                                 xfp    493, 1874
   xfi   563, 2275 (grad_v's steps in it)                          xfpi   452, 2158
   xfw   553, 1806                                                 xfpw   478, 1665
-  fw    564, 1708
+  fw    564, 1708                                                 xw     719, 2078
 TileKernels' grad_x pass is 1971 instructions in all (ours 2014: the same work), its token start, dL/dg pass and
 exchange 614 (ours 71 + 876 + 225), its grad_v 358 (ours 462): f takes ours to its dL/dg count; what is left is
 the structure (x) and the wait granularity (p).
@@ -121,6 +123,7 @@ CANDIDATES = (
     Candidate("xfp", "k28d11v16xfp", note="x, f and p"),
     Candidate("xfi", "k28d11v16xfi", note="xf, grad_v's steps inside the grad_x pass's first groups"),
     Candidate("xfpi", "k28d11v16xfpi", note="x, f, p and i"),
+    Candidate("xw", "k28d14v16xw", note="x, w through the ring (L2) every token, 14 ring slots"),
     Candidate("xfw", "k28d14v16xfw", note="xf, w through the ring (L2) every token, 14 ring slots"),
     Candidate("xfpw", "k28d14v16xfpw", note="xfp, w through the ring, 14 ring slots"),
     Candidate("fw", "k28d19v16fw", note="f, w through the ring, 19 ring slots"),
