@@ -54,8 +54,10 @@ every candidate's outputs byte for byte against the shipped kernel's on fresh in
 (engram: inference and save_for_backward, and 30 % image tokens in place at 127; mhc: 16 splits, 20 repeats) and at
 the timed shapes, the shipped kernel's against TileKernels' (where TileKernels is deterministic); then each at 1 token
 (CUDA-graph replay over rotating inputs larger than L2, bench.timing.device_us), PASSES passes alternating the
-order, the median of the passes; then engram at 8192 tokens (one pass) and mhc at 32 tokens (the op's split kernel
-serves up to 64 tokens; 8192 tokens run the one-block kernel, which no candidate changes). One table last.
+order, the median of the passes; then engram at 16, 128 and 8192 tokens (one pass each: where a decode form would
+stop serving) and mhc at 32 tokens (the op's split kernel serves up to 64 tokens; 8192 tokens run the one-block
+kernel, which no candidate changes). At 1 token the rotating sets (64, bench.run's rule) fit in L2, as in the bench's
+row: the one token's loads are L2 round trips. One table last.
 
     python -m bench.tuning.tune_lat1 build --out tune-artifacts/lat1                  (CPU: TileLang and nvcc)
     python -m bench.tuning.tune_lat1 --artifacts tune-artifacts/lat1 --out DIR         (GPU, 150 s at most)
@@ -389,7 +391,7 @@ def _child(artifacts: Path, skip: tuple[str, ...]) -> None:
             _tk_call(tk, engram)(a)
             torch.cuda.synchronize()
         same = _checks(tk, calls, engram, gen, op)
-        rows = ((1, PASSES), (8192, 1)) if engram else ((1, PASSES), (32, 1))
+        rows = ((1, PASSES), (16, 1), (128, 1), (8192, 1)) if engram else ((1, PASSES), (32, 1))
         for tokens, passes in rows:
             per_set = (
                 tokens * (3 * HC + 1) * HIDDEN * 2 + HC * HIDDEN * 4 if engram else tokens * (HC + 1) * HIDDEN * 2 + tokens * SPLITS * 100
