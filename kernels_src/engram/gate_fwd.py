@@ -54,6 +54,9 @@ TILE = 4  # chunks an item (a ring slot) holds
 SAVE, MASK, IN_PLACE = 1, 2, 4
 
 
+GRID_Y_SOURCE = "__device__ __forceinline__ int tkaot_grid_y() {\n    return (int)gridDim.y;\n}\n"
+
+
 def parse_decode(tiling: str) -> tuple[int, int, int, bool] | None:
     """Decode tiling "c<ctas>d<slice>w<warps>[o]": CTAs of `warps` warps (at most; split among the heads), a token's
     whole row (hidden at most slice * 256) staged by all the warps at once; the three sums in warps 0, 1 and 2, or
@@ -375,7 +378,7 @@ def build_decode(ctas: int, slice_: int, warps: int, one_warp: bool):
         flags: T.int32,
     ):
         with T.Kernel(hc_mult, T.min(num_tokens, T.max(ctas // hc_mult, 1)), threads=threads) as (head, run):
-            kernel_entry()  # kernels_src/pdl.py: before any memory access
+            kernel_entry(GRID_Y_SOURCE)  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % CHUNK == 0)
             T.assume(hidden <= slice_ * CHUNK)
             tid = T.get_thread_binding()
@@ -384,9 +387,15 @@ def build_decode(ctas: int, slice_: int, warps: int, one_warp: bool):
             chunks = hidden // CHUNK
             start = T.alloc_var(T.int32)
             end = T.alloc_var(T.int32)
-            end = T.ceildiv(num_tokens, T.min(num_tokens, T.max(ctas // hc_mult, 1)))  # tokens a run
-            start = T.min(end * run, num_tokens)
-            end = T.min(start + end, num_tokens)
+            # the runs are the grid's y size; where there are no more tokens than runs (few tokens), a run is its own
+            # token, without the divisions (the first loads wait for them)
+            if num_tokens <= T.call_extern("int32", "tkaot_grid_y"):
+                start = run
+                end = run + 1
+            else:
+                end = T.ceildiv(num_tokens, T.call_extern("int32", "tkaot_grid_y"))  # tokens a run
+                start = T.min(end * run, num_tokens)
+                end = T.min(start + end, num_tokens)
             x_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
             k_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
             v_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
