@@ -316,8 +316,7 @@ def build(tiling: str):
 def build_decode(ctas: int, slice_: int, warps: int, one_warp: bool):
     """The decode form: a CTA of `warps` warps a (head, run of tokens); the token's row is staged at once, in items of
     `warps` chunks, warp q staging chunk q of every item (x, k and the fp32 weights: one commit group an item; v's
-    chunks: one group after),
-    so the round trips overlap and the issue is shared. Pass 1's three sums are independent chains, each summed in
+    chunks: one group after), so the round trips overlap and the issue is shared. Pass 1's three sums are independent chains, each summed in
     TileKernels' order by the lanes of one warp (warps 0, 1, 2: x * x, k * k, x * w * k; `one_warp`: all in warp 0),
     an item at a time behind a block barrier (an item's chunks come from every warp); then each warp's shuffle sum,
     the totals through shared memory, and pass 2 by every warp over the chunks it staged itself (no barrier). A row
