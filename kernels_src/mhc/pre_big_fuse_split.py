@@ -3,11 +3,11 @@ BLOCKS blocks a token of THREADS threads, so a decode step's one token is not on
 
 Every block reduces the token's mixes (the same sums in the same order); block 0's warp 0 writes post_mix and
 runs the Sinkhorn for comb_mix (each row or column sum and row max from the line's M values gathered at once, see
-gathered); warps 1.. of every block apply the pre mix to their share of the hidden
-vectors (a vector of 8 bf16 a worker, the blocks' workers interleaved). A worker issues its first residual
-loads before the mixes are reduced, so a decode token waits for memory about once (the splits and the
-residual together), not once a round of vectors. The token is the grid's y index: the op launches this kernel
-for at most tkaot/_mhc/big_fuse.py's SPLIT_MAX_TOKENS tokens, far below the grid's y limit (65535).
+gathered); warps 1.. of every block apply the pre mix to their share of the hidden vectors (a vector of 8 bf16 a
+worker, the blocks' workers interleaved). A worker issues its first residual loads before the mixes are reduced, so
+a decode token waits for memory about once (the splits and the residual together), not once a round of vectors.
+The token is the grid's y index: the op launches this kernel for at most tkaot/_mhc/big_fuse.py's SPLIT_MAX_TOKENS
+tokens, far below the grid's y limit (65535).
 """
 
 import tilelang.language as T
