@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import tilelang.language as T
 
+from kernels_src.mhc.sinkhorn_lanes import add
 from kernels_src.pdl import kernel_entry
 from tkaot._mhc.kernels import PRE_BIG_FUSE
 
@@ -159,37 +160,40 @@ def token_mixes(a: Args, b: Tiles, t, tid, m: int):
 
 
 @T.macro
-def post_and_comb(a: Args, b: Tiles, t, tid, m: int):
-    """post_mix[t] and comb_mix[t] from the mixes, by one warp: one matrix element a lane, row sums over the M
-    lanes of a row by xor shuffles M/2 .. 1 apart, column sums M²/2 .. M apart."""
+def butterfly(total: T.Ref, value, first, stride: int, m: int, combine):
+    """total = combine over the M lanes of value's line, `stride` lanes apart, by xor shuffles M * stride / 2 ..
+    stride apart (a line of post_and_comb; its first lane, `first`, is not needed)."""
+    total = value
+    for s in T.unroll(_log2(m)):
+        total = combine(total, T.shfl_xor(total, (m * stride // 2) >> s))
+
+
+@T.macro
+def post_and_comb(a: Args, b: Tiles, t, tid, m: int, line=butterfly):
+    """post_mix[t] and comb_mix[t] from the mixes, by one warp: one matrix element a lane; each row max, row sum
+    and column sum by line(total, value, first, stride, m, combine) over the M lanes first, first + stride, ...
+    (stride 1 along a row, M along a column), by default xor shuffles (butterfly)."""
     mm = m * m
     cm = b.cm
     total = b.total
     if tid < m:
         a.post_mix[t, tid] = T.sigmoid(b.mixes[m + tid] * a.mhc_scale[1] + a.mhc_base[m + tid]) * a.mhc_post_mult_value
     e = tid % mm
+    base = tid - e  # the lanes of this copy of the matrix
+    row = base + (e // m) * m  # lane of the row's first element
+    col = base + e % m  # lane of the column's first element
     cm = b.mixes[2 * m + e] * a.mhc_scale[2] + a.mhc_base[2 * m + e]
     # row softmax (max and sum over the M lanes of a row), plus eps
-    total = cm
-    for s in T.unroll(_log2(m)):
-        total = T.max(total, T.shfl_xor(total, (m // 2) >> s))
+    line(total, cm, row, 1, m, T.max)
     cm = T.exp(cm - total)
-    total = cm
-    for s in T.unroll(_log2(m)):
-        total = total + T.shfl_xor(total, (m // 2) >> s)
+    line(total, cm, row, 1, m, add)
     cm = cm / total + a.mhc_sinkhorn_eps
-    total = cm
-    for s in T.unroll(_log2(m)):
-        total = total + T.shfl_xor(total, (mm // 2) >> s)
+    line(total, cm, col, m, m, add)
     cm = cm / (total + a.mhc_sinkhorn_eps)
     for _ in T.serial(a.sinkhorn_repeat - 1):
-        total = cm
-        for s in T.unroll(_log2(m)):
-            total = total + T.shfl_xor(total, (m // 2) >> s)
+        line(total, cm, row, 1, m, add)
         cm = cm / (total + a.mhc_sinkhorn_eps)
-        total = cm
-        for s in T.unroll(_log2(m)):
-            total = total + T.shfl_xor(total, (mm // 2) >> s)
+        line(total, cm, col, m, m, add)
         cm = cm / (total + a.mhc_sinkhorn_eps)
     if tid < mm:
         a.comb_mix[t, tid] = cm
