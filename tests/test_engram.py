@@ -208,7 +208,7 @@ VALID = [
      [("engram_hash", "max_ngram_size=2")]),
     (lambda: E.fused_weight(M(4, 7168), M(4, 7168)), [("engram_fused_weight", "dtype=bfloat16")]),
     (lambda: E.engram_gate_fwd(*_gate(), 1e-20, 1e-6), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
-    (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
+    (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c2048d28w4")]),
     (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d11v16")]),
     (lambda: E.engram_gate_bwd(M(0, 4, 256), *_gate(0, 4, 256), *_saved(0), 1e-6, M(0, dtype=BOOL)),
      [("engram_gate_bwd", "tiling=k28d11v16")]),
@@ -305,6 +305,62 @@ def test_bad_input_raises_before_any_launch(launches, call, match):
     assert not launches
 
 
+DECODE, STREAMING = "tiling=c2048d28w4", "tiling=c1584s2x28w"
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, save, expected",
+    [
+        (1, 7168, False, DECODE), (16, 7168, False, DECODE), (17, 7168, False, STREAMING), (128, 7168, False, STREAMING),
+        (1, 256, False, DECODE), (1, 7424, False, STREAMING), (16, 16384, False, STREAMING),
+        (1, 7168, True, STREAMING), (16, 512, True, STREAMING),  # the decode form was timed on the inference path only
+    ],
+)  # fmt: skip
+def test_gate_forward_takes_the_decode_form_for_few_tokens_it_serves(launches, tokens, hidden, save, expected):
+    E.engram_gate_fwd(*_gate(tokens, 4, hidden), 1e-20, 1e-6, save)
+    assert launches == [("engram_gate_fwd", expected)]
+
+
+@pytest.mark.parametrize("decode_built", [False, True])
+def test_gate_forward_without_the_decode_variant_launches_the_streaming_one(monkeypatch, decode_built):
+    """A set built without the decode variant (a custom one, or one from before it shipped): its calls launch the
+    streaming variant, no error and no warning; later calls take the cached launcher."""
+    import warnings
+
+    from tkaot import _op
+    from tkaot._engram import gate
+    from tkaot.errors import VariantNotBuilt
+
+    get_device = torch.Tensor.get_device
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
+    monkeypatch.setattr(gate, "current_stream", lambda device: 0)
+    monkeypatch.setattr(gate._FWD, "cache", {})
+    built = {STREAMING, DECODE} if decode_built else {STREAMING}
+    looked_up, launched = [], []
+
+    class Found:
+        def __init__(self, key):
+            self.key = key
+
+        def bind(self, args):
+            return lambda *values: launched.append(self.key)
+
+    def kernel(op, kernel, key, device):
+        looked_up.append(key)
+        if key not in built:
+            raise VariantNotBuilt(op, kernel, key, [], "tkaot-build ...", [])
+        return Found(key)
+
+    monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            E.engram_gate_fwd(*_gate(1, 4, 7168), 1e-20, 1e-6, False)
+    served = DECODE if decode_built else STREAMING
+    assert launched == [served, served]
+    assert looked_up == ([DECODE] if decode_built else [DECODE, STREAMING])
+
+
 def test_modeling_on_cuda_tensors_runs_the_kernels(launches, monkeypatch):
     """The autograd gate's CUDA path calls tkaot.engram's ops (the kernels): meta tensors stand in for CUDA ones."""
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: self.device.type in ("cuda", "meta")))
@@ -340,6 +396,31 @@ def test_gate_forward_tiling_is_the_weights_ahead_form():
     for old in ("c1584s2x28", "c1584s2x28ww", "c0s2x28w", "c1584s1x28w", "c1584s2x65w"):
         with pytest.raises(ValueError):
             parse_tiling(old)
+
+
+def test_gate_forward_decode_tiling_is_four_warps_over_the_row_it_serves():
+    pytest.importorskip("tilelang")
+    from kernels_src.engram.gate_fwd import CHUNK, parse_decode
+    from tkaot._engram.kernels import GATE_FWD_DECODE_HIDDEN, GATE_FWD_TILINGS
+
+    ctas, slice_, warps = parse_decode(GATE_FWD_TILINGS["decode"])
+    assert (ctas, slice_, warps) == (2048, 28, 4) and slice_ * CHUNK == GATE_FWD_DECODE_HIDDEN
+    assert parse_decode(GATE_FWD_TILINGS["default"]) is None and parse_decode("c2048d28w4o") is None  # "o": not shipped
+    for bad in ("c2048d28w2", "c2048d28w3", "c0d28w4", "c2048d68w4"):  # the three sums need 3 warps; 28 % 3; 64 chunks at most
+        with pytest.raises(ValueError):
+            parse_decode(bad)
+
+
+def test_gate_forward_decode_form_lowers_to_block_barriers_and_the_grid_runs():
+    """The decode form: 4 warps a CTA with their own barriers, the runs read from gridDim.y."""
+    pytest.importorskip("tilelang")
+    from build_tools.compile import lower
+    from build_tools.ops import Variant
+    from tkaot._engram.kernels import GATE_FWD_TILINGS
+
+    source = str(lower(Variant.make("engram_gate_fwd", {"tiling": GATE_FWD_TILINGS["decode"]}), "sm90")[2])
+    assert "__launch_bounds__(128, 1)" in source and "__syncthreads" in source
+    assert "return (int)gridDim.y;" in source and "tkaot_grid_y()" in source
 
 
 def test_gate_forward_lowers_to_the_lean_body_with_weights_an_item_ahead():

@@ -20,6 +20,8 @@ from tkaot._engram.kernels import (  # noqa: E402
     GATE_BWD,
     GATE_BWD_TILINGS,
     GATE_FWD,
+    GATE_FWD_DECODE_HIDDEN,
+    GATE_FWD_DECODE_TOKENS,
     GATE_FWD_TILINGS,
     GRAD_W_REDUCE,
     GRAD_W_REDUCE_TILINGS,
@@ -511,7 +513,8 @@ def engram_gate_fwd(draw):
         "32 * 65535 + 1 tokens": {"hidden_states": meta(32 * 65535 + 1, hc, hidden), "kv": meta(32 * 65535 + 1, hc + 1, hidden),
                                   "image_token_mask": None},
     }  # fmt: skip
-    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["default"]})]
+    decode = not save and n <= GATE_FWD_DECODE_TOKENS and hidden <= GATE_FWD_DECODE_HIDDEN
+    made = [] if n == 0 else [(GATE_FWD, {"tiling": GATE_FWD_TILINGS["decode" if decode else "default"]})]
     return Call("engram.engram_gate_fwd", kwargs, made, gate.FWD_SIGNATURE, breaks=breaks)
 
 

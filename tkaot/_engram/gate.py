@@ -183,7 +183,11 @@ def engram_gate_fwd(
     if num_tokens == 0:
         return output, dot, gate_score, rstd_x, rstd_k
     flags = (_SAVE if save_for_backward else 0) | (_MASK if image_token_mask is not None else 0) | (_IN_PLACE if inplace else 0)
-    launcher = _FWD.get(device, kernels.GATE_FWD_TILINGS["default"])
+    tilings = kernels.GATE_FWD_TILINGS
+    # the decode form for few tokens (timed on the inference path only); a set built without it serves those calls
+    # with the default tiling
+    decode = not save_for_backward and num_tokens <= kernels.GATE_FWD_DECODE_TOKENS and hidden <= kernels.GATE_FWD_DECODE_HIDDEN
+    launcher = _FWD.get(device, tilings["decode" if decode else "default"], general_tiling=tilings["default"])
     launcher(
         device, current_stream(device),
         x_ptr, kv_ptr, w_ptr, mask_ptr, output.data_ptr(), *saved,

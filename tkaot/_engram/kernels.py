@@ -25,7 +25,16 @@ MAX_GATE_HIDDEN = 16384
 # item c1584s2x28 398.3 / 5.58 / 6.87 / 8.84, with 3 slots c1320s3x28 404.1 / 5.77 / 6.55 / 8.82
 # (bench/tuning/tune_engram4.py). Earlier: a whole row in flight at few tokens (c1584s14x28: 8.50 µs at 1 token
 # against 7.79) and register rings (w4x28b6 591-603 µs at 8192 tokens) lost (bench/tuning/tune_engram2.py, 3)
-GATE_FWD_TILINGS = {"default": "c1584s2x28w"}
+# Decode form ("c<ctas>d<slice>w<warps>", kernels_src/engram/gate_fwd.py's build_decode), launched on the inference
+# path at up to GATE_FWD_DECODE_TOKENS tokens where hidden is at most GATE_FWD_DECODE_HIDDEN (its 28 chunks of 256):
+# 4 warps a CTA, the row staged at once, the three sums in three warps. H200 at 4 x 7168 against c1584s2x28w and
+# TileKernels (bench/results/2026-12-03-H200-s19-tune_lat1.log, bench/tuning/tune_lat1.py at lat1 b2a33ee):
+# c2048d28w4 3.56 / 4.23 / 10.50 / 449.05 µs at 1 / 16 / 128 / 8192 tokens, against 5.51 / 7.30 / 9.92 / 394.50 and
+# 5.23 / 8.06 / 11.06 / 401.46; all three sums in warp 0 (c2048d28w4o) 3.58 / 4.25, 8 warps and 32 chunks (c2048d32w8)
+# 3.51 / 4.25 at 1 / 16 tokens but 11.44 at 128: no better
+GATE_FWD_TILINGS = {"default": "c1584s2x28w", "decode": "c2048d28w4"}
+GATE_FWD_DECODE_TOKENS = 16  # the largest count measured faster (slower at 128)
+GATE_FWD_DECODE_HIDDEN = 28 * 256  # the decode tiling's slice, in elements
 # Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>v<ahead>"): 8 warps a CTA, two a head (4 heads), one
 # CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
 # registers), v's kept groups read once a token into shared memory by the whole CTA (the next token's during this
