@@ -79,7 +79,7 @@ CASES = {
     "moe_topk_gate_generic": dict(tiling="ballot4"),
     "normalize_weight_generic": dict(),
     "engram_gate_fwd": dict(tiling="c1584s2x28w"),
-    "engram_gate_bwd": dict(tiling="k28d11v16"),
+    "engram_gate_bwd": dict(tiling="k28d14v16xw"),
     "rmsnorm_backward_generic": dict(dtype="bfloat16"),
     "per_block_cast_generic": dict(in_dtype="bfloat16", fmt="e4m3", sf="fp32", mode="cast"),
     "per_channel_cast_generic": dict(in_dtype="e4m3", in_sf="fp32_col", sf="fp32"),

@@ -209,9 +209,13 @@ VALID = [
     (lambda: E.fused_weight(M(4, 7168), M(4, 7168)), [("engram_fused_weight", "dtype=bfloat16")]),
     (lambda: E.engram_gate_fwd(*_gate(), 1e-20, 1e-6), [("engram_gate_fwd", "tiling=c1584s2x28w")]),
     (lambda: E.engram_gate_fwd(*_gate(1, 2, 512), 1e-20, 1e-6, False, M(1, dtype=BOOL), True), [("engram_gate_fwd", "tiling=c2048d28w4")]),
-    (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d11v16")]),
+    # one tiling at every hidden: fewer groups than it keeps on chip, more (7424, the plain loop), the most
+    (lambda: E.engram_gate_bwd(M(3, 4, 4096), *_gate(3, 4, 4096), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d14v16xw")]),
     (lambda: E.engram_gate_bwd(M(0, 4, 256), *_gate(0, 4, 256), *_saved(0), 1e-6, M(0, dtype=BOOL)),
-     [("engram_gate_bwd", "tiling=k28d11v16")]),
+     [("engram_gate_bwd", "tiling=k28d14v16xw")]),
+    (lambda: E.engram_gate_bwd(M(3, 4, 7424), *_gate(3, 4, 7424), *_saved(3), 1e-6), [("engram_gate_bwd", "tiling=k28d14v16xw")]),
+    (lambda: E.engram_gate_bwd(M(2, 4, 16384), *_gate(2, 4, 16384), *_saved(2), 1e-6, M(2, dtype=BOOL)),
+     [("engram_gate_bwd", "tiling=k28d14v16xw")]),
     (lambda: E.grad_w_reduce(M(132, 4, 7168, dtype=F32), M(4, 7168), M(4, 7168), M(4, 7168, dtype=F32), M(4, 7168, dtype=F32)),
      [("engram_grad_w_reduce", "dtype=bfloat16,tiling=t56r148s")]),
     # numel not a multiple of 4 and more partials than the 148 rows staged at once: the same kernel (its 4-byte path)
@@ -449,17 +453,35 @@ def test_gate_backward_and_reduction_tilings_are_the_shipped_forms():
     from kernels_src.engram import gate_bwd, grad_w_reduce
     from tkaot._engram.kernels import GATE_BWD_TILINGS, GRAD_W_REDUCE_TILINGS
 
-    assert gate_bwd.parse_tiling(GATE_BWD_TILINGS["default"]) == (28, 11, 16)
+    assert gate_bwd.parse_tiling(GATE_BWD_TILINGS["default"]) == (28, 14, 16)
     assert grad_w_reduce.parse_tiling(GRAD_W_REDUCE_TILINGS["default"]) == (56, 148)
-    # the forms shipped before and the other round-6 candidates' ahead (depth - 1, implicit) are gone; ahead past keep,
-    # 6.5 KB x 28 + 4 KB x 12 past the shared memory
-    for bad in ("k28d14c", "k28d11c", "k28d11v", "k28d11v28", "k28d12v16"):
+    # the forms shipped before (k28d11v16: the weight kept in shared memory, k28d14c) and round 10's other letters are
+    # gone; the next token's go needs depth - 1 <= ahead and 2 * depth <= keep + 1; ahead past keep; 2.5 KB x 36 +
+    # 8 KB x 18 past the shared memory
+    for bad in ("k28d11v16", "k28d14c", "k28d14v16x", "k28d14v16w", "k28d14v16xfw", "k28d14v16xfpw", "k28d14v12xw",
+                "k28d15v16xw", "k28d14v28xw", "k36d18v20xw"):  # fmt: skip
         with pytest.raises(ValueError):
             gate_bwd.parse_tiling(bad)
     # one thread a column (shipped before); threads not a multiple of 8; 148 rows x 128 threads x 16 bytes past 227 KB
     for bad in ("t224r132", "t60r148s", "t128r148s", "t56r0s"):
         with pytest.raises(ValueError):
             grad_w_reduce.parse_tiling(bad)
+
+
+def test_gate_backward_lowers_to_the_streamed_weight_and_next_go_form():
+    """The shipped backward: the weight read by 16-byte cp.async into the ring (the first slots and each grad_x group's)
+    and by the plain loop past the kept groups, never copied whole into shared memory; four barriers: a first token's
+    two, the dL/dg exchange and the one before the grad_x pass stages the next token's go."""
+    pytest.importorskip("tilelang")
+    from build_tools.compile import lower
+    from build_tools.ops import Variant
+    from tkaot._engram.kernels import GATE_BWD_TILINGS
+
+    source = str(lower(Variant.make("engram_gate_bwd", {"tiling": GATE_BWD_TILINGS["default"]}), "sm90")[2])
+    assert "__launch_bounds__(256, 1)" in source and source.count("__syncthreads") == 4
+    reads = [line.lstrip() for line in source.splitlines() if "weight_fused[" in line or "weight_fused +" in line]
+    assert len(reads) == 3
+    assert sum(line.startswith("tl::cp_async_gs<16>((&(((float*)w_smem)[") for line in reads) == 2
 
 
 def test_reduction_lowers_to_a_16_byte_path_and_a_4_byte_fallback():

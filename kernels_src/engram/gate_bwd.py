@@ -18,29 +18,35 @@ grad_w: token by token), so the results are the same bits.
 
 With one CTA an SM the kernel lives on bytes in flight. The first `keep` groups of a row are unrolled and
 their loads staged by cp.async into shared memory, so a load in flight holds no register: go straight to its
-parked place (grad_v and grad_x read it there, not from L2 again), x and k through a ring of `depth` slots, and v's
-kept groups once a token, by the whole CTA, into `v_smem` (0.5 KB a group), as TileKernels reads it. A token is a
-stream of 2 * keep positions: position p < keep is kept group p's go (the dL/dg pass), `ahead` of them in flight
-ahead of the one waited for (2 KB a position); position keep + g is group g's x and k (the grad_x pass), a lane
-staging position n + depth - 1 (one commit group, empty past the row) before it waits for position n. Each pass
-drains its stream at its end, the grad_x pass's first loads in flight during the dL/dg exchange and grad_v. The next
-token's v is copied during this token's grad_x pass, right after the exchange barrier has seen every reader of v
-done (the copies join the grad_x pass's first commit group), and waited for (every thread's own copies, then the
-token's first barrier) as the next token starts; a CTA's first token (or one after an image token) copies its own v
-there. A token's saved scalars are read as it starts, behind its first loads. The kept groups' grad_w is summed in
+parked place (grad_v and grad_x read it there, not from L2 again), x, k and the weight (from L2 every token, as
+TileKernels reads it, rather than kept in shared memory: room for more slots) through a ring of `depth` slots, and
+v's kept groups once a token, by the whole CTA, into `v_smem` (0.5 KB a group), as TileKernels reads it. A token is
+a stream of 2 * keep positions: position p < keep is kept group p's go (the dL/dg pass), `ahead` of them in flight
+ahead of the one waited for (2 KB a position); position keep + g is group g's x, k and w (the grad_x pass, 8 KB a
+position), a lane staging position n + depth - 1 (one commit group, empty past the row) before it waits for
+position n. The grad_x pass's first loads are in flight during the dL/dg exchange and grad_v; its last depth - 1
+groups, whose ring positions are past the row, stage the next token's first depth - 1 go groups instead (as
+TileKernels stages the next token's go during its last x tile), so the next token starts with them in flight and
+stages only go groups depth - 1 to ahead - 1. The next token's v is copied during this token's grad_x pass, right
+after the exchange barrier has seen every reader of v done (the copies join the grad_x pass's first commit group);
+a CTA's first token (or one after an image token) copies its own v and first go groups as it starts, behind a
+barrier. A token's saved scalars are read as it starts, behind its first loads. The kept groups' grad_w is summed in
 registers and written once at the end. Groups past `keep` (hidden above keep * 256) take a plain loop that reads go
 again and sums grad_w in grad_w_partial itself, so hidden stays a runtime value.
 
 Synchronisation is the kernel's own (no inserted barriers): a lane reads back from the ring and its own head's
 go only what it staged itself, after its own wait; two block barriers a token order the rest: one before the
-dL/dg halves are exchanged (through `sums`, two halves used in turn), one between the last reads of every
-head's parked go (grad_v) and the first overwrite of it (at the next token's start).
+dL/dg halves are exchanged (through `sums`, two halves used in turn), one before the grad_x pass stages the next
+token's go, between the last reads of every head's parked go (grad_v) and the first overwrite of it; it also sees the
+next token's v landed, every thread having waited for the pass's first commit group by then (2 * depth <= keep + 1).
 
-Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
-bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25 µs, against 743.79 for k28d14c (shipped
-before: each warp staged its half of v through the ring, v read four times a token), k28d11c 743.03, k28d11v (10 go
-groups ahead) 727.50, k28d9v 738.40, k28d11v22 717.65; earlier TileLang's inserted barriers (k28d12c) 849 and one
-cp.async stream across both passes (k28d14s) 755 µs.
+Measured on the H200 at 8192x4x7168 beside TileKernels (671.37 µs, 2026-12-03,
+bench/results/2026-12-03-H200-s19-tune_gatebwd10.log, bench/tuning/tune_gatebwd10.py as of 6e7bed1): k28d14v16xw
+663.16 µs against 711.86 for k28d11v16 (shipped before: the weight kept in shared memory, x and k through 11 slots,
+the next token's go staged after a token-start barrier) and 707.29 for its next-go staging alone; dropping the group
+checks (g < groups) for hidden >= 7168 spilled with the streamed weight (726.75; 668.15 with one wait a pair of
+groups) and gained less without it (692.37). Earlier (2026-12-02, bench/results/2026-12-02-H200-s15-tune_engram6.log):
+TileLang's inserted barriers (k28d12c) 849 and one cp.async stream across both passes (k28d14s) 755 µs.
 """
 
 import re
@@ -65,22 +71,27 @@ V_VEC = 8  # bf16 elements of a thread's copy of v (16 bytes)
 
 
 def parse_tiling(tiling: str) -> tuple[int, int, int]:
-    """Tiling "k<keep>d<depth>v<ahead>": groups of a row kept on chip (6.5 KB of shared memory a group: go, w and v),
-    ring slots of the grad_x pass (4 KB each) and go groups in flight in the dL/dg pass (the module docstring)."""
-    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)", tiling)
+    """Tiling "k<keep>d<depth>v<ahead>xw": groups of a row kept on chip (2.5 KB of shared memory a group: go and v),
+    ring slots of the grad_x pass (8 KB each: x, k and w) and go groups in flight in the dL/dg pass (the module
+    docstring); "xw": the next token's go staged in the grad_x pass's last groups (x) and the weight streamed
+    through the ring (w), the only form (the name tells it from the tilings measured before)."""
+    match = re.fullmatch(r"k(\d+)d(\d+)v(\d+)xw", tiling)
     if match is None:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>v<ahead>")
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r} is not k<keep>d<depth>v<ahead>xw")
     keep, depth, ahead = int(match[1]), int(match[2]), int(match[3])
-    kb = 6.5 * keep + 4 * depth
-    if not (1 <= keep <= 36 and 2 <= depth <= 16 and 1 <= ahead < keep) or kb > SMEM_KB:
-        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: keep 1-36, depth 2-16, ahead 1 to keep - 1, {kb} KB above {SMEM_KB}")
+    kb = 2.5 * keep + 8 * depth
+    # the next token's first depth - 1 go groups are staged in the grad_x pass's last depth - 1 groups (ahead covers
+    # them), after its first commit group (the next v) has landed
+    if not (keep <= 36 and 2 <= depth and 2 * depth <= keep + 1 and depth - 1 <= ahead < keep) or kb > SMEM_KB:
+        bounds = "keep up to 36, depth 2 to (keep + 1) / 2, ahead depth - 1 to keep - 1"
+        raise ValueError(f"engram_gate_bwd tiling {tiling!r}: {bounds}, {kb} KB above {SMEM_KB}")
     return keep, depth, ahead
 
 
 def build(tiling: str):
     keep, depth, ahead = parse_tiling(tiling)
-    tail = keep - depth + 1  # from this group on, the grad_x pass stages positions past its own
-    tail_dg = keep - ahead  # and the dL/dg pass
+    tail = keep - depth + 1  # from this group on, the grad_x pass stages the next token's go (its positions: past the row)
+    tail_dg = keep - ahead  # from this group on, the dL/dg pass stages nothing (its positions: the grad_x pass's)
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     num_partials = T.dynamic("num_partials")
@@ -90,7 +101,7 @@ def build(tiling: str):
     cp_v = cp_async(V_VEC)
 
     @T.macro
-    def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring):
+    def stage(p, on, t, head, own, groups, grad_out, hidden_states, kv, weight_fused, go_smem, ring, w_smem):
         """Position p of token t in flight where `on`, one commit group (empty past the row's groups)."""
         if on:
             if p < keep:
@@ -99,6 +110,7 @@ def build(tiling: str):
             elif p - keep < groups:
                 cp(ring[p % depth, head, 0, own], hidden_states[t, head, (p - keep) * GROUP + own])
                 cp(ring[p % depth, head, 1, own], kv[t, head, (p - keep) * GROUP + own])
+                cp(w_smem[p % depth, head, own], weight_fused[head, (p - keep) * GROUP + own])
         T.ptx_commit_group()
 
     @T.macro
@@ -156,10 +168,10 @@ def build(tiling: str):
             end = T.min(per * (part + 1), num_tokens)
             sums = T.alloc_shared((2, HC, 2), T.float32)
             go_smem = T.alloc_shared((HC, keep * GROUP), T.bfloat16)
-            w_smem = T.alloc_shared((HC, keep * GROUP), T.float32)
-            ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)  # [slot, head, v or x / k, element]
+            w_smem = T.alloc_shared((depth, HC, GROUP), T.float32)  # the weight's ring, beside `ring`
+            ring = T.alloc_shared((depth, HC, 2, GROUP), T.bfloat16)  # [slot, head, x or k, element]
             v_smem = T.alloc_shared((keep * GROUP,), T.bfloat16)
-            v_ready = T.alloc_var(T.int32)  # 1: this token's v was copied during the token before
+            v_ready = T.alloc_var(T.int32)  # 1: this token's v and first go groups were staged during the token before
             v_ready = 0
             grad_w = T.alloc_local((keep, VEC), T.float32)
             go = T.alloc_local((VEC,), T.float32)
@@ -181,10 +193,6 @@ def build(tiling: str):
             done = 0
 
             T.clear(grad_w)
-            for g in T.unroll(keep):  # the weight of the kept groups, read by every token
-                if g < groups:
-                    for j in T.vectorized(VEC):
-                        w_smem[head, g * GROUP + own + j] = weight_fused[head, g * GROUP + own + j]
             for g in T.serial(keep, groups):  # past `keep`, grad_w is summed in grad_w_partial itself
                 for j in T.vectorized(VEC):
                     grad_w_partial[part, head, g * GROUP + own + j] = 0.0
@@ -201,16 +209,18 @@ def build(tiling: str):
                                 for j in T.vectorized(8):
                                     grad_kv[t, h, col + j] = T.bfloat16(0)
                 else:
-                    T.ptx_wait_group(0)  # this token's v, if the token before copied it
-                    T.sync_threads()  # the previous token's readers of go_smem are done (and this token's v landed)
-                    if v_ready == 0:
+                    if v_ready == 0:  # nothing staged by the token before: its v and first go groups here
+                        T.ptx_wait_group(0)
+                        T.sync_threads()  # the previous token's readers of go_smem are done
                         copy_v(t, tid, groups, kv, v_smem)
                         T.ptx_commit_group()
                         T.ptx_wait_group(0)
                         T.sync_threads()
+                        for u in T.unroll(depth - 1):
+                            stage(u, True, t, head, own, groups, grad_out, hidden_states, kv, weight_fused, go_smem, ring, w_smem)
                     v_ready = 0
-                    for u in T.unroll(ahead):
-                        stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    for u in T.unroll(depth - 1, ahead):
+                        stage(u, u < keep, t, head, own, groups, grad_out, hidden_states, kv, weight_fused, go_smem, ring, w_smem)
                     # this token's saved values, in flight during the dL/dg pass
                     gate = gate_score[t, head]
                     rx = rstd_x[t, head]
@@ -221,7 +231,9 @@ def build(tiling: str):
                     # dL/dg of this warp's head, go parked in shared memory on the way
                     T.clear(acc)
                     for g in T.unroll(keep):
-                        stage(g + ahead, g < tail_dg, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        stage(
+                            g + ahead, g < tail_dg, t, head, own, groups, grad_out, hidden_states, kv, weight_fused, go_smem, ring, w_smem
+                        )
                         T.ptx_wait_group(ahead)
                         if g < groups:
                             for j in T.vectorized(VEC):
@@ -237,8 +249,8 @@ def build(tiling: str):
                             v[j] = kv[t, HC, g * GROUP + own + j]
                         for j in T.serial(VEC):
                             acc[0] += go[j] * v[j]
-                    for u in T.unroll(depth - 1):  # x and k of the first groups, in flight during the exchange and grad_v
-                        stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                    for u in T.unroll(depth - 1):  # the grad_x pass's first groups, in flight during the exchange and grad_v
+                        stage(keep + u, True, t, head, own, groups, grad_out, hidden_states, kv, weight_fused, go_smem, ring, w_smem)
                     acc[0] = T.warp_reduce_sum(acc[0])
                     if lane == 0:
                         sums[done % 2, head, half] = acc[0]
@@ -274,7 +286,41 @@ def build(tiling: str):
                     dot_x = d * rx * rx / T.cast(hidden, T.float32)
                     dot_k = d * rk * rk / T.cast(hidden, T.float32)
                     for g in T.unroll(keep):
-                        stage(keep + g + depth - 1, g < tail, t, head, own, groups, grad_out, hidden_states, kv, go_smem, ring)
+                        if g >= tail:
+                            if g == tail:  # every reader of go_smem (grad_v) is done, the next token's v landed
+                                T.sync_threads()
+                            # the ring's positions are past the row: the next token's first go groups instead
+                            stage(
+                                g - tail,
+                                v_ready == 1,
+                                t + 1,
+                                head,
+                                own,
+                                groups,
+                                grad_out,
+                                hidden_states,
+                                kv,
+                                weight_fused,
+                                go_smem,
+                                ring,
+                                w_smem,
+                            )
+                        else:
+                            stage(
+                                keep + g + depth - 1,
+                                True,
+                                t,
+                                head,
+                                own,
+                                groups,
+                                grad_out,
+                                hidden_states,
+                                kv,
+                                weight_fused,
+                                go_smem,
+                                ring,
+                                w_smem,
+                            )
                         T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):
@@ -284,7 +330,7 @@ def build(tiling: str):
                             for j in T.vectorized(VEC):
                                 k[j] = ring[(keep + g) % depth, head, 1, own + j]
                             for j in T.vectorized(VEC):
-                                w[j] = w_smem[head, g * GROUP + own + j]
+                                w[j] = w_smem[(keep + g) % depth, head, own + j]
                             for j in T.vectorized(VEC):
                                 grad_hidden_states[t, head, g * GROUP + own + j] = go[j] + r * (k[j] * w[j] - x[j] * dot_x)
                                 grad_kv[t, head, g * GROUP + own + j] = r * (x[j] * w[j] - k[j] * dot_k)

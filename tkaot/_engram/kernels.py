@@ -35,18 +35,21 @@ MAX_GATE_HIDDEN = 16384
 GATE_FWD_TILINGS = {"default": "c1584s2x28w", "decode": "c2048d28w4"}
 GATE_FWD_DECODE_TOKENS = 16  # the largest count measured faster (slower at 128)
 GATE_FWD_DECODE_HIDDEN = 28 * 256  # the decode tiling's slice, in elements
-# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>v<ahead>"): 8 warps a CTA, two a head (4 heads), one
-# CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go and w in shared memory, grad_w in
-# registers), v's kept groups read once a token into shared memory by the whole CTA (the next token's during this
-# one's grad_x pass), go staged 16 groups ahead in the dL/dg pass, x and k through a ring of 11 slots in the grad_x
-# pass, the kernel's own barriers. Measured on the H200 at 8192x4x7168 beside TileKernels (665.87 µs, 2026-12-02,
-# bench/results/2026-12-02-H200-s15-tune_engram6.log): k28d11v16 709.25, k28d14c (v staged by each warp
-# through the ring; shipped before) 743.79, k28d11v 727.50, k28d11v22 717.65, k28d9v 738.40; earlier TileLang's
-# inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs. Again 2026-12-03 (TileKernels 668.85,
-# k28d11v16 720.03; bench/results/2026-12-03-H200-s17-tune_gatebwd9.log, bench/tuning/tune_gatebwd9.py as of 65f4de4):
-# k28d11v14 / v18 / v20 725.89 / 720.78 / 721.95, k28d10v16 723.23, k27d12v16 810.40, launched without PDL 720.61,
-# without launch_dependents at entry 720.24: no gain (one CTA an SM, one wave, in both kernels)
-GATE_BWD_TILINGS = {"default": "k28d11v16"}
+# Gate backward (kernels_src/engram/gate_bwd.py, "k<keep>d<depth>v<ahead>xw"): 8 warps a CTA, two a head (4 heads), one
+# CTA a weight-gradient partial; the first 28 groups of 256 kept on chip (go in shared memory, grad_w in registers),
+# v's kept groups read once a token into shared memory by the whole CTA (the next token's during this one's grad_x
+# pass), go staged 16 groups ahead in the dL/dg pass, x, k and the weight (from L2) through a ring of 14 slots in the
+# grad_x pass, whose last 13 groups stage the next token's first go groups, the kernel's own barriers. One tiling for
+# every hidden (a runtime value; groups past 28 take the kernel's plain loop). Measured on the H200 at 8192x4x7168
+# (2026-12-03, bench/results/2026-12-03-H200-s19-tune_gatebwd10.log, bench/tuning/tune_gatebwd10.py as of 6e7bed1):
+# k28d14v16xw 663.16 µs, k28d11v16 (the weight kept in shared memory, 11 slots, the next go staged at the token's
+# start; shipped before) 711.86, TileKernels 671.37; dropping the group checks for hidden >= 7168 (a tiling chosen by
+# hidden) spills with the streamed weight (xfw 726.75, with a wait a pair of groups xfpw 668.15) and gains less
+# without it (xf 692.37). Earlier
+# (bench/results/2026-12-02-H200-s15-tune_engram6.log, 2026-12-03-H200-s17-tune_gatebwd9.log): v staged by each warp
+# (k28d14c) 743.79, TileLang's inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs; ring depth,
+# go groups ahead and PDL nearly indifferent (within 6 µs)
+GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>s"): four columns a thread, `rows`
 # partials at a time staged by cp.async into shared memory (4-byte copies where an input is misaligned or numel not a
 # multiple of 4). t56: 128 CTAs of 224 columns at 4 x 7168, all 132 partials in one round trip. Measured on the H200
