@@ -16,7 +16,7 @@ alone, out_scale taken as 1 (alone, or with this body: 94.60 / 51.93 / 90.63, wi
 out_scale != 1), a grid of 2 blocks an SM, the launch without PDL; bench/results/2026-12-03-H200-s18-tune_normbwd11.log,
 by bench/tuning/tune_normbwd11.py as of commit 8ea7c2b.)
 Where a row takes 128 threads and at most 5 vectors a thread (bf16 4096 and 5120) the block is one row slot of 128
-threads, 2 blocks an SM (norm_backward_plain_block; the op sizes the grid by the cubin's block): the same rows in
+threads, 2 blocks an SM (norm_backward_plain_block, which the op's grid follows too): the same rows in
 flight, no row checks. (H200, µs, two slots / one / TileKernels: 4096 51.04 / 48.40 / 49.07; 5120 64.39 / 60.74 /
 62.35; 7168 91.73 / 94.04 / 91.78, so 7168 keeps two; bench/results/2026-12-03-H200-s19-tune_normbwd12.log, by
 bench/tuning/tune_normbwd12.py as of commit 74313ae.)
