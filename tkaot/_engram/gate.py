@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import allocates_nothing, is_compiling, traced
+from tkaot._compile import allocates_nothing, compiler, is_dynamo_compiling, traced
 from tkaot._engram import device as _device
 from tkaot._engram import kernels  # the shipped tilings, read at every call
 from tkaot._engram.kernels import FUSED_WEIGHT, GATE_BWD, GATE_FWD, GRAD_W_REDUCE, MAX_GATE_HIDDEN
@@ -133,7 +133,7 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     Returns:
         weight_fused: (hc_mult, hidden) float32.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_fused_weight(weight_hidden, weight_embed)
     device, hc_mult, hidden, wh_ptr, we_ptr = _check_fused(weight_hidden, weight_embed)
     weight_fused = torch.empty((hc_mult, hidden), dtype=_F32, device=weight_hidden.device)
@@ -168,7 +168,7 @@ def engram_gate_fwd(
     Returns:
         (output, dot, gate_score, rstd_x, rstd_k); output is hidden_states itself when inplace.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_gate_fwd(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace)
     device, num_tokens, hc_mult, hidden, x_ptr, kv_ptr, w_ptr, mask_ptr = _check_fwd(
         hidden_states, kv, weight_fused, image_token_mask, eps, clamp_value, save_for_backward, inplace
@@ -223,7 +223,7 @@ def engram_gate_bwd(
         (number of SMs, 4, hidden) float32, the fused weight's gradient summed over each CTA's tokens
         (grad_w_reduce sums it).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_gate_bwd(
             grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask,
         )  # fmt: skip
@@ -260,7 +260,7 @@ def grad_w_reduce(
         weight_hidden, weight_embed: (hc_mult, hidden) bf16, contiguous.
         grad_weight_hidden, grad_weight_embed: (hc_mult, hidden) float32, contiguous; updated in place.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     device, num_partials, hc_mult, hidden, partial_ptr, wh_ptr, we_ptr, gwh_ptr, gwe_ptr = _check_reduce(
         grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._engram.kernels import ENGRAM_HASH, MAX_NGRAM
 from tkaot._op import current_stream, op_parts
 from tkaot._validate import Rule, Signature, Tensor
@@ -63,7 +63,7 @@ def engram_hash(
     Returns:
         (num_ngram_layers, num_tokens, (max_ngram_size - 1) * num_embed_table_per_ngram) int32.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
     device, num_tokens, max_ngram_size, num_layers, num_tables, num_cols, ids_ptr, mult_ptr, vocab_ptr, offsets_ptr, mask_ptr = _check(
         ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask

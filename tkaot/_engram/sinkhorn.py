@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import allocates_nothing, is_compiling, traced
+from tkaot._compile import allocates_nothing, compiler, is_dynamo_compiling, traced
 from tkaot._engram import device as _device
 from tkaot._engram import kernels  # the shipped tilings, read at every call
 from tkaot._engram.kernels import SINKHORN_FINALIZE, SINKHORN_HEAD_DIMS, SINKHORN_MOMENTUM, SINKHORN_STEP, SINKHORN_STEP_REDUCE
@@ -103,7 +103,7 @@ def engram_sinkhorn_momentum_update(
     Returns:
         float32, momentum_buffer's shape.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_sinkhorn_momentum_update(grad, momentum_buffer, beta1, nesterov)
     device, numel, grad_dtype, momentum_dtype, grad_ptr, momentum_ptr = _check_momentum(grad, momentum_buffer)
     sinkhorn_input = torch.empty_like(momentum_buffer, dtype=_F32)
@@ -136,7 +136,7 @@ def engram_sinkhorn_step(
         (row_norm (num_rows,), col_sumsq_partial (3 x number of SMs, head_dim)), float32: partial p holds the
         column sums of squares of the normalised rows of CTA p's rows (engram_sinkhorn_step_reduce sums them).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_sinkhorn_step(matrix, row_scale, col_scale, eps)
     device, num_rows, head_dim, matrix_ptr, row_ptr, col_ptr = _check_step(matrix, row_scale, col_scale)
     num_partials = PARTIALS_PER_SM * _device.sm_count(device)
@@ -157,7 +157,7 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
         col_sumsq_partial: (num_partials, head_dim) float32, contiguous.
         col_sumsq: (head_dim,) float32, contiguous; overwritten.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_sinkhorn_step_reduce(col_sumsq_partial, col_sumsq)
     device, num_partials, head_dim, partial_ptr, out_ptr = _check_reduce(col_sumsq_partial, col_sumsq)
     if head_dim:
@@ -183,7 +183,7 @@ def engram_sinkhorn_finalize(
     Returns:
         out (or a new tensor), (num_rows, head_dim) float32.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps, alpha, out)
     device, num_rows, head_dim, matrix_ptr, row_ptr, col_ptr, out_ptr = _check_finalize(matrix, row_scale, col_scale, out)
     if out is None:

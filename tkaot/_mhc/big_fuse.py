@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import allocates_nothing, is_compiling, traced
+from tkaot._compile import allocates_nothing, compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import BF16, MAX_I24, f32, float_rule, int_rules
 from tkaot._mhc.kernels import MAX_BIG_FUSE_MULT, PRE_BIG_FUSE, PRE_BIG_FUSE_SPLIT
 from tkaot._op import OpKernels, current_stream, op_parts
@@ -114,7 +114,7 @@ def mhc_pre_big_fuse_fwd(
     Hidden size, token count, split count and Sinkhorn repeats are runtime values: one cubin per M, and for up to
     SPLIT_MAX_TOKENS tokens, where it is built, a second that spreads each token over several blocks (same bytes).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_pre_big_fuse_fwd(
             gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, rms_eps, mhc_pre_eps,
             mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits,

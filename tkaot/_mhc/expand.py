@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import BF16, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import EXPAND_BWD, EXPAND_FWD
 from tkaot._op import op_parts
@@ -43,7 +43,7 @@ def expand_to_mhc_fwd(x, o):
 
     Returns None.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_expand_to_mhc_fwd(x, o)
     device, num_tokens, hidden, mhc, x_ptr, o_ptr = _check_fwd(x, o)
     if num_tokens and hidden:
@@ -61,7 +61,7 @@ def expand_to_mhc_bwd(o_grad, x_grad):
 
     Returns None.
     """
-    if is_compiling():
+    if is_dynamo_compiling() or compiler._is_compiling_flag:
         return _traced_expand_to_mhc_bwd(o_grad, x_grad)
     device, num_tokens, hidden, mhc, og_ptr, xg_ptr = _check_bwd(o_grad, x_grad)
     if num_tokens and hidden:

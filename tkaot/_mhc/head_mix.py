@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import allocates_nothing, is_compiling, traced
+from tkaot._compile import allocates_nothing, compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import f32, float_rule, int_rules, like
 from tkaot._mhc.kernels import HEAD_MIX_BWD, HEAD_MIX_BWD_THREADS, HEAD_MIX_FWD
 from tkaot._op import current_stream, op_parts
@@ -75,7 +75,7 @@ def mhc_head_compute_mix_fwd(
         mhc_pre_eps: added after the sigmoid.
         token_block_size: accepted for TileKernels' sake (its tiling); the result does not depend on it.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_head_compute_mix_fwd(input_mix, mhc_scale, mhc_base, output_mix, mhc_pre_eps, token_block_size)
     device, num_tokens, mhc_mult, in_ptr, scale_ptr, base_ptr, out_ptr = _check_fwd(
         input_mix, mhc_scale, mhc_base, output_mix, mhc_pre_eps, token_block_size
@@ -118,7 +118,7 @@ def mhc_head_compute_mix_bwd(
         num_sms: partial rows (blocks), >= 1.
         token_block_size: tokens a tile, 0 for TileKernels' default (32).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_head_compute_mix_bwd(
             output_mix_grad, input_mix, mhc_scale, mhc_base, input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial, num_sms,
             token_block_size,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import allocates_nothing, is_compiling, traced
+from tkaot._compile import allocates_nothing, compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import MAX_I24, f32, float_rule, int_rules, like
 from tkaot._mhc.kernels import NORMW_MERGE_BWD, NORMW_MERGE_FWD, REDUCE_PARTIALS_BWD, REDUCE_PARTIALS_FWD
 from tkaot._op import OpKernels, current_stream, op_parts
@@ -97,7 +97,7 @@ def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: torch.
         fn: (mhc_mult3, mhc_hidden) float32, contiguous, on a CUDA device; at most 65535 rows.
         normw: (mhc_hidden,) float32. out_fn: like fn, the output buffer.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_fn_normw_merge_fwd(fn, normw, out_fn)
     device, m, n, fn_ptr, w_ptr, out_ptr = _check_merge_fwd(fn, normw, out_fn)
     if m and n:
@@ -114,7 +114,7 @@ def mhc_fn_normw_merge_bwd(
         fn, out_fn_grad, fn_grad: (mhc_mult3, mhc_hidden) float32, contiguous.
         normw, normw_grad: (mhc_hidden,) float32.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad, normw_grad)
     device, m, n, fn_ptr, w_ptr, grad_ptr, fn_grad_ptr, w_grad_ptr = _check_merge_bwd(fn, normw, out_fn_grad, fn_grad, normw_grad)
     if n:
@@ -146,7 +146,7 @@ def mhc_reduce_partials_and_rmsnorm_fwd(
         rms_eps: added to the mean square.
         n_splits: the partials' leading dimension (checked against it; any count, one cubin).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_reduce_partials_and_rmsnorm_fwd(
             out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out, rms_group_size, rms_eps, n_splits,
         )  # fmt: skip
@@ -182,7 +182,7 @@ def mhc_reduce_partials_and_rmsnorm_bwd(
         out_mul_grad, sqrsum_grad: output buffers shaped like out_mul and sqrsum.
         rms_group_size, rms_eps: the forward's.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_reduce_partials_and_rmsnorm_bwd(out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad, rms_group_size, rms_eps)
     device, num_tokens, n_rms_group, mhc_mult3, grad_ptr, mul_ptr, sq_ptr, mul_grad_ptr, sq_grad_ptr = _check_reduce_bwd(
         out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad, rms_group_size, rms_eps

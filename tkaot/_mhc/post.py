@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import POST_BWD, POST_FWD
 from tkaot._op import op_parts
@@ -67,7 +67,7 @@ def mhc_post_fwd(
 
     Returns out (a new contiguous tensor when not given).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
     device, rows, hidden, mhc, r_ptr, x_ptr, p_ptr, c_ptr, o_ptr = _check_fwd(residual, x, post_layer_mix, comb_res_mix, out)
     if out is None:
@@ -98,7 +98,7 @@ def mhc_post_bwd(
     d_comb_res_mix[i, o] = sum over hidden of residual[i] * d_o[o] and d_post_layer_mix[o] = sum over hidden
     of x * d_o[o] (fp32).
     """
-    if is_compiling():
+    if is_dynamo_compiling() or compiler._is_compiling_flag:
         return _traced_mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o)
     device, rows, hidden, mhc, do_ptr, x_ptr, r_ptr, p_ptr, c_ptr = _check_bwd(d_o, x, residual, post_layer_mix, comb_res_mix)
     on = x.device

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_FWD
 from tkaot._op import op_parts
@@ -52,7 +52,7 @@ def mhc_pre_apply_mix_fwd(x, mix, o):
 
     Returns None.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_pre_apply_mix_fwd(x, mix, o)
     device, num_tokens, hidden, mhc, x_ptr, mix_ptr, o_ptr = _check_fwd(x, mix, o)
     if num_tokens and hidden:
@@ -71,7 +71,7 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad):
 
     Returns mix_grad, a new (num_tokens, mhc) fp32 tensor: sum over h of o_grad[t, h] * x[t, m, h].
     """
-    if is_compiling():
+    if is_dynamo_compiling() or compiler._is_compiling_flag:
         return _traced_mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad)
     device, num_tokens, hidden, mhc, og_ptr, x_ptr, mix_ptr, xg_ptr = _check_bwd(o_grad, x, mix, x_grad)
     if not hidden:

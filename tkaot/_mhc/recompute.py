@@ -13,7 +13,7 @@ import array
 
 import torch
 
-from tkaot._compile import allocates_nothing, is_compiling, traced
+from tkaot._compile import allocates_nothing, compiler, is_dynamo_compiling, traced
 from tkaot._mhc.kernels import MAX_RECOMPUTE_MULT, MULTILAYER_RECOMPUTE, recompute_mix_piece
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, fail, not_a_tensor
@@ -141,7 +141,7 @@ def mhc_multilayer_recompute(
     alignment is enough there; torch's own allocations are far more aligned than either. Layer counts, hidden size
     and tokens are runtime values: one cubin per M.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_multilayer_recompute(
             initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list, residual_list,
         )  # fmt: skip

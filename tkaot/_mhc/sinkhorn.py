@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import F32, current_stream, float_rule, int_rules, launcher, mhc_rule
 from tkaot._mhc.kernels import SINKHORN_BWD, SINKHORN_FWD, sinkhorn_record_row
 from tkaot._op import op_parts
@@ -55,7 +55,7 @@ def mhc_sinkhorn_fwd(comb_res_mix, comb_res_mix_out, repeat: int, eps: float):
 
     Returns None.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_sinkhorn_fwd(comb_res_mix, comb_res_mix_out, repeat, eps)
     device, num_tokens, mhc, src, dst = _check_fwd(comb_res_mix, comb_res_mix_out, repeat, eps)
     if num_tokens:
@@ -76,7 +76,7 @@ def mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat: int, eps: float):
     CUDA kernel for mhc <= 5 keeps the steps of up to 20 repeats in shared memory and uses it only beyond.
     Returns None.
     """
-    if is_compiling():
+    if is_dynamo_compiling() or compiler._is_compiling_flag:
         return _traced_mhc_sinkhorn_bwd(grad_output, x, grad_input, repeat, eps)
     device, num_tokens, mhc, go, xp, gi = _check_bwd(grad_output, x, grad_input, repeat, eps)
     if num_tokens:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._mhc.common import F32, current_stream, f32, float_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import SPLIT_MIXES_BWD, SPLIT_MIXES_BWD_REDUCE, SPLIT_MIXES_FWD
 from tkaot._op import OpKernels, op_parts
@@ -95,7 +95,7 @@ def mhc_pre_split_mixes_fwd(
 
     Returns None.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_mhc_pre_split_mixes_fwd(
             input_mixes, mhc_scale, mhc_base, pre_layer_mix, post_layer_mix, comb_res_mix, mhc_post_mult_value, mhc_pre_eps
         )
@@ -140,7 +140,7 @@ def mhc_pre_split_mixes_bwd(
 
     Returns None.
     """
-    if is_compiling():
+    if is_dynamo_compiling() or compiler._is_compiling_flag:
         return _traced_mhc_pre_split_mixes_bwd(
             pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes, post_layer_mix, mhc_scale, mhc_base,
             input_mixes_grad, mhc_scale_grad, mhc_base_grad, mhc_post_mult_value,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._moe.kernels import MAX_EXPERTS, MAX_TOPK, MOE_GATE_BWD_TILINGS, MOE_TOPK_GATE_BACKWARD
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import MAX_I32, Rule, Signature, Tensor, lazy_checker
@@ -86,7 +86,7 @@ def moe_topk_gate_backward(
     Returns:
         grad_logits, (num_tokens, num_experts) float32 (out when given).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_moe_topk_gate_backward(
             scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, grad_scores_sum, out
         )

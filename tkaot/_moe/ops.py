@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._moe.kernels import GATE_TILINGS, MAX_EXPERTS, MAX_TOPK, MOE_TOPK_GATE, NORMALIZE_WEIGHT, TOPK_GATE
 from tkaot._op import OpKernels, current_stream
 from tkaot._validate import Let, Rule, Signature, Tensor, lazy_checker
@@ -242,7 +242,7 @@ def moe_topk_gate_forward(
 
     Logits must be finite; a non-finite logit gives an unspecified (but in-bounds) route.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_moe_topk_gate_forward(
             logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask, bias,
             image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores
@@ -293,7 +293,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     Returns:
         (num_tokens, num_topk) int64, contiguous.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_topk_gate(scores, num_topk)
     device, num_tokens, num_experts, scores_ptr = _check_topk(scores, num_topk)
     topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
@@ -316,7 +316,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     Returns:
         (denominator of shape (num_tokens,), normalized weights of shape (num_tokens, num_topk)).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_normalize_weight(topk_weights)
     device, num_tokens, num_topk, weights_ptr = _check_normalize(topk_weights)
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.cast_common import (
     _BF16,
@@ -205,7 +205,7 @@ def per_token_cast(
         (data, sf): data (num_tokens, hidden) float8_e4m3fn or (num_tokens, hidden // 2) int8;
         sf (num_tokens, ceil(hidden / num_per_channels)) [int32: ceil of that / 4].
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast(
             x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast,
             out
@@ -258,7 +258,7 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False, out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The scale factors per_token_cast would return, without writing the data."""
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast_with_sf_only(
             x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, out_sf
         )
@@ -275,7 +275,7 @@ def per_token_cast_with_precomputed_sf(
     sf is (num_tokens, ceil(hidden / num_per_channels)), float32 (float8_e4m3fn with use_e4m3_sf).
     With round_sf and a bf16 input, 1 / sf is rounded to bf16 first (as TileKernels does).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast_with_precomputed_sf(
             x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, out
         )
@@ -290,7 +290,7 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
     otherwise). The scale factors are those of per_token_cast (round_sf: powers of two; use_e4m3_sf:
     rounded to E4M3). Returns None.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
     _per_token("tkaot.quant.per_token_cast_and_cast_back", "round_trip", x, fmt, num_per_channels, None, False, round_sf, False,
                use_e4m3_sf, False, None, None)  # fmt: skip
@@ -338,14 +338,14 @@ def cast_back(x, fmt: str, x_block_size: tuple[int, int], x_special_fmt: str | N
     per-block ((32 or 128) x (32 or 128)) block, or per_channel_cast's (32, 1) or (128, 1) (sf row-major,
     UE8M0 packed four token blocks a word).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_cast_back(x, fmt, x_block_size, x_special_fmt)
     return _cast_back("tkaot.quant.cast_back", x, fmt, x_block_size, x_special_fmt)
 
 
 def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt: str | None = None) -> torch.Tensor:
     """cast_back with scale blocks of (1, num_per_channels)."""
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_token_cast_back(x, fmt, num_per_channels, x_special_fmt)
     return _cast_back("tkaot.quant.per_token_cast_back", x, fmt, (1, num_per_channels), x_special_fmt)
 
@@ -430,7 +430,7 @@ def per_block_cast(
     any token count (a partial last block takes the amax of its rows). Returns (data, sf) with sf
     (ceil(num_tokens / bm), hidden / bk) [int32 packed UE8M0: a quarter of the columns, rounded up].
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
     return _per_block("tkaot.quant.per_block_cast", "cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                       None, out)  # fmt: skip
@@ -441,7 +441,7 @@ def per_block_cast_with_sf_only(
     use_packed_ue8m0: bool = False, out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The scale factors per_block_cast would return, without writing the data."""
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_block_cast_with_sf_only(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out_sf)
     return _per_block("tkaot.quant.per_block_cast_with_sf_only", "sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
                       use_packed_ue8m0, None, out_sf)  # fmt: skip
@@ -452,7 +452,7 @@ def per_block_cast_with_precomputed_sf(
     round_sf: bool = False, use_packed_ue8m0: bool = False, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Cast with given row-major fp32 block scale factors: data = round(x * (1 / sf)); returns the data only."""
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_block_cast_with_precomputed_sf(
             x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out
         )
@@ -528,7 +528,7 @@ def per_channel_cast(
         row-major float32, or with use_packed_ue8m0 int32 of shape (ceil(that / 4), hidden), four
         token blocks a word.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_channel_cast(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0)
     quantized = not isinstance(x, torch.Tensor)
     device, num_tokens, hidden, in_dtype, in_block, in_sf, kind, m_blocks, x_ptr, in_sf_ptr, in_sf_stride = (
@@ -575,7 +575,7 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
     stochastic_rounding (float32 -> bfloat16 / float8_e4m3fn, bfloat16 -> float8_e4m3fn) rounds up
     with probability equal to the value's fraction of a step, so the rounding is unbiased.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_cast(x, dtype, stochastic_rounding)
     device, pair, shape, x_ptr, numel = _check_cast(x, dtype, stochastic_rounding)
     launcher = _CAST.get(device, pair[0], pair[1], bool(stochastic_rounding))
@@ -606,7 +606,7 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
 
     A debugging helper; runs with torch ops on any device.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_unpack_from_e2m1fn_x2(x, out_dtype)
     _check_unpack(x)
     table = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=x.device)

@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.kernels import RMSNORM
 from tkaot._validate import Rule, Signature, Tensor, lazy_checker
@@ -94,7 +94,7 @@ def norm_forward(
         (out, rstd of shape x.shape[:-1] or None, the normalised input: x + residual,
         or x itself without residual).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_norm_forward(x, weight, eps, residual, out_scale, out, residual_out, with_rstd)
     device, dtype, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(
         x, weight, residual, out, residual_out, eps, out_scale

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.kernels import (
     NORM_BACKWARD_MAX_BLOCKS,
@@ -91,7 +91,7 @@ def norm_backward(
         (x_grad (num_tokens, hidden) contiguous, of x's dtype; weight_grad, or None without weight).
         Without a given weight_grad it is a new tensor of weight's dtype.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     device, num_tokens, hidden, og_ptr, x_ptr, w_ptr, rstd_ptr, rg_ptr, wg_ptr, og_s, x_s, rg_s = _check(
         out_grad, x, weight, rstd, residual_out_grad, weight_grad

@@ -12,7 +12,7 @@ import numbers
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import _SF_DTYPE, SF_KIND, SF_PACKED_RULE, _align, _sf_cols
@@ -184,7 +184,7 @@ def norm_forward_and_per_token_cast(
         ((out, out_sf), out_bf16 or None, rstd of shape x.shape[:-1] or None, the normalised input:
         x + residual, or x itself without residual).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_norm_forward_and_per_token_cast(
             x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
             with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd

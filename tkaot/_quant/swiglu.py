@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant import fused as _fused
 from tkaot._quant.cast_common import SF_KIND, SF_PACKED_RULE, _alloc_sf
@@ -212,7 +212,7 @@ def swiglu_forward(
 
     Everything is computed in fp32: silu(g) = g / (1 + exp(-g)). Returns (num_tokens, hidden).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_swiglu_forward(x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
     checked = _check_forward(x, psum_num_tokens_per_expert, topk_weights, clamped_count, fmt, routed_scaling_factor, clamp_value)
     return _swiglu(checked, x, routed_scaling_factor, clamp_value, False)
@@ -247,7 +247,7 @@ def swiglu_forward_and_per_token_cast(
     num_per_channels) fp32 or (num_tokens, ceil(hidden / num_per_channels / 4)) int32).
     A NaN output does not enter its group's amax (the other values set the sf) and is stored as NaN.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_swiglu_forward_and_per_token_cast(
             x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, use_tma_aligned_col_major_sf,
             round_sf, use_packed_ue8m0, clamp_value, clamped_count

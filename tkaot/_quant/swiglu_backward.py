@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.cast_common import SF_KIND, SF_PACKED_RULE, new_sf, sf_kind
 from tkaot._quant.kernels import SWIGLU_BACKWARD
@@ -165,7 +165,7 @@ def swiglu_backward(
         (x_grad (rows, 2 * hidden), weight_grad (rows,) fp32 when topk_weights is given, act_out (rows,
         hidden) when do_recompute), in that order.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_swiglu_backward(
             x, act_x_grad, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, do_recompute
         )
@@ -205,7 +205,7 @@ def swiglu_backward_and_per_token_cast(
         (x_grad, (x_grad_fp8, x_grad_fp8_sf) for "e4m3", weight_grad with topk_weights, act_out with
         do_recompute), in that order; the cast is of x_grad's fp32 values, before rounding to bf16.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_swiglu_backward_and_per_token_cast(
             x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
             use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, do_recompute,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._quant.cast_common import (
     _F8,
@@ -127,7 +127,7 @@ def per_block_cast_lossless(
     scale factor's exponent field, and rounds values of blocks beyond the bound to the
     nearest E4M3 (exact down to 2**14 below).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_per_block_cast_lossless(
             x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
         )
@@ -265,7 +265,7 @@ def batched_transpose_weight_sf(
     synchronisation; skipped during CUDA-graph capture, when the kernel uses each value's
     exponent field).
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_batched_transpose_weight_sf(sf, block_size, transpose_sf1s, outs)
     sf, transpose_sf1s, outs = list(sf), list(transpose_sf1s), list(outs)
     _check_transpose_options(sf, block_size, transpose_sf1s, outs)

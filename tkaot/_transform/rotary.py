@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tkaot._compile import is_compiling, traced
+from tkaot._compile import compiler, is_dynamo_compiling, traced
 from tkaot._op import OpKernels, current_stream
 from tkaot._transform.kernels import ROTARY
 from tkaot._validate import Let, Rule, Signature, Tensor, lazy_checker
@@ -123,7 +123,7 @@ def apply_rotary(
     Pair (a, b) with angle row (cos, sin) becomes (a cos - b sin, a sin + b cos), computed in
     fp32 and rounded to the input dtype. Returns None.
     """
-    if is_compiling():  # traced by torch.compile / export: one custom op (tkaot/_compile.py)
+    if is_dynamo_compiling() or compiler._is_compiling_flag:  # torch.compile / export: one custom op (tkaot/_compile.py)
         return _traced_apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
     (
         device, dtype, batch, seqlen, q_heads, k_heads, cache_rows, rot_dim, cache_stride,
