@@ -40,6 +40,8 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
 def dense_bytes(t: torch.Tensor) -> torch.Tensor:
     """t's elements in row-major order as bytes, shape (t.numel(), itemsize); a view when t is contiguous."""
     flat = t.reshape(-1)  # a view where t is contiguous (whatever the strides of its size-1 dimensions), else a copy
+    if flat.numel() > 1 and flat.stride(0) != 1:  # a strided view flattens to a strided view (a column of scales)
+        flat = flat.contiguous()
     return flat.view(torch.uint8).reshape(t.numel(), t.element_size())
 
 

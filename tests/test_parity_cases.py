@@ -263,3 +263,13 @@ def test_contiguous_tensors_with_odd_strides_on_size_one_dimensions_compare():
     assert parity_compare.describe_difference("x", ours, theirs) is None
     theirs[1, 2, 0] = 7
     assert "(1, 2, 0)" in parity_compare.describe_difference("x", ours, theirs)
+
+
+def test_strided_views_that_flatten_to_strided_views_compare():
+    base = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    ours = base[:, :1].unsqueeze(0)  # (1, 6, 1), strides (24, 4, 1): reshape(-1) is a view of stride 4
+    assert ours.reshape(-1).stride() == (4,)
+    theirs = ours.clone()
+    assert parity_compare.describe_difference("x", ours, theirs) is None
+    theirs[0, 5, 0] = -1.0
+    assert "(0, 5, 0)" in parity_compare.describe_difference("x", ours, theirs)
