@@ -1,11 +1,11 @@
 """torch.compile and torch.export: each public op is also a torch custom op, `torch.ops.tkaot.<name>`.
 
-A plain call of a public op runs straight through its own code (validation, allocation, launch): no
-dispatcher. While torch.compile or torch.export traces, the op hands its arguments to its `TracedOp` instead, which
-puts one custom-op call into the graph. The custom op's real kernel is the public op itself, behind a few lines written for the op's schema at
-registration (arguments by name, conversions back inline: the dispatcher is most of its cost); its fake kernel, used for tracing,
-is the op's *fake*: a small function with the op's parameters (after a first `new`) that allocates the
-outputs the op would return, through `new`, with the op's exact shapes, dtypes and strides, and returns
+A plain call of a public op runs straight through its own code (validation, allocation, launch): no dispatcher. While
+torch.compile or torch.export traces, the op hands its arguments to its `TracedOp` instead, which puts one custom-op
+call into the graph. The custom op's real kernel is the public op itself, behind a few lines written for the op's
+schema at registration (arguments by name, conversions back inline: the dispatcher is most of its cost); its fake
+kernel, used for tracing, is the op's *fake*: a small function with the op's parameters (after a first `new`) that
+allocates the outputs the op would return, through `new`, with the op's exact shapes, dtypes and strides, and returns
 the op's result structure (given buffers and inputs in their places, None where the op returns None).
 
 An op module declares it next to the op:
