@@ -42,9 +42,9 @@ from bench.tuning.watch import ROW, Log, budget, child_start, run_child, started
 
 ARTIFACTS = "tune-artifacts/ceiling1"
 MHC_KERNEL, MHC_KEY = "mhc_pre_apply_mix_bwd", "mhc_mult=4"
-MHC = {"u1t1": (1, 1), "u2t1": (2, 1), "u3t1": (3, 1), "u1t2": (1, 2), "u2t2": (2, 2)}
+MHC = {"u1t1": (1, 1), "u2t1": (2, 1), "u3t1": (3, 1), "u1t2": (1, 2), "u2t2": (2, 2), "r2": (2,), "r3": (3,), "r4": (4,)}
 MOMENTUM_SHIPPED = "t128v4x2"  # tkaot/_engram/kernels.py's SINKHORN_MOMENTUM_TILINGS["default"] (the build checks it)
-MOMENTUM = ("t32v8x1", "t64v4x2", "t128v4x4", "t256v4x1", "t512v4x1")
+MOMENTUM = ("t32v4x2", "t32v8x1", "t64v4x2", "t128v4x4", "t256v4x1", "t512v4x1")
 MOMENTUM_STATIC = {"grad_dtype": "float32", "momentum_dtype": "bfloat16"}
 HC, HIDDEN, TOKENS = 4, 7168, 8192
 NUMEL, BETA1 = 512000512, 0.9
@@ -100,7 +100,7 @@ def _sass_counts(cubin: Path) -> str:
     return (
         f"{len(ops)} instr, LDG {count('LDG')} (128-bit {sum(1 for o in ops if o.startswith('LDG') and '.128' in o)}), "
         f"STG {count('STG')} (128-bit {sum(1 for o in ops if o.startswith('STG') and '.128' in o)}), BAR {count('BAR')}, "
-        f"FFMA {count('FFMA')}"
+        f"LDGSTS {count('LDGSTS')}, LDS {count('LDS')}, FFMA {count('FFMA')}"
     )
 
 
@@ -109,14 +109,14 @@ def _describe(set_dir: Path, kernel: str, match, label: str, prebuilt: str | Non
     cubin = set_dir / "cubins" / f"{e['cubin']}.cubin"
     regs = _registers(cubin.read_bytes())
     note = "" if prebuilt is None else ", = prebuilt/sm90" if e["cubin"] == prebuilt else ", DIFFERS from prebuilt/sm90"
-    print(f"{label:10s} {e['cubin'][:12]}  {regs} registers, block {e['launch']['block']}, grid {e['launch']['grid']}{note}")
+    print(f"{label:10s} {e['cubin'][:12]}  {regs} registers, {e['launch']['smem']} B shared, block {e['launch']['block']}, grid {e['launch']['grid']}{note}")
     print(f"{'':10s} {_sass_counts(cubin)}")
 
 
 def build(out: Path) -> None:
     import kernels_src.engram.sinkhorn_momentum as momentum_source
     import kernels_src.mhc.pre_apply_mix_bwd as mhc_source
-    from bench.tuning.tune_ceiling1_mhc import make_build
+    from bench.tuning.tune_ceiling1_mhc import make_build, make_ring_build
     from bench.tuning.tune_engram2 import declare
     from build_tools.artifacts import BuildCache
     from build_tools.build import build_variants
@@ -134,12 +134,16 @@ def build(out: Path) -> None:
         build_variants(variants, out / "engram", "sm90", jobs=1, cache=BuildCache(Path(cache) / "engram"))
         shipped = mhc_source.build
         for name, opts in {"ctl": None, **MHC}.items():
-            mhc_source.build = shipped if opts is None else make_build(*opts)
+            mhc_source.build = shipped if opts is None else make_build(*opts) if len(opts) == 2 else make_ring_build(*opts)
+            if opts is not None and len(opts) == 1:  # the ring's lanes read only their own slots: no barriers
+                mhc_source.PASS_CONFIGS = {"tl.disable_thread_storage_sync": True, "tl.disable_buffer_init_check": True}
             try:
                 variant = Variant.make(MHC_KERNEL, {"mhc_mult": HC})
                 build_variants([variant], out / f"mhc-{name}", "sm90", jobs=1, cache=BuildCache(Path(cache) / name))
             finally:
                 mhc_source.build = shipped
+                if hasattr(mhc_source, "PASS_CONFIGS"):
+                    del mhc_source.PASS_CONFIGS
     for t in tilings:
         ctl = _entry(prebuilt, SINKHORN_MOMENTUM.name, lambda k, t=t: _momentum_key(k, t))["cubin"] if t == MOMENTUM_SHIPPED else None
         _describe(out / "engram", SINKHORN_MOMENTUM.name, lambda k, t=t: _momentum_key(k, t), t, ctl)
