@@ -5,8 +5,38 @@ and TileKernels, with the same run's copy ceiling.
 Why (H200, bench.run): mhc_pre_apply_mix_bwd 358.11 µs against TileKernels' 355.15 (1.008x, copy ceiling 4.22 TB/s
 that run); engram_sinkhorn_momentum_update 1449.50 against 1444.70 (1.003x).
 
-STATIC (SASS_NOTES below is filled in from the build's cubins; see the build's printout for each candidate's
-registers and instruction counts).
+Launch shapes and SASS (sm_90; ours: prebuilt/sm90's cubins and this build's; TileKernels': its kernels lowered by
+TileLang for sm_90 at the bench's arguments (PDL on) and compiled with the build's nvcc flags, so its JIT's own
+flags may differ a little). Resident CTAs an SM from registers (rounded up to 8 a lane), 2048 lanes, 32 CTAs and
+228 KB of shared memory an SM; bytes in flight an SM: the loads a lane can have outstanding times its lanes.
+
+mhc_pre_apply_mix_bwd, 8192 tokens x 4 x 7168 (one 128-lane CTA a token in both; 896 16-byte vectors a row, 7 a
+lane). Ours: 75 registers, 440 instructions; per vector 9 LDG.128 (o_grad, 4 x through the read-only path, 4
+x_grad) then 4 STG.128 of x_grad, one vector in flight a lane (144 B); 6 CTAs an SM (register-bound), 792
+resident, 10.3 waves; at most 111 KB in flight an SM; mix_grad by one barrier and 4 scalar stores. TileKernels:
+88 registers (__launch_bounds__(128, 1)), hidden static so the 7 h_blk-1024 stages fully unrolled (880
+instructions): 27 LDGSTS.128 (cp.async, L1 bypass) into 2 stages of 18 KB each (36 KB shared a CTA), refilled
+right after each stage is read (27 LDS.128), 32 BAR.SYNC, 13 STG.128 (x_grad from registers); 5 CTAs an SM
+(register-bound), 660 resident, 12.4 waves; up to 2 stages in flight a CTA, 184 KB an SM. Both update x_grad in
+place the same way (a vector read once, written once from registers after its sums; no other CTA touches it), both
+store whole 16-byte vectors of whole rows (no partial sectors). So TileKernels has more bytes in flight an SM and
+fewer, longer-lived CTAs; the tail (the last partial wave) is a tenth of a CTA's life in both.
+
+engram_sinkhorn_momentum_update, 512000512 fp32 grad, bf16 momentum. Ours (t128v4x2): 31 registers, 144
+instructions, 500001 CTAs of 128 lanes, a lane 2 runs of 4: 2 LDG.128 (grad) + 2 LDG.64 (momentum), 2 STG.64 +
+2 STG.128 executed (8 in the code: nesterov is a runtime flag, both branches carry the stores); 16 CTAs an SM
+(2048 lanes), 96 KB in flight an SM. TileKernels: nesterov and beta1 compile-time, 28 registers, 88 instructions,
+2000002 CTAs of 32 lanes, a lane the same 2 runs of 4, 128 elements apart (our t32v4x2's layout): 2 LDG.128 +
+2 LDG.64, 2 STG.64 + 2 STG.128; 32 CTAs an SM (the CTA limit: 1024 lanes), 48 KB in flight an SM. Every access
+of a warp in both is one contiguous 512 B (fp32) or 256 B (bf16) span: whole sectors.
+
+Candidates' static numbers (registers / shared bytes / resident CTAs an SM / bytes in flight an SM, the build's
+printout): mhc u1t1 88 / 64 B / 5 / 92 KB; u2t1 117 / 64 B / 4 / 147 KB; u3t1 151 / 64 B / 3 / 166 KB; u1t2 92 /
+128 B / 2 (4 tokens) / 74 KB; u2t2 118 / 128 B / 2 (4 tokens) / 147 KB; r2 71 / 36864 B / 6 / 221 KB; r3 72 /
+55296 B / 4 / 221 KB; r4 72 / 73728 B / 3 / 221 KB (r: LDGSTS.128 into the ring, LDS.128 out, 1 BAR in all).
+engram t32v4x2 31 registers, 136 instructions, 32 CTAs an SM (1024 lanes); t32v8x1 31, 104 instructions (a
+lane 8 consecutive: 2 LDG.128 of grad, 1 LDG.128 of momentum); t64v4x2 31, 144; t128v4x4 51, 264 (4 runs a
+lane, 2048 lanes an SM at 51 registers: 8 CTAs); t256v4x1 and t512v4x1 22, 72 (one run a lane).
 
 Candidates:
 - mhc (bench/tuning/tune_ceiling1_mhc.py): "u<U>t<T>": U vectors' loads a lane issued before the first is computed
@@ -109,7 +139,8 @@ def _describe(set_dir: Path, kernel: str, match, label: str, prebuilt: str | Non
     cubin = set_dir / "cubins" / f"{e['cubin']}.cubin"
     regs = _registers(cubin.read_bytes())
     note = "" if prebuilt is None else ", = prebuilt/sm90" if e["cubin"] == prebuilt else ", DIFFERS from prebuilt/sm90"
-    print(f"{label:10s} {e['cubin'][:12]}  {regs} registers, {e['launch']['smem']} B shared, block {e['launch']['block']}, grid {e['launch']['grid']}{note}")
+    launch = e["launch"]
+    print(f"{label:10s} {e['cubin'][:12]} {regs} registers, {launch['smem']} B shared, {launch['block']}, grid {launch['grid']}{note}")
     print(f"{'':10s} {_sass_counts(cubin)}")
 
 
@@ -269,7 +300,9 @@ def _outputs(call, a: dict, **kw) -> tuple:
 def _same(got, want) -> bool:
     import torch
 
-    return len(got) == len(want) and all(g.shape == w.shape and torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+    return len(got) == len(want) and all(
+        g.shape == w.shape and torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want)
+    )
 
 
 def _checks(tk, calls: dict, cases: list, op: str) -> dict:
@@ -358,7 +391,8 @@ def _child(artifacts: Path, skip: tuple[str, ...]) -> None:
                 same["shipped"] += f"; NO vs TK at {shape}"
         us = _timed(timed, inputs, f"{op} {shape}", op)
         for name in calls:
-            print(ROW + json.dumps((f"{op}:{name}", shape, us[name], us.get("TK", math.nan), moved / us[name] / 1e6, same[name])), flush=True)
+            row = (f"{op}:{name}", shape, us[name], us.get("TK", math.nan), moved / us[name] / 1e6, same[name])
+            print(ROW + json.dumps(row), flush=True)
         del inputs
         torch.cuda.empty_cache()
 
@@ -394,7 +428,8 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
     ceiling = next((float(m.group(1)) for line in say.lines if (m := re.match(r"copy ceiling ([\d.]+) TB/s", line))), math.nan)
     table = []
     for name, shape, us, tk_us, tbps, same in rows.values():
-        table.append((name, shape, us, tk_us, us / tk_us if tk_us == tk_us else math.nan, f"{tbps:.3f} TB/s = {tbps / ceiling:.3f} of ceiling; {same}"))
+        verdict = f"{tbps:.3f} TB/s = {tbps / ceiling:.3f} of ceiling; {same}"
+        table.append((name, shape, us, tk_us, us / tk_us if tk_us == tk_us else math.nan, verdict))
     say(f"same-run copy ceiling {ceiling:.3f} TB/s")
     finish(say, table, start, out / "tune_ceiling1.log", say.lines, (16, 28, 9))
 
