@@ -56,6 +56,9 @@ TileKernels in the same passes, the median of the passes. One table last, with T
 
     python -m bench.tuning.tune_ceiling1 build --out tune-artifacts/ceiling1              (CPU: TileLang and nvcc)
     python -m bench.tuning.tune_ceiling1 --artifacts tune-artifacts/ceiling1 --out DIR     (GPU, 140 s budget)
+
+tune-artifacts/ is not tracked: carry the built folder to the GPU machine (0.2 MB), or run the build there first
+(about 50 s). `--budget S` changes the run's 140 s. The log: DIR/tune_ceiling1.log.
 """
 
 from __future__ import annotations
