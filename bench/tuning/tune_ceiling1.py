@@ -43,8 +43,10 @@ Candidates:
   (1 = the shipped walk), T tokens a block of 128 * T lanes. "ctl" is the shipped source rebuilt (its cubin checked
   against prebuilt/sm90's); "u1t1" the candidates' builder with nothing changed (same bytes, its own code).
 - engram: other tilings of kernels_src/engram/sinkhorn_momentum.py ("t<threads>v<vec>x<reps>"); "t128v4x2" is the
-  shipped one (its cubin checked against prebuilt/sm90's); t32v8x1 is TileKernels' launch shape (32 lanes a CTA,
-  8 consecutive elements a lane, 256 a CTA).
+  shipped one (its cubin checked against prebuilt/sm90's); t32v4x2 is TileKernels' launch shape and layout (32
+  lanes a CTA, 256 elements a CTA, a lane 4 at i * 4 and 4 at 128 + i * 4: read from its generated source), which
+  bench/tuning/tune_engram3.py's round timed at 2409.4 µs against TileKernels' 1452.7 (one run; timed again here,
+  beside TileKernels, to see whether that gap is real); t32v8x1 the same CTA with 8 consecutive elements a lane.
 
 The run (GPU, tile_kernels importable, prebuilt/ holding main's sm90 set) in a watched child (bench/tuning/watch.py):
 the same-run copy ceiling (bench.timing.copy_ceiling_tbps) first; every candidate's outputs byte for byte against the
