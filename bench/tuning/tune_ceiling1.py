@@ -36,7 +36,8 @@ printout): mhc u1t1 88 / 64 B / 5 / 92 KB; u2t1 117 / 64 B / 4 / 147 KB; u3t1 15
 55296 B / 4 / 221 KB; r4 72 / 73728 B / 3 / 221 KB (r: LDGSTS.128 into the ring, LDS.128 out, 1 BAR in all).
 engram t32v4x2 31 registers, 136 instructions, 32 CTAs an SM (1024 lanes); t32v8x1 31, 104 instructions (a
 lane 8 consecutive: 2 LDG.128 of grad, 1 LDG.128 of momentum); t64v4x2 31, 144; t128v4x4 51, 264 (4 runs a
-lane, 2048 lanes an SM at 51 registers: 8 CTAs); t256v4x1 and t512v4x1 22, 72 (one run a lane).
+lane; 9 CTAs an SM at 56 registers a lane: 1152 lanes, 110 KB in flight); t256v4x1 and t512v4x1 22, 72 (one run a
+lane, 2048 lanes an SM, 48 KB in flight).
 
 Candidates:
 - mhc (bench/tuning/tune_ceiling1_mhc.py): "u<U>t<T>": U vectors' loads a lane issued before the first is computed
