@@ -4,7 +4,23 @@ row loop toward TileKernels' norm_backward at bf16 8192 x 7168 (round 13), besid
 Why (H200, 8192 x 7168 bf16, weight and residual gradient given, out_scale 1): the shipped kernel 120.35 µs against
 TileKernels' 118.49 (1.016; bench/results/2026-12-03-H200-s19-bench-norm_backward-at-c9036bd.log).
 
-SASS_COMPARISON
+What differs (TileKernels' norm_backward at this call: weight given, residual gradient given, out_scale 1, lowered for
+sm_90 as its timed calls compile it, with the build's nvcc flags; ours: prebuilt/sm90's rmsnorm_backward_residual
+hidden=7168,dtype=bfloat16):
+- the launch shape is the same for pass 1: 256 threads, two rows a block of 128 threads, 7 vectors of 8 a thread, a
+  grid of 132, x, out_grad and the residual gradient staged by cp.async 2 rows ahead (168 KiB of stage, as ours; ours
+  172096 B of dynamic shared memory). TileKernels adds the 132 partial rows in the same kernel after a grid sync (a
+  cooperative launch); ours launches weight_grad_reduce after it (pass 2);
+- registers: 255 both (ours 254), no spills in either;
+- the row loop (its SASS instructions, each once: one row of each warp; ours 1357, TileKernels' 880). By opcode
+  (TileKernels' / ours): FFMA 229 / 285 and FMUL 112 / 278: has_weight is a runtime flag in ours, a compile-time one
+  in TileKernels', and with the flag's branch inside the unrolled products the compiler keeps both forms of the
+  gradient ("weighted" below: 56 FFMA and 110 FMUL fewer); out_scale's product, in both forms, is a compile-time 1
+  there ("scale1": 111 FMUL fewer; both changes, "wscale1": TileKernels' 229 and 112); PRMT 84 / 140, SHF 131 / 188
+  (bf16 unpacking: TileKernels holds the weight in fp32); MOV 7 / 61, IMAD 83 / 139; CS2R 0 / 28, BSSY/BSYNC 2 / 8,
+  BRA 3 / 17 (our row checks: zeros put in a row past the last; its row count is each block's own, ceil((tokens -
+  block) / 264), the staged reads unchecked, the stores checked); LDS 64 / 28; STG 10 / 7; LEA 39 / 31. Both: 21
+  LDGSTS, 28 F2FP, 5 SHFL, 9-10 FADD.
 
 The candidates keep the shipped arithmetic (the same products, fused multiply-adds and sums in the same order, each row
 in the same threads of the same block and slot, the block's slots added in slot order, pass 2 unchanged): x_grad and
@@ -14,18 +30,31 @@ rmsnorm_backward_residual at bf16 7168 (ctl's set also holds weight_grad_reduce,
 - "scale1": out_scale taken as 1 (out_grad's product by it left out: the same value where the call's out_scale is 1,
   as in the timed calls; a call of another out_scale launches ctl's kernel, as an op dispatching on it would, so the
   checks at 0.75 show ctl's bytes, not this kernel's);
-- "own": each row slot its own row count, ceil((tokens - first) / (blocks * slots)) from its first row, so no row
-  visited is past the last: no row checks on the staged reads or the stores (the slots' warp-sum barriers are their
-  own already; the weight-gradient sums of the block meet after the loop);
-- "ownscale1": own with out_scale taken as 1 (its calls of another out_scale: ctl's);
-- "direct": ownscale1 with the residual gradient not staged (fewer staged tensors: x and out_grad alone, 112 KiB of
-  stage rather than 168): each thread reads its residual-gradient vectors from global memory at the row's stores;
+- "weighted": has_weight taken as 1 (the products' branch on the flag gone; every timed and checked call has a
+  weight: an op would launch ctl's kernel, or another variant, for calls without one);
+- "wscale1": weighted and scale1;
+- "wown": wscale1 with each row slot its own row count, ceil((tokens - first) / (blocks * slots)) from its first
+  row, so no row visited is past the last: no row checks on the staged reads or the stores (the slots' warp-sum
+  barriers are their own already; the block's weight-gradient sums meet after the loop, as before);
+- "tkloop": wown with TileKernels' loop order: each vector read from the stage, its stage slots refilled, then its
+  products (the same sums in the same order), and the weight held in fp32 from the start;
+- "direct": wown with the residual gradient not staged (fewer staged tensors: x and out_grad alone, 112 KiB of stage
+  rather than 168): each thread reads its residual-gradient vectors from global memory at the row's stores;
 - "same": the harness's body with none of the changes: ctl's cubin (checked at build), timed as the run's noise.
 Not built: TileKernels' row order (slot s of block b visits b + (it * slots + s) * blocks) gives a block other rows,
 so its weight-gradient partials, and the weight gradient's bytes, would differ; one row slot a block at 2 blocks an
 SM gives 264 partial rows that pass 2 adds in another order (the same bytes would need a pass 2 adding them in pairs).
 
-STATIC_NUMBERS
+Built for sm_90 (registers / stack bytes, the row loop's SASS instructions; by opcode FFMA, FMUL, IMAD, MOV, PRMT):
+ctl 254 / 0, 1357 (285, 278, 139, 61, 140); scale1 252 / 0, 1238 (285, 167, 174, 32, 140); weighted 255 / 0, 1047
+(229, 168, 121, 27, 112); wscale1 255 / 0, 989 (229, 112, 146, 22, 112); wown 255 / 16, 987 (229, 112, 162, 62, 112;
+5 LDL in the loop, 11 LDL/STL in the kernel); tkloop 255 / 40, 1083 (229, 112, 194, 66, 112; 10 LDL and 9 STL in the
+loop); direct 255 / 8, 977 (229, 112, 161, 67, 112; 2 LDL in the loop, 7 LDG of the residual gradient, 14 LDGSTS;
+114752 B of shared memory, the others 172096); TileKernels 255 / 0, 880 (229, 112, 83, 7, 84). With their own row
+counts (wown, tkloop) the compiler also leaves a divergent copy of the loop's tail outside it (542 and 546
+instructions), as round 12 saw. Also built, not kept: own and out_scale 1 without the weight constant (255 / 0, 1134),
+the weight in fp32 alone (255 / 0, 1394), the per-vector order alone (255 / 0, 1347); wown with the weight in fp32 is
+wown's cubin.
 
 On a CPU with TileLang and nvcc:
 
@@ -66,9 +95,11 @@ CONTROL = "ctl"
 # call of another out_scale launches ctl's (as an op would)}
 CANDIDATES = {
     "scale1": {"body": {"unit_scale": True}, "unit_scale": True},
-    "own": {"body": {"own": True}},
-    "ownscale1": {"body": {"own": True, "unit_scale": True}, "unit_scale": True},
-    "direct": {"body": {"own": True, "unit_scale": True, "direct_residual": True}, "unit_scale": True},
+    "weighted": {"body": {"weighted": True}},
+    "wscale1": {"body": {"weighted": True, "unit_scale": True}, "unit_scale": True},
+    "wown": {"body": {"weighted": True, "own": True, "unit_scale": True}, "unit_scale": True},
+    "tkloop": {"body": {"weighted": True, "own": True, "unit_scale": True, "w32": True, "per_vector": True}, "unit_scale": True},
+    "direct": {"body": {"weighted": True, "own": True, "unit_scale": True, "direct_residual": True}, "unit_scale": True},
     "same": {"body": {}},  # none of the changes: ctl's cubin (checked at build), timed as the run's noise
 }
 NAMES = (CONTROL, *CANDIDATES)
@@ -79,12 +110,24 @@ STALL_S = 20  # a candidate silent this long is taken as hung (twice that while 
 # ---- the candidate body
 
 
-def candidate_body(own: bool = False, unit_scale: bool = False, direct_residual: bool = False):
+def candidate_body(
+    own: bool = False,
+    unit_scale: bool = False,
+    direct_residual: bool = False,
+    w32: bool = False,
+    per_vector: bool = False,
+    weighted: bool = False,
+):
     """rmsnorm_backward_kernel's static_body: the shipped residual form (tiling_body(form="residual") over a
     StaticTiling, statement for statement), with the changes asked:
     - own: each row slot's own row count from its first row, and no row checks on the staged reads or the stores;
     - unit_scale: out_scale taken as 1 (out_grad's product by it left out);
-    - direct_residual: the residual gradient read from global memory at the stores, not staged."""
+    - direct_residual: the residual gradient read from global memory at the stores, not staged;
+    - w32: the weight held in fp32 registers (converted once, before the rows), not in bf16 converted every row;
+    - per_vector: each vector of x and out_grad read from the stage, its stage slots refilled, then its products and
+      sums, before the next vector is read (TileKernels' order; the same sums in the same order), rather than every
+      vector read, the row's refill, then the products;
+    - weighted: has_weight taken as 1 (a weight given: no branch on the flag; calls without one are another kernel's)."""
     import tilelang.language as T
 
     from kernels_src.norm.rmsnorm_backward import STAGES, _fma, _mul
@@ -114,6 +157,9 @@ def candidate_body(own: bool = False, unit_scale: bool = False, direct_residual:
 
         def in_range(token):
             return token < num_tokens if row_checks else True
+
+        def with_weight(has_weight):
+            return True if weighted else has_weight != 0
 
         @T.macro
         def row_dot(acc, warp_sums, half, sub, lane):
@@ -154,7 +200,7 @@ def candidate_body(own: bool = False, unit_scale: bool = False, direct_residual:
             xh_held = T.alloc_local((vecs_per_thread, vec), T.float32)
             gw_held = T.alloc_local((vecs_per_thread, vec), T.float32)
             w_in = T.alloc_local((vec,), dtype)
-            w_held = T.alloc_local((vecs_per_thread, vec), dtype)
+            w_held = T.alloc_local((vecs_per_thread, vec), T.float32 if w32 else dtype)
             dw = T.alloc_local((vecs_per_thread, vec), T.float32)
             r_in = T.alloc_local((vec,), dtype)
             res = T.alloc_local((vec,), dtype)
@@ -171,13 +217,13 @@ def candidate_body(own: bool = False, unit_scale: bool = False, direct_residual:
             for v in T.unroll(vecs_per_thread):
                 for j in T.unroll(vec):
                     dw[v, j] = 0.0
-            if has_weight != 0:
+            if with_weight(has_weight):
                 for v in T.unroll(vecs_per_thread):
                     col = (v * row_threads + lane) * vec
                     for j in T.vectorized(vec):
                         w_in[j] = weight[col + j]
                     for j in T.unroll(vec):
-                        w_held[v, j] = w_in[j]
+                        w_held[v, j] = T.cast(w_in[j], T.float32) if w32 else w_in[j]
 
             for s in T.unroll(stages):
                 stage_row(x, stage_buf, 0, s, sub, token_of(s, block, sub), lane)
@@ -212,18 +258,31 @@ def candidate_body(own: bool = False, unit_scale: bool = False, direct_residual:
                         for j in T.unroll(vec):
                             x_in[v, j] = T.cast(0, dtype)
                             g_in[v, j] = T.cast(0, dtype)
-                stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
-                stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
-                for v in T.unroll(vecs_per_thread):
-                    for j in T.unroll(vec):
-                        xh = T.cast(x_in[v, j], T.float32) * r
-                        g = scaled(T.cast(g_in[v, j], T.float32), out_scale)
-                        if has_weight != 0:
-                            dw[v, j] = _fma(xh, g, dw[v, j])
-                            g = _mul(g, T.cast(w_held[v, j], T.float32))
-                        acc[0] = _fma(xh, g, acc[0])
-                        xh_held[v, j] = xh
-                        gw_held[v, j] = g
+                    if per_vector:
+                        stage_vector(x, stage_buf, 0, stage, sub, ahead, lane, v)
+                        stage_vector(out_grad, stage_buf, 1, stage, sub, ahead, lane, v)
+                        for j in T.unroll(vec):
+                            xh = T.cast(x_in[v, j], T.float32) * r
+                            g = scaled(T.cast(g_in[v, j], T.float32), out_scale)
+                            if with_weight(has_weight):
+                                dw[v, j] = _fma(xh, g, dw[v, j])
+                                g = _mul(g, T.cast(w_held[v, j], T.float32))
+                            acc[0] = _fma(xh, g, acc[0])
+                            xh_held[v, j] = xh
+                            gw_held[v, j] = g
+                if not per_vector:
+                    stage_row(x, stage_buf, 0, stage, sub, ahead, lane)
+                    stage_row(out_grad, stage_buf, 1, stage, sub, ahead, lane)
+                    for v in T.unroll(vecs_per_thread):
+                        for j in T.unroll(vec):
+                            xh = T.cast(x_in[v, j], T.float32) * r
+                            g = scaled(T.cast(g_in[v, j], T.float32), out_scale)
+                            if with_weight(has_weight):
+                                dw[v, j] = _fma(xh, g, dw[v, j])
+                                g = _mul(g, T.cast(w_held[v, j], T.float32))
+                            acc[0] = _fma(xh, g, acc[0])
+                            xh_held[v, j] = xh
+                            gw_held[v, j] = g
 
                 row_dot(acc, warp_sums, it % 2, sub, lane)
                 mean = tiling.mean(acc[0])
@@ -247,7 +306,7 @@ def candidate_body(own: bool = False, unit_scale: bool = False, direct_residual:
                 T.ptx_commit_group()
             T.ptx_wait_group(0)
 
-            if has_weight != 0:
+            if with_weight(has_weight):
                 if slots == 1:
                     for v in T.unroll(vecs_per_thread):
                         col = (v * row_threads + lane) * vec
