@@ -11,7 +11,7 @@ hidden=7168,dtype=bfloat16):
   grid of 132, x, out_grad and the residual gradient staged by cp.async 2 rows ahead (168 KiB of stage, as ours; ours
   172096 B of dynamic shared memory). TileKernels adds the 132 partial rows in the same kernel after a grid sync (a
   cooperative launch); ours launches weight_grad_reduce after it (pass 2);
-- registers: 255 both (ours 254), no spills in either;
+- registers: TileKernels' 255, ours 254, no spills in either;
 - the row loop (its SASS instructions, each once: one row of each warp; ours 1357, TileKernels' 880). By opcode
   (TileKernels' / ours): FFMA 229 / 285 and FMUL 112 / 278: has_weight is a runtime flag in ours, a compile-time one
   in TileKernels', and with the flag's branch inside the unrolled products the compiler keeps both forms of the
@@ -60,7 +60,8 @@ On a CPU with TileLang and nvcc:
 
     python -m bench.tuning.tune_normbwdres13 build --out tune-artifacts/normbwdres13
 
-then on the GPU, where tile_kernels imports:
+(about 40 s; the sets are not tracked by git: copy them beside the tree on the GPU machine, or build them there), then
+on the GPU, where tile_kernels imports:
 
     python -m bench.tuning.tune_normbwdres13 --artifacts tune-artifacts/normbwdres13 --out DIR [--budget S]
 
