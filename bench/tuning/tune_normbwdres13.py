@@ -5,8 +5,9 @@ Why (H200, 8192 x 7168 bf16, weight and residual gradient given, out_scale 1): t
 TileKernels' 118.49 (1.016; bench/results/2026-12-03-H200-s19-bench-norm_backward-at-c9036bd.log).
 
 What differs (TileKernels' norm_backward at this call: weight given, residual gradient given, out_scale 1, lowered for
-sm_90 as its timed calls compile it, with the build's nvcc flags; ours: prebuilt/sm90's rmsnorm_backward_residual
-hidden=7168,dtype=bfloat16):
+sm_90 as its timed calls compile it, with the build's nvcc flags: get_norm_backward_kernel_cuda's TIR at hidden 7168,
+bf16, 132 SMs, lowered with its pass config; ours: prebuilt/sm90's rmsnorm_backward_residual hidden=7168,dtype=bfloat16.
+The row loop: the largest backward-branch loop of the SASS holding the shuffles, the cp.async copies and the stores):
 - the launch shape is the same for pass 1: 256 threads, two rows a block of 128 threads, 7 vectors of 8 a thread, a
   grid of 132, x, out_grad and the residual gradient staged by cp.async 2 rows ahead (168 KiB of stage, as ours; ours
   172096 B of dynamic shared memory). TileKernels adds the 132 partial rows in the same kernel after a grid sync (a
