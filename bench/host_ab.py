@@ -1,0 +1,83 @@
+"""Host µs per call of norm_forward and moe_topk_gate_forward at 1 token: issue 14's starting point (805a1b8) beside
+this tree, in one process on a GPU machine.
+
+    git archive 805a1b8 tkaot | tar -x -C OLD      # the old tree's sources
+    python -m bench.host_ab --old OLD [--rounds 10]
+
+Fresh processes a tree (bench.host_compare) move a row by more than these ops' difference on a busy host; here the old
+functions' source (OLD/tkaot/quant.py, OLD/tkaot/moe.py) is executed beside this tree's op modules, with this tree's
+launchers and kernels, so both call the same launch path and only their Python differs. Pinned to one core, thread
+CPU time (bench.timing.host_us: chunks of 200 calls, the device drained between chunks), the calls alternating round by
+round, one JSON line a round, then the least and the median over rounds. Both outputs are checked equal first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+
+def _old_function(tree: Path, path: str, name: str, module, extra: dict):
+    """`name` from the old tree's source file `path`, defined over `module`'s names (and `extra`, the old helpers)."""
+    source = (tree / path).read_text()
+    start = source.index(f"def {name}(")
+    end = source.index("\ndef ", start + 10)
+    namespace = dict(vars(module))
+    namespace.update(extra)
+    exec(source[start:end], namespace)  # the old tree's own source, named on the command line
+    return namespace[name]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", required=True, type=Path, help="a directory holding the old tree's tkaot/ sources")
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
+
+    import torch
+
+    from bench import timing
+    from tkaot import _validate
+    from tkaot._moe import ops as gate
+    from tkaot._quant import norm
+
+    max_i32 = 2**31 - 1
+    old_gate = _old_function(args.old, "tkaot/moe.py", "moe_topk_gate_forward", gate, {
+        "MAX_I32": max_i32, "_MAX_GATE_TOKENS": 1 << 26, "_MAX_TOPK": 32, "_GATE_TILING": "ballot4",
+        "check_cuda": _validate.check_cuda, "fail": _validate.fail,
+    })  # fmt: skip
+    old_norm = _old_function(args.old, "tkaot/quant.py", "norm_forward", norm, {
+        "MAX_I32": max_i32, "_NORM_VEC": {torch.bfloat16: 8, torch.float32: 4}, "_NORM_DTYPE_NAMES": norm._DTYPE_NAMES,
+        "check_cuda": _validate.check_cuda, "check_rows": _validate.check_rows, "check_like": _validate.check_like,
+        "fail": _validate.fail, "_row_strides": lambda t: norm._rows(t.stride()),
+    })  # fmt: skip
+    logits = torch.randn(1, 256, device="cuda")
+    x = torch.randn(1, 7168, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
+    calls = {
+        "gate old": lambda: old_gate(logits, 8, False, 0, 2.5, 0),
+        "gate now": lambda: gate.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0),
+        "norm old": lambda: old_norm(x, w, 1e-6),
+        "norm now": lambda: norm.norm_forward(x, w, 1e-6),
+    }
+    for a, b in ((calls["gate old"](), calls["gate now"]()), (calls["norm old"]()[:1], calls["norm now"]()[:1])):
+        assert all(torch.equal(p, q) for p, q in zip(a, b)), "the old and new functions disagree"
+    samples = collections.defaultdict(list)
+    for r in range(args.rounds):
+        for name, call in calls.items() if r % 2 == 0 else reversed(calls.items()):
+            samples[name].append(timing.host_us(call, n=4000, rounds=3, stat=min, clock=time.thread_time_ns))
+        print(json.dumps({name: round(v[-1], 3) for name, v in samples.items()}), flush=True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, one core, thread CPU time, {args.rounds} rounds")
+    print(f"{'':10s} {'least':>7s} {'median':>7s}")
+    for name, v in samples.items():
+        print(f"{name:10s} {min(v):7.3f} {statistics.median(v):7.3f}")
+
+
+if __name__ == "__main__":
+    main()
