@@ -7,7 +7,9 @@ Each thread walks the row's 16-byte vectors ROW_THREADS apart, UNROLL at a time:
 x and x_grad of each stream) issued before the first is computed and stored, so three times the bytes in flight of a
 one-vector walk at the same sums (H200, 8192 x 4 x 7168: 355.4 µs against 361.3 for the one-vector walk and
 TileKernels' 357.7 in one run; 2 vectors 358.0, 2 tokens a block 357.5, a cp.async ring 354.5 but a different
-mix_grad order; bench/tuning/tune_ceiling1.py).
+mix_grad order; bench/tuning/tune_ceiling1.py). Narrow rows lose: at hidden 1024 (one vector a thread) 59.4 µs against
+the one-vector walk's 52.4 and TileKernels' 53.4, its 151 registers leaving 3 blocks an SM (bench/RESULTS.md, twentieth
+session).
 """
 
 import tilelang.language as T
