@@ -26,7 +26,7 @@ from tkaot._quant import fused as _fused
 from tkaot.errors import VariantNotBuilt
 
 INPUT_SETS = 3
-# Runs 4-7 (bench/results/tuning, with Nsight Compute instruction counts): swiglu's gate check per
+# Runs 4-7 (bench/results/tuning at f014b86, with Nsight Compute instruction counts): swiglu's gate check per
 # vector on the bf16 bit patterns ("bits", 1 or 2 vectors a thread) against the per-gate check ("lean").
 # Runs 12-17 (2026-12-01): bf16 widened from words and the lean fp32 sf ("ws"), adjacent vectors with one
 # amax/sf/store a group ("wsc"), one gate check and weight a chunk ("wscc"), one row a block ("b1");

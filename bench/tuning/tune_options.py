@@ -18,7 +18,7 @@ from bench.timing import copy_ceiling_tbps, device_us
 from tkaot import reference
 from tkaot._quant import fused as _fused
 
-# Run 24 (2026-12-01, bench/results/tuning): wscc2v9b1gk won the weights + clamp row. Runs 25-29 (session 5; the
+# Run 24 (2026-12-01, bench/results/tuning at f014b86): wscc2v9b1gk won the weights + clamp row. Runs 25-29 (session 5; the
 # logs name candidates since removed from TILINGS, see the notes there): swiglu wscc2v9b1gkm (the clamp by min / max)
 # 25.3-25.8 µs with weights and a clamp (wscc2v9b1gk 27.9-28.4, TileKernels 30.4-31.0), shipped for calls with a
 # clamp; norm_cast lean6plbwdgwRL 102.4-103.3 with a residual (lean6plbwdgwR 102.9-103.9, lean8nlbwdgw 106.1-107.6,
