@@ -206,7 +206,7 @@ MHC = [
     ("mhc_post_fwd", dict(mhc_mult=4), (_SEGMENTS, 73728)),
     ("mhc_post_bwd", dict(mhc_mult=4), ("num_tokens", 67584)),
     ("mhc_pre_apply_mix_fwd", dict(mhc_mult=4), (_SEGMENTS, 40960)),
-    ("mhc_pre_apply_mix_bwd", dict(mhc_mult=4), ("num_tokens", 75776)),
+    ("mhc_pre_apply_mix_bwd", dict(mhc_mult=4, tiling="u3"), ("num_tokens", 75776)),
     ("mhc_pre_big_fuse", dict(mhc_mult=4), ("num_tokens", 41120)),
     ("mhc_pre_big_fuse_split", dict(mhc_mult=4), ("num_tokens", 41120)),  # the one-block kernel
     ("mhc_reduce_partials_fwd", dict(dtype="float32"), ("(((num_tokens * mhc_mult3) + 1023) // 1024)", 4096)),
