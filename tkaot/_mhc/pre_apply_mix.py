@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from tkaot._compile import compiler, is_dynamo_compiling, traced
-from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc import kernels  # the shipped tilings, read at every call
+from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_FWD
 from tkaot._op import op_parts
 from tkaot._validate import Signature, Tensor
