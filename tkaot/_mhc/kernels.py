@@ -1,11 +1,10 @@
 """Declarations of the kernels behind tkaot.mhc (tkaot/_decl.py): Manifold-Constrained Hyper-Connections.
 
-The expansion rate (`mhc_mult`, 4 in DeepSeek's models) is the only static axis but for the pre-apply mix
-backward's tiling, and only where a kernel keeps an (mhc_mult x ...) tile in registers (expand, pre-apply mix, split
-mixes, Sinkhorn and post all do);
-hidden size, token count, split count, Sinkhorn repeats, partial-row count (`num_sms`) and layer count are
-runtime values, so one cubin serves every GPU of an arch and every model of one expansion rate. Activations
-are bf16 and mixes fp32, as in TileKernels.
+The expansion rate (`mhc_mult`, 4 in DeepSeek's models) is a static axis only where a kernel keeps an
+(mhc_mult x ...) tile in registers (expand, pre-apply mix, split mixes, Sinkhorn and post all do), and the only
+one but for the pre-apply mix backward's tiling; hidden size, token count, split count, Sinkhorn repeats,
+partial-row count (`num_sms`) and layer count are runtime values, so one cubin serves every GPU of an arch and
+every model of one expansion rate. Activations are bf16 and mixes fp32, as in TileKernels.
 """
 
 from __future__ import annotations
