@@ -8,6 +8,7 @@ before any launch. Meta tensors stand in for CUDA ones (device 0) and a recorder
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from tkaot import _model_shapes, _op
 from tkaot._kernel import Kernel
 from tkaot._mhc import expand, post, pre_apply_mix, sinkhorn, split_mixes
 from tkaot._mhc.kernels import KERNELS as ALL_KERNELS
+from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_BWD_NARROW_HIDDEN, PRE_APPLY_MIX_BWD_TILINGS
 from tkaot._spec import LaunchSpec
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -66,8 +68,10 @@ def test_split_mixes_bwd_moves_aligned_rows_as_16_byte_vectors(mhc):
         assert "float4" not in source and "tkaot_aligned16" not in source
 
 
-def test_the_default_set_builds_every_kernel_once_at_expansion_4():
-    assert sorted((v.kernel, v.key) for v in DEFAULT) == sorted((d.name, "mhc_mult=4") for d in KERNELS)
+def test_the_default_set_builds_every_kernel_once_at_expansion_4_and_each_tiling():
+    tilings = {PRE_APPLY_MIX_BWD.name: PRE_APPLY_MIX_BWD_TILINGS.values()}
+    expected = [(d.name, d.key((4, *t))) for d in KERNELS for t in ([(t,) for t in tilings[d.name]] if d.name in tilings else [()])]
+    assert sorted((v.kernel, v.key) for v in DEFAULT) == sorted(expected)
 
 
 def test_every_kernel_binds_the_arguments_its_op_passes(built):
@@ -80,6 +84,8 @@ def test_every_kernel_binds_the_arguments_its_op_passes(built):
         kernel.bind(ops[name].args)  # raises unless the op supplies every kernel parameter
         assert spec.pdl, name  # every kernel waits for the one before it (kernels_src/pdl.py)
         assert all(a.role != "dim" or a.type == "i32" for a in spec.args), name
+    walks = [e for e in json.loads((out / "manifest.json").read_text())["variants"] if e["kernel"] == PRE_APPLY_MIX_BWD.name]
+    assert len(walks) == 2 and walks[0]["launch"] == walks[1]["launch"]  # the two tilings differ in their cubins alone
 
 
 def test_launch_shapes(built):
@@ -204,7 +210,60 @@ def test_tensors_tile_kernels_copies_are_refused_when_strided(launches):
 def test_other_expansion_rates_ask_for_their_own_variant(launches, mhc):
     for op, args in valid_calls(5, mhc=mhc, hidden=64).items():
         getattr(tkaot.mhc, op)(*args)
-    assert {key for _, key, _ in launches} == {f"mhc_mult={mhc}"}
+    narrow = f"mhc_mult={mhc},tiling={PRE_APPLY_MIX_BWD_TILINGS['narrow']}"
+    assert {key for kernel, key, _ in launches if kernel != PRE_APPLY_MIX_BWD.name} == {f"mhc_mult={mhc}"}
+    assert [key for kernel, key, _ in launches if kernel == PRE_APPLY_MIX_BWD.name] == [narrow]
+
+
+U1, U3 = (f"mhc_mult=4,tiling={PRE_APPLY_MIX_BWD_TILINGS[role]}" for role in ("narrow", "default"))
+
+
+@pytest.mark.parametrize("hidden, expected", [(8, U1), (1024, U1), (2048, U1), (2560, U1), (4088, U1), (4096, U3), (7168, U3), (16384, U3)])
+def test_pre_apply_mix_bwd_takes_the_one_vector_walk_below_4096(launches, hidden, expected):
+    assert PRE_APPLY_MIX_BWD_NARROW_HIDDEN == 4096
+    for tokens in (1, 8192):
+        tkaot.mhc.mhc_pre_apply_mix_bwd(*valid_calls(tokens, hidden=hidden)["mhc_pre_apply_mix_bwd"])
+    assert [(kernel, key) for kernel, key, _ in launches] == [(PRE_APPLY_MIX_BWD.name, expected)] * 2
+    assert (launches[0][2]["hidden"], launches[1][2]["num_tokens"]) == (hidden, 8192)
+
+
+@pytest.mark.parametrize("narrow_built", [False, True])
+def test_pre_apply_mix_bwd_without_the_narrow_variant_launches_the_default_one(monkeypatch, narrow_built):
+    """A set built without the one-vector variant (one from before it shipped, or a hand-written one): narrow rows
+    launch the three-vector variant, no error and no warning; later calls take the cached launcher."""
+    import warnings
+
+    from tkaot.errors import VariantNotBuilt
+
+    get_device = torch.Tensor.get_device
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
+    monkeypatch.setattr(pre_apply_mix, "current_stream", lambda device: 0)
+    monkeypatch.setattr(pre_apply_mix._BWD, "cache", {})
+    built = {U1, U3} if narrow_built else {U3}
+    looked_up, launched = [], []
+
+    class Found:
+        def __init__(self, key):
+            self.key = key
+
+        def bind(self, args):
+            return lambda *values: launched.append(self.key)
+
+    def kernel(op, kernel, key, device):
+        looked_up.append(key)
+        if key not in built:
+            raise VariantNotBuilt(op, kernel, key, [], "tkaot-build ...", [])
+        return Found(key)
+
+    monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            tkaot.mhc.mhc_pre_apply_mix_bwd(*valid_calls(3, hidden=1024)["mhc_pre_apply_mix_bwd"])
+        tkaot.mhc.mhc_pre_apply_mix_bwd(*valid_calls(3, hidden=7168)["mhc_pre_apply_mix_bwd"])
+    served = U1 if narrow_built else U3
+    assert launched == [served, served, U3]
+    assert looked_up == ([U1, U3] if narrow_built else [U1, U3, U3])
 
 
 # ---- invalid calls: refused before any launch
@@ -287,7 +346,12 @@ def test_hf_config_maps_hc_mult_to_every_mhc_kernel():
     model = _model_shapes.ModelConfig.from_dict({"hidden_size": 7168, "hc_mult": 4}, "v4-style")
     needed = _model_shapes.needed_variants(_model_shapes.shape_tables(model))
     mhc = {(v.kernel, v.key) for v in needed if v.kernel.startswith("mhc_")}
-    assert mhc == {(d.name, d.key([4] if d.axis_names == ("mhc_mult",) else ["float32"])) for d in ALL_KERNELS}
+    others = [d for d in ALL_KERNELS if d.name != PRE_APPLY_MIX_BWD.name]
+    shipped = {(d.name, d.key([4] if d.axis_names == ("mhc_mult",) else ["float32"])) for d in others}
+    assert mhc == shipped | {(PRE_APPLY_MIX_BWD.name, U3)}  # the op's tiling at hidden 7168
+    narrow = _model_shapes.ModelConfig.from_dict({"hidden_size": 2560, "hc_mult": 4})
+    needed = _model_shapes.needed_variants(_model_shapes.shape_tables(narrow))
+    assert [v.key for v in needed if v.kernel == PRE_APPLY_MIX_BWD.name] == [U1]
     assert all(v.reason is None for v in needed if v.kernel.startswith("mhc_"))
     for config in ({"hidden_size": 7168}, {"hidden_size": 7168, "hc_mult": 0}, {"hidden_size": 7168, "hc_mult": True}):
         model = _model_shapes.ModelConfig.from_dict(config)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkaot._decl import all_kernels, format_value
+from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD_NARROW_HIDDEN, PRE_APPLY_MIX_BWD_TILINGS
 from tkaot._moe.kernels import GATE_TILINGS
 from tkaot._quant.kernels import NORM_CAST_TILINGS, SWIGLU_TILINGS
 
@@ -345,7 +346,7 @@ def normalize_weight_tables(model: ModelConfig) -> ShapeTables:
 
 
 # mHC (tkaot/_mhc/kernels.py): the kernels that keep (mhc_mult x ...) tiles in registers are specialised on the
-# expansion rate alone; the others on nothing but their float32 dtype
+# expansion rate (the pre-apply mix backward also on its tiling); the others on nothing but their float32 dtype
 def mhc_tables(model: ModelConfig) -> ShapeTables:
     return [{"mhc_mult": [model.hc_mult]}] if model.hc_mult else []
 
@@ -354,8 +355,15 @@ def mhc_f32_tables(model: ModelConfig) -> ShapeTables:
     return [{"dtype": ["float32"]}] if model.hc_mult else []
 
 
+@mapping("mhc_pre_apply_mix_bwd")
+def mhc_pre_apply_mix_bwd_tables(model: ModelConfig) -> ShapeTables:
+    # the tiling the op launches at the model's hidden size (tkaot/_mhc/pre_apply_mix.py)
+    role = "narrow" if model.hidden_size < PRE_APPLY_MIX_BWD_NARROW_HIDDEN else "default"
+    return [{"mhc_mult": [model.hc_mult], "tiling": [PRE_APPLY_MIX_BWD_TILINGS[role]]}] if model.hc_mult else []
+
+
 for _kernel in (
-    "mhc_expand_fwd", "mhc_expand_bwd", "mhc_pre_apply_mix_fwd", "mhc_pre_apply_mix_bwd", "mhc_split_mixes_fwd",
+    "mhc_expand_fwd", "mhc_expand_bwd", "mhc_pre_apply_mix_fwd", "mhc_split_mixes_fwd",
     "mhc_split_mixes_bwd", "mhc_split_mixes_bwd_reduce", "mhc_sinkhorn_fwd", "mhc_sinkhorn_bwd", "mhc_post_fwd", "mhc_post_bwd",
     "mhc_pre_big_fuse", "mhc_pre_big_fuse_split", "mhc_multilayer_recompute",
 ):  # fmt: skip

@@ -11,13 +11,19 @@ from tilelang.ascend import language as T
 
 from kernels_src.ascend import mhc_common as mc
 from kernels_src.ascend.mhc_common import REQUIRES as REQUIRES
-from kernels_src.ascend.mhc_common import unsupported as unsupported
-from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD
+from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_BWD_TILINGS
 
 DECL = PRE_APPLY_MIX_BWD
 
 
-def build(mhc_mult: int):
+def unsupported(mhc_mult, tiling) -> str | None:
+    """Why this module does not build these static values (None: it does). The tiling is the CUDA kernel's; this
+    kernel is the same for all, so only the default tiling is built and the op's fallback to it serves the others."""
+    default = PRE_APPLY_MIX_BWD_TILINGS["default"]
+    return None if tiling == default else f"tiling={tiling} is a CUDA form (the tiling={default} kernel serves its calls)"
+
+
+def build(mhc_mult: int, tiling: str):
     m = mhc_mult
     a = mc.Args(m)
     cols = mc.span(2 * (2 * m + 1), reserved=m * mc.THREADS * 4)

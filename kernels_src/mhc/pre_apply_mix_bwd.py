@@ -3,26 +3,84 @@ place: fp32 fused multiply-add on the bf16 value, rounded once), and mix_grad[t,
 x[t, m, h] (fp32; each thread sums its vectors in walk order, then the block adds the threads' sums in
 kernels_src/mhc/common.py block_sum's order).
 
-Each thread walks the row's 16-byte vectors ROW_THREADS apart, UNROLL at a time: the loads of UNROLL vectors (o_grad,
-x and x_grad of each stream) issued before the first is computed and stored, so three times the bytes in flight of a
-one-vector walk at the same sums (H200, 8192 x 4 x 7168: 355.4 µs against 361.3 for the one-vector walk and
-TileKernels' 357.7 in one run; 2 vectors 358.0, 2 tokens a block 357.5, a cp.async ring 354.5 but a different
-mix_grad order; bench/tuning/tune_ceiling1.py). Narrow rows lose: at hidden 1024 (one vector a thread) 59.4 µs against
-the one-vector walk's 52.4 and TileKernels' 53.4, its 151 registers leaving 3 blocks an SM (bench/RESULTS.md, twentieth
-session).
+Each thread walks the row's 16-byte vectors ROW_THREADS apart. Two tilings ("u<vectors>", tkaot/_mhc/kernels.py
+PRE_APPLY_MIX_BWD_TILINGS), the same sums in the same order: u1 takes one vector at a time (kernels_src/mhc/common.py
+token_row_kernel; 75 registers, 6 blocks an H200 SM), u3 issues the loads of 3 vectors (o_grad, x and x_grad of each
+stream) before the first is computed and stored, three times the bytes in flight (151 registers, 3 blocks an SM).
+H200, 8192 x 4 x 7168, one run (bench/tuning/tune_ceiling1.py): u3 355.4 µs, u1 361.3, TileKernels 357.7; 2 vectors
+358.0, 2 tokens a block 357.5, a cp.async ring 354.5 but a different mix_grad order. The op's choice by width:
+tkaot/_mhc/pre_apply_mix.py (at hidden 1024, one vector a thread: u3 59.4 µs, u1 52.4,
+TileKernels 53.4; bench/RESULTS.md, twentieth session).
 """
 
 import tilelang.language as T
 
-from kernels_src.mhc.common import ROW_THREADS, VEC, WARP, block_sum, load_vec, stream_types, vec_entry
+from kernels_src.mhc.common import ROW_THREADS, VEC, WARP, block_sum, load_vec, stream_types, token_row_kernel, vec_entry
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD
 
 DECL = PRE_APPLY_MIX_BWD  # the declaration this module builds (tkaot/_mhc/kernels.py)
-UNROLL = 3  # vectors a thread loads before it computes the first of them
 
 
-def build(mhc_mult: int):
-    mhc, unroll = mhc_mult, UNROLL  # streams a token
+def parse_tiling(tiling: str) -> int:
+    """The vectors a thread loads before it computes the first of them: "u<vectors>"."""
+    if tiling[:1] != "u" or not tiling[1:].isdigit() or int(tiling[1:]) < 1:
+        raise ValueError(f"{DECL.name}: tiling {tiling!r} is not u<vectors>")
+    return int(tiling[1:])
+
+
+def build(mhc_mult: int, tiling: str):
+    unroll = parse_tiling(tiling)
+    return build_one_vector(mhc_mult) if unroll == 1 else build_unrolled(mhc_mult, unroll)
+
+
+def build_one_vector(mhc_mult: int):
+    """u1: a vector at a time, through token_row_kernel."""
+    mhc = mhc_mult  # streams a token
+    num_tokens, hidden, rows, streams, mixes = stream_types(mhc)
+
+    @T.macro
+    def tiles():
+        og = T.alloc_local((VEC,), T.bfloat16)
+        xs = T.alloc_local((mhc, VEC), T.bfloat16)
+        xg = T.alloc_local((mhc, VEC), T.bfloat16)
+        mixes = T.alloc_local((mhc,), T.float32)
+        acc = T.alloc_local((mhc,), T.float32)
+        return og, xs, xg, mixes, acc
+
+    @T.macro
+    def start(og, xs, xg, mixes, acc, o_grad, x, mix, x_grad, mix_grad, token):
+        for m in T.unroll(mhc):
+            mixes[m] = mix[token, m]
+            acc[m] = 0.0
+
+    @T.macro
+    def visit(og, xs, xg, mixes, acc, o_grad, x, mix, x_grad, mix_grad, token, col: T.Ref):
+        load_vec(og, (), o_grad, (token, col))
+        for m in T.unroll(mhc):
+            load_vec(xs, (m,), x, (token, m, col))
+            load_vec(xg, (m,), x_grad, (token, m, col))
+        for m in T.unroll(mhc):
+            for j in T.unroll(VEC):
+                acc[m] = acc[m] + T.cast(og[j], T.float32) * T.cast(xs[m, j], T.float32)
+                xg[m, j] = T.cast(T.cast(xg[m, j], T.float32) + mixes[m] * T.cast(og[j], T.float32), T.bfloat16)
+            for j in T.vectorized(VEC):
+                x_grad[token, m, col * VEC + j] = xg[m, j]
+
+    @T.macro
+    def finish(og, xs, xg, mixes, acc, o_grad, x, mix, x_grad, mix_grad, token):
+        for m in T.unroll(mhc):
+            mix_grad[token, m] = acc[m]
+
+    @T.prim_func
+    def pre_apply_mix_bwd(o_grad: rows, x: streams, mix: mixes, x_grad: streams, mix_grad: mixes):
+        token_row_kernel(num_tokens, hidden, mhc, tiles, start, visit, finish, (o_grad, x, mix, x_grad, mix_grad))
+
+    return pre_apply_mix_bwd
+
+
+def build_unrolled(mhc_mult: int, unroll: int):
+    """u<unroll>: the loads of `unroll` vectors a thread, then their sums and stores."""
+    mhc = mhc_mult  # streams a token
     num_tokens, hidden, rows, streams, mixes = stream_types(mhc)
     threads = ROW_THREADS
     warps = threads // WARP

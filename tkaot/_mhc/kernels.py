@@ -1,15 +1,15 @@
 """Declarations of the kernels behind tkaot.mhc (tkaot/_decl.py): Manifold-Constrained Hyper-Connections.
 
-The expansion rate (`mhc_mult`, 4 in DeepSeek's models) is the only static axis, and only where a kernel
-keeps an (mhc_mult x ...) tile in registers (expand, pre-apply mix, split mixes, Sinkhorn and post all do);
-hidden size, token count, split count, Sinkhorn repeats, partial-row count (`num_sms`) and layer count are
-runtime values, so one cubin serves every GPU of an arch and every model of one expansion rate. Activations
-are bf16 and mixes fp32, as in TileKernels.
+The expansion rate (`mhc_mult`, 4 in DeepSeek's models) is a static axis only where a kernel keeps an
+(mhc_mult x ...) tile in registers (expand, pre-apply mix, split mixes, Sinkhorn and post all do), and the only
+one but for the pre-apply mix backward's tiling; hidden size, token count, split count, Sinkhorn repeats,
+partial-row count (`num_sms`) and layer count are runtime values, so one cubin serves every GPU of an arch and
+every model of one expansion rate. Activations are bf16 and mixes fp32, as in TileKernels.
 """
 
 from __future__ import annotations
 
-from tkaot._decl import Axis, declarer
+from tkaot._decl import Axis, declarer, tiling_axis
 
 _declare = declarer("mhc_", "tkaot.mhc.")
 
@@ -105,8 +105,16 @@ ROWS = ("num_tokens", "hidden")
 EXPAND_FWD = _declare("mhc.expand_fwd", (MHC,), ("x", "o"), ROWS, ("expand_to_mhc_fwd",))  # fmt: skip
 EXPAND_BWD = _declare("mhc.expand_bwd", (MHC,), ("o_grad", "x_grad"), ROWS, ("expand_to_mhc_bwd",))  # fmt: skip
 PRE_APPLY_MIX_FWD = _declare("mhc.pre_apply_mix_fwd", (MHC,), ("x", "mix", "o"), ROWS, ("mhc_pre_apply_mix_fwd",))  # fmt: skip
+# Pre-apply mix backward (kernels_src/mhc/pre_apply_mix_bwd.py, "u<vectors>": the loads of that many of a thread's
+# 16-byte vectors issued before the first is computed). u3 (151 registers, 3 blocks an SM) on the H200 at 8192 tokens
+# x 4 streams against TileKernels (bench/results/2026-12-03-H200-s20-bench-at-e36d45b.log): 353.87 / 355.19 µs at
+# hidden 7168, 202.31 / 205.52 at 4096, 128.68 / 127.63 at 2560, 58.95 / 52.91 at 1024; u1 (75 registers, 6 blocks an
+# SM) 361.34 at 7168 (bench/results/2026-12-03-H200-s20-tune_ceiling1.log), not timed on narrower rows
+PRE_APPLY_MIX_BWD_TILINGS = {"default": "u3", "narrow": "u1"}
+PRE_APPLY_MIX_BWD_NARROW_HIDDEN = 4096  # below it the op takes u1: u3 ran 1.114x TileKernels at 1024, 1.008x at 2560
 PRE_APPLY_MIX_BWD = _declare(
-    "mhc.pre_apply_mix_bwd", (MHC,), ("o_grad", "x", "mix", "x_grad", "mix_grad"), ROWS, ("mhc_pre_apply_mix_bwd",),
+    "mhc.pre_apply_mix_bwd", (MHC, tiling_axis(PRE_APPLY_MIX_BWD_TILINGS)), ("o_grad", "x", "mix", "x_grad", "mix_grad"), ROWS,
+    ("mhc_pre_apply_mix_bwd",), tilings=PRE_APPLY_MIX_BWD_TILINGS,
 )  # fmt: skip
 POST_FWD = _declare(
     "mhc.post_fwd", (MHC,), ("comb_res_mix", "residual", "post_layer_mix", "x", "out"), ROWS, ("mhc_post_fwd",),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tkaot._compile import compiler, is_dynamo_compiling, traced
+from tkaot._mhc import kernels  # the shipped tilings, read at every call
 from tkaot._mhc.common import BF16, F32, current_stream, elements_rule, hidden_rule, launcher, mhc_rule
 from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD, PRE_APPLY_MIX_FWD
 from tkaot._op import op_parts
@@ -78,8 +79,18 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad):
         return torch.zeros((num_tokens, mhc), dtype=F32, device=x.device)
     mix_grad = torch.empty((num_tokens, mhc), dtype=F32, device=x.device)
     if num_tokens:
-        launcher(_BWD, device, mhc)(device, current_stream(device), og_ptr, x_ptr, mix_ptr, xg_ptr, mix_grad.data_ptr(), num_tokens, hidden)
+        _bwd_launcher(device, mhc, hidden)(
+            device, current_stream(device), og_ptr, x_ptr, mix_ptr, xg_ptr, mix_grad.data_ptr(), num_tokens, hidden
+        )
     return mix_grad
+
+
+def _bwd_launcher(device: int, mhc: int, hidden: int):
+    """The backward's launcher: the one-vector walk for rows narrower than PRE_APPLY_MIX_BWD_NARROW_HIDDEN, the
+    three-vector walk otherwise; a set built without the narrow variant serves those rows with the default one."""
+    tilings = kernels.PRE_APPLY_MIX_BWD_TILINGS
+    tiling = tilings["narrow" if hidden < kernels.PRE_APPLY_MIX_BWD_NARROW_HIDDEN else "default"]
+    return _BWD.get(device, mhc, tiling, general_tiling=tilings["default"])
 
 
 # ---- traced forms (tkaot/_compile.py)
