@@ -52,9 +52,9 @@ def main(argv=None) -> None:
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
     t0 = time.time()
 
-    def served(tiling: str) -> str:
-        keys = {launcher.kernel.key for (_, _, t), launcher in pre_apply_mix._BWD.cache.items() if t == tiling}
-        return ",".join(sorted(keys))
+    def served() -> set:
+        """The launchers cached for each tiling: a set missing one would have cached the general (u3) launcher twice."""
+        return {t: {id(launcher) for (_, _, t2), launcher in pre_apply_mix._BWD.cache.items() if t2 == t} for t in force}
 
     def run(tiling: str, a: dict):
         kernels.PRE_APPLY_MIX_BWD_NARROW_HIDDEN = force[tiling]
@@ -88,8 +88,8 @@ def main(argv=None) -> None:
         for p in range(args.passes):
             for name in impls if p % 2 == 0 else reversed(list(impls)):
                 times[name].append(timing.device_us(impls[name], inputs)[0])
-        keys = {t: served(t) for t in force}
-        assert all(k == f"mhc_mult=4,tiling={t}" for t, k in keys.items()), f"launched {keys}"
+        launched = served()
+        assert all(len(v) == 1 for v in launched.values()) and len(set().union(*launched.values())) == len(force), launched
         med = {name: statistics.median(v) for name, v in times.items()}
         rows.append((hidden, med, same, tilings["narrow"] if hidden < threshold else tilings["default"]))
         print(f"hidden {hidden}: {', '.join(f'{n} {v:.2f}' for n, v in med.items())} µs; u1 bytes == u3 bytes: {same} "
