@@ -17,8 +17,8 @@ parameters) is left as it was: the op keeps calling the compiled checker, which 
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import builtins
 import types
@@ -176,8 +176,10 @@ class _Checker:
         statements = [_renamed(s, renames) for s in self.body]
         if target is not None and not pairs and isinstance(target, ast.Tuple):
             pass
-        elif pairs and all(isinstance(t, ast.Name) for t, _ in pairs) and not (
-            {t.id for t, _ in pairs} & {n.id for _, v in pairs for n in ast.walk(_renamed(v, renames)) if isinstance(n, ast.Name)}
+        elif (
+            pairs
+            and all(isinstance(t, ast.Name) for t, _ in pairs)
+            and not ({t.id for t, _ in pairs} & {n.id for _, v in pairs for n in ast.walk(_renamed(v, renames)) if isinstance(n, ast.Name)})
         ):
             statements += [ast.Assign(targets=[ast.Name(t.id, ast.Store())], value=_renamed(v, renames)) for t, v in pairs]
         elif pairs:
