@@ -160,10 +160,12 @@ class _Checker:
         renames = {p: a.id for p, a in zip(self.params, call.args)}
         renames.update({v: self._local(v) for v in self.locals})
         renames.update({g: self._global(g) for g in self.env_names})
-        pairs = []  # (target, value) still to assign after the checker's statements
         target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
         result = self.result if self.result is not None else ast.Constant(None)
-        if isinstance(target, ast.Tuple) and isinstance(result, ast.Tuple) and len(target.elts) == len(result.elts):
+        if target is None:
+            pairs = []
+        elif isinstance(target, ast.Tuple) and isinstance(result, ast.Tuple) and len(target.elts) == len(result.elts):
+            pairs = []  # (target, value) still to assign after the checker's statements
             names = [t.id for t in target.elts if isinstance(t, ast.Name)]
             args = {a.id for a in call.args}
             builtin = set(dir(builtins))
@@ -173,22 +175,18 @@ class _Checker:
                     renames[v.id] = t.id
                 else:
                     pairs.append((t, v))
+        else:
+            pairs = [(target, result)]  # `checked = _check(...)`, or a starred target
         statements = [_renamed(s, renames) for s in self.body]
-        if target is not None and not pairs and isinstance(target, ast.Tuple):
-            pass
-        elif (
-            pairs
-            and all(isinstance(t, ast.Name) for t, _ in pairs)
-            and not ({t.id for t, _ in pairs} & {n.id for _, v in pairs for n in ast.walk(_renamed(v, renames)) if isinstance(n, ast.Name)})
-        ):
-            statements += [ast.Assign(targets=[ast.Name(t.id, ast.Store())], value=_renamed(v, renames)) for t, v in pairs]
-        elif pairs:
-            statements.append(ast.Assign(
-                targets=[ast.Tuple([_copy(t) for t, _ in pairs], ast.Store())],
-                value=ast.Tuple([_renamed(v, renames) for _, v in pairs], ast.Load()),
-            ))  # fmt: skip
-        elif target is not None:
-            statements.append(ast.Assign(targets=[_copy(target)], value=_renamed(result, renames)))
+        values = [_renamed(v, renames) for _, v in pairs]
+        read = {n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)}
+        if all(isinstance(t, ast.Name) for t, _ in pairs) and not {t.id for t, _ in pairs} & read:  # one statement a value
+            statements += [ast.Assign(targets=[ast.Name(t.id, ast.Store())], value=v) for (t, _), v in zip(pairs, values)]
+        elif len(pairs) == 1:
+            statements.append(ast.Assign(targets=[_copy(pairs[0][0])], value=values[0]))
+        else:
+            targets = [_copy(t) for t, _ in pairs]
+            statements.append(ast.Assign(targets=[ast.Tuple(targets, ast.Store())], value=ast.Tuple(values, ast.Load())))
         for s in statements:
             for n in ast.walk(s):
                 if isinstance(n, (ast.stmt, ast.expr, ast.excepthandler)):
