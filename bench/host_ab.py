@@ -8,7 +8,9 @@ Fresh processes a tree (bench.host_compare) move a row by more than these ops' d
 functions' source (OLD/tkaot/quant.py, OLD/tkaot/moe.py) is executed beside this tree's op modules, with this tree's
 launchers and kernels, so both call the same launch path and only their Python differs. Pinned to one core, thread
 CPU time (bench.timing.host_us: chunks of 200 calls, the device drained between chunks), the calls alternating round by
-round, one JSON line a round, then the least and the median over rounds. Both outputs are checked equal first.
+round, one JSON line a round, then the least and the median over rounds. Three rows an op: "old" (805a1b8's), "called"
+(this tree's op as written, calling its checker: a copy of the function made before its first call) and "now" (the
+op as it runs, its checker written into it at the first call, tkaot/_inline.py). The outputs are checked equal first.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import statistics
 import time
+import types
 from pathlib import Path
 
 
@@ -57,26 +60,36 @@ def main() -> None:
         "check_cuda": _validate.check_cuda, "check_rows": _validate.check_rows, "check_like": _validate.check_like,
         "fail": _validate.fail, "_row_strides": lambda t: norm._rows(t.stride()),
     })  # fmt: skip
+
+    # the ops as written, calling their checker: copies made before a first call writes the checker into them
+    def as_written(f):
+        return types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__)
+
+    gate_called, norm_called = as_written(gate.moe_topk_gate_forward), as_written(norm.norm_forward)
     logits = torch.randn(1, 256, device="cuda")
     x = torch.randn(1, 7168, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
     calls = {
         "gate old": lambda: old_gate(logits, 8, False, 0, 2.5, 0),
+        "gate called": lambda: gate_called(logits, 8, False, 0, 2.5, 0),
         "gate now": lambda: gate.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0),
         "norm old": lambda: old_norm(x, w, 1e-6),
+        "norm called": lambda: norm_called(x, w, 1e-6),
         "norm now": lambda: norm.norm_forward(x, w, 1e-6),
     }
-    for a, b in ((calls["gate old"](), calls["gate now"]()), (calls["norm old"]()[:1], calls["norm now"]()[:1])):
-        assert all(torch.equal(p, q) for p, q in zip(a, b)), "the old and new functions disagree"
+    for op in ("gate", "norm"):
+        results = [calls[f"{op} {kind}"]()[:2] for kind in ("old", "called", "now")]
+        assert all(torch.equal(p, q) for r in results[1:] for p, q in zip(results[0], r) if p is not None), f"{op}: the functions disagree"
+    assert "_check" not in norm.norm_forward.__code__.co_names, "norm_forward's checker was not written into it"
     samples = collections.defaultdict(list)
     for r in range(args.rounds):
         for name, call in calls.items() if r % 2 == 0 else reversed(calls.items()):
             samples[name].append(timing.host_us(call, n=4000, rounds=3, stat=min, clock=time.thread_time_ns))
         print(json.dumps({name: round(v[-1], 3) for name, v in samples.items()}), flush=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, one core, thread CPU time, {args.rounds} rounds")
-    print(f"{'':10s} {'least':>7s} {'median':>7s}")
+    print(f"{'':12s} {'least':>7s} {'median':>7s}")
     for name, v in samples.items():
-        print(f"{name:10s} {min(v):7.3f} {statistics.median(v):7.3f}")
+        print(f"{name:12s} {min(v):7.3f} {statistics.median(v):7.3f}")
 
 
 if __name__ == "__main__":
