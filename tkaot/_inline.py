@@ -10,7 +10,9 @@ with that statement replaced by the checker's body: the checker's parameters ren
 other locals and its globals renamed apart (`_inl<checker>_<name>`, the globals bound in the module under those
 names), and its final `return (...)` turned into the assignment. The function object, its defaults, signature and
 docstring stay; the new lines keep the call statement's line number, so a traceback points at the `_check(` line.
-Measured on norm_forward (dev machine, no-op driver): 0.14 µs a call, the second frame and the returned tuple.
+Measured on norm_forward (dev machine, no-op driver): 0.14 µs a call, the second frame and the returned tuple; the
+rewrite costs 5-15 ms once, at the op's first call (dev machine: parsing the checker and the op, compiling the
+result; the garbage collector held off meanwhile).
 
 Anything this does not recognise (no source file, a statement of another form, a checker that writes one of its
 parameters) is left as it was: the op keeps calling the compiled checker, which raises the same errors.
@@ -21,16 +23,30 @@ import __future__
 
 import ast
 import builtins
+import gc
 import types
 
 _PREFIX = "_inl"
 # a rewritten function's tree, for its next checker (an op calling two checkers gets both): (module, name) -> FunctionDef
 _TREES: dict[tuple[str, str], ast.FunctionDef] = {}
+_BUILTINS = frozenset(dir(builtins))
 
 
 def inline_checker(namespace: dict, name: str, source: str, env: dict) -> list[str]:
     """Inline the checker `source` (a `def check(...)`, its globals in `env`), bound in `namespace` as `name`, into
     the module's functions that call it; returns the names of the functions rewritten."""
+    # The trees are thousands of small objects: with torch loaded, the collections they would trigger cost ~100 ms
+    # (measured: ast.parse of norm_forward's checker 5 ms, or 110-130 ms when a full collection falls into it)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _inline(namespace, name, source, env)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _inline(namespace: dict, name: str, source: str, env: dict) -> list[str]:
     path = namespace.get("__file__")
     module = namespace.get("__name__")
     if not path or not module:
@@ -40,62 +56,121 @@ def inline_checker(namespace: dict, name: str, source: str, env: dict) -> list[s
         if isinstance(f, types.FunctionType) and f.__module__ == module and f.__code__.co_filename == path
         and name in f.__code__.co_names and not f.__code__.co_freevars
     ]  # fmt: skip
-    if not callers:
-        return []
-    try:
-        with open(path, encoding="utf-8") as file:
-            tree = ast.parse(file.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return []
-    checker = _Checker(name, source, env)
-    if not checker.ok:
-        return []
-    defs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    done = []
+    checker, lines, done = None, None, []
     for function in callers:
-        node = _TREES.get((module, function.__name__)) or defs.get(function.__name__)
-        if node is None or min([node.lineno, *(d.lineno for d in node.decorator_list)]) != function.__code__.co_firstlineno:
-            continue  # the file changed since import, or another definition
-        rewritten = checker.inline_into(node, function.__name__, path)
-        if rewritten is None:
+        node = _TREES.get((module, function.__name__))
+        if node is None:
+            if lines is None:
+                try:
+                    with open(path, encoding="utf-8") as file:
+                        lines = file.readlines()
+                except (OSError, ValueError):
+                    return done
+            node = _function_tree(lines, function)
+        if node is None:
             continue
-        code, _TREES[(module, function.__name__)] = rewritten
+        calls = _call_statements(node, name)
+        if not calls or len(calls) != sum(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node)):
+            continue  # no call, or the checker read some other way: the function keeps calling it
+        checker = checker or _Checker(name, source, env)
+        if not checker.ok:
+            return done
+        taken = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
+        if any(len(call.args) != len(checker.params) for _, _, call in calls) or taken & checker.renamed_apart:
+            continue
+        for statements, stmt, call in calls:
+            i = next(k for k, s in enumerate(statements) if s is stmt)
+            statements[i : i + 1] = checker.expand(stmt, call)
+        try:
+            code = compile(ast.Module(body=[node], type_ignores=[]), path, "exec", flags=_ANNOTATIONS, dont_inherit=True)
+        except (SyntaxError, ValueError, TypeError):
+            _TREES.pop((module, function.__name__), None)
+            continue
+        found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == function.__name__]
+        if len(found) != 1:
+            _TREES.pop((module, function.__name__), None)
+            continue
+        _TREES[(module, function.__name__)] = node
         for key, value in checker.globals.items():
             namespace.setdefault(key, value)
-        function.__code__ = code
+        function.__code__ = found[0]
         done.append(function.__name__)
     return done
+
+
+_ANNOTATIONS = __future__.annotations.compiler_flag
+
+
+def _function_tree(lines: list[str], function) -> ast.FunctionDef | None:
+    """The module-level def of `function`, parsed alone from the module's lines (its line numbers kept)."""
+    start = function.__code__.co_firstlineno  # its first decorator's line, or the def's
+    end = start
+    seen_def = False
+    for end in range(start, len(lines) + 1):
+        line = lines[end - 1]
+        seen_def = seen_def or line.startswith(("def ", "async def "))
+        if seen_def and end > start and line.strip() and not line[0].isspace() and not line.startswith((")", "#")):
+            end -= 1
+            break
+    try:
+        tree = ast.parse("\n" * (start - 1) + "".join(lines[start - 1 : end]))
+    except (SyntaxError, ValueError):
+        return None
+    node = tree.body[0] if len(tree.body) == 1 else None
+    return node if isinstance(node, ast.FunctionDef) and node.name == function.__name__ else None
+
+
+def _call_statements(node: ast.FunctionDef, name: str) -> list:
+    """(statement list, statement, call) of each `targets = name(a, b)` or `name(a, b)` in the def, arguments plain."""
+    found = []
+
+    def visit(statements: list) -> None:
+        for stmt in statements:
+            value = stmt.value if isinstance(stmt, ast.Expr) or (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1) else None
+            if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == name and not value.keywords
+                    and all(isinstance(a, ast.Name) for a in value.args)):  # fmt: skip
+                found.append((statements, stmt, value))
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, field, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    visit(inner)
+            for handler in getattr(stmt, "handlers", ()):
+                visit(handler.body)
+
+    visit(node.body)
+    return found
 
 
 class _Checker:
     """The checker's body, its names sorted into parameters, locals and globals."""
 
     def __init__(self, name: str, source: str, env: dict):
-        self.name = name
-        self.ok = False
+        self.name, self.source, self.ok = name, source, False
         func = ast.parse(source).body[0]
         if not isinstance(func, ast.FunctionDef) or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
             return
         self.params = [a.arg for a in func.args.args]
-        body = func.body
-        returns = [n for n in ast.walk(func) if isinstance(n, ast.Return)]
-        if not body or not isinstance(body[-1], ast.Return) or len(returns) != 1:
-            return
-        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Global, ast.Nonlocal))
-               for stmt in body for n in ast.walk(stmt)):  # fmt: skip
-            return
-        self.body, self.result = body[:-1], body[-1].value
-        stored = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        stored |= {n.name for n in ast.walk(func) if isinstance(n, ast.ExceptHandler) and n.name}
-        if stored & set(self.params):
-            return  # a parameter rebound: renaming it to the op's argument would change the op's variable
-        loaded = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        unknown = loaded - stored - set(self.params) - set(env) - set(dir(builtins))
-        if unknown:
+        stored, loaded, returns, nested = set(), set(), 0, False
+        for stmt in func.body:
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Name):
+                    (loaded if isinstance(n.ctx, ast.Load) else stored).add(n.id)
+                elif isinstance(n, ast.ExceptHandler) and n.name:
+                    stored.add(n.name)
+                elif isinstance(n, ast.Return):
+                    returns += 1
+                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Global, ast.Nonlocal)):
+                    nested = True
+        if nested or returns != 1 or not isinstance(func.body[-1], ast.Return) or stored & set(self.params):
+            return  # a parameter rebound would change the op's variable of that name
+        if loaded - stored - set(self.params) - set(env) - _BUILTINS:
             return
         self.locals = stored
         self.env_names = (loaded - stored - set(self.params)) & set(env)
         self.globals = {self._global(g): env[g] for g in self.env_names}
+        self.renamed_apart = {self._local(v) for v in stored} | set(self.globals)
+        self._body = func.body  # the first expansion takes it; a later one parses the source again
         self.ok = True
 
     def _global(self, g: str) -> str:
@@ -104,124 +179,45 @@ class _Checker:
     def _local(self, v: str) -> str:
         return f"{_PREFIX}{self.name}__{v}"
 
-    def inline_into(self, node: ast.FunctionDef, function: str, path: str):
-        """The code object of `node` (the op's def) with each call statement of the checker replaced, and the
-        rewritten def; None when there is none or one of another form."""
-        node = _copy(node)
-        taken = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
-        if taken & ({self._local(v) for v in self.locals} | set(self.globals)):
-            return None
-        replaced = [0]
-
-        def rewrite(statements: list) -> list | None:
-            out = []
-            for stmt in statements:
-                call = _checker_call(stmt, self.name)
-                if call is not None:
-                    new = self._expand(stmt, call)
-                    if new is None:
-                        return None
-                    replaced[0] += 1
-                    out.extend(new)
-                    continue
-                for field in ("body", "orelse", "finalbody"):
-                    inner = getattr(stmt, field, None)
-                    if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                        new_inner = rewrite(inner)
-                        if new_inner is None:
-                            return None
-                        setattr(stmt, field, new_inner)
-                for handler in getattr(stmt, "handlers", ()):
-                    new_inner = rewrite(handler.body)
-                    if new_inner is None:
-                        return None
-                    handler.body = new_inner
-                out.append(stmt)
-            return out
-
-        body = rewrite(node.body)
-        if body is None or not replaced[0]:
-            return None
-        if any(isinstance(n, ast.Name) and n.id == self.name for stmt in body for n in ast.walk(stmt)):
-            return None  # still read some other way: keep the function as it is
-        node.body = body
-        module = ast.Module(body=[_copy(node)], type_ignores=[])  # compiled, never run: its decorators are not called
-        ast.fix_missing_locations(module)
-        flags = __future__.annotations.compiler_flag
-        code = compile(module, path, "exec", flags=flags, dont_inherit=True)
-        found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == function]
-        return (found[0], node) if len(found) == 1 else None
-
-    def _expand(self, stmt: ast.stmt, call: ast.Call) -> list | None:
+    def expand(self, stmt: ast.stmt, call: ast.Call) -> list:
         """The checker's statements for one call statement, the result assigned to the statement's targets: a checker
         local returned into a plain name target is that name throughout (no copy at the end)."""
-        if len(call.args) != len(self.params):
-            return None
+        body, self._body = self._body or ast.parse(self.source).body[0].body, None
+        result = body[-1].value if body[-1].value is not None else ast.Constant(None)
         renames = {p: a.id for p, a in zip(self.params, call.args)}
         renames.update({v: self._local(v) for v in self.locals})
         renames.update({g: self._global(g) for g in self.env_names})
         target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
-        result = self.result if self.result is not None else ast.Constant(None)
-        if target is None:
-            pairs = []
-        elif isinstance(target, ast.Tuple) and isinstance(result, ast.Tuple) and len(target.elts) == len(result.elts):
-            pairs = []  # (target, value) still to assign after the checker's statements
+        pairs = []  # (target, value) still to assign after the checker's statements
+        if isinstance(target, ast.Tuple) and isinstance(result, ast.Tuple) and len(target.elts) == len(result.elts):
             names = [t.id for t in target.elts if isinstance(t, ast.Name)]
             args = {a.id for a in call.args}
-            builtin = set(dir(builtins))
             for t, v in zip(target.elts, result.elts):
                 if (isinstance(t, ast.Name) and isinstance(v, ast.Name) and v.id in self.locals and names.count(t.id) == 1
-                        and t.id not in args and t.id not in builtin and renames[v.id] == self._local(v.id)):  # fmt: skip
+                        and t.id not in args and t.id not in _BUILTINS and renames[v.id] == self._local(v.id)):  # fmt: skip
                     renames[v.id] = t.id
                 else:
                     pairs.append((t, v))
-        else:
+        elif target is not None:
             pairs = [(target, result)]  # `checked = _check(...)`, or a starred target
-        statements = [_renamed(s, renames) for s in self.body]
-        values = [_renamed(v, renames) for _, v in pairs]
+        statements = body[:-1]
+        line, col = stmt.lineno, stmt.col_offset
+        for n in (n for s in [*statements, result] for n in ast.walk(s)):  # one pass: names, and the call's line
+            if isinstance(n, ast.Name):
+                n.id = renames.get(n.id, n.id)
+            elif isinstance(n, ast.ExceptHandler) and n.name:
+                n.name = renames.get(n.name, n.name)
+            if "lineno" in n._attributes:
+                n.lineno, n.col_offset, n.end_lineno, n.end_col_offset = line, col, line, col
+        values = [v for _, v in pairs]
         read = {n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)}
         if all(isinstance(t, ast.Name) for t, _ in pairs) and not {t.id for t, _ in pairs} & read:  # one statement a value
-            statements += [ast.Assign(targets=[ast.Name(t.id, ast.Store())], value=v) for (t, _), v in zip(pairs, values)]
+            statements += [ast.Assign(targets=[ast.Name(t.id, ast.Store())], value=v) for t, v in pairs]
         elif len(pairs) == 1:
-            statements.append(ast.Assign(targets=[_copy(pairs[0][0])], value=values[0]))
+            statements.append(ast.Assign(targets=[pairs[0][0]], value=values[0]))
         else:
-            targets = [_copy(t) for t, _ in pairs]
-            statements.append(ast.Assign(targets=[ast.Tuple(targets, ast.Store())], value=ast.Tuple(values, ast.Load())))
-        for s in statements:
+            statements.append(ast.Assign(targets=[ast.Tuple([t for t, _ in pairs], ast.Store())], value=ast.Tuple(values, ast.Load())))
+        for s in statements[len(body) - 1 :]:  # the assignments added
             for n in ast.walk(s):
-                if isinstance(n, (ast.stmt, ast.expr, ast.excepthandler)):
-                    n.lineno, n.col_offset = stmt.lineno, stmt.col_offset
-                    n.end_lineno, n.end_col_offset = stmt.lineno, stmt.col_offset
+                n.lineno, n.col_offset, n.end_lineno, n.end_col_offset = line, col, line, col
         return statements
-
-
-def _checker_call(stmt: ast.stmt, name: str) -> ast.Call | None:
-    """The call of `name` that `stmt` is (`targets = name(a, b)` or `name(a, b)`), its arguments plain names."""
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-        value = stmt.value
-    elif isinstance(stmt, ast.Expr):
-        value = stmt.value
-    else:
-        return None
-    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == name):
-        return None
-    if value.keywords or not all(isinstance(a, ast.Name) for a in value.args):
-        return None
-    return value
-
-
-def _renamed(node: ast.AST, renames: dict):
-    node = _copy(node)
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name) and n.id in renames:
-            n.id = renames[n.id]
-        elif isinstance(n, ast.ExceptHandler) and n.name in renames:
-            n.name = renames[n.name]
-    return node
-
-
-def _copy(node):
-    """A deep copy of an AST (node types only hold nodes, lists and constants)."""
-    import copy
-
-    return copy.deepcopy(node)
