@@ -224,9 +224,8 @@ def _source(sig: Signature) -> tuple[str, dict]:
             dtypes = by_name[dtypes].dtypes
         if len({_VEC[d] for d in dtypes}) == 1:  # one vector width: a constant
             vec = str(_VEC[dtypes[0]])
-        else:
-            vec = "_vec"
-            out(f"{ind}_vec = _VEC[t_{n}]")
+        else:  # looked up where a stride is tested (a 1-token call tests none)
+            vec = f"_VEC[t_{n}]"
         out(f"{ind}if s_{n}[-1] != 1:")
         fail_line(ind, label, "contiguous in its last dimension", f"f'strides {{s_{n}}}'")
         out(f"{ind}if p_{n} % 16:")
@@ -295,14 +294,13 @@ def _source(sig: Signature) -> tuple[str, dict]:
         out(f"{ind}try:")
         # one statement a property: no tuple built and unpacked (0.08 µs a call on norm_forward's two tensors)
         for var, read in (("d", "get_device()"), ("t", "dtype"), ("h", "shape"), ("s", "stride()"), ("p", "data_ptr()")):
-            out(f"{ind}    {var}_{n} = {n}.{read}")
+            out(f"{ind}    {'device' if i == 0 and var == 'd' else f'{var}_{n}'} = {n}.{read}")  # the first sets the device
         out(f"{ind}except AttributeError:")
         out(f"{ind}    _not_a_tensor(_op, {_text(label)}, {n})")
         # device
         if i == 0:
             if t.optional:
                 raise ValueError(f"{sig.op}: the first tensor sets the device and cannot be optional")
-            out(f"{ind}device = d_{n}")
             out(f"{ind}if device < 0:")
             fail_line(ind, label, "a CUDA tensor", f"f'a tensor on {{{n}.device}}'")
         else:
