@@ -76,6 +76,35 @@ def record_launches(monkeypatch, modules, with_args: bool = False) -> list:
     return recorded
 
 
+def registry_holding(monkeypatch, module, kernels, built: set) -> tuple[list, list]:
+    """Calls of `module`'s ops on meta tensors against a registry holding only the variant keys in `built` (any other
+    raises VariantNotBuilt), with `kernels` (the op's OpKernels) uncached and launches recorded, not made; returns the
+    keys looked up and the keys launched, in order."""
+    from tkaot.errors import VariantNotBuilt
+
+    get_device = torch.Tensor.get_device
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
+    monkeypatch.setattr(module, "current_stream", lambda device: 0)
+    monkeypatch.setattr(kernels, "cache", {})
+    looked_up, launched = [], []
+
+    class Found:
+        def __init__(self, key):
+            self.key = key
+
+        def bind(self, args):
+            return lambda *values: launched.append(self.key)
+
+    def kernel(op, kernel, key, device):
+        looked_up.append(key)
+        if key not in built:
+            raise VariantNotBuilt(op, kernel, key, [], "tkaot-build ...", [])
+        return Found(key)
+
+    monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
+    return looked_up, launched
+
+
 def dense(shape) -> tuple:
     """The strides of a contiguous tensor of `shape` (a zero extent counted as one)."""
     strides, step = [], 1

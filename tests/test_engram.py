@@ -10,7 +10,7 @@ import torch
 
 import tkaot
 import tkaot.engram
-from tests.helpers import record_launches
+from tests.helpers import record_launches, registry_holding
 from tkaot._engram import device as engram_device
 from tkaot.modeling.engram import EngramGateFn, engram_gate
 from tkaot.reference import engram as ref
@@ -331,31 +331,9 @@ def test_gate_forward_without_the_decode_variant_launches_the_streaming_one(monk
     streaming variant, no error and no warning; later calls take the cached launcher."""
     import warnings
 
-    from tkaot import _op
     from tkaot._engram import gate
-    from tkaot.errors import VariantNotBuilt
 
-    get_device = torch.Tensor.get_device
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
-    monkeypatch.setattr(gate, "current_stream", lambda device: 0)
-    monkeypatch.setattr(gate._FWD, "cache", {})
-    built = {STREAMING, DECODE} if decode_built else {STREAMING}
-    looked_up, launched = [], []
-
-    class Found:
-        def __init__(self, key):
-            self.key = key
-
-        def bind(self, args):
-            return lambda *values: launched.append(self.key)
-
-    def kernel(op, kernel, key, device):
-        looked_up.append(key)
-        if key not in built:
-            raise VariantNotBuilt(op, kernel, key, [], "tkaot-build ...", [])
-        return Found(key)
-
-    monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
+    looked_up, launched = registry_holding(monkeypatch, gate, gate._FWD, {STREAMING, DECODE} if decode_built else {STREAMING})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):

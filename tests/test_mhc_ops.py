@@ -16,7 +16,7 @@ import torch
 
 import tkaot
 from build_tools.sweep import read_shapeset, resolve_shapeset, sweep
-from tests.helpers import build_by_kernel, meta, record_launches
+from tests.helpers import build_by_kernel, meta, record_launches, registry_holding
 from tkaot import _model_shapes, _op
 from tkaot._kernel import Kernel
 from tkaot._mhc import expand, post, pre_apply_mix, sinkhorn, split_mixes
@@ -233,29 +233,7 @@ def test_pre_apply_mix_bwd_without_the_narrow_variant_launches_the_default_one(m
     launch the three-vector variant, no error and no warning; later calls take the cached launcher."""
     import warnings
 
-    from tkaot.errors import VariantNotBuilt
-
-    get_device = torch.Tensor.get_device
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0 if self.device.type == "meta" else get_device(self))
-    monkeypatch.setattr(pre_apply_mix, "current_stream", lambda device: 0)
-    monkeypatch.setattr(pre_apply_mix._BWD, "cache", {})
-    built = {U1, U3} if narrow_built else {U3}
-    looked_up, launched = [], []
-
-    class Found:
-        def __init__(self, key):
-            self.key = key
-
-        def bind(self, args):
-            return lambda *values: launched.append(self.key)
-
-    def kernel(op, kernel, key, device):
-        looked_up.append(key)
-        if key not in built:
-            raise VariantNotBuilt(op, kernel, key, [], "tkaot-build ...", [])
-        return Found(key)
-
-    monkeypatch.setattr(_op.REGISTRY, "kernel", kernel)
+    looked_up, launched = registry_holding(monkeypatch, pre_apply_mix, pre_apply_mix._BWD, {U1, U3} if narrow_built else {U3})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
