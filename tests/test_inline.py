@@ -52,6 +52,7 @@ def test_every_checker_call_is_inlined():
                 left.append((module.__name__, f.__name__))
     assert seen >= 40, f"only {seen} checkers found: the stand-ins lost their signature attribute?"
     assert sorted(left) == sorted(NOT_INLINED), f"checker calls not inlined: {sorted(set(left) - set(NOT_INLINED))}"
+    assert not _inline._TREES, f"trees held after every checker was written in: {sorted(_inline._TREES)}"
 
 
 @pytest.mark.parametrize(
