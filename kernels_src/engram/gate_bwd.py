@@ -290,37 +290,11 @@ def build(tiling: str):
                             if g == tail:  # every reader of go_smem (grad_v) is done, the next token's v landed
                                 T.sync_threads()
                             # the ring's positions are past the row: the next token's first go groups instead
-                            stage(
-                                g - tail,
-                                v_ready == 1,
-                                t + 1,
-                                head,
-                                own,
-                                groups,
-                                grad_out,
-                                hidden_states,
-                                kv,
-                                weight_fused,
-                                go_smem,
-                                ring,
-                                w_smem,
-                            )
+                            stage(g - tail, v_ready == 1, t + 1, head, own, groups, grad_out, hidden_states, kv, weight_fused,
+                                  go_smem, ring, w_smem)  # fmt: skip
                         else:
-                            stage(
-                                keep + g + depth - 1,
-                                True,
-                                t,
-                                head,
-                                own,
-                                groups,
-                                grad_out,
-                                hidden_states,
-                                kv,
-                                weight_fused,
-                                go_smem,
-                                ring,
-                                w_smem,
-                            )
+                            stage(keep + g + depth - 1, True, t, head, own, groups, grad_out, hidden_states, kv, weight_fused,
+                                  go_smem, ring, w_smem)  # fmt: skip
                         T.ptx_wait_group(depth - 1)
                         if g < groups:
                             for j in T.vectorized(VEC):

@@ -32,7 +32,7 @@ a whole item (its 4 chunks in the row and x's in the slice: every item where hid
 up to slice * 256) runs a body with no test a chunk and plain weight addresses; a partial item, or one
 past the slice, the tested body. The test is one an item, uniform across the warp.
 
-The decode form ("c<ctas>d<slice>w<warps>", build_decode; the op's kernel for few tokens on the inference path) shares
+The decode form ("c<ctas>d<slice>w<warps>", see build; the op's kernel for few tokens on the inference path) shares
 the row's latency among the warps of a CTA instead: all of them stage the token's whole row at once, pass 1's three
 sums run in three warps side by side, each in the lanes' order above. It holds the row in shared memory, so it serves
 hidden up to slice * 256; where there are no more tokens than runs, a run is its own token (no division on the way to
@@ -60,6 +60,7 @@ VEC = 8  # bf16 elements a lane reads at once
 CHUNK = 32 * VEC  # elements a warp reads at once
 TILE = 4  # chunks an item (a ring slot) holds
 SAVE, MASK, IN_PLACE = 1, 2, 4
+SUM_WARPS = (0, 1, 2)  # the decode form's warps of x * x, k * k and x * w * k
 
 # the decode form's runs (the grid's y size), read from gridDim rather than recomputed from the token count
 GRID_Y_SOURCE = "__device__ __forceinline__ int tkaot_grid_y() {\n    return (int)gridDim.y;\n}\n"
@@ -101,17 +102,11 @@ def cp_async(vec: int):
     return cp
 
 
-def build(tiling: str):
-    decode = parse_decode(tiling)
-    if decode is not None:
-        return build_decode(*decode)
-    ctas, stages, slice_ = parse_tiling(tiling)
+def streaming_steps(stages: int, slice_: int):
+    """The streaming form's macros (stage, item_weights, pass1_item, pass2_item) for a ring of `stages` slots and x
+    parked up to slice_ chunks."""
     ahead = stages - 1  # items in flight beyond the one the warp waits for
-    num_tokens = T.dynamic("num_tokens")
-    hc_mult = T.dynamic("hc_mult")
-    hidden = T.dynamic("hidden")
     cp = cp_async(VEC)
-    rows = (num_tokens, hc_mult)
 
     @T.macro
     def stage_k(n, t, head, col, chunks, hidden_states, kv, x_smem, ring, whole):
@@ -209,163 +204,79 @@ def build(tiling: str):
                 for j in T.vectorized(VEC):
                     output[t, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
 
-    @T.prim_func
-    def engram_gate_fwd(
-        hidden_states: T.Tensor[(num_tokens, hc_mult, hidden), T.bfloat16],
-        kv: T.Tensor[(num_tokens, hc_mult + 1, hidden), T.bfloat16],
-        weight_fused: T.Tensor[(hc_mult, hidden), T.float32],
-        image_token_mask: T.Tensor[(num_tokens,), T.bool],
-        output: T.Tensor[(num_tokens, hc_mult, hidden), T.bfloat16],
-        dot: T.Tensor[rows, T.float32],
-        gate_score: T.Tensor[rows, T.float32],
-        rstd_x: T.Tensor[rows, T.float32],
-        rstd_k: T.Tensor[rows, T.float32],
-        eps: T.float32,
-        clamp_value: T.float32,
-        scalar: T.float32,
-        flags: T.int32,
-    ):
-        with T.Kernel(hc_mult, T.min(num_tokens, T.max(ctas // hc_mult, 1)), threads=32) as (head, run):
-            kernel_entry()  # kernels_src/pdl.py: before any memory access
-            T.assume(hidden % CHUNK == 0)
-            T.assume(hidden <= MAX_GATE_HIDDEN)
-            lane = T.get_thread_binding()
-            col = lane * VEC
-            chunks = hidden // CHUNK
-            tiles = T.ceildiv(chunks, TILE)
-            start = T.alloc_var(T.int32)
-            end = T.alloc_var(T.int32)
-            end = T.ceildiv(num_tokens, T.min(num_tokens, T.max(ctas // hc_mult, 1)))  # tokens a run
-            start = T.min(end * run, num_tokens)
-            end = T.min(start + end, num_tokens)
-            x_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
-            ring = T.alloc_shared((stages, TILE * CHUNK), T.bfloat16)
-            x_local = T.alloc_local((VEC,), T.float32)
-            k_local = T.alloc_local((VEC,), T.float32)
-            w_local = T.alloc_local((TILE * VEC,), T.float32)  # an item's weights
-            w_next = T.alloc_local((TILE * VEC,), T.float32)  # the next item's
-            sum_x = T.alloc_local((1,), T.float32)
-            sum_k = T.alloc_local((1,), T.float32)
-            sum_d = T.alloc_local((1,), T.float32)
-            total_x = T.alloc_var(T.float32)
-            total_k = T.alloc_var(T.float32)
-            total_d = T.alloc_var(T.float32)
-            gate = T.alloc_var(T.float32)
-            live = T.alloc_var(T.bool)  # this token is gated (not masked)
-            staged = T.alloc_var(T.bool)  # this token's first items are in flight
-            staged = False
+    return stage, item_weights, pass1_item, pass2_item
 
-            for t in T.serial(start, end):
-                T.assume(0 <= t and t < num_tokens)
-                live = True
-                if (flags & MASK) != 0:  # the mask is read only when it is passed
-                    live = not image_token_mask[t]
-                if not live:
-                    if (flags & IN_PLACE) == 0:
-                        for c in T.serial(chunks):
+
+def decode_sums(warps: int):
+    """The decode form's item_sums macro for items of `warps` chunks."""
+
+    @T.macro
+    def item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, whole):
+        """Item n's share of this warp's sum (SUM_WARPS), chunk by chunk in order; `whole`: no chunk tested."""
+        for s in (0, 1, 2):  # expanded at trace time: one branch a sum
+            if warp == SUM_WARPS[s]:
+                for q in T.unroll(warps):
+                    if whole or n * warps + q < chunks:
+                        if s == 0:  # x * x
                             for j in T.vectorized(VEC):
-                                output[t, head, c * CHUNK + col + j] = hidden_states[t, head, c * CHUNK + col + j]
-                    if (flags & SAVE) != 0 and lane == 0:
-                        dot[t, head] = 0.0
-                        gate_score[t, head] = 0.0
-                        rstd_x[t, head] = 0.0
-                        rstd_k[t, head] = 0.0
-                else:
-                    if not staged:
-                        for u in T.unroll(ahead):
-                            stage(u, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
-                    # pass 1: the three sums in TileKernels' order
-                    T.clear(sum_x)
-                    T.clear(sum_k)
-                    T.clear(sum_d)
-                    item_weights(0, head, col, chunks, weight_fused, w_next)
-                    for n in T.serial(tiles):
-                        if (n + 1) * TILE <= T.min(chunks, slice_):
-                            pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring,
-                                       w_local, w_next, x_local, k_local, sum_x, sum_k, sum_d, True)  # fmt: skip
-                        else:
-                            pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem, ring,
-                                       w_local, w_next, x_local, k_local, sum_x, sum_k, sum_d, False)  # fmt: skip
-                    total_x = T.warp_reduce_sum(sum_x[0])
-                    total_k = T.warp_reduce_sum(sum_k[0])
-                    total_d = T.warp_reduce_sum(sum_d[0])
-                    total_x = T.rsqrt(total_x / T.cast(hidden, T.float32) + eps)
-                    total_k = T.rsqrt(total_k / T.cast(hidden, T.float32) + eps)
-                    gate = total_d * total_x * total_k * scalar
-                    gate = T.sigmoid(T.copysign(T.sqrt(T.clamp(T.abs(gate), clamp_value, T.infinity(T.float32))), gate))
-                    if (flags & SAVE) != 0 and lane == 0:
-                        dot[t, head] = total_d
-                        gate_score[t, head] = gate
-                        rstd_x[t, head] = total_x
-                        rstd_k[t, head] = total_k
-                    # pass 2: out = x + gate * v
-                    for m in T.serial(tiles):
-                        if (m + 1) * TILE <= T.min(chunks, slice_):
-                            pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring,
-                                       x_local, k_local, gate, True)  # fmt: skip
-                        else:
-                            pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring,
-                                       x_local, k_local, gate, False)  # fmt: skip
-                    # the next token's first items, behind this token's last reads of their slots
-                    staged = False
-                    if t + 1 < end:
-                        live = True
-                        if (flags & MASK) != 0:
-                            live = not image_token_mask[t + 1]
-                        if live:
-                            for u in T.unroll(ahead):
-                                stage(u, t + 1, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
-                            staged = True
+                                x_local[j] = x_smem[(n * warps + q) * CHUNK + col + j]
+                            for j in T.serial(VEC):
+                                sums[0] += x_local[j] * x_local[j]
+                        elif s == 1:  # k * k
+                            for j in T.vectorized(VEC):
+                                k_local[j] = k_smem[(n * warps + q) * CHUNK + col + j]
+                            for j in T.serial(VEC):
+                                sums[1] += k_local[j] * k_local[j]
+                        else:  # x * w * k
+                            for j in T.vectorized(VEC):
+                                x_local[j] = x_smem[(n * warps + q) * CHUNK + col + j]
+                            for j in T.vectorized(VEC):
+                                k_local[j] = k_smem[(n * warps + q) * CHUNK + col + j]
+                            for j in T.vectorized(VEC):
+                                w_local[j] = w_smem[(n * warps + q) * CHUNK + col + j]
+                            for j in T.serial(VEC):
+                                sums[2] += x_local[j] * w_local[j] * k_local[j]
 
-    return engram_gate_fwd
+    return item_sums
 
 
-def build_decode(ctas: int, slice_: int, warps: int):
-    """The decode form, for few tokens: a CTA of `warps` warps a (head, run of tokens); the token's row is staged at
-    once, in items of `warps` chunks, warp q staging chunk q of every item (x, k and the fp32 weights: one commit group
-    an item; v's chunks: one group after), so the round trips overlap and the issue is shared. Pass 1's three sums are
-    independent chains, each summed in TileKernels' order by the lanes of one warp (warps 0, 1, 2: x * x, k * k,
-    x * w * k), an item at a time behind a block barrier (an item's chunks come from every warp); then each warp's
-    shuffle sum, the totals through shared memory, and pass 2 by every warp over the chunks it staged itself (no
-    barrier). A row of hidden above slice * 256 is not served (the op keeps such calls on the streaming form)."""
-    items = slice_ // warps
-    threads = warps * 32
+@T.macro
+def publish_sum(s, warp, tid, sums, totals, total: T.Ref):
+    """In warp SUM_WARPS[s]: its lanes' shuffle sum of sums[s] into `total`, and lane 0's copy into totals[s]."""
+    if warp == SUM_WARPS[s]:
+        total = T.warp_reduce_sum(sums[s])
+        if tid % 32 == 0:
+            totals[s] = total
+
+
+def build(tiling: str):
+    """Either form in one prim_func: the parameters, the grid, a masked token and the gate are the same; the staging
+    and the passes are the form's, picked at trace time.
+
+    The decode form: a CTA of `warps` warps a (head, run of tokens); the token's row is staged at once, in items of
+    `warps` chunks, warp q staging chunk q of every item (x, k and the fp32 weights: one commit group an item; v's
+    chunks: one group after), so the round trips overlap and the issue is shared. Pass 1's three sums are independent
+    chains, each summed in TileKernels' order by the lanes of one warp (SUM_WARPS), an item at a time behind a block
+    barrier (an item's chunks come from every warp); then each warp's shuffle sum, the totals through shared memory,
+    and pass 2 by every warp over the chunks it staged itself (no barrier). A row of hidden above slice * 256 is not
+    served (the op keeps such calls on the streaming form)."""
+    decode = parse_decode(tiling) is not None
+    if decode:
+        ctas, slice_, warps = parse_decode(tiling)
+        items = slice_ // warps
+        threads, entry_source, max_hidden = warps * 32, GRID_Y_SOURCE, slice_ * CHUNK
+        item_sums = decode_sums(warps)
+    else:
+        ctas, stages, slice_ = parse_tiling(tiling)
+        ahead = stages - 1  # items in flight beyond the one the warp waits for
+        threads, entry_source, max_hidden = 32, "", MAX_GATE_HIDDEN
+        stage, item_weights, pass1_item, pass2_item = streaming_steps(stages, slice_)
     num_tokens = T.dynamic("num_tokens")
     hc_mult = T.dynamic("hc_mult")
     hidden = T.dynamic("hidden")
     cp = cp_async(VEC)
     cp_w = cp_async(VEC // 2)  # 4 fp32: 16 bytes
     rows = (num_tokens, hc_mult)
-    sum_warp = (0, 1, 2)  # the warp of x * x, k * k and x * w * k
-
-    @T.macro
-    def item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, whole):
-        """Item n's share of this warp's sums (sum_warp), chunk by chunk in order; `whole`: no chunk tested."""
-        if warp == sum_warp[0]:
-            for q in T.unroll(warps):
-                if whole or n * warps + q < chunks:
-                    for j in T.vectorized(VEC):
-                        x_local[j] = x_smem[(n * warps + q) * CHUNK + col + j]
-                    for j in T.serial(VEC):
-                        sums[0] += x_local[j] * x_local[j]
-        if warp == sum_warp[1]:
-            for q in T.unroll(warps):
-                if whole or n * warps + q < chunks:
-                    for j in T.vectorized(VEC):
-                        k_local[j] = k_smem[(n * warps + q) * CHUNK + col + j]
-                    for j in T.serial(VEC):
-                        sums[1] += k_local[j] * k_local[j]
-        if warp == sum_warp[2]:
-            for q in T.unroll(warps):
-                if whole or n * warps + q < chunks:
-                    for j in T.vectorized(VEC):
-                        x_local[j] = x_smem[(n * warps + q) * CHUNK + col + j]
-                    for j in T.vectorized(VEC):
-                        k_local[j] = k_smem[(n * warps + q) * CHUNK + col + j]
-                    for j in T.vectorized(VEC):
-                        w_local[j] = w_smem[(n * warps + q) * CHUNK + col + j]
-                    for j in T.serial(VEC):
-                        sums[2] += x_local[j] * w_local[j] * k_local[j]
 
     @T.prim_func
     def engram_gate_fwd(
@@ -384,38 +295,60 @@ def build_decode(ctas: int, slice_: int, warps: int):
         flags: T.int32,
     ):
         with T.Kernel(hc_mult, T.min(num_tokens, T.max(ctas // hc_mult, 1)), threads=threads) as (head, run):
-            kernel_entry(GRID_Y_SOURCE)  # kernels_src/pdl.py: before any memory access
+            kernel_entry(entry_source)  # kernels_src/pdl.py: before any memory access
             T.assume(hidden % CHUNK == 0)
-            T.assume(hidden <= slice_ * CHUNK)
+            T.assume(hidden <= max_hidden)
             tid = T.get_thread_binding()
-            warp = tid // 32
-            col = (tid % 32) * VEC
-            chunks = hidden // CHUNK
-            start = T.alloc_var(T.int32)
-            end = T.alloc_var(T.int32)
-            # the runs are the grid's y size; where there are no more tokens than runs (few tokens), a run is its own
-            # token, without the divisions (the first loads wait for them)
-            if num_tokens <= T.call_extern("int32", "tkaot_grid_y"):
-                start = run
-                end = run + 1
+            if decode:
+                warp = tid // 32
+                col = (tid % 32) * VEC
+                chunks = hidden // CHUNK
+                start = T.alloc_var(T.int32)
+                end = T.alloc_var(T.int32)
+                # the runs are the grid's y size; where there are no more tokens than runs (few tokens), a run is its
+                # own token, without the divisions (the first loads wait for them)
+                if num_tokens <= T.call_extern("int32", "tkaot_grid_y"):
+                    start = run
+                    end = run + 1
+                else:
+                    end = T.ceildiv(num_tokens, T.call_extern("int32", "tkaot_grid_y"))  # tokens a run
+                    start = T.min(end * run, num_tokens)
+                    end = T.min(start + end, num_tokens)
+                x_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
+                k_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
+                v_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
+                w_smem = T.alloc_shared((slice_ * CHUNK,), T.float32)
+                totals = T.alloc_shared((4,), T.float32)
+                x_local = T.alloc_local((VEC,), T.float32)
+                k_local = T.alloc_local((VEC,), T.float32)
+                w_local = T.alloc_local((VEC,), T.float32)
+                sums = T.alloc_local((3,), T.float32)
             else:
-                end = T.ceildiv(num_tokens, T.call_extern("int32", "tkaot_grid_y"))  # tokens a run
+                col = tid * VEC  # tid: the lane
+                chunks = hidden // CHUNK
+                tiles = T.ceildiv(chunks, TILE)
+                start = T.alloc_var(T.int32)
+                end = T.alloc_var(T.int32)
+                end = T.ceildiv(num_tokens, T.min(num_tokens, T.max(ctas // hc_mult, 1)))  # tokens a run
                 start = T.min(end * run, num_tokens)
                 end = T.min(start + end, num_tokens)
-            x_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
-            k_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
-            v_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
-            w_smem = T.alloc_shared((slice_ * CHUNK,), T.float32)
-            totals = T.alloc_shared((4,), T.float32)
-            x_local = T.alloc_local((VEC,), T.float32)
-            k_local = T.alloc_local((VEC,), T.float32)
-            w_local = T.alloc_local((VEC,), T.float32)
-            sums = T.alloc_local((3,), T.float32)
+                x_smem = T.alloc_shared((slice_ * CHUNK,), T.bfloat16)
+                ring = T.alloc_shared((stages, TILE * CHUNK), T.bfloat16)
+                x_local = T.alloc_local((VEC,), T.float32)
+                k_local = T.alloc_local((VEC,), T.float32)
+                w_local = T.alloc_local((TILE * VEC,), T.float32)  # an item's weights
+                w_next = T.alloc_local((TILE * VEC,), T.float32)  # the next item's
+                sum_x = T.alloc_local((1,), T.float32)
+                sum_k = T.alloc_local((1,), T.float32)
+                sum_d = T.alloc_local((1,), T.float32)
             total_x = T.alloc_var(T.float32)
             total_k = T.alloc_var(T.float32)
             total_d = T.alloc_var(T.float32)
             gate = T.alloc_var(T.float32)
-            live = T.alloc_var(T.bool)
+            live = T.alloc_var(T.bool)  # this token is gated (not masked)
+            if not decode:
+                staged = T.alloc_var(T.bool)  # this token's first items are in flight
+                staged = False
 
             for t in T.serial(start, end):
                 T.assume(0 <= t and t < num_tokens)
@@ -424,61 +357,79 @@ def build_decode(ctas: int, slice_: int, warps: int):
                     live = not image_token_mask[t]
                 if not live:
                     if (flags & IN_PLACE) == 0:
-                        for c in T.serial(T.ceildiv(chunks, warps)):
-                            if c * warps + warp < chunks:
+                        if decode:
+                            for c in T.serial(T.ceildiv(chunks, warps)):
+                                if c * warps + warp < chunks:
+                                    for j in T.vectorized(VEC):
+                                        output[t, head, (c * warps + warp) * CHUNK + col + j] = hidden_states[
+                                            t, head, (c * warps + warp) * CHUNK + col + j]  # fmt: skip
+                        else:
+                            for c in T.serial(chunks):
                                 for j in T.vectorized(VEC):
-                                    output[t, head, (c * warps + warp) * CHUNK + col + j] = hidden_states[
-                                        t, head, (c * warps + warp) * CHUNK + col + j]  # fmt: skip
+                                    output[t, head, c * CHUNK + col + j] = hidden_states[t, head, c * CHUNK + col + j]
                     if (flags & SAVE) != 0 and tid == 0:
                         dot[t, head] = 0.0
                         gate_score[t, head] = 0.0
                         rstd_x[t, head] = 0.0
                         rstd_k[t, head] = 0.0
                 else:
-                    # the whole row in flight: item n's chunk q (x, k, w) by warp q, one group an item; v's after
-                    for n in T.serial(items):
-                        c = n * warps + warp
-                        if c < chunks:
-                            cp(x_smem[c * CHUNK + col], hidden_states[t, head, c * CHUNK + col])
-                            cp(k_smem[c * CHUNK + col], kv[t, head, c * CHUNK + col])
-                            cp_w(w_smem[c * CHUNK + col], weight_fused[head, c * CHUNK + col])
-                            cp_w(w_smem[c * CHUNK + col + VEC // 2], weight_fused[head, c * CHUNK + col + VEC // 2])
+                    if decode:
+                        # the whole row in flight: item n's chunk q (x, k, w) by warp q, one group an item; v's after
+                        for n in T.serial(items):
+                            c = n * warps + warp
+                            if c < chunks:
+                                cp(x_smem[c * CHUNK + col], hidden_states[t, head, c * CHUNK + col])
+                                cp(k_smem[c * CHUNK + col], kv[t, head, c * CHUNK + col])
+                                cp_w(w_smem[c * CHUNK + col], weight_fused[head, c * CHUNK + col])
+                                cp_w(w_smem[c * CHUNK + col + VEC // 2], weight_fused[head, c * CHUNK + col + VEC // 2])
+                            T.ptx_commit_group()
+                        for n in T.serial(items):
+                            c = n * warps + warp
+                            if c < chunks:
+                                cp(v_smem[c * CHUNK + col], kv[t, hc_mult, c * CHUNK + col])
                         T.ptx_commit_group()
-                    for n in T.serial(items):
-                        c = n * warps + warp
-                        if c < chunks:
-                            cp(v_smem[c * CHUNK + col], kv[t, hc_mult, c * CHUNK + col])
-                    T.ptx_commit_group()
-                    # pass 1: each sum's chain in TileKernels' order, an item at a time
-                    T.clear(sums)
-                    for n in T.serial(items):
-                        # item n's group done: `items` groups may stay pending (the later items', v's and the empty
-                        # groups committed here, one an item, which keep the count a constant)
-                        T.ptx_wait_group(items)
-                        T.ptx_commit_group()
+                        # pass 1: each sum's chain in TileKernels' order, an item at a time
+                        T.clear(sums)
+                        for n in T.serial(items):
+                            # item n's group done: `items` groups may stay pending (the later items', v's and the empty
+                            # groups committed here, one an item, which keep the count a constant)
+                            T.ptx_wait_group(items)
+                            T.ptx_commit_group()
+                            T.sync_threads()
+                            # each warp's chunks of the item in one stretch (its loads ahead of its sums); a whole
+                            # item (all its chunks in the row) without a test a chunk
+                            if (n + 1) * warps <= chunks:
+                                item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, True)
+                            else:
+                                item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, False)
+                        publish_sum(0, warp, tid, sums, totals, total_x)
+                        publish_sum(1, warp, tid, sums, totals, total_k)
+                        publish_sum(2, warp, tid, sums, totals, total_d)
                         T.sync_threads()
-                        # each warp's chunks of the item in one stretch (its loads ahead of its sums); a whole
-                        # item (all its chunks in the row) without a test a chunk
-                        if (n + 1) * warps <= chunks:
-                            item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, True)
-                        else:
-                            item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, False)
-                    if warp == sum_warp[0]:
-                        total_x = T.warp_reduce_sum(sums[0])
-                        if tid % 32 == 0:
-                            totals[0] = total_x
-                    if warp == sum_warp[1]:
-                        total_k = T.warp_reduce_sum(sums[1])
-                        if tid % 32 == 0:
-                            totals[1] = total_k
-                    if warp == sum_warp[2]:
-                        total_d = T.warp_reduce_sum(sums[2])
-                        if tid % 32 == 0:
-                            totals[2] = total_d
-                    T.sync_threads()
-                    total_x = T.rsqrt(totals[0] / T.cast(hidden, T.float32) + eps)
-                    total_k = T.rsqrt(totals[1] / T.cast(hidden, T.float32) + eps)
-                    total_d = totals[2]
+                        total_x = T.rsqrt(totals[0] / T.cast(hidden, T.float32) + eps)
+                        total_k = T.rsqrt(totals[1] / T.cast(hidden, T.float32) + eps)
+                        total_d = totals[2]
+                    else:
+                        if not staged:
+                            for u in T.unroll(ahead):
+                                stage(u, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
+                        # pass 1: the three sums in TileKernels' order
+                        T.clear(sum_x)
+                        T.clear(sum_k)
+                        T.clear(sum_d)
+                        item_weights(0, head, col, chunks, weight_fused, w_next)
+                        for n in T.serial(tiles):
+                            if (n + 1) * TILE <= T.min(chunks, slice_):
+                                pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem,
+                                           ring, w_local, w_next, x_local, k_local, sum_x, sum_k, sum_d, True)  # fmt: skip
+                            else:
+                                pass1_item(n, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, weight_fused, x_smem,
+                                           ring, w_local, w_next, x_local, k_local, sum_x, sum_k, sum_d, False)  # fmt: skip
+                        total_x = T.warp_reduce_sum(sum_x[0])
+                        total_k = T.warp_reduce_sum(sum_k[0])
+                        total_d = T.warp_reduce_sum(sum_d[0])
+                        total_x = T.rsqrt(total_x / T.cast(hidden, T.float32) + eps)
+                        total_k = T.rsqrt(total_k / T.cast(hidden, T.float32) + eps)
                     gate = total_d * total_x * total_k * scalar
                     gate = T.sigmoid(T.copysign(T.sqrt(T.clamp(T.abs(gate), clamp_value, T.infinity(T.float32))), gate))
                     if (flags & SAVE) != 0 and tid == 0:
@@ -486,17 +437,37 @@ def build_decode(ctas: int, slice_: int, warps: int):
                         gate_score[t, head] = gate
                         rstd_x[t, head] = total_x
                         rstd_k[t, head] = total_k
-                    # pass 2: out = x + gate * v, each warp over the chunks it staged
-                    T.ptx_wait_group(0)
-                    for n in T.serial(items):
-                        c = n * warps + warp
-                        if c < chunks:
-                            for j in T.vectorized(VEC):
-                                x_local[j] = x_smem[c * CHUNK + col + j]
-                            for j in T.vectorized(VEC):
-                                k_local[j] = v_smem[c * CHUNK + col + j]
-                            for j in T.vectorized(VEC):
-                                output[t, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
-                    T.sync_threads()  # the row's shared memory read before the next token stages into it
+                    if decode:
+                        # pass 2: out = x + gate * v, each warp over the chunks it staged
+                        T.ptx_wait_group(0)
+                        for n in T.serial(items):
+                            c = n * warps + warp
+                            if c < chunks:
+                                for j in T.vectorized(VEC):
+                                    x_local[j] = x_smem[c * CHUNK + col + j]
+                                for j in T.vectorized(VEC):
+                                    k_local[j] = v_smem[c * CHUNK + col + j]
+                                for j in T.vectorized(VEC):
+                                    output[t, head, c * CHUNK + col + j] = x_local[j] + gate * k_local[j]
+                        T.sync_threads()  # the row's shared memory read before the next token stages into it
+                    else:
+                        # pass 2: out = x + gate * v
+                        for m in T.serial(tiles):
+                            if (m + 1) * TILE <= T.min(chunks, slice_):
+                                pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring,
+                                           x_local, k_local, gate, True)  # fmt: skip
+                            else:
+                                pass2_item(m, t, head, col, chunks, tiles, hidden_states, kv, hc_mult, output, x_smem, ring,
+                                           x_local, k_local, gate, False)  # fmt: skip
+                        # the next token's first items, behind this token's last reads of their slots
+                        staged = False
+                        if t + 1 < end:
+                            live = True
+                            if (flags & MASK) != 0:
+                                live = not image_token_mask[t + 1]
+                            if live:
+                                for u in T.unroll(ahead):
+                                    stage(u, t + 1, head, col, chunks, tiles, hidden_states, kv, hc_mult, x_smem, ring)
+                                staged = True
 
     return engram_gate_fwd

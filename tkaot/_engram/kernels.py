@@ -25,7 +25,7 @@ MAX_GATE_HIDDEN = 16384
 # item c1584s2x28 398.3 / 5.58 / 6.87 / 8.84, with 3 slots c1320s3x28 404.1 / 5.77 / 6.55 / 8.82
 # (bench/tuning/tune_engram4.py). Earlier: a whole row in flight at few tokens (c1584s14x28: 8.50 µs at 1 token
 # against 7.79) and register rings (w4x28b6 591-603 µs at 8192 tokens) lost (bench/tuning/tune_engram2.py, 3)
-# Decode form ("c<ctas>d<slice>w<warps>", kernels_src/engram/gate_fwd.py's build_decode), launched on the inference
+# Decode form ("c<ctas>d<slice>w<warps>", kernels_src/engram/gate_fwd.py), launched on the inference
 # path at up to GATE_FWD_DECODE_TOKENS tokens where hidden is at most GATE_FWD_DECODE_HIDDEN (its 28 chunks of 256):
 # 4 warps a CTA, the row staged at once, the three sums in three warps. H200 at 4 x 7168 against c1584s2x28w and
 # TileKernels (bench/results/2026-12-03-H200-s19-tune_lat1.log, bench/tuning/tune_lat1.py at lat1 b2a33ee):
