@@ -18,7 +18,8 @@ fp32 x (4 columns a lane: 40 bytes a lane a chunk) the next chunk's loads are is
 before this chunk's math, so a lane always has a chunk's loads in flight (H200, 8192 x 8192, bf16 grad -> bf16:
 114.62 µs against 120.70 without, TileKernels 114.43; bench/results/2026-12-03-H200-s17-tune_swigbwd8.log, by
 bench/tuning/tune_swigbwd8.py as of commit 8a216a6, where also timed: 8 columns a lane, 2 or 4 chunks loaded together,
-an L2 prefetch ahead, 2 rows a block). Row
+an L2 prefetch ahead, 2 rows a block). That loop is written apart, in that candidate's shape (the next chunk's loads
+under one branch, outside this chunk's bounds test), so its cubins are the timed candidate's bytes. Row
 width (hidden), expert segments (psum_num_tokens_per_expert: a row in the alignment padding after an
 expert's segment gets zeros everywhere), weights, scaling, clamp and recompute are runtime values.
 """
@@ -93,6 +94,14 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
             dy_buf[j] = act_x_grad[row, col + j]
 
     @T.macro
+    def load_within(x, act_x_grad, row, col, gate_buf, up_buf, dy_buf):
+        """load, where col is within the row. The loop of one keeps the three loads under one branch: unlooped,
+        TileLang binds the branch to each load (three branches), and the cubin is not the timed one."""
+        for _ in T.unroll(1):
+            if col < hidden:
+                load(x, act_x_grad, row, col, gate_buf, up_buf, dy_buf)
+
+    @T.macro
     def swiglu_backward(
         x, x_sf, act_x_grad, topk_weights, psum_num_tokens_per_expert, x_grad, x_grad_fp8, x_grad_sf, weight_grad, act_out, moe, recompute
     ):
@@ -110,8 +119,12 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                 gate_next = T.alloc_local((vec,), x_t)
                 up_next = T.alloc_local((vec,), x_t)
                 dy_next = T.alloc_local((vec,), grad_dtype)
-            xg = T.alloc_local((vec,), T.float32)
-            yg = T.alloc_local((vec,), T.float32)
+            if pipelined:  # an element's, stored as soon as it is cast (no E4M3 cast needs the chunk's)
+                xg = T.alloc_var(T.float32)
+                yg = T.alloc_var(T.float32)
+            else:
+                xg = T.alloc_local((vec,), T.float32)
+                yg = T.alloc_local((vec,), T.float32)
             xg_out = T.alloc_local((vec,), out_t)
             yg_out = T.alloc_local((vec,), out_t)
             act_res = T.alloc_local((vec,), out_t)
@@ -152,117 +165,157 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                     w = topk_weights[row] * moe.routed_scaling_factor
                 acc = 0.0
                 if pipelined:
-                    if padding == 0 and lane * vec < hidden:
-                        load(x, act_x_grad, row, lane * vec, gate_next, up_next, dy_next)
-                for c in T.serial(T.ceildiv(hidden, chunk)):
-                    col = c * chunk + lane * vec
-                    active = col < hidden  # the same for a whole group's lanes: hidden is a multiple of the group
-                    if active and padding == 0:
-                        if pipelined:
+                    if padding == 0:
+                        load_within(x, act_x_grad, row, lane * vec, gate_next, up_next, dy_next)
+                    # The next chunk's loads wait on nothing of this chunk's: not on its bounds, nor its math
+                    for c in T.serial(T.ceildiv(hidden, chunk)):
+                        col = c * chunk + lane * vec
+                        if padding == 0:
                             for j in T.unroll(vec):
                                 gate_in[j] = gate_next[j]
                                 up_in[j] = up_next[j]
                                 dy_in[j] = dy_next[j]
-                            if col + chunk < hidden:
-                                load(x, act_x_grad, row, col + chunk, gate_next, up_next, dy_next)
-                        else:
-                            load(x, act_x_grad, row, col, gate_in, up_in, dy_in)
-                        if quantized:
-                            x_scale = x_sf[row, col // group]
-                            y_scale = x_sf[row, hidden // group + col // group]
-                        for j in T.unroll(vec):
-                            if quantized:
-                                g = T.cast(gate_in[j], T.float32) * x_scale
-                                u = T.cast(up_in[j], T.float32) * y_scale
-                            else:
-                                g = T.cast(gate_in[j], T.float32)
-                                u = T.cast(up_in[j], T.float32)
-                            clamp_x = 0
-                            clamp_y = 0
-                            if moe.has_clamp != 0:
-                                clamp_x = T.if_then_else(g > moe.clamp_value, 1, 0)
-                                clamp_y = T.if_then_else(u > moe.clamp_value or u < -moe.clamp_value, 1, 0)
-                                g = T.min(g, moe.clamp_value)
-                                u = T.max(T.min(u, moe.clamp_value), -moe.clamp_value)
-                            dy = T.cast(dy_in[j], T.float32)
-                            den = 1 + T.exp(-g)
-                            s = 1.0 / den
-                            if moe.has_weights != 0 or recompute != 0:
-                                act = T.call_extern("float32", "tkaot_silu_refined", g, s, den) * u
-                                if moe.has_weights != 0:
-                                    acc += dy * act
-                                if recompute != 0:
-                                    act_res[j] = T.cast(act * w, out_t)
-                            ws = dy * w * s
-                            xg[j] = T.if_then_else(clamp_x != 0, T.float32(0), ws * u * (1 + g * (1 - s)))
-                            yg[j] = T.if_then_else(clamp_y != 0, T.float32(0), ws * g)
-                    else:
-                        for j in T.unroll(vec):
-                            xg[j] = 0.0
-                            yg[j] = 0.0
-                            act_res[j] = T.cast(0, out_t)
-                    if active:
-                        for j in T.unroll(vec):
-                            xg_out[j] = T.cast(xg[j], out_t)
-                            yg_out[j] = T.cast(yg[j], out_t)
-                        for j in T.vectorized(vec):
-                            x_grad[row, col + j] = xg_out[j]
-                        for j in T.vectorized(vec):
-                            x_grad[row, hidden + col + j] = yg_out[j]
-                        if recompute != 0:
+                        if padding == 0:
+                            load_within(x, act_x_grad, row, col + chunk, gate_next, up_next, dy_next)
+                        if col < hidden:
+                            for j in T.unroll(vec):
+                                if padding == 0:
+                                    g = T.cast(gate_in[j], T.float32)
+                                    u = T.cast(up_in[j], T.float32)
+                                    clamp_x = 0
+                                    clamp_y = 0
+                                    if moe.has_clamp != 0:
+                                        clamp_x = T.if_then_else(g > moe.clamp_value, 1, 0)
+                                        clamp_y = T.if_then_else(u > moe.clamp_value or u < -moe.clamp_value, 1, 0)
+                                        g = T.min(g, moe.clamp_value)
+                                        u = T.max(T.min(u, moe.clamp_value), -moe.clamp_value)
+                                    dy = T.cast(dy_in[j], T.float32)
+                                    den = 1 + T.exp(-g)
+                                    s = 1.0 / den
+                                    if moe.has_weights != 0 or recompute != 0:
+                                        act = T.call_extern("float32", "tkaot_silu_refined", g, s, den) * u
+                                        if moe.has_weights != 0:
+                                            acc += dy * act
+                                        if recompute != 0:
+                                            act_res[j] = T.cast(act * w, out_t)
+                                    ws = dy * w * s
+                                    xg = T.if_then_else(clamp_x != 0, T.float32(0), ws * u * (1 + g * (1 - s)))
+                                    yg = T.if_then_else(clamp_y != 0, T.float32(0), ws * g)
+                                else:
+                                    xg = 0.0
+                                    yg = 0.0
+                                    act_res[j] = T.cast(0, out_t)
+                                xg_out[j] = T.cast(xg, out_t)
+                                yg_out[j] = T.cast(yg, out_t)
                             for j in T.vectorized(vec):
-                                act_out[row, col + j] = act_res[j]
-                    if quantized:
-                        amax_x = T.abs(xg[0])
-                        amax_y = T.abs(yg[0])
-                        for j in T.unroll(1, vec):
-                            amax_x = T.max(amax_x, T.abs(xg[j]))
-                            amax_y = T.max(amax_y, T.abs(yg[j]))
-                        for i in T.unroll(group_lanes.bit_length() - 1):
-                            amax_x = T.max(amax_x, T.shfl_xor(amax_x, 1 << i))
-                            amax_y = T.max(amax_y, T.shfl_xor(amax_y, 1 << i))
+                                x_grad[row, col + j] = xg_out[j]
+                            for j in T.vectorized(vec):
+                                x_grad[row, hidden + col + j] = yg_out[j]
+                            if recompute != 0:
+                                for j in T.vectorized(vec):
+                                    act_out[row, col + j] = act_res[j]
+                else:
+                    for c in T.serial(T.ceildiv(hidden, chunk)):
+                        col = c * chunk + lane * vec
+                        active = col < hidden  # the same for a whole group's lanes: hidden is a multiple of the group
+                        if active and padding == 0:
+                            load(x, act_x_grad, row, col, gate_in, up_in, dy_in)
+                            if quantized:
+                                x_scale = x_sf[row, col // group]
+                                y_scale = x_sf[row, hidden // group + col // group]
+                            for j in T.unroll(vec):
+                                if quantized:
+                                    g = T.cast(gate_in[j], T.float32) * x_scale
+                                    u = T.cast(up_in[j], T.float32) * y_scale
+                                else:
+                                    g = T.cast(gate_in[j], T.float32)
+                                    u = T.cast(up_in[j], T.float32)
+                                clamp_x = 0
+                                clamp_y = 0
+                                if moe.has_clamp != 0:
+                                    clamp_x = T.if_then_else(g > moe.clamp_value, 1, 0)
+                                    clamp_y = T.if_then_else(u > moe.clamp_value or u < -moe.clamp_value, 1, 0)
+                                    g = T.min(g, moe.clamp_value)
+                                    u = T.max(T.min(u, moe.clamp_value), -moe.clamp_value)
+                                dy = T.cast(dy_in[j], T.float32)
+                                den = 1 + T.exp(-g)
+                                s = 1.0 / den
+                                if moe.has_weights != 0 or recompute != 0:
+                                    act = T.call_extern("float32", "tkaot_silu_refined", g, s, den) * u
+                                    if moe.has_weights != 0:
+                                        acc += dy * act
+                                    if recompute != 0:
+                                        act_res[j] = T.cast(act * w, out_t)
+                                ws = dy * w * s
+                                xg[j] = T.if_then_else(clamp_x != 0, T.float32(0), ws * u * (1 + g * (1 - s)))
+                                yg[j] = T.if_then_else(clamp_y != 0, T.float32(0), ws * g)
+                        else:
+                            for j in T.unroll(vec):
+                                xg[j] = 0.0
+                                yg[j] = 0.0
+                                act_res[j] = T.cast(0, out_t)
                         if active:
-                            gx = col // group
-                            gy = hidden // group + gx
-                            if padding != 0:
-                                for j in T.unroll(vec):
-                                    q[j] = T.cast(0, "float8_e4m3")
+                            for j in T.unroll(vec):
+                                xg_out[j] = T.cast(xg[j], out_t)
+                                yg_out[j] = T.cast(yg[j], out_t)
+                            for j in T.vectorized(vec):
+                                x_grad[row, col + j] = xg_out[j]
+                            for j in T.vectorized(vec):
+                                x_grad[row, hidden + col + j] = yg_out[j]
+                            if recompute != 0:
                                 for j in T.vectorized(vec):
-                                    x_grad_fp8[row, col + j] = q[j]
-                                for j in T.vectorized(vec):
-                                    x_grad_fp8[row, hidden + col + j] = q[j]
-                                # Every lane of a group stores its (equal) scale factor: no branch
-                                if packed:
-                                    x_grad_sf[row, gx // 4, gx % 4] = T.uint8(0)
-                                    x_grad_sf[row, gy // 4, gy % 4] = T.uint8(0)
+                                    act_out[row, col + j] = act_res[j]
+                        if quantized:
+                            amax_x = T.abs(xg[0])
+                            amax_y = T.abs(yg[0])
+                            for j in T.unroll(1, vec):
+                                amax_x = T.max(amax_x, T.abs(xg[j]))
+                                amax_y = T.max(amax_y, T.abs(yg[j]))
+                            for i in T.unroll(group_lanes.bit_length() - 1):
+                                amax_x = T.max(amax_x, T.shfl_xor(amax_x, 1 << i))
+                                amax_y = T.max(amax_y, T.shfl_xor(amax_y, 1 << i))
+                            if active:
+                                gx = col // group
+                                gy = hidden // group + gx
+                                if padding != 0:
+                                    for j in T.unroll(vec):
+                                        q[j] = T.cast(0, "float8_e4m3")
+                                    for j in T.vectorized(vec):
+                                        x_grad_fp8[row, col + j] = q[j]
+                                    for j in T.vectorized(vec):
+                                        x_grad_fp8[row, hidden + col + j] = q[j]
+                                    # Every lane of a group stores its (equal) scale factor: no branch
+                                    if packed:
+                                        x_grad_sf[row, gx // 4, gx % 4] = T.uint8(0)
+                                        x_grad_sf[row, gy // 4, gy % 4] = T.uint8(0)
+                                    else:
+                                        x_grad_sf[row, gx] = T.float32(0)
+                                        x_grad_sf[row, gy] = T.float32(0)
                                 else:
-                                    x_grad_sf[row, gx] = T.float32(0)
-                                    x_grad_sf[row, gy] = T.float32(0)
-                            else:
-                                stored_x, inv_x = scale_factor(amax_x, "e4m3", sf)
-                                for j in T.unroll(vec):
-                                    q[j] = T.cast(xg[j] * inv_x, "float8_e4m3")
-                                for j in T.vectorized(vec):
-                                    x_grad_fp8[row, col + j] = q[j]
-                                if packed:
-                                    x_grad_sf[row, gx // 4, gx % 4] = stored_x
-                                else:
-                                    x_grad_sf[row, gx] = stored_x
-                                stored_y, inv_y = scale_factor(amax_y, "e4m3", sf)
-                                for j in T.unroll(vec):
-                                    q[j] = T.cast(yg[j] * inv_y, "float8_e4m3")
-                                for j in T.vectorized(vec):
-                                    x_grad_fp8[row, hidden + col + j] = q[j]
-                                if packed:
-                                    x_grad_sf[row, gy // 4, gy % 4] = stored_y
-                                else:
-                                    x_grad_sf[row, gy] = stored_y
-                            if packed and lane % group_lanes == 0:
-                                # The unused bytes of the last word are zero
-                                last = 2 * hidden // group
-                                if gy == last - 1 and last % 4 != 0:
-                                    for p in T.serial(4 - last % 4):
-                                        x_grad_sf[row, (last - 1) // 4, last % 4 + p] = T.uint8(0)
+                                    stored_x, inv_x = scale_factor(amax_x, "e4m3", sf)
+                                    for j in T.unroll(vec):
+                                        q[j] = T.cast(xg[j] * inv_x, "float8_e4m3")
+                                    for j in T.vectorized(vec):
+                                        x_grad_fp8[row, col + j] = q[j]
+                                    if packed:
+                                        x_grad_sf[row, gx // 4, gx % 4] = stored_x
+                                    else:
+                                        x_grad_sf[row, gx] = stored_x
+                                    stored_y, inv_y = scale_factor(amax_y, "e4m3", sf)
+                                    for j in T.unroll(vec):
+                                        q[j] = T.cast(yg[j] * inv_y, "float8_e4m3")
+                                    for j in T.vectorized(vec):
+                                        x_grad_fp8[row, hidden + col + j] = q[j]
+                                    if packed:
+                                        x_grad_sf[row, gy // 4, gy % 4] = stored_y
+                                    else:
+                                        x_grad_sf[row, gy] = stored_y
+                                if packed and lane % group_lanes == 0:
+                                    # The unused bytes of the last word are zero
+                                    last = 2 * hidden // group
+                                    if gy == last - 1 and last % 4 != 0:
+                                        for p in T.serial(4 - last % 4):
+                                            x_grad_sf[row, (last - 1) // 4, last % 4 + p] = T.uint8(0)
                 if moe.has_weights != 0:
                     for i in T.unroll(5):
                         acc += T.shfl_xor(acc, 1 << i)
