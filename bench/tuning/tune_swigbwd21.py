@@ -6,7 +6,9 @@ time (seventeenth session: 116.29 µs against 115.22) with a kernel that was not
 as s1d does, but TileLang binds its `if` around the next chunk's loads to each of the three loads, and the loads and the
 copy into this chunk's registers sit under the chunk's bounds test with the math; its cubin has 61 registers, s1d's 63.
 kernels_src/fused/swiglu_backward.py as of this branch writes the fp32-x loop in s1d's shape, and its fp32-x cubins are
-s1d's bytes (sm90); every other variant's cubin is the shipped one.
+s1d's bytes (sm90); every other variant's cubin is the shipped one. Registers, shipped -> rebuilt (sm90; 128 threads a
+block, so blocks an SM are unchanged): bf16 grad -> bf16 61 -> 63, -> fp32 62 -> 64; fp32 grad -> bf16 66 -> 66, -> fp32
+66 -> 70 (sm100: 62 -> 64, 62 -> 64, 64 -> 64, 64 -> 68).
 
 Sets timed, on the op's own call (tkaot.quant.swiglu_backward_and_per_token_cast, fp32 x, bf16 grad -> bf16):
   shipped    prebuilt/sm90's fp32-x variants (the ones in the tree this runs from)

@@ -94,14 +94,6 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
             dy_buf[j] = act_x_grad[row, col + j]
 
     @T.macro
-    def load_within(x, act_x_grad, row, col, gate_buf, up_buf, dy_buf):
-        """load, where col is within the row. The loop of one keeps the three loads under one branch: unlooped,
-        TileLang binds the branch to each load (three branches), and the cubin is not the timed one."""
-        for _ in T.unroll(1):
-            if col < hidden:
-                load(x, act_x_grad, row, col, gate_buf, up_buf, dy_buf)
-
-    @T.macro
     def swiglu_backward(
         x, x_sf, act_x_grad, topk_weights, psum_num_tokens_per_expert, x_grad, x_grad_fp8, x_grad_sf, weight_grad, act_out, moe, recompute
     ):
@@ -165,8 +157,12 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                     w = topk_weights[row] * moe.routed_scaling_factor
                 acc = 0.0
                 if pipelined:
+                    # The loops of one keep the three loads under one branch: without, TileLang binds the branch to each
+                    # load (three branches), and the cubin is not the timed one
                     if padding == 0:
-                        load_within(x, act_x_grad, row, lane * vec, gate_next, up_next, dy_next)
+                        for _ in T.unroll(1):
+                            if lane * vec < hidden:
+                                load(x, act_x_grad, row, lane * vec, gate_next, up_next, dy_next)
                     # The next chunk's loads wait on nothing of this chunk's: not on its bounds, nor its math
                     for c in T.serial(T.ceildiv(hidden, chunk)):
                         col = c * chunk + lane * vec
@@ -176,7 +172,9 @@ def build(x_dtype: str, grad_dtype: str, fmt: str, group: int, sf: str):
                                 up_in[j] = up_next[j]
                                 dy_in[j] = dy_next[j]
                         if padding == 0:
-                            load_within(x, act_x_grad, row, col + chunk, gate_next, up_next, dy_next)
+                            for _ in T.unroll(1):
+                                if col + chunk < hidden:
+                                    load(x, act_x_grad, row, col + chunk, gate_next, up_next, dy_next)
                         if col < hidden:
                             for j in T.unroll(vec):
                                 if padding == 0:
