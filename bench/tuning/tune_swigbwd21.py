@@ -248,6 +248,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     say(f"device: {torch.cuda.get_device_name()}; {SETS} rotating input sets, {PASSES} alternating passes")
     rows = measure(args.artifacts, say, t0)
+    say(f"{time.perf_counter() - t0:.0f} s")
     say("")
     say(f"{'set':8s} {'shape':36s} {'µs':>8s} {'min':>8s} {'max':>8s} {'/TK':>6s}  bytes = shipped (TK: = shipped)")
     for name, shape, us, lo, hi, ratio, eq in rows:
@@ -255,7 +256,6 @@ def main(argv=None) -> None:
             say(f"{shape}: {eq}")
             continue
         say(f"{name:8s} {shape:36s} {us:8.2f} {lo:8.2f} {hi:8.2f} {ratio:6.3f}  {eq}")
-    say(f"{time.perf_counter() - t0:.0f} s")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tune_swigbwd21.log").write_text("\n".join(lines) + "\n")
