@@ -12,7 +12,7 @@ renamed apart (`_inl<checker>_<name>`, the globals bound in the module under tho
 final `return (...)` turned into assignments. The function object, its defaults, signature and
 docstring stay; the new lines keep the call statement's line number, so a traceback points at the `_check(` line.
 Measured on norm_forward (dev machine, no-op driver): 0.14 µs a call, the second frame and the returned tuple; the
-rewrite costs 5-15 ms once, at the op's first call (dev machine: parsing the checker and the op, compiling the
+rewrite costs 5-20 ms once, at the op's first call (dev machine: parsing the checker and the op, compiling the
 result; the garbage collector held off meanwhile).
 
 Anything this does not recognise (no source file, a statement of another form, a checker that writes one of its
