@@ -46,8 +46,6 @@ from tkaot._mhc.kernels import (  # noqa: E402
     POST_BWD,
     POST_FWD,
     PRE_APPLY_MIX_BWD,
-    PRE_APPLY_MIX_BWD_NARROW_HIDDEN,
-    PRE_APPLY_MIX_BWD_TILINGS,
     PRE_APPLY_MIX_FWD,
     PRE_BIG_FUSE,
     PRE_BIG_FUSE_SPLIT,
@@ -58,6 +56,7 @@ from tkaot._mhc.kernels import (  # noqa: E402
     SPLIT_MIXES_BWD,
     SPLIT_MIXES_BWD_REDUCE,
     SPLIT_MIXES_FWD,
+    pre_apply_mix_bwd_tiling,
 )
 from tkaot._validate import MAX_I32  # noqa: E402
 
@@ -302,8 +301,7 @@ def mhc_pre_apply_mix_bwd(draw):
     def check(mix_grad):
         assert mix_grad.shape == (n, m) and mix_grad.dtype == F32
 
-    tiling = PRE_APPLY_MIX_BWD_TILINGS["narrow" if hidden < PRE_APPLY_MIX_BWD_NARROW_HIDDEN else "default"]
-    made = [(PRE_APPLY_MIX_BWD, {"mhc_mult": m, "tiling": tiling})] if n and hidden else []
+    made = [(PRE_APPLY_MIX_BWD, {"mhc_mult": m, "tiling": pre_apply_mix_bwd_tiling(hidden)})] if n and hidden else []
     return Call("mhc.mhc_pre_apply_mix_bwd", kwargs, made, pre_apply_mix.BWD_SIGNATURE, breaks=breaks, check=check)
 
 

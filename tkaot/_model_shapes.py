@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkaot._decl import all_kernels, format_value
-from tkaot._mhc.kernels import PRE_APPLY_MIX_BWD_NARROW_HIDDEN, PRE_APPLY_MIX_BWD_TILINGS
+from tkaot._mhc.kernels import pre_apply_mix_bwd_tiling
 from tkaot._moe.kernels import GATE_TILINGS
 from tkaot._quant.kernels import NORM_CAST_TILINGS, SWIGLU_TILINGS
 
@@ -357,9 +357,8 @@ def mhc_f32_tables(model: ModelConfig) -> ShapeTables:
 
 @mapping("mhc_pre_apply_mix_bwd")
 def mhc_pre_apply_mix_bwd_tables(model: ModelConfig) -> ShapeTables:
-    # the tiling the op launches at the model's hidden size (tkaot/_mhc/pre_apply_mix.py)
-    role = "narrow" if model.hidden_size < PRE_APPLY_MIX_BWD_NARROW_HIDDEN else "default"
-    return [{"mhc_mult": [model.hc_mult], "tiling": [PRE_APPLY_MIX_BWD_TILINGS[role]]}] if model.hc_mult else []
+    # the tiling the op launches at the model's hidden size
+    return [{"mhc_mult": [model.hc_mult], "tiling": [pre_apply_mix_bwd_tiling(model.hidden_size)]}] if model.hc_mult else []
 
 
 for _kernel in (

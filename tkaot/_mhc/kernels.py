@@ -109,9 +109,19 @@ PRE_APPLY_MIX_FWD = _declare("mhc.pre_apply_mix_fwd", (MHC,), ("x", "mix", "o"),
 # 16-byte vectors issued before the first is computed). u3 (151 registers, 3 blocks an SM) on the H200 at 8192 tokens
 # x 4 streams against TileKernels (bench/results/2026-12-03-H200-s20-bench-at-e36d45b.log): 353.87 / 355.19 µs at
 # hidden 7168, 202.31 / 205.52 at 4096, 128.68 / 127.63 at 2560, 58.95 / 52.91 at 1024; u1 (75 registers, 6 blocks an
-# SM) 361.34 at 7168 (bench/results/2026-12-03-H200-s20-tune_ceiling1.log), not timed on narrower rows
+# SM) 361.34 at 7168 (f014b86:bench/results/2026-12-03-H200-s20-tune_ceiling1.log). As the op launches them
+# (bench/results/2026-12-03-H200-s21-bench-pamnarrow-at-551a9d4.log): u3 356.70 / 357.31 at 7168, 203.27 / 205.09 at
+# 4096; u1 127.93 / 128.24 at 2560, 52.23 / 53.01 at 1024
 PRE_APPLY_MIX_BWD_TILINGS = {"default": "u3", "narrow": "u1"}
 PRE_APPLY_MIX_BWD_NARROW_HIDDEN = 4096  # below it the op takes u1: u3 ran 1.114x TileKernels at 1024, 1.008x at 2560
+
+
+def pre_apply_mix_bwd_tiling(hidden: int) -> str:
+    """The tiling the pre-apply mix backward takes for rows of `hidden` (the op, the model shape sets and the tests
+    ask here; both values are read at the call, so a tuning harness can move them)."""
+    return PRE_APPLY_MIX_BWD_TILINGS["narrow" if hidden < PRE_APPLY_MIX_BWD_NARROW_HIDDEN else "default"]
+
+
 PRE_APPLY_MIX_BWD = _declare(
     "mhc.pre_apply_mix_bwd", (MHC, tiling_axis(PRE_APPLY_MIX_BWD_TILINGS)), ("o_grad", "x", "mix", "x_grad", "mix_grad"), ROWS,
     ("mhc_pre_apply_mix_bwd",), tilings=PRE_APPLY_MIX_BWD_TILINGS,

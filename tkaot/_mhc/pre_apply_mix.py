@@ -88,9 +88,7 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad):
 def _bwd_launcher(device: int, mhc: int, hidden: int):
     """The backward's launcher: the one-vector walk for rows narrower than PRE_APPLY_MIX_BWD_NARROW_HIDDEN, the
     three-vector walk otherwise; a set built without the narrow variant serves those rows with the default one."""
-    tilings = kernels.PRE_APPLY_MIX_BWD_TILINGS
-    tiling = tilings["narrow" if hidden < kernels.PRE_APPLY_MIX_BWD_NARROW_HIDDEN else "default"]
-    return _BWD.get(device, mhc, tiling, general_tiling=tilings["default"])
+    return _BWD.get(device, mhc, kernels.pre_apply_mix_bwd_tiling(hidden), general_tiling=kernels.PRE_APPLY_MIX_BWD_TILINGS["default"])
 
 
 # ---- traced forms (tkaot/_compile.py)
