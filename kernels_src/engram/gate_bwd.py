@@ -41,11 +41,11 @@ token's go, between the last reads of every head's parked go (grad_v) and the fi
 next token's v landed, every thread having waited for the pass's first commit group by then (2 * depth <= keep + 1).
 
 Measured on the H200 at 8192x4x7168 beside TileKernels (671.37 µs, 2026-12-03,
-bench/results/2026-12-03-H200-s19-tune_gatebwd10.log, bench/tuning/tune_gatebwd10.py as of 6e7bed1): k28d14v16xw
+f014b86:bench/results/2026-12-03-H200-s19-tune_gatebwd10.log, bench/tuning/tune_gatebwd10.py as of 6e7bed1): k28d14v16xw
 663.16 µs against 711.86 for k28d11v16 (shipped before: the weight kept in shared memory, x and k through 11 slots,
 the next token's go staged after a token-start barrier) and 707.29 for its next-go staging alone; dropping the group
 checks (g < groups) for hidden >= 7168 spilled with the streamed weight (726.75; 668.15 with one wait a pair of
-groups) and gained less without it (692.37). Earlier (2026-12-02, bench/results/2026-12-02-H200-s15-tune_engram6.log):
+groups) and gained less without it (692.37). Earlier (2026-12-02, f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log):
 TileLang's inserted barriers (k28d12c) 849 and one cp.async stream across both passes (k28d14s) 755 µs.
 """
 

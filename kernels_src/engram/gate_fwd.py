@@ -260,9 +260,10 @@ def build(tiling: str):
     barrier (an item's chunks come from every warp); then each warp's shuffle sum, the totals through shared memory,
     and pass 2 by every warp over the chunks it staged itself (no barrier). A row of hidden above slice * 256 is not
     served (the op keeps such calls on the streaming form)."""
-    decode = parse_decode(tiling) is not None
+    decode_form = parse_decode(tiling)
+    decode = decode_form is not None
     if decode:
-        ctas, slice_, warps = parse_decode(tiling)
+        ctas, slice_, warps = decode_form
         items = slice_ // warps
         threads, entry_source, max_hidden = warps * 32, GRID_Y_SOURCE, slice_ * CHUNK
         item_sums = decode_sums(warps)

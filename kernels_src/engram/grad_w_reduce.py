@@ -10,7 +10,7 @@ of 4; where one is not (tested in the kernel), or past numel's last whole four, 
 one 4-byte copy at a time. A thread reads back only what it staged itself, after its own wait: no barrier.
 
 Measured on the H200 at 132x4x7168 beside TileKernels (6.81 µs, 2026-12-02,
-bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50 µs, against 7.63 for t224r132 (shipped
+f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50 µs, against 7.63 for t224r132 (shipped
 before: one thread a column, `rows` loads in registers), t64r148s 6.58, t32r148s 7.87.
 """
 

@@ -16,7 +16,7 @@ One warp holds a row: lane i owns `vec` adjacent columns of each chunk of 32 * v
 are adjacent and its amax is reduced with shuffles; the row's weight_grad is reduced with shuffles too. With an
 fp32 x (4 columns a lane: 40 bytes a lane a chunk) the next chunk's loads are issued into a second set of registers
 before this chunk's math, so a lane always has a chunk's loads in flight (H200, 8192 x 8192, bf16 grad -> bf16:
-114.62 µs against 120.70 without, TileKernels 114.43; bench/results/2026-12-03-H200-s17-tune_swigbwd8.log, by
+114.62 µs against 120.70 without, TileKernels 114.43; f014b86:bench/results/2026-12-03-H200-s17-tune_swigbwd8.log, by
 bench/tuning/tune_swigbwd8.py as of commit 8a216a6, where also timed: 8 columns a lane, 2 or 4 chunks loaded together,
 an L2 prefetch ahead, 2 rows a block). Row
 width (hidden), expert segments (psum_num_tokens_per_expert: a row in the alignment padding after an

@@ -31,7 +31,7 @@ H200 (8192 x 4 x 7168, 4 layers, same run, outputs identical to TileKernels'): 8
 kernel before the staging (each layer's output and mixes read from global at the layer) 888.2. Other staged forms
 in that run: 64 threads at 12 / 10 blocks an SM 821.2 / 832.3, at 10 with all streams made before storing
 (TileKernels' order) 824.5, MIN_BLOCKS 5 / 7 835.4 / 878.4, the output alone staged 881.1, the mixes loaded
-once a block without cp.async 1038.8 (bench/results/2026-12-03-H200-s18-tune_recomp10.log; the harness is
+once a block without cp.async 1038.8 (f014b86:bench/results/2026-12-03-H200-s18-tune_recomp10.log; the harness is
 bench/tuning/tune_recomp10.py as of e37bc1f).
 """
 
@@ -45,7 +45,7 @@ DECL = MULTILAYER_RECOMPUTE  # the declaration this module builds (tkaot/_mhc/ke
 THREADS = 128
 VEC = 8  # bf16 elements in 16 bytes
 # Blocks an SM the registers must allow (80 registers a thread at 6). Before the staging, H200: 989 us against 1049
-# uncapped; 899.5 against 925.4 / 934.2 at 5 / 7 (bench/results/2026-12-03-H200-s17-tune_recomp9.log). Staged, 5 and 7
+# uncapped; 899.5 against 925.4 / 934.2 at 5 / 7 (f014b86:bench/results/2026-12-03-H200-s17-tune_recomp9.log). Staged, 5 and 7
 # lose too (module docstring)
 MIN_BLOCKS = 6
 

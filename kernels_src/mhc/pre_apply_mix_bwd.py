@@ -7,7 +7,7 @@ Each thread walks the row's 16-byte vectors ROW_THREADS apart. Two tilings ("u<v
 PRE_APPLY_MIX_BWD_TILINGS), the same sums in the same order: u1 takes one vector at a time (kernels_src/mhc/common.py
 token_row_kernel; 75 registers, 6 blocks an H200 SM), u3 issues the loads of 3 vectors (o_grad, x and x_grad of each
 stream) before the first is computed and stored, three times the bytes in flight (151 registers, 3 blocks an SM).
-H200, 8192 x 4 x 7168, one run (bench/tuning/tune_ceiling1.py): u3 355.4 µs, u1 361.3, TileKernels 357.7; 2 vectors
+H200, 8192 x 4 x 7168, one run (branch ceiling1's bench/tuning/tune_ceiling1.py): u3 355.4 µs, u1 361.3, TileKernels 357.7; 2 vectors
 358.0, 2 tokens a block 357.5, a cp.async ring 354.5 but a different mix_grad order. The op's choice by width:
 tkaot/_mhc/pre_apply_mix.py (at hidden 1024, one vector a thread: u3 59.4 µs, u1 52.4,
 TileKernels 53.4; bench/RESULTS.md, twentieth session).

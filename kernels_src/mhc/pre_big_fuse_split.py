@@ -35,7 +35,7 @@ def _tree(values: list, combine):
     return values[0]
 
 
-# H200, 4 x 7168 bf16, 16 splits, 20 repeats (bench/results/2026-12-03-H200-s19-tune_lat1.log, harness on branch lat1 at
+# H200, 4 x 7168 bf16, 16 splits, 20 repeats (f014b86:bench/results/2026-12-03-H200-s19-tune_lat1.log, harness on branch lat1 at
 # b2a33ee): gathered 4.68 us at 1 token, 5.76 at 32; the butterfly 4.88 and 5.91; TileKernels 4.84 and 7.47. Block 0
 # left to the Sinkhorn alone, or its warp 0 only arriving at the workers' barrier, was not faster at 1 token.
 @T.macro

@@ -35,7 +35,7 @@ LANE_THREADS = 128  # one element a lane: 8 tokens a block at mhc 4 (H200: 28.0 
 # mhc 4: 1024 blocks, one wave on 132 SMs). H200, 8192 x 4 x 4, 20 repeats: 16.61 us against 18.52 at 38 records
 # (24,320 bytes: 9 blocks an SM), TileKernels 17.20; also timed, slower: a thread a matrix row (19.17-19.98), 2 tokens
 # a lane (19.85-21.47), divisions without the IEEE slow-path branch (20.48-22.24), and the 38-record kernel without
-# PDL (17.30) or without launch_dependents at entry (17.08) (bench/results/2026-12-03-H200-s17-tune_sinkbwd9.log, by
+# PDL (17.30) or without launch_dependents at entry (17.08) (f014b86:bench/results/2026-12-03-H200-s17-tune_sinkbwd9.log, by
 # bench/tuning/tune_sinkbwd9.py as of commit d7ca7a9)
 SHARED_RECORDS = 40
 # The repeat count DeepSeek's models use: a copy of the steps unrolled for it. H200 (session 11, identical to

@@ -13,12 +13,12 @@ each vector's stage slots are refilled as soon as the thread reads it.
 (H200, 8192 tokens, bf16, µs, the previous plain body / this / TileKernels, one run: 8192 101.79 / 95.01 / 95.89;
 4096 51.93 / 51.89 / 49.21; 7168 92.26 / 90.84 / 91.33. Also timed, no faster across the three: the own row count
 alone, out_scale taken as 1 (alone, or with this body: 94.60 / 51.93 / 90.63, within noise, and a second kernel for
-out_scale != 1), a grid of 2 blocks an SM, the launch without PDL; bench/results/2026-12-03-H200-s18-tune_normbwd11.log,
+out_scale != 1), a grid of 2 blocks an SM, the launch without PDL; f014b86:bench/results/2026-12-03-H200-s18-tune_normbwd11.log,
 by bench/tuning/tune_normbwd11.py as of commit 8ea7c2b.)
 Where a row takes 128 threads and at most 5 vectors a thread (bf16 4096 and 5120) the block is one row slot of 128
 threads, 2 blocks an SM (norm_backward_plain_block, which the op's grid follows too): the same rows in
 flight, no row checks. (H200, µs, two slots / one / TileKernels: 4096 51.04 / 48.40 / 49.07; 5120 64.39 / 60.74 /
-62.35; 7168 91.73 / 94.04 / 91.78, so 7168 keeps two; bench/results/2026-12-03-H200-s19-tune_normbwd12.log, by
+62.35; 7168 91.73 / 94.04 / 91.78, so 7168 keeps two; f014b86:bench/results/2026-12-03-H200-s19-tune_normbwd12.log, by
 bench/tuning/tune_normbwd12.py as of commit 74313ae.)
 """
 

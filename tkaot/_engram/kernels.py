@@ -28,7 +28,7 @@ MAX_GATE_HIDDEN = 16384
 # Decode form ("c<ctas>d<slice>w<warps>", kernels_src/engram/gate_fwd.py), launched on the inference
 # path at up to GATE_FWD_DECODE_TOKENS tokens where hidden is at most GATE_FWD_DECODE_HIDDEN (its 28 chunks of 256):
 # 4 warps a CTA, the row staged at once, the three sums in three warps. H200 at 4 x 7168 against c1584s2x28w and
-# TileKernels (bench/results/2026-12-03-H200-s19-tune_lat1.log, bench/tuning/tune_lat1.py at lat1 b2a33ee):
+# TileKernels (f014b86:bench/results/2026-12-03-H200-s19-tune_lat1.log, bench/tuning/tune_lat1.py at lat1 b2a33ee):
 # c2048d28w4 3.56 / 4.23 / 10.50 / 449.05 µs at 1 / 16 / 128 / 8192 tokens, against 5.51 / 7.30 / 9.92 / 394.50 and
 # 5.23 / 8.06 / 11.06 / 401.46; all three sums in warp 0 (c2048d28w4o) 3.58 / 4.25, 8 warps and 32 chunks (c2048d32w8)
 # 3.51 / 4.25 at 1 / 16 tokens but 11.44 at 128: no better
@@ -41,19 +41,19 @@ GATE_FWD_DECODE_HIDDEN = 28 * 256  # the decode tiling's slice, in elements
 # pass), go staged 16 groups ahead in the dL/dg pass, x, k and the weight (from L2) through a ring of 14 slots in the
 # grad_x pass, whose last 13 groups stage the next token's first go groups, the kernel's own barriers. One tiling for
 # every hidden (a runtime value; groups past 28 take the kernel's plain loop). Measured on the H200 at 8192x4x7168
-# (2026-12-03, bench/results/2026-12-03-H200-s19-tune_gatebwd10.log, bench/tuning/tune_gatebwd10.py as of 6e7bed1):
+# (2026-12-03, f014b86:bench/results/2026-12-03-H200-s19-tune_gatebwd10.log, bench/tuning/tune_gatebwd10.py as of 6e7bed1):
 # k28d14v16xw 663.16 µs, k28d11v16 (the weight kept in shared memory, 11 slots, the next go staged at the token's
 # start; shipped before) 711.86, TileKernels 671.37; dropping the group checks for hidden >= 7168 (a tiling chosen by
 # hidden) spills with the streamed weight (xfw 726.75, with a wait a pair of groups xfpw 668.15) and gains less
-# without it (xf 692.37). Earlier
-# (bench/results/2026-12-02-H200-s15-tune_engram6.log, 2026-12-03-H200-s17-tune_gatebwd9.log): v staged by each warp
-# (k28d14c) 743.79, TileLang's inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs; ring depth,
-# go groups ahead and PDL nearly indifferent (within 6 µs)
+# without it (xf 692.37). Earlier (f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log,
+# f014b86:bench/results/2026-12-03-H200-s17-tune_gatebwd9.log): v staged by each warp (k28d14c) 743.79, TileLang's
+# inserted barriers (k28d12c) 849, register rings (k28d12, spilled) 1202 µs; ring depth, go groups ahead and PDL nearly
+# indifferent (within 6 µs)
 GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows>s"): four columns a thread, `rows`
 # partials at a time staged by cp.async into shared memory (4-byte copies where an input is misaligned or numel not a
 # multiple of 4). t56: 128 CTAs of 224 columns at 4 x 7168, all 132 partials in one round trip. Measured on the H200
-# (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50,
+# (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50,
 # t64r148s 6.58, t32r148s 7.87, one thread a column with the loads in registers (t224r132, shipped before) 7.63 µs
 GRAD_W_REDUCE_TILINGS = {"default": "t56r148s"}
 # Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, two runs of 4

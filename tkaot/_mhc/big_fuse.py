@@ -19,7 +19,7 @@ _VEC = 8  # bf16 elements the kernel moves at once (16 bytes)
 _RESIDUAL = "f'shape {tuple(h_residual)}'"
 # Up to this many tokens the split kernel (several blocks a token) runs where it is built, else the one-block kernel
 # (H200, 4 x 7168, 16 splits, 20 repeats, split / one-block us: 4.89 / 5.34 at 1 token, 5.97 / 6.68 at 32, 6.70 / 7.00
-# at 64, 7.80 / 7.63 at 128; 208.24 / 140.92 at 8192: bench/results/2026-12-02-H200-s15-tune_mhc7.log)
+# at 64, 7.80 / 7.63 at 128; 208.24 / 140.92 at 8192: f014b86:bench/results/2026-12-02-H200-s15-tune_mhc7.log)
 SPLIT_MAX_TOKENS = 64
 _MAX_GRID_Y = 65535  # the split kernel's tokens are its grid's y index
 if not 0 <= SPLIT_MAX_TOKENS <= _MAX_GRID_Y:

@@ -190,7 +190,7 @@ def norm_backward_tiling(hidden: int, dtype: str, max_vectors: int = NORM_BACKWA
 # most this many vectors a thread (bf16 4096 and 5120), one row slot of 128 threads at 2 blocks an SM (the same rows
 # in flight on each SM as two slots a block of 256, each block its own row count with no row checks); wider rows keep
 # two slots. H200, 8192 tokens, bf16, µs, two slots / one / TileKernels: 4096 51.04 / 48.40 / 49.07, 5120 64.39 /
-# 60.74 / 62.35, 7168 (7 vectors) 91.73 / 94.04 / 91.78 (bench/results/2026-12-03-H200-s19-tune_normbwd12.log).
+# 60.74 / 62.35, 7168 (7 vectors) 91.73 / 94.04 / 91.78 (f014b86:bench/results/2026-12-03-H200-s19-tune_normbwd12.log).
 NORM_BACKWARD_PLAIN_ONE_SLOT_VECTORS = 5
 
 
