@@ -148,6 +148,7 @@ class Signature:
         self.op, self.tensors, self.dims, self.rules, self.scalars = op, tensors, dims, rules, scalars
         self.defaults, self.unpack, self.env, self.returns = defaults, unpack, env, returns
         self._checker = None
+        self.written: tuple[str, dict] | None = None  # the checker's source and names, once written
         self._lock = threading.Lock()
 
     @property
@@ -449,7 +450,7 @@ def lazy_checker(sig: Signature, namespace: dict, name=None):
         if "__file__" in namespace and os.environ.get("TKAOT_INLINE_CHECKS", "1") != "0":
             from tkaot._inline import inline_checker  # ast, loaded at the first check rather than at import
 
-            source, env = _source(sig)
+            source, env = sig.written  # what sig.checker() compiled: written once
             for key in names:
                 inline_checker(namespace, key, source, env)
         return check(*args)
@@ -460,6 +461,7 @@ def lazy_checker(sig: Signature, namespace: dict, name=None):
 
 def _compile(sig: Signature):
     source, env = _source(sig)
+    sig.written = (source, dict(env))
     code = compile(source, f"<checker of {sig.op}>", "exec")
     exec(code, env)  # the source above is made from the signature's own data, never from user input
     check = env["check"]
