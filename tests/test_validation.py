@@ -34,6 +34,9 @@ def test_non_tensor_is_refused():
         (lambda: dict(x=meta(4, 512), out=meta(4, 512, dtype=torch.float32)), "out must be torch.bfloat16"),
         (lambda: dict(x=meta(4, 512), residual=meta(4, 512), residual_out=meta(3, 512)), "residual_out must be of shape"),
         (lambda: dict(x=meta(70000, 1, 512)), "65535"),
+        # the hidden rule is checked where the op binds a launcher (Rule(after="launch")), before any launch
+        (lambda: dict(x=meta(4, 520)), "hidden size a multiple of 16"),
+        (lambda: dict(x=meta(2, 3, 8208)), r"in \(0, 8192\], got shape \(2, 3, 8208\)"),
     ],
 )
 def test_bad_inputs_raise_before_launch(fake_cuda, make, match):
@@ -76,3 +79,16 @@ def test_non_tensor_weight_is_refused(fake_cuda):
 def test_misaligned_weight_is_refused(fake_cuda):
     with pytest.raises(ValueError, match="weight must be"):
         tkaot.quant.norm_forward(meta(4, 512), meta(1024)[::2], 1e-6)
+
+
+def test_a_rule_placed_at_launch_is_off_the_per_call_check_and_in_the_launch_check(fake_cuda):
+    from tkaot._quant import norm
+
+    rule = "hidden % 16 == 0 and 0 < hidden <= 8192"
+    assert rule not in norm.SIGNATURE.source()
+    assert rule in norm.SIGNATURE.source(at_launch=True)
+    # a width the per-call check lets through: only the launch check refuses it
+    args = (meta(4, 520), None, None, None, None, 1e-6, 1.0)
+    norm.SIGNATURE.checker()(*args)
+    with pytest.raises(ValueError, match="hidden size a multiple of 16"):
+        norm.SIGNATURE.check_at_launch(*args)

@@ -103,7 +103,9 @@ class Rule(Record):
     "name must be expected, got actual". `after` names the tensor right after which the rule is checked,
     only when that tensor is given if it is optional (default: after every tensor); "<tensor>.shape" places
     it right after that tensor's declared shape is read, before its layout checks; rules at one place
-    are checked in declaration order.
+    are checked in declaration order. `after="launch"` takes a rule off the per-call check: it reads only what the
+    op's launcher cache is keyed on (a row width, a dtype), so the op checks it once a key, where it binds that
+    key's launcher, with `Signature.check_at_launch` (every rule, then these).
     """
 
     # name: str
@@ -147,7 +149,7 @@ class Signature:
                  unpack: dict | None = None, env: dict | None = None, returns: tuple | None = None):  # fmt: skip
         self.op, self.tensors, self.dims, self.rules, self.scalars = op, tensors, dims, rules, scalars
         self.defaults, self.unpack, self.env, self.returns = defaults, unpack, env, returns
-        self._checker = None
+        self._checker = self._at_launch = None
         self.written: tuple[str, dict] | None = None  # the checker's source and names, once written
         self._lock = threading.Lock()
 
@@ -166,8 +168,19 @@ class Signature:
                     self._checker = _compile(self)
         return self._checker
 
-    def source(self) -> str:
-        return _source(self)[0]
+    def check_at_launch(self, *args):
+        """Every check, those placed at "launch" last: what an op runs before it binds the launcher of a key it has not
+        launched (compiled at the first such call; a call that passes costs about one checker call)."""
+        check = self._at_launch
+        if check is None:
+            with self._lock:
+                if self._at_launch is None:
+                    self._at_launch = _compile(self, at_launch=True)
+                check = self._at_launch
+        return check(*args)
+
+    def source(self, at_launch: bool = False) -> str:
+        return _source(self, at_launch)[0]
 
 
 def _text(s: str) -> str:
@@ -179,8 +192,8 @@ def _shape_text(dims: tuple) -> str:
     return "(" + ", ".join(str(d) for d in dims) + (",)" if len(dims) == 1 else ")")
 
 
-def _source(sig: Signature) -> tuple[str, dict]:
-    """The checker's source and the names it needs."""
+def _source(sig: Signature, at_launch: bool = False) -> tuple[str, dict]:
+    """The checker's source and the names it needs; with `at_launch`, the rules placed at "launch" checked last."""
     env: dict = {"_fail": fail, "_not_a_tensor": not_a_tensor, "_sequence_kind": _sequence_kind, "_MAX_I32": MAX_I32, "_VEC": _VEC,
                  "_op": sig.op, "torch": torch}  # fmt: skip
     env.update(sig.env or {})
@@ -191,7 +204,10 @@ def _source(sig: Signature) -> tuple[str, dict]:
     by_name = {t.name: t for t in sig.tensors}
     placed: dict[str, list] = {}  # tensor name ("" for the end) -> the rules and Lets checked after it
     for r in sig.rules:
-        if r.after and r.after.removesuffix(".shape") not in by_name:
+        if r.after == "launch":
+            if isinstance(r, Let):
+                raise ValueError(f"{sig.op}: Let {r.name} cannot be placed at launch")
+        elif r.after and r.after.removesuffix(".shape") not in by_name:
             raise ValueError(f"{sig.op}: {r.name} is placed after {r.after!r}, which is not a tensor")
         placed.setdefault(r.after, []).append(r)
     shaped = {d for t in sig.tensors if isinstance(t.shapes, tuple) for alt in t.shapes for d in alt}
@@ -389,6 +405,8 @@ def _source(sig: Signature) -> tuple[str, dict]:
             fail_line(ind, label, f"{t.align}-byte aligned", f"f'address {{p_{n}:#x}}'")
         emit_rules(placed.get(n, []), ind)
     emit_rules(placed.get("", []))
+    if at_launch:
+        emit_rules(placed.get("launch", []))
     if sig.returns is None:
         strides = [f"s_{t.name}" for t in sig.tensors if t.layout != "contiguous"]
         values = ["device", *sig.dims, *(f"p_{t.name}" for t in sig.tensors), *strides]
@@ -459,10 +477,11 @@ def lazy_checker(sig: Signature, namespace: dict, name=None):
     return first_call
 
 
-def _compile(sig: Signature):
-    source, env = _source(sig)
-    sig.written = (source, dict(env))
-    code = compile(source, f"<checker of {sig.op}>", "exec")
+def _compile(sig: Signature, at_launch: bool = False):
+    source, env = _source(sig, at_launch)
+    if not at_launch:
+        sig.written = (source, dict(env))
+    code = compile(source, f"<checker of {sig.op}{' at launch' if at_launch else ''}>", "exec")
     exec(code, env)  # the source above is made from the signature's own data, never from user input
     check = env["check"]
     check.signature = sig  # as its stand-in's

@@ -43,7 +43,8 @@ SIGNATURE = Signature(
     defaults={"batch": 1},
     rules=(
         Rule("x", "batch <= 65535", "at most 65535 batches", actual=_SHAPE),
-        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual=_SHAPE),
+        # hidden is in the launcher's key: checked once a key, where the op binds its launcher
+        Rule("x", "hidden % 16 == 0 and 0 < hidden <= 8192", "of hidden size a multiple of 16 in (0, 8192]", actual=_SHAPE, after="launch"),
         *REAL_ARGS,
     ),
     scalars=("eps", "out_scale"),
@@ -99,6 +100,12 @@ def norm_forward(
     device, dtype, batch, num_tokens, hidden, x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, xs, rs, os_, ros = _check(
         x, weight, residual, out, residual_out, eps, out_scale
     )
+    fast_key = (device, hidden, dtype, weight is not None, residual is not None, with_rstd)
+    launcher = _NORM.cache.get(fast_key)
+    if launcher is None:
+        SIGNATURE.check_at_launch(x, weight, residual, out, residual_out, eps, out_scale)
+        launcher = _NORM.get(device, hidden, _DTYPE_NAMES[dtype], weight is not None, residual is not None, bool(with_rstd))
+        _NORM.cache[fast_key] = launcher
     x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
     if out is None:
         out = torch.empty_like(x)
@@ -121,11 +128,6 @@ def norm_forward(
     else:
         rstd, rstd_ptr = None, 0
 
-    fast_key = (device, hidden, dtype, w_ptr != 0 or weight is not None, residual is not None, with_rstd)
-    launcher = _NORM.cache.get(fast_key)
-    if launcher is None:
-        launcher = _NORM.get(device, hidden, _DTYPE_NAMES[dtype], weight is not None, residual is not None, bool(with_rstd))
-        _NORM.cache[fast_key] = launcher
     launcher(
         device, current_stream(device),
         x_ptr, w_ptr, r_ptr, o_ptr, ro_ptr, rstd_ptr, eps, out_scale, batch, num_tokens,
