@@ -106,7 +106,7 @@ def norm_forward(
         SIGNATURE.check_at_launch(x, weight, residual, out, residual_out, eps, out_scale)
         launcher = _NORM.get(device, hidden, _DTYPE_NAMES[dtype], weight is not None, residual is not None, bool(with_rstd))
         _NORM.cache[fast_key] = launcher
-    x_bs, x_s = (xs[0], xs[1]) if len(xs) == 3 else (0, xs[0])
+    x_s, x_bs = xs[-2], (xs[0] if batch != 1 else 0)  # one batch: the kernel never multiplies its stride
     if out is None:
         out = torch.empty_like(x)
         o_ptr = out.data_ptr()
