@@ -56,7 +56,7 @@ CASES = {
     "engram_hash": dict(max_ngram_size=3),
     "engram_fused_weight": dict(dtype="bfloat16"),
     "engram_grad_w_reduce": dict(dtype="bfloat16", tiling="t56r148s"),
-    "engram_sinkhorn_momentum": dict(grad_dtype="bfloat16", momentum_dtype="float32", tiling="t256v4x1"),
+    "engram_sinkhorn_momentum": dict(grad_dtype="bfloat16", momentum_dtype="float32", tiling="t128v4x1"),
     "engram_sinkhorn_step": dict(head_dim=1024),
     "engram_sinkhorn_step_reduce": dict(dtype="float32"),
     "engram_sinkhorn_finalize": dict(head_dim=8192),

@@ -222,7 +222,7 @@ VALID = [
     (lambda: E.grad_w_reduce(M(300, 3, 333, dtype=F32), M(3, 333), M(3, 333), M(3, 333, dtype=F32), M(3, 333, dtype=F32)),
      [("engram_grad_w_reduce", "dtype=bfloat16,tiling=t56r148s")]),
     (lambda: E.engram_sinkhorn_momentum_update(M(1001 * 256, dtype=F32), M(1001 * 256), 0.95),
-     [("engram_sinkhorn_momentum", "grad_dtype=float32,momentum_dtype=bfloat16,tiling=t256v4x1")]),
+     [("engram_sinkhorn_momentum", "grad_dtype=float32,momentum_dtype=bfloat16,tiling=t128v4x1")]),
     (lambda: E.engram_sinkhorn_step(M(1001, 5120, dtype=F32), M(1001, dtype=F32), M(5120, dtype=F32), 1e-20),
      [("engram_sinkhorn_step", "head_dim=5120")]),
     (lambda: E.engram_sinkhorn_step_reduce(M(396, 256, dtype=F32), M(256, dtype=F32)), [("engram_sinkhorn_step_reduce", "dtype=float32")]),

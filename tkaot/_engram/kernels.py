@@ -56,13 +56,15 @@ GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 # (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50,
 # t64r148s 6.58, t32r148s 7.87, one thread a column with the loads in registers (t224r132, shipped before) 7.63 µs
 GRAD_W_REDUCE_TILINGS = {"default": "t56r148s"}
-# Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 256 lanes, one run of 4
-# elements a lane (1024 a CTA, as t128v4x2's two runs), every warp access one contiguous span. Measured on the H200
-# (512000512 fp32 grad, bf16 momentum, nesterov; 2026-12-03, mom22 branch's bench/tuning/tune_engram_mom22.py round 1,
-# TileKernels 1445.3 µs): t256v4x1 1446.7, t128v4x2 (shipped before) 1449.4; full CTAs without the bounds tests
-# (t256v4x1u) 1446.4; streaming cache hints on grad and the output 1520.8; 32 lanes 2410.1 under PDL but 1445.2 without
-# (TileKernels times its kernel without PDL: the wait of each of 2M 32-lane CTAs is what costs there)
-SINKHORN_MOMENTUM_TILINGS = {"default": "t256v4x1"}
+# Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, one run of 4
+# elements a lane (512 a CTA), every warp access one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
+# momentum, nesterov, 2026-12-03, bench/tuning/tune_engram_mom22.py on the mom22 branch; µs):
+#   round 2 (TileKernels 1445.4): t128v4x1 1444.7, t192v4x1 1446.5, t256v4x1 1447.7 (shipped a few hours), t128v4x2
+#   (shipped before) 1449.0, t320v4x1 1453.5, t384v4x1 1456.2, two runs of 2 (t256v2x2) 1453.1, t512v2x1 1539.9;
+#   round 1 (TileKernels 1445.3): full CTAs without the bounds tests (t256v4x1u) 1446.4 against t256v4x1's 1446.7;
+#   streaming cache hints on grad and the output 1520.8; 32 lanes 2410.1 under PDL but 1445.2 without it (TileKernels
+#   times its kernel without PDL: under PDL the wait of each of 2M 32-lane CTAs is what costs)
+SINKHORN_MOMENTUM_TILINGS = {"default": "t128v4x1"}
 SINKHORN_HEAD_DIMS = "a multiple of 256 in [256, 8192]"
 MOMENTUM_DTYPES = ("bfloat16", "float32")
 
