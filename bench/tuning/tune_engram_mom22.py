@@ -9,8 +9,8 @@ nvcc flags; TileKernels lowered as its default calls compile it, without PDL):
   attribute; TileKernels' timed calls have neither (its use_pdl default is off; with PDL on it places the trigger
   after its stores);
 - ours tests each run against numel (every load and the update predicated or branched), TileKernels has no test;
-- ours reads grad by LDG.E.128.CONSTANT (ld.global.nc: nvcc's read of a const __restrict__ pointer), TileKernels'
-  grad pointer is not restrict-qualified: LDG.E.128;
+- both read grad by LDG.E.128.CONSTANT (ld.global.nc) as timed; TileKernels' with PDL on reads it by LDG.E.128
+  (its pointer is not restrict-qualified and its wait is a barrier to nvcc), which "p" reproduces;
 - beta1 a runtime value here (FMUL/FFMA by a uniform register), a constant there: the same instruction count.
 At 32 lanes a CTA an SM holds at most 32 CTAs (32 warps, half its warps), so each CTA's lifetime bounds the bytes in
 flight; 64 lanes and more fill the SM's warps.
@@ -19,9 +19,13 @@ Letters (the module docstring of the kernel): u full CTAs untested, e PDL trigge
 c grad ld.global.nc.L1::no_allocate and sinkhorn_input st.global.cs, p grad by a plain ld.global.
 Every candidate keeps the shipped fused multiply-adds: its bytes equal the shipped kernel's (the run checks).
 
-Built for sm_90a (registers; SASS instructions other than NOP; LDG / STG forms), fp32 grad, bf16 momentum:
-t128v4x2 (shipped) 31, 136, LDG.E.128.CONSTANT; TileKernels (no PDL) 28, 76, LDG.E.128, no test, no PDL;
-see CANDIDATES for each candidate's.
+Built for sm_90a (registers; SASS instructions other than NOP, all paths; those a full CTA runs with nesterov):
+t128v4x2 (shipped) 31, 135, 96; u 31, 233; c 32, 102 (LDG.E.NA.128.CONSTANT, STG.E.EF.128); uc 32, 186;
+e 31, 136; n 31, 133; t256v4x1 22, 56, ~55; t256v4x1u / uc 22, 109; t32v4x2 31, 126, 93; t32v4x2e 31, 127;
+t32v4x2n 31, 124; t32v4x2u 31, 221; t32v4x2un 31, 219, 82 (no test, no ACQBULK / PREEXIT, LDG.E.128.CONSTANT);
+t32v4x2uep 32, 221 (LDG.E.128); TileKernels (no PDL) 28, 74, 74 (no test, LDG.E.128.CONSTANT). No local memory,
+no shared memory in any. "u" doubles the code (the tested body stays for the last CTA); the full CTA's path is
+shorter by its tests.
 
 On a CPU with TileLang and nvcc:
 
@@ -49,7 +53,7 @@ import time
 from pathlib import Path
 
 SHIPPED = "t128v4x2"
-# name -> what it changes (registers, SASS instructions other than NOP, at build on sm_90a)
+# name -> what it changes (the module docstring has each one's registers and instruction counts)
 CANDIDATES = {
     "t128v4x2u": "full CTAs untested",
     "t128v4x2c": "grad ld.nc.L1::no_allocate, input st.cs",
