@@ -58,7 +58,7 @@ GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 GRAD_W_REDUCE_TILINGS = {"default": "t56r148s"}
 # Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, one run of 4
 # elements a lane (512 a CTA), every warp access one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
-# momentum, nesterov, 2026-12-03, bench/tuning/tune_engram_mom22.py on the mom22 branch; µs):
+# momentum, nesterov, 2026-12-03, 5cabb61:bench/tuning/tune_engram_mom22.py and its logs in 5cabb61:bench/results; µs):
 #   round 2 (TileKernels 1445.4): t128v4x1 1444.7, t192v4x1 1446.5, t256v4x1 1447.7 (shipped a few hours), t128v4x2
 #   (shipped before) 1449.0, t320v4x1 1453.5, t384v4x1 1456.2, two runs of 2 (t256v2x2) 1453.1, t512v2x1 1539.9;
 #   round 1 (TileKernels 1445.3): full CTAs without the bounds tests (t256v4x1u) 1446.4 against t256v4x1's 1446.7;
