@@ -109,6 +109,12 @@ def main() -> None:
     print(f"{'':15s} {'least':>7s} {'median':>7s}")
     for name, v in samples.items():
         print(f"{name:15s} {min(v):7.3f} {statistics.median(v):7.3f}")
+    # the rows of a round ran back to back: their differences round by round cancel what drifts between rounds
+    print("median of the per-round differences:")
+    for op in ("gate", "norm"):
+        for a, b in (("now", "old"), ("now", "old+guard"), ("old+guard", "old")):
+            diffs = [p - q for p, q in zip(samples[f"{op} {a}"], samples[f"{op} {b}"])]
+            print(f"  {op} {a} - {b}: {statistics.median(diffs):+.3f}")
 
 
 if __name__ == "__main__":
