@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -149,7 +150,7 @@ class Signature:
                  unpack: dict | None = None, env: dict | None = None, returns: tuple | None = None):  # fmt: skip
         self.op, self.tensors, self.dims, self.rules, self.scalars = op, tensors, dims, rules, scalars
         self.defaults, self.unpack, self.env, self.returns = defaults, unpack, env, returns
-        self._checker = self._at_launch = None
+        self._checkers: dict[bool, Callable] = {}  # at_launch -> the compiled check
         self.written: tuple[str, dict] | None = None  # the checker's source and names, once written
         self._lock = threading.Lock()
 
@@ -160,24 +161,21 @@ class Signature:
         filled = {name for names in unpack.values() for name in names}
         return tuple(t.name for t in self.tensors if t.name not in filled) + tuple(unpack) + self.scalars
 
-    def checker(self):
-        """The check function (written and compiled on first use)."""
-        if self._checker is None:
+    def checker(self, at_launch: bool = False):
+        """The check function (written and compiled on first use); with `at_launch`, the one that also checks the rules
+        placed at "launch", last."""
+        check = self._checkers.get(at_launch)
+        if check is None:
             with self._lock:
-                if self._checker is None:
-                    self._checker = _compile(self)
-        return self._checker
+                check = self._checkers.get(at_launch)
+                if check is None:
+                    check = self._checkers[at_launch] = _compile(self, at_launch)
+        return check
 
     def check_at_launch(self, *args):
         """Every check, those placed at "launch" last: what an op runs before it binds the launcher of a key it has not
-        launched (compiled at the first such call; a call that passes costs about one checker call)."""
-        check = self._at_launch
-        if check is None:
-            with self._lock:
-                if self._at_launch is None:
-                    self._at_launch = _compile(self, at_launch=True)
-                check = self._at_launch
-        return check(*args)
+        launched (a call that passes costs about one checker call)."""
+        return self.checker(at_launch=True)(*args)
 
     def source(self, at_launch: bool = False) -> str:
         return _source(self, at_launch)[0]
