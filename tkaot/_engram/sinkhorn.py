@@ -190,7 +190,7 @@ def engram_sinkhorn_finalize(
         out = torch.empty_like(matrix)
         out_ptr = out.data_ptr()
     if num_rows:
-        launcher = _FINALIZE.get(device, head_dim)
+        launcher = _FINALIZE.get(device, head_dim, kernels.SINKHORN_FINALIZE_TILINGS["default"])
         launcher(device, current_stream(device), matrix_ptr, row_ptr, col_ptr, out_ptr, float(eps), float(alpha), num_rows)
     return out
 
