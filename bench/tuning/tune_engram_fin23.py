@@ -15,6 +15,11 @@ r1's order of the per-thread sum and its 128-thread AllReduce):
   r4cp / r16cp 153  both
   r4s / r16s   100  the next row staged in shared memory by cp.async (16 bytes a copy; 20 KB), col_scale from L2
   r4cs / r16cs 121  cp.async staging and col_scale in registers
+  r1w           96  r1 with its stores through shared memory: x * factor written in the row layout, then 16
+                    contiguous bytes a thread, so each warp store covers whole 32-byte sectors (r1, like
+                    TileKernels, stores a thread's 32 bytes as two 16-byte halves, each warp store half of 32 sectors;
+                    the step kernel's loads, in that layout too, read at 105 %, so the stores are the suspect)
+  r4cw 121, r4csw / r16csw 123: those stores with r4c, r4cs, r16cs
 
 On a CPU with TileLang and nvcc:
 
@@ -51,6 +56,10 @@ CANDIDATES = {
     "r16s": "16 rows, next row staged by cp.async",
     "r4cs": "4 rows, cp.async staging, col_scale in registers",
     "r16cs": "16 rows, cp.async staging, col_scale in registers",
+    "r1w": "r1, stores through shared memory, whole sectors",
+    "r4cw": "r4c, stores through shared memory",
+    "r4csw": "r4cs, stores through shared memory",
+    "r16csw": "r16cs, stores through shared memory",
 }
 HEAD_DIM = 5120
 TIMED = 100001
