@@ -1,6 +1,7 @@
 """Engram cases (tkaot.engram) beside TileKernels: the gate forward (the anchor: 8192 tokens, 4 heads, hidden 7168,
 inference path; TileKernels 403.8 µs, 3.78 TB/s on the H200) and with saved values, the backward, the weight-gradient
-reduction, the hash and the Sinkhorn ops at TileKernels' test shapes."""
+reduction, the fused weight, the hash and the Sinkhorn ops (step, its column reduction, finalize, momentum) at
+TileKernels' test shapes: a row for each of the nine functions."""
 
 import torch
 
@@ -91,6 +92,17 @@ def _hash_case() -> Case:
                 make, run(tkaot), tile_kernels=lambda t, a: run(t)(a))  # fmt: skip
 
 
+def _fused_weight_case() -> Case:
+    def make():
+        return {"wh": torch.randn(HC, HIDDEN, dtype=BF16, device="cuda"), "we": torch.randn(HC, HIDDEN, dtype=BF16, device="cuda")}
+
+    def run(lib):
+        return lambda a: lib.engram.fused_weight(a["wh"], a["we"])
+
+    return Case("fused_weight", f"{HC}x{HIDDEN} bf16 -> fp32", HC * HIDDEN * (2 + 2 + 4), make, run(tkaot),
+                tile_kernels=lambda t, a: run(t)(a))  # fmt: skip
+
+
 def _sinkhorn_cases() -> list[Case]:
     rows, head_dim, numel = 100001, 5120, 1000001 * 512
 
@@ -112,10 +124,20 @@ def _sinkhorn_cases() -> list[Case]:
     def update(lib):
         return lambda a: lib.engram.engram_sinkhorn_momentum_update(a["g"], a["m"], 0.95, True)
 
+    partials = 3 * torch.cuda.get_device_properties(0).multi_processor_count  # what engram_sinkhorn_step writes (3 an SM)
+
+    def partial_sums():
+        return {"p": torch.rand(partials, head_dim, device="cuda"), "s": torch.empty(head_dim, device="cuda")}
+
+    def reduce(lib):
+        return lambda a: lib.engram.engram_sinkhorn_step_reduce(a["p"], a["s"])
+
     m_bytes = rows * head_dim * 4
     return [
         Case("engram_sinkhorn_step", f"{rows}x{head_dim} fp32", m_bytes + rows * 12, matrix, step(tkaot),
              tile_kernels=lambda t, a: step(t)(a)),
+        Case("engram_sinkhorn_step_reduce", f"{partials}x{head_dim} fp32", (partials + 1) * head_dim * 4, partial_sums, reduce(tkaot),
+             tile_kernels=lambda t, a: reduce(t)(a)),
         Case("engram_sinkhorn_finalize", f"{rows}x{head_dim} fp32", 2 * m_bytes + rows * 4, matrix, finalize(tkaot),
              tile_kernels=lambda t, a: finalize(t)(a)),
         Case("engram_sinkhorn_momentum_update", f"{numel} fp32 grad, bf16 momentum, nesterov", numel * (4 + 2 * 2 + 4), momentum,
@@ -124,4 +146,4 @@ def _sinkhorn_cases() -> list[Case]:
 
 
 def cases() -> list[Case]:
-    return [*_gate_cases(), _reduce_case(), _hash_case(), *_sinkhorn_cases()]
+    return [*_gate_cases(), _reduce_case(), _fused_weight_case(), _hash_case(), *_sinkhorn_cases()]
