@@ -226,7 +226,6 @@ def time_candidates(artifacts: Path, out: Path, total_s: float = TOTAL_S) -> Non
         return
     start, say, rows = time.perf_counter(), Log(), {}
 
-
     deadline = start + total_s
     with_reruns("rows", deadline, say, lambda skip: _run_child(artifacts, skip, deadline, say, rows))
     table = [(name, shape, us, tk_us, us / tk_us, same) for name, shape, us, tk_us, same in rows.values()]

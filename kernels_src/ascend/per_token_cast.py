@@ -211,7 +211,15 @@ def per_token_cast_kernel(hidden, width, in_dtype, in_block, in_sf, fmt, group, 
                             for w in T.serial(T.ceildiv(groups, THREADS)):
                                 if group_in_range(i, w * THREADS + t, row, col):
                                     group_pass(
-                                        x_ub, back_ub if separate_back else x_ub, scale_ub, inv_ub, out_sf, amax, row, col, i,
+                                        x_ub,
+                                        back_ub if separate_back else x_ub,
+                                        scale_ub,
+                                        inv_ub,
+                                        out_sf,
+                                        amax,
+                                        row,
+                                        col,
+                                        i,
                                         w * THREADS + t,
                                     )
                 else:

@@ -20,4 +20,3 @@ def column_sum(partial, col, acc):
             acc[0] += partial[i * UNROLL + u, col]
     for i in T.serial(partial.shape[0] // UNROLL * UNROLL, partial.shape[0]):
         acc[0] += partial[i, col]
-

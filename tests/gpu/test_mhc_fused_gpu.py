@@ -213,8 +213,13 @@ def test_a_layer_step_replays_bit_identical_in_a_cuda_graph():
         MHC.mhc_pre_big_fuse_fwd(a["gemm_out_mul"], a["gemm_out_sqrsum"], a["mhc_scale"], a["mhc_base"], a["residual"], post,
                                  comb, layer_input, 1e-6, 1e-6, 1e-6, 2.0, 20, 16)  # fmt: skip
         if has_post:
-            MHC.mhc_post_fwd(layer_input.unsqueeze(0), a["residual"].unsqueeze(0), post.view(1, tokens, m, 1),
-                             comb.view(1, tokens, m, m), out=out.unsqueeze(0))  # one sequence: (1, tokens, ...)
+            MHC.mhc_post_fwd(
+                layer_input.unsqueeze(0),
+                a["residual"].unsqueeze(0),
+                post.view(1, tokens, m, 1),
+                comb.view(1, tokens, m, m),
+                out=out.unsqueeze(0),
+            )  # one sequence: (1, tokens, ...)
 
     step()  # loads the kernels
     torch.cuda.synchronize()
