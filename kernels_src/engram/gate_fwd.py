@@ -211,6 +211,14 @@ def decode_sums(warps: int):
     """The decode form's item_sums macro for items of `warps` chunks."""
 
     @T.macro
+    def square_sum(smem, local, sums, s, at):
+        """sums[s] += the squares of smem's VEC values from `at`, in order (staged through `local`)."""
+        for j in T.vectorized(VEC):
+            local[j] = smem[at + j]
+        for j in T.serial(VEC):
+            sums[s] += local[j] * local[j]
+
+    @T.macro
     def item_sums(n, col, chunks, warp, x_smem, k_smem, w_smem, x_local, k_local, w_local, sums, whole):
         """Item n's share of this warp's sum (SUM_WARPS), chunk by chunk in order; `whole`: no chunk tested."""
         for s in (0, 1, 2):  # expanded at trace time: one branch a sum
@@ -218,15 +226,9 @@ def decode_sums(warps: int):
                 for q in T.unroll(warps):
                     if whole or n * warps + q < chunks:
                         if s == 0:  # x * x
-                            for j in T.vectorized(VEC):
-                                x_local[j] = x_smem[(n * warps + q) * CHUNK + col + j]
-                            for j in T.serial(VEC):
-                                sums[0] += x_local[j] * x_local[j]
+                            square_sum(x_smem, x_local, sums, 0, (n * warps + q) * CHUNK + col)
                         elif s == 1:  # k * k
-                            for j in T.vectorized(VEC):
-                                k_local[j] = k_smem[(n * warps + q) * CHUNK + col + j]
-                            for j in T.serial(VEC):
-                                sums[1] += k_local[j] * k_local[j]
+                            square_sum(k_smem, k_local, sums, 1, (n * warps + q) * CHUNK + col)
                         else:  # x * w * k
                             for j in T.vectorized(VEC):
                                 x_local[j] = x_smem[(n * warps + q) * CHUNK + col + j]
