@@ -2,7 +2,7 @@
 `tkaot.preload()` of the default sm90 set takes ~139 ms on the H200's host, ≤ 100 ms is the target).
 
 The driver's share of preload was measured at ~77-110 ms for 735 cubins (cuModuleLoadData 47-65 ms, cuModuleGetFunction
-30-44 ms; results/2026-12-02-H200-s13-preload-probe.log). A synthetic probe put a module's own cost at ~25 µs of ~48 µs a
+30-44 ms; 8a36647:bench/results/2026-12-02-H200-s13-preload-probe.log). A synthetic probe put a module's own cost at ~25 µs of ~48 µs a
 kernel alone. This probe measures it on the real kernels: the build mode lowers every specialised default sm90 variant
 that preload loads (one per cubin), compiles those sharing a preamble into modules of up to --group kernels (one PTX, one
 ptxas run, entries tagged apart as build_tools/nvcc_batch.py tags them) and writes the modules with the entries each
