@@ -7,6 +7,7 @@ import torch
 
 import tkaot
 from bench.cases import Case
+from tkaot._engram.sinkhorn import PARTIALS_PER_SM
 
 TOKENS, HC, HIDDEN = 8192, 4, 7168
 BF16, F32 = torch.bfloat16, torch.float32
@@ -124,7 +125,7 @@ def _sinkhorn_cases() -> list[Case]:
     def update(lib):
         return lambda a: lib.engram.engram_sinkhorn_momentum_update(a["g"], a["m"], 0.95, True)
 
-    partials = 3 * torch.cuda.get_device_properties(0).multi_processor_count  # what engram_sinkhorn_step writes (3 an SM)
+    partials = PARTIALS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count  # engram_sinkhorn_step's partials
 
     def partial_sums():
         return {"p": torch.rand(partials, head_dim, device="cuda"), "s": torch.empty(head_dim, device="cuda")}
