@@ -58,7 +58,7 @@ CASES = {
     "engram_grad_w_reduce": dict(dtype="bfloat16", tiling="t56r148s"),
     "engram_sinkhorn_momentum": dict(grad_dtype="bfloat16", momentum_dtype="float32", tiling="t128v4x1"),
     "engram_sinkhorn_step": dict(head_dim=1024),
-    "engram_sinkhorn_step_reduce": dict(dtype="float32"),
+    "engram_sinkhorn_step_reduce": dict(dtype="float32", tiling="t24r200d"),
     "engram_sinkhorn_finalize": dict(head_dim=8192),
     "mhc_normw_merge_fwd": dict(dtype="float32"),
     "mhc_normw_merge_bwd": dict(dtype="float32"),

@@ -225,7 +225,8 @@ VALID = [
      [("engram_sinkhorn_momentum", "grad_dtype=float32,momentum_dtype=bfloat16,tiling=t128v4x1")]),
     (lambda: E.engram_sinkhorn_step(M(1001, 5120, dtype=F32), M(1001, dtype=F32), M(5120, dtype=F32), 1e-20),
      [("engram_sinkhorn_step", "head_dim=5120")]),
-    (lambda: E.engram_sinkhorn_step_reduce(M(396, 256, dtype=F32), M(256, dtype=F32)), [("engram_sinkhorn_step_reduce", "dtype=float32")]),
+    (lambda: E.engram_sinkhorn_step_reduce(M(396, 256, dtype=F32), M(256, dtype=F32)),
+     [("engram_sinkhorn_step_reduce", "dtype=float32,tiling=t24r200d")]),
     (lambda: E.engram_sinkhorn_finalize(M(3, 256, dtype=F32), M(3, dtype=F32), M(256, dtype=F32), 1e-20, 16.0),
      [("engram_sinkhorn_finalize", "head_dim=256")]),
 ]  # fmt: skip

@@ -17,7 +17,7 @@ COLUMNS = 1024  # columns a block
 THREADS = 256
 
 
-def build(dtype: str):
+def build(dtype: str, tiling: str):  # the tiling is the CUDA kernel's (its staging): one layout here
     num_partials, head_dim = T.dynamic("num_partials"), T.dynamic("head_dim")
 
     @T.prim_func

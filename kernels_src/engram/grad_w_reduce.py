@@ -7,7 +7,7 @@ partials staged by cp.async into shared memory (`rows` of them at once, 16 bytes
 flight hold no register: 148 rows (a B200's SM count) take every partial of a one-CTA-an-SM backward in one round
 trip. A 16-byte copy needs the partials, the gradients and the weights on 16-byte boundaries and numel a multiple
 of 4; where one is not (tested in the kernel), or past numel's last whole four, a thread stages and sums its columns
-one 4-byte copy at a time. A thread reads back only what it staged itself, after its own wait: no barrier.
+one 4-byte copy at a time (kernels_src/engram/column_sums.py, shared with engram_sinkhorn_step_reduce).
 
 Measured on the H200 at 132x4x7168 beside TileKernels (6.81 µs, 2026-12-02,
 f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50 µs, against 7.63 for t224r132 (shipped
@@ -18,23 +18,12 @@ import re
 
 import tilelang.language as T
 
+from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, SMEM_BYTES, aligned, stage
+from kernels_src.engram.column_sums import PASS_CONFIGS as PASS_CONFIGS  # no barriers: the build reads it here
 from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import GRAD_W_REDUCE
 
 DECL = GRAD_W_REDUCE  # the declaration this module builds (tkaot/_engram/kernels.py)
-
-# a thread reads back only what it staged itself: no barriers to insert
-PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
-
-COLS = 4  # columns a thread (one 16-byte copy a row)
-SMEM_BYTES = 227 * 1024  # shared memory a CTA may take on sm90
-
-# 1 if the address is 16-byte aligned, else 0
-ALIGNED16_SOURCE = """
-__device__ __forceinline__ int tkaot_aligned16(const void* p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15) == 0;
-}
-"""
 
 
 def parse_tiling(tiling: str) -> tuple[int, int]:
@@ -56,30 +45,6 @@ def build(dtype: str, tiling: str):
     num_partials = T.dynamic("num_partials")
     numel = T.dynamic("numel")
     width = threads * COLS  # columns a CTA
-
-    def aligned(*firsts):
-        """The kernel-time test that every tensor (its first element) starts on a 16-byte boundary."""
-        test = None
-        for first in firsts:
-            one = T.call_extern("int32", "tkaot_aligned16", T.address_of(first)) != 0
-            test = one if test is None else T.And(test, one)
-        return test
-
-    @T.macro
-    def stage(grad_w_partial, stash, first, tid, col, vectors):
-        """Rows first.. first + rows - 1 of this thread's columns into stash, one commit group; `vectors`: one
-        16-byte copy a row, else a 4-byte copy a column in the row (none past numel)."""
-        for u in T.unroll(rows):
-            if first + u < num_partials:
-                if vectors:
-                    src = grad_w_partial[first + u, col]
-                    T.ptx_cp_async(T.access_ptr(stash[u, tid * COLS], "w", COLS), T.access_ptr(src, "r", COLS), COLS)
-                else:
-                    for j in T.unroll(COLS):
-                        if col + j < numel:
-                            src = grad_w_partial[first + u, col + j]
-                            T.ptx_cp_async(T.access_ptr(stash[u, tid * COLS + j], "w", 1), T.access_ptr(src, "r", 1), 1)
-        T.ptx_commit_group()
 
     @T.prim_func
     def engram_grad_w_reduce(
@@ -109,9 +74,9 @@ def build(dtype: str, tiling: str):
                 T.clear(acc)
                 for i in T.serial(T.ceildiv(num_partials, rows)):
                     if vectors != 0:
-                        stage(grad_w_partial, stash, i * rows, tid, col, True)
+                        stage(grad_w_partial, stash, i * rows, tid, col, rows, True)
                     else:
-                        stage(grad_w_partial, stash, i * rows, tid, col, False)
+                        stage(grad_w_partial, stash, i * rows, tid, col, rows, False)
                     if i == 0:  # the weights and the gradients' old values: in flight with the first partials
                         if vectors != 0:
                             T.assume(col + COLS <= numel)

@@ -219,6 +219,29 @@ def test_sinkhorn_step_reduce_finalize_match_reference(seed, rows, head_dim):
     torch.testing.assert_close(col_sumsq, ref.engram_sinkhorn_step_reduce(partial), rtol=3e-6, atol=1e-5)
 
 
+def in_row_order(partial):
+    """The partials added one row at a time from 0.0: the order the op promises (and TileKernels keeps)."""
+    acc = torch.zeros(partial.shape[1], device=partial.device)
+    for row in partial:
+        acc += row
+    return acc
+
+
+# (partials, head_dim, offset): the op takes any count of either; an offset of one element puts the views' first
+# element off a 16-byte boundary (4-byte copies), as does a head_dim not a multiple of 4
+@pytest.mark.parametrize(
+    "partials, head_dim, offset",
+    [(1, 5120, 0), (3, 256, 0), (127, 5120, 0), (396, 5120, 0), (444, 8192, 0), (4097, 256, 0), (396, 5120, 1),
+     (3, 5121, 0), (127, 3, 0), (201, 260, 1), (0, 256, 0)],
+)  # fmt: skip
+def test_sinkhorn_step_reduce_adds_in_row_order(seed, partials, head_dim, offset):
+    flat = torch.rand(partials * head_dim + offset, device="cuda")
+    partial = flat[offset:].view(partials, head_dim)
+    col_sumsq = torch.full((head_dim + offset,), float("nan"), device="cuda")[offset:]
+    E.engram_sinkhorn_step_reduce(partial, col_sumsq)
+    assert torch.equal(col_sumsq.view(torch.int32), in_row_order(partial).view(torch.int32))
+
+
 def sinkhorn(matrix, iterations, ops):
     """Alternate row normalisation (the ops' step) and column scaling to columns of norm sqrt(rows / head_dim)."""
     rows, head_dim = matrix.shape

@@ -56,6 +56,14 @@ GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 # (132x4x7168 beside TileKernels, 6.81 µs, 2026-12-02, f014b86:bench/results/2026-12-02-H200-s15-tune_engram6.log): t56r148s 6.50,
 # t64r148s 6.58, t32r148s 7.87, one thread a column with the loads in registers (t224r132, shipped before) 7.63 µs
 GRAD_W_REDUCE_TILINGS = {"default": "t56r148s"}
+# Sinkhorn column reduction (kernels_src/engram/sinkhorn_step_reduce.py, "t<threads>r<rows><s|d>"): four columns a
+# thread, batches of `rows` partials copied by cp.async in a loop, two buffers: t24r200d, 96 columns a CTA, 54 CTAs at
+# head_dim 5120, 150 KB of shared memory. Measured on the H200 (396x5120 fp32, 2026-12-03,
+# bench/results/2026-12-03-H200-s24-tune_engram_reduce24-round{1,2,3}.log; µs): round 3 (TileKernels 6.24) t24r200d
+# 5.54, t16r200d 5.72, t16r396s (one buffer, one trip) 5.98, t16r132d 6.08, t16r100d 6.21; round 2 (TileKernels
+# 6.58) batches of 50 rows 7.9-8.6; round 1, the copies unrolled (130-440 KB of code) 10.0-12.2; one thread a column
+# with four loads in registers at a time (shipped before) 18.46 against TileKernels' 6.57 in the bench run before
+SINKHORN_STEP_REDUCE_TILINGS = {"default": "t24r200d"}
 # Sinkhorn momentum (kernels_src/engram/sinkhorn_momentum.py, "t<threads>v<vec>x<reps>"): 128 lanes, one run of 4
 # elements a lane (512 a CTA), every warp access one contiguous span. Measured on the H200 (512000512 fp32 grad, bf16
 # momentum, nesterov, 2026-12-03, 5cabb61:bench/tuning/tune_engram_mom22.py and its logs in 5cabb61:bench/results; µs):
@@ -118,8 +126,9 @@ SINKHORN_STEP = _declare(
 )  # fmt: skip
 
 SINKHORN_STEP_REDUCE = _declare(
-    "engram.sinkhorn_step_reduce", (Axis("dtype", str, choices=("float32",)),), ("col_sumsq_partial", "col_sumsq"),
-    ("num_partials", "head_dim"), ("engram_sinkhorn_step_reduce",),
+    "engram.sinkhorn_step_reduce", (Axis("dtype", str, choices=("float32",)), tiling_axis(SINKHORN_STEP_REDUCE_TILINGS)),
+    ("col_sumsq_partial", "col_sumsq"), ("num_partials", "head_dim"), ("engram_sinkhorn_step_reduce",),
+    tilings=SINKHORN_STEP_REDUCE_TILINGS,
 )  # fmt: skip
 
 SINKHORN_FINALIZE = _declare(

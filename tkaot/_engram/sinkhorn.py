@@ -161,7 +161,8 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
         return _traced_engram_sinkhorn_step_reduce(col_sumsq_partial, col_sumsq)
     device, num_partials, head_dim, partial_ptr, out_ptr = _check_reduce(col_sumsq_partial, col_sumsq)
     if head_dim:
-        _REDUCE.get(device, "float32")(device, current_stream(device), partial_ptr, out_ptr, num_partials, head_dim)
+        launcher = _REDUCE.get(device, "float32", kernels.SINKHORN_STEP_REDUCE_TILINGS["default"])
+        launcher(device, current_stream(device), partial_ptr, out_ptr, num_partials, head_dim)
     return None
 
 
