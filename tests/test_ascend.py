@@ -55,7 +55,7 @@ CASES = {
     "per_channel_cast": dict(hidden=7168, in_dtype="bfloat16", in_block="none", in_sf="none", block_m=128, sf="ue8m0"),
     "engram_hash": dict(max_ngram_size=3),
     "engram_fused_weight": dict(dtype="bfloat16"),
-    "engram_grad_w_reduce": dict(dtype="bfloat16", tiling="t56r148s"),
+    "engram_grad_w_reduce": dict(dtype="bfloat16", tiling="t32r44d"),
     "engram_sinkhorn_momentum": dict(grad_dtype="bfloat16", momentum_dtype="float32", tiling="t128v4x1"),
     "engram_sinkhorn_step": dict(head_dim=1024),
     "engram_sinkhorn_step_reduce": dict(dtype="float32", tiling="t24r200d"),
