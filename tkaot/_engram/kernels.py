@@ -53,7 +53,7 @@ GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows><s|d>"): four columns a thread,
 # batches of `rows` partials copied by cp.async in a loop into two buffers in turn (4-byte copies where an input is
 # misaligned or numel not a multiple of 4): t32r44d, 224 CTAs of 128 columns at 4 x 7168. Measured on the H200
-# (132x4x7168 beside TileKernels, 2026-12-03, the gradw24 round's log, cited in bench/RESULTS.md; µs): TileKernels
+# (132x4x7168 beside TileKernels, 2026-12-03, eec3673:bench/results/2026-12-03-H200-s24-tune_engram_gradw24.log, harness beside it; µs): TileKernels
 # 6.33, t32r44d 6.21, t56r66d 6.31, t64r66d 6.40, t56r148s (the 148 rows' copies unrolled, shipped before) 6.47,
 # one buffer in a loop 6.69-7.96; in the fifteenth session's round (TileKernels 6.81) t56r148s 6.50 and one thread a
 # column with the loads in registers (t224r132) 7.63
@@ -61,7 +61,8 @@ GRAD_W_REDUCE_TILINGS = {"default": "t32r44d"}
 # Sinkhorn column reduction (kernels_src/engram/sinkhorn_step_reduce.py, "t<threads>r<rows><s|d>"): four columns a
 # thread, batches of `rows` partials copied by cp.async in a loop, two buffers: t24r200d, 96 columns a CTA, 54 CTAs at
 # head_dim 5120, 150 KB of shared memory. Measured on the H200 (396x5120 fp32, 2026-12-03,
-# the reduce24 rounds' logs, cited in bench/RESULTS.md; µs): round 3 (TileKernels 6.24) t24r200d
+# a1dab7b:bench/results/2026-12-03-H200-s24-tune_engram_reduce24-round{1,2,3}.log, harness
+# a1dab7b:bench/tuning/tune_engram_reduce24.py; µs): round 3 (TileKernels 6.24) t24r200d
 # 5.54, t16r200d 5.72, t16r396s (one buffer, one trip) 5.98, t16r132d 6.08, t16r100d 6.21; round 2 (TileKernels
 # 6.58) batches of 50 rows 7.9-8.6; round 1, the copies unrolled (130-440 KB of code) 10.0-12.2; one thread a column
 # with four loads in registers at a time (shipped before) 18.46 against TileKernels' 6.57 in the bench run before
