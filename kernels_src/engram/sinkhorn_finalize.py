@@ -5,7 +5,8 @@ through shared memory: x * factor is written there in the row layout, then store
 warp's store covers whole 32-byte sectors. Stored straight from the row layout (a thread's 8 columns as two 16-byte
 halves, as TileKernels does), each warp store covers half of 32 sectors, and the kernel ran at 82 % of the H200's
 copy ceiling; through shared memory it runs at 99 % (round fin23, 982.9 against 1183.5 µs at 100001 x 5120,
-f6d884d:bench/results/2026-12-03-H200-s24-tune_engram_fin23-at-4b1e388.log). The arithmetic, and so every byte of out, is unchanged.
+f6d884d:bench/results/2026-12-03-H200-s24-tune_engram_fin23-at-4b1e388.log). The arithmetic, and so every byte of
+out, is unchanged.
 """
 
 import tilelang.language as T

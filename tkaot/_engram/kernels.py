@@ -53,10 +53,10 @@ GATE_BWD_TILINGS = {"default": "k28d14v16xw"}
 # Weight-gradient reduction (kernels_src/engram/grad_w_reduce.py, "t<threads>r<rows><s|d>"): four columns a thread,
 # batches of `rows` partials copied by cp.async in a loop into two buffers in turn (4-byte copies where an input is
 # misaligned or numel not a multiple of 4): t32r44d, 224 CTAs of 128 columns at 4 x 7168. Measured on the H200
-# (132x4x7168 beside TileKernels, 2026-12-03, eec3673:bench/results/2026-12-03-H200-s24-tune_engram_gradw24.log, harness beside it; µs): TileKernels
-# 6.33, t32r44d 6.21, t56r66d 6.31, t64r66d 6.40, t56r148s (the 148 rows' copies unrolled, shipped before) 6.47,
-# one buffer in a loop 6.69-7.96; in the fifteenth session's round (TileKernels 6.81) t56r148s 6.50 and one thread a
-# column with the loads in registers (t224r132) 7.63
+# (132x4x7168 beside TileKernels, 2026-12-03, eec3673:bench/results/2026-12-03-H200-s24-tune_engram_gradw24.log,
+# harness eec3673:bench/tuning/tune_engram_gradw24.py; µs): TileKernels 6.33, t32r44d 6.21, t56r66d 6.31, t64r66d
+# 6.40, t56r148s (the 148 rows' copies unrolled, shipped before) 6.47, one buffer in a loop 6.69-7.96; in the fifteenth
+# session's round (TileKernels 6.81) t56r148s 6.50 and one thread a column with the loads in registers (t224r132) 7.63
 GRAD_W_REDUCE_TILINGS = {"default": "t32r44d"}
 # Sinkhorn column reduction (kernels_src/engram/sinkhorn_step_reduce.py, "t<threads>r<rows><s|d>"): four columns a
 # thread, batches of `rows` partials copied by cp.async in a loop, two buffers: t24r200d, 96 columns a CTA, 54 CTAs at
