@@ -43,6 +43,15 @@ def parse_tiling(kernel: str, tiling: str) -> tuple[int, int, bool]:
     return threads, rows, double
 
 
+def staging(rows: int, double: bool, width: int):
+    """(stash, other, acc), allocated in the kernel being built: the shared buffers ordered_sums copies `rows` partials
+    of a CTA's `width` columns into (other only with `double`), and a thread's COLS accumulators."""
+    stash = T.alloc_shared((rows, width), T.float32)
+    other = T.alloc_shared((rows if double else 1, width), T.float32)
+    acc = T.alloc_local((COLS,), T.float32)
+    return stash, other, acc
+
+
 def aligned(*firsts):
     """The kernel-time test that every tensor (its first element) starts on a 16-byte boundary."""
     test = None

@@ -11,7 +11,7 @@ loaded first, in flight with its first partials. Shipped tiling and its measurem
 
 import tilelang.language as T
 
-from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, aligned, ordered_sums, parse_tiling
+from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, aligned, ordered_sums, parse_tiling, staging
 from kernels_src.engram.column_sums import PASS_CONFIGS as PASS_CONFIGS  # no barriers: the build reads it here
 from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import GRAD_W_REDUCE
@@ -38,9 +38,7 @@ def build(dtype: str, tiling: str):
             kernel_entry(ALIGNED16_SOURCE)  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             col = (block * threads + tid) * COLS
-            stash = T.alloc_shared((rows, width), T.float32)
-            other = T.alloc_shared((rows if double else 1, width), T.float32)  # the second buffer ("d")
-            acc = T.alloc_local((COLS,), T.float32)
+            stash, other, acc = staging(rows, double, width)
             wh = T.alloc_local((COLS,), T.float32)
             we = T.alloc_local((COLS,), T.float32)
             gh = T.alloc_local((COLS,), T.float32)

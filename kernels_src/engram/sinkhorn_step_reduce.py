@@ -11,7 +11,7 @@ Shipped tiling and its measurements: tkaot/_engram/kernels.py (SINKHORN_STEP_RED
 
 import tilelang.language as T
 
-from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, aligned, ordered_sums, parse_tiling
+from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, aligned, ordered_sums, parse_tiling, staging
 from kernels_src.engram.column_sums import PASS_CONFIGS as PASS_CONFIGS  # no barriers: the build reads it here
 from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
@@ -36,9 +36,7 @@ def build(dtype: str, tiling: str):
             kernel_entry(ALIGNED16_SOURCE)  # kernels_src/pdl.py: before any memory access
             tid = T.get_thread_binding()
             col = (block * threads + tid) * COLS
-            stash = T.alloc_shared((rows, width), T.float32)
-            other = T.alloc_shared((rows if double else 1, width), T.float32)  # the second buffer ("d")
-            acc = T.alloc_local((COLS,), T.float32)
+            stash, other, acc = staging(rows, double, width)
             vectors = T.alloc_var(T.int32)  # 1: this thread's columns move as 16-byte copies
             vectors = T.if_then_else(
                 T.And(T.And(head_dim % COLS == 0, col + COLS <= head_dim), aligned(col_sumsq_partial[0, 0], col_sumsq[0])), 1, 0
