@@ -429,11 +429,13 @@ def test_gate_forward_lowers_to_the_lean_body_with_weights_an_item_ahead():
 
 def test_gate_backward_and_reduction_tilings_are_the_shipped_forms():
     pytest.importorskip("tilelang")
-    from kernels_src.engram import gate_bwd, grad_w_reduce
-    from tkaot._engram.kernels import GATE_BWD_TILINGS, GRAD_W_REDUCE_TILINGS
+    from kernels_src.engram import gate_bwd
+    from kernels_src.engram.column_sums import parse_tiling
+    from tkaot._engram.kernels import GATE_BWD_TILINGS, GRAD_W_REDUCE_TILINGS, SINKHORN_STEP_REDUCE_TILINGS
 
     assert gate_bwd.parse_tiling(GATE_BWD_TILINGS["default"]) == (28, 14, 16)
-    assert grad_w_reduce.parse_tiling(GRAD_W_REDUCE_TILINGS["default"]) == (56, 148)
+    assert parse_tiling("engram_grad_w_reduce", GRAD_W_REDUCE_TILINGS["default"]) == (32, 44, True)
+    assert parse_tiling("engram_sinkhorn_step_reduce", SINKHORN_STEP_REDUCE_TILINGS["default"]) == (24, 200, True)
     # the forms shipped before (k28d11v16: the weight kept in shared memory, k28d14c) and round 10's other letters are
     # gone; the next token's go needs depth - 1 <= ahead and 2 * depth <= keep + 1; ahead past keep; 2.5 KB x 36 +
     # 8 KB x 18 past the shared memory
@@ -441,10 +443,11 @@ def test_gate_backward_and_reduction_tilings_are_the_shipped_forms():
                 "k28d15v16xw", "k28d14v28xw", "k36d18v20xw"):  # fmt: skip
         with pytest.raises(ValueError):
             gate_bwd.parse_tiling(bad)
-    # one thread a column (shipped before); threads not a multiple of 8; 148 rows x 128 threads x 16 bytes past 227 KB
-    for bad in ("t224r132", "t60r148s", "t128r148s", "t56r0s"):
+    # one thread a column (shipped before); threads not a multiple of 8 or below 8; 148 rows x 128 threads x 16 bytes
+    # past 227 KB, as are two buffers of 256 rows x 32 threads; no rows; round gradw24's "l" (now "s")
+    for bad in ("t224r132", "t60r148s", "t4r16s", "t128r148s", "t32r256d", "t56r0s", "t56r148l"):
         with pytest.raises(ValueError):
-            grad_w_reduce.parse_tiling(bad)
+            parse_tiling("engram_grad_w_reduce", bad)
 
 
 def test_gate_backward_lowers_to_the_streamed_weight_and_next_go_form():
@@ -463,20 +466,30 @@ def test_gate_backward_lowers_to_the_streamed_weight_and_next_go_form():
     assert sum(line.startswith("tl::cp_async_gs<16>((&(((float*)w_smem)[") for line in reads) == 2
 
 
-def test_reduction_lowers_to_a_16_byte_path_and_a_4_byte_fallback():
-    """grad_w_reduce's staged form: 16-byte copies only where numel is a multiple of 4, the thread's four columns lie
-    inside it and all five tensors start on 16-byte boundaries (tested in the kernel); else 4-byte copies a column.
-    The partials go through shared memory with no barrier (a thread reads back only its own copies)."""
+@pytest.mark.parametrize(
+    "kernel, static, threads, tensors",
+    [("engram_grad_w_reduce", {"dtype": "bfloat16"}, 32,
+      ("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed")),
+     ("engram_sinkhorn_step_reduce", {"dtype": "float32"}, 24, ("col_sumsq_partial", "col_sumsq"))],
+)  # fmt: skip
+def test_reductions_lower_to_a_16_byte_path_and_a_4_byte_fallback(kernel, static, threads, tensors):
+    """The staged reductions (kernels_src/engram/column_sums.py): 16-byte copies only where the column count is a
+    multiple of 4, the thread's four columns lie inside it and every tensor starts on a 16-byte boundary (tested in the
+    kernel); else 4-byte copies a column. Two buffers: the copy of a batch issued before the one before it is waited
+    for (wait_group 1), the last waited for whole (0). No barrier: a thread reads back only its own copies."""
     pytest.importorskip("tilelang")
     from build_tools.compile import lower
     from build_tools.ops import Variant
-    from tkaot._engram.kernels import GRAD_W_REDUCE_TILINGS
+    from tkaot._engram import kernels
 
-    variant = Variant.make("engram_grad_w_reduce", {"dtype": "bfloat16", "tiling": GRAD_W_REDUCE_TILINGS["default"]})
-    source = str(lower(variant, "sm90")[2])
-    assert "__launch_bounds__(56, 1)" in source and "__syncthreads" not in source
+    tilings = {"engram_grad_w_reduce": kernels.GRAD_W_REDUCE_TILINGS, "engram_sinkhorn_step_reduce": kernels.SINKHORN_STEP_REDUCE_TILINGS}
+    source = str(lower(Variant.make(kernel, {**static, "tiling": tilings[kernel]["default"]}), "sm90")[2])
+    assert f"__launch_bounds__({threads}, 1)" in source and "__syncthreads" not in source
     test = next(line for line in source.splitlines() if "tkaot_aligned16(" in line and "if (" in line)
-    assert "(numel % 4) == 0" in test and "+ 4) <= numel" in test
-    for name in ("grad_w_partial", "weight_hidden", "weight_embed", "grad_weight_hidden", "grad_weight_embed"):
+    columns = "numel" if kernel == "engram_grad_w_reduce" else "head_dim"
+    assert f"({columns} % 4) == 0" in test and f"+ 4) <= {columns}" in test
+    for name in tensors:
         assert f"tkaot_aligned16((&({name}[0])))" in test
-    assert source.count("tl::cp_async_gs<16>(") == 1 and source.count("tl::cp_async_gs<4>(") == 1
+    # each path: the first batch's copies, then the next batch's in each of the two buffers' turns
+    assert source.count("tl::cp_async_gs<16>(") == 3 and source.count("tl::cp_async_gs<4>(") == 3
+    assert "cp_async_wait<1>" in source and "cp_async_wait<0>" in source

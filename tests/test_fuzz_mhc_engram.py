@@ -31,6 +31,7 @@ from tkaot._engram.kernels import (  # noqa: E402
     SINKHORN_MOMENTUM_TILINGS,
     SINKHORN_STEP,
     SINKHORN_STEP_REDUCE,
+    SINKHORN_STEP_REDUCE_TILINGS,
 )
 from tkaot._mhc import big_fuse, expand, head_mix, norm_fn, post, pre_apply_mix, split_mixes  # noqa: E402
 from tkaot._mhc import sinkhorn as mhc_sinkhorn  # noqa: E402
@@ -584,7 +585,7 @@ def engram_sinkhorn_step(draw):
 def engram_sinkhorn_step_reduce(draw):
     partials, head_dim = draw(st.sampled_from([1, 396])), draw(st.sampled_from([0, 256, 7168]))
     kwargs = {"col_sumsq_partial": f32(partials, head_dim), "col_sumsq": f32(head_dim)}
-    made = [(SINKHORN_STEP_REDUCE, {"dtype": "float32"})] if head_dim else []
+    made = [(SINKHORN_STEP_REDUCE, {"dtype": "float32", "tiling": SINKHORN_STEP_REDUCE_TILINGS["default"]})] if head_dim else []
     return Call("engram.engram_sinkhorn_step_reduce", kwargs, made, sinkhorn.REDUCE_SIGNATURE)
 
 
