@@ -5,7 +5,7 @@ A thread owns COLS = 4 adjacent columns. It copies a batch of rows of them into 
 row, so the loads in flight hold no register; then it adds them into its accumulators in row order. Every column's
 sum thus runs through the rows in order from 0.0, whatever the tiling, and the result is the same bytes for every
 tiling. A 16-byte copy needs the matrix (and whatever else the kernel moves in fours) on 16-byte boundaries and numel
-a multiple of 4; where that is not so (tested in the kernel, `aligned`), or past numel's last whole four, a thread
+a multiple of 4; where that is not so (tested in the kernel, `in_fours`), or past numel's last whole four, a thread
 copies its columns one 4-byte copy at a time. A thread reads back only what it copied itself, after its own wait, so
 a kernel built on this needs no barrier (PASS_CONFIGS).
 """
@@ -52,12 +52,13 @@ def staging(rows: int, double: bool, width: int):
     return stash, other, acc
 
 
-def aligned(*firsts):
-    """The kernel-time test that every tensor (its first element) starts on a 16-byte boundary."""
-    test = None
+def in_fours(columns, col, *firsts):
+    """The kernel-time test that a thread's columns col .. col + COLS - 1 move as 16-byte copies: the column count a
+    multiple of COLS, the thread's COLS columns all inside it, and every tensor (its first element) on a 16-byte
+    boundary."""
+    test = T.And(columns % COLS == 0, col + COLS <= columns)
     for first in firsts:
-        one = T.call_extern("int32", "tkaot_aligned16", T.address_of(first)) != 0
-        test = one if test is None else T.And(test, one)
+        test = T.And(test, T.call_extern("int32", "tkaot_aligned16", T.address_of(first)) != 0)
     return test
 
 

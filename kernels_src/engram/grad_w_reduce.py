@@ -11,7 +11,7 @@ loaded first, in flight with its first partials. Shipped tiling and its measurem
 
 import tilelang.language as T
 
-from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, aligned, ordered_sums, parse_tiling, staging
+from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, in_fours, ordered_sums, parse_tiling, staging
 from kernels_src.engram.column_sums import PASS_CONFIGS as PASS_CONFIGS  # no barriers: the build reads it here
 from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import GRAD_W_REDUCE
@@ -45,8 +45,7 @@ def build(dtype: str, tiling: str):
             ge = T.alloc_local((COLS,), T.float32)
             vectors = T.alloc_var(T.int32)  # 1: this thread's columns move as 16-byte copies
             vectors = T.if_then_else(
-                T.And(T.And(numel % COLS == 0, col + COLS <= numel),
-                      aligned(grad_w_partial[0, 0], weight_hidden[0], weight_embed[0], grad_weight_hidden[0], grad_weight_embed[0])),
+                in_fours(numel, col, grad_w_partial[0, 0], weight_hidden[0], weight_embed[0], grad_weight_hidden[0], grad_weight_embed[0]),
                 1, 0,
             )  # fmt: skip
             if col < numel:

@@ -11,7 +11,7 @@ Shipped tiling and its measurements: tkaot/_engram/kernels.py (SINKHORN_STEP_RED
 
 import tilelang.language as T
 
-from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, aligned, ordered_sums, parse_tiling, staging
+from kernels_src.engram.column_sums import ALIGNED16_SOURCE, COLS, in_fours, ordered_sums, parse_tiling, staging
 from kernels_src.engram.column_sums import PASS_CONFIGS as PASS_CONFIGS  # no barriers: the build reads it here
 from kernels_src.pdl import kernel_entry
 from tkaot._engram.kernels import SINKHORN_STEP_REDUCE
@@ -38,9 +38,7 @@ def build(dtype: str, tiling: str):
             col = (block * threads + tid) * COLS
             stash, other, acc = staging(rows, double, width)
             vectors = T.alloc_var(T.int32)  # 1: this thread's columns move as 16-byte copies
-            vectors = T.if_then_else(
-                T.And(T.And(head_dim % COLS == 0, col + COLS <= head_dim), aligned(col_sumsq_partial[0, 0], col_sumsq[0])), 1, 0
-            )
+            vectors = T.if_then_else(in_fours(head_dim, col, col_sumsq_partial[0, 0], col_sumsq[0]), 1, 0)
             if col < head_dim:
                 if vectors != 0:
                     sums(col_sumsq_partial, stash, other, tid, col, acc, True)
